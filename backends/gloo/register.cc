@@ -1,0 +1,19 @@
+// Registers "gloo" when libtutti_gloo is loaded. The library is linked with --no-as-needed
+// (see backends/gloo/CMakeLists.txt), so linking tutti::gloo is enough even in a program that
+// names none of its symbols.
+#include "gloo_backend.h"
+#include "tutti/backend.h"
+
+namespace {
+
+struct RegisterGloo {
+  RegisterGloo() {
+    tutti::register_collective_backend("gloo", [](const tutti::BackendContext& ctx) {
+      return std::make_unique<tutti::gloo_backend::GlooBackend>(ctx);
+    });
+  }
+};
+
+const RegisterGloo kRegisterGloo;
+
+}  // namespace

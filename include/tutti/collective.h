@@ -1,0 +1,58 @@
+// The Ray-style API: named groups joined by this process, and collectives over them by name.
+//
+//   tutti::init_collective_group(world_size, rank, "gloo", "default", options);
+//   tutti::allreduce(tensor);                       // group "default", sum
+//   tutti::destroy_collective_group("default");
+//
+// The process keeps one registry of named groups; every function here is thread-safe. An op
+// on a name that is not initialised fails with Error(kInvalidUsage). Groups still initialised
+// at exit are torn down before the process's static objects are destroyed.
+#pragma once
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "tutti/collective_group.h"
+#include "tutti/export.h"
+#include "tutti/options.h"
+#include "tutti/tensor_view.h"
+
+namespace tutti {
+
+// Any non-empty name is valid. Without a store or store URL, a group of one needs no store and
+// a larger group reads the environment (env://).
+TUTTI_API void init_collective_group(int world_size, int rank, std::string_view backend = "gloo",
+                                     std::string_view group_name = "default",
+                                     const GroupOptions& options = {});
+// An unknown name is a logged no-op. Never throws.
+TUTTI_API void destroy_collective_group(std::string_view group_name = "default");
+TUTTI_API bool is_group_initialized(std::string_view group_name = "default");
+// -1 where the group is not initialised in this process.
+TUTTI_API int get_rank(std::string_view group_name = "default");
+TUTTI_API int get_collective_group_size(std::string_view group_name = "default");
+// A handle that stays valid after destroy (its calls then fail with kInvalidUsage); throws
+// Error(kInvalidUsage) when the group is not initialised.
+TUTTI_API std::shared_ptr<CollectiveGroup> get_group(std::string_view group_name = "default");
+
+TUTTI_API void allreduce(TensorView tensor, std::string_view group_name = "default",
+                         ReduceOp op = ReduceOp::kSum);
+TUTTI_API void barrier(std::string_view group_name = "default");
+TUTTI_API void reduce(TensorView tensor, int dst_rank = 0,
+                      std::string_view group_name = "default", ReduceOp op = ReduceOp::kSum);
+TUTTI_API void broadcast(TensorView tensor, int src_rank = 0,
+                         std::string_view group_name = "default");
+TUTTI_API void allgather(const std::vector<TensorView>& output_list, TensorView input,
+                         std::string_view group_name = "default");
+TUTTI_API void allgather(TensorView output, TensorView input,
+                         std::string_view group_name = "default");
+TUTTI_API void reduce_scatter(TensorView output, const std::vector<TensorView>& input_list,
+                              std::string_view group_name = "default",
+                              ReduceOp op = ReduceOp::kSum);
+TUTTI_API void reduce_scatter(TensorView output, TensorView input,
+                              std::string_view group_name = "default",
+                              ReduceOp op = ReduceOp::kSum);
+TUTTI_API void send(TensorView tensor, int dst_rank, std::string_view group_name = "default");
+TUTTI_API void recv(TensorView tensor, int src_rank, std::string_view group_name = "default");
+
+}  // namespace tutti

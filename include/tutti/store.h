@@ -1,0 +1,72 @@
+// Store: the key-value rendezvous through which the ranks of a group find each other.
+//
+// Implementations: HashStore (one process), FileStore (one host or a shared file system),
+// PrefixStore (a namespace inside another store); TCP and Redis stores come with the
+// rendezvous issue. All implementations are safe to call from several threads at once.
+//
+// Values are byte strings (std::string holds any bytes). Every blocking call has a deadline:
+// `get` and `wait` throw Error(kTimeout) naming the missing keys when it passes.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tutti/export.h"
+
+namespace tutti {
+
+class TUTTI_API Store {
+ public:
+  static constexpr std::chrono::milliseconds kDefaultTimeout{30000};
+
+  explicit Store(std::chrono::milliseconds timeout = kDefaultTimeout) : timeout_(timeout) {}
+  virtual ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  virtual void set(const std::string& key, const std::string& value) = 0;
+
+  // Waits up to timeout() for the key to exist, then returns its value.
+  virtual std::string get(const std::string& key) = 0;
+
+  // Atomically adds delta to the integer stored at key (a missing key counts as 0) and returns
+  // the new value. Values written by add are decimal text.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+
+  // Atomically: if the key's value equals `expected` (or the key is missing and `expected` is
+  // empty), sets it to `desired`. Returns the value the key holds afterwards, so the caller
+  // won exactly when the result equals `desired`.
+  virtual std::string compare_set(const std::string& key, const std::string& expected,
+                                  const std::string& desired) = 0;
+
+  // Waits until every key exists; throws Error(kTimeout) listing the missing keys.
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+
+  // True when every key exists; never blocks.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+
+  // Returns whether the key existed.
+  virtual bool delete_key(const std::string& key) = 0;
+
+  virtual int64_t num_keys() = 0;
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+ private:
+  std::chrono::milliseconds timeout_;
+};
+
+// Opens a store from a URL:
+//   file:///path/to/file   a FileStore on that file
+//   hash://                a new, private HashStore (useful for world size 1)
+// Other schemes (tcp://, redis://, env://) throw Error(kUnavailable) until they are built.
+TUTTI_API std::shared_ptr<Store> open_store(const std::string& url,
+                                            std::chrono::milliseconds timeout =
+                                                Store::kDefaultTimeout);
+
+}  // namespace tutti

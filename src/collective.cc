@@ -1,0 +1,175 @@
+// The process-wide registry of named groups behind the Ray-style free functions.
+#include "tutti/collective.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "logging.h"
+#include "tutti/error.h"
+
+namespace tutti {
+namespace {
+
+struct GroupRegistry {
+  std::mutex mutex;
+  std::map<std::string, std::shared_ptr<CollectiveGroup>, std::less<>> groups;
+  std::set<std::string, std::less<>> initializing;  // names whose rendezvous is under way
+  bool exit_hook_installed = false;
+};
+
+GroupRegistry& registry() {
+  // Leaked: the exit hook below empties it before static destructors run.
+  static auto* instance = new GroupRegistry();
+  return *instance;
+}
+
+// Runs at exit, before the static objects of tutti and of the libraries it loaded were
+// destroyed (the hook is installed after they were constructed): background threads of every
+// group still initialised stop here.
+void destroy_all_groups_at_exit() {
+  std::map<std::string, std::shared_ptr<CollectiveGroup>, std::less<>> groups;
+  {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    groups.swap(registry().groups);
+  }
+  for (auto& [name, group] : groups) group->destroy();
+}
+
+std::shared_ptr<CollectiveGroup> find(std::string_view name) {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto it = reg.groups.find(name);
+  return it == reg.groups.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<CollectiveGroup> require(std::string_view name, const char* op) {
+  auto group = find(name);
+  if (!group) {
+    throw Error(ErrorCode::kInvalidUsage, std::string(op) + " on group '" + std::string(name) +
+                                              "': the group is not initialized in this process "
+                                              "(call init_collective_group first)");
+  }
+  return group;
+}
+
+}  // namespace
+
+void init_collective_group(int world_size, int rank, std::string_view backend,
+                           std::string_view group_name, const GroupOptions& options) {
+  auto& reg = registry();
+  const std::string name(group_name);
+  {
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    if (reg.groups.count(name) != 0 || reg.initializing.count(name) != 0) {
+      throw Error(ErrorCode::kInvalidUsage,
+                  "init on group '" + name + "' (rank " + std::to_string(rank) + "/" +
+                      std::to_string(world_size) +
+                      "): the group is already initialized in this process; destroy it first");
+    }
+    reg.initializing.insert(name);
+    if (!reg.exit_hook_installed) {
+      std::atexit(destroy_all_groups_at_exit);
+      reg.exit_hook_installed = true;
+    }
+  }
+  std::shared_ptr<CollectiveGroup> group;
+  try {
+    group = CollectiveGroup::create(world_size, rank, backend, name, options);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    reg.initializing.erase(name);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  reg.initializing.erase(name);
+  reg.groups.emplace(name, std::move(group));
+}
+
+void destroy_collective_group(std::string_view group_name) {
+  std::shared_ptr<CollectiveGroup> group;
+  {
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    auto it = reg.groups.find(group_name);
+    if (it == reg.groups.end()) {
+      TUTTI_LOG_WARN("destroy_collective_group: group '{}' is not initialized; nothing to do",
+                     std::string(group_name));
+      return;
+    }
+    group = std::move(it->second);
+    reg.groups.erase(it);
+  }
+  group->destroy();
+}
+
+bool is_group_initialized(std::string_view group_name) { return find(group_name) != nullptr; }
+
+int get_rank(std::string_view group_name) {
+  auto group = find(group_name);
+  return group ? group->rank() : -1;
+}
+
+int get_collective_group_size(std::string_view group_name) {
+  auto group = find(group_name);
+  return group ? group->world_size() : -1;
+}
+
+std::shared_ptr<CollectiveGroup> get_group(std::string_view group_name) {
+  return require(group_name, "get_group");
+}
+
+void allreduce(TensorView tensor, std::string_view group_name, ReduceOp op) {
+  AllreduceOptions opts;
+  opts.reduce_op = op;
+  require(group_name, "allreduce")->allreduce(tensor, opts);
+}
+
+void barrier(std::string_view group_name) { require(group_name, "barrier")->barrier(); }
+
+void reduce(TensorView tensor, int dst_rank, std::string_view group_name, ReduceOp op) {
+  ReduceOptions opts;
+  opts.root_rank = dst_rank;
+  opts.reduce_op = op;
+  require(group_name, "reduce")->reduce(tensor, opts);
+}
+
+void broadcast(TensorView tensor, int src_rank, std::string_view group_name) {
+  BroadcastOptions opts;
+  opts.root_rank = src_rank;
+  require(group_name, "broadcast")->broadcast(tensor, opts);
+}
+
+void allgather(const std::vector<TensorView>& output_list, TensorView input,
+               std::string_view group_name) {
+  require(group_name, "allgather")->allgather(output_list, input);
+}
+
+void allgather(TensorView output, TensorView input, std::string_view group_name) {
+  require(group_name, "allgather")->allgather(output, input);
+}
+
+void reduce_scatter(TensorView output, const std::vector<TensorView>& input_list,
+                    std::string_view group_name, ReduceOp op) {
+  ReduceScatterOptions opts;
+  opts.reduce_op = op;
+  require(group_name, "reduce_scatter")->reduce_scatter(output, input_list, opts);
+}
+
+void reduce_scatter(TensorView output, TensorView input, std::string_view group_name,
+                    ReduceOp op) {
+  ReduceScatterOptions opts;
+  opts.reduce_op = op;
+  require(group_name, "reduce_scatter")->reduce_scatter(output, input, opts);
+}
+
+void send(TensorView tensor, int dst_rank, std::string_view group_name) {
+  require(group_name, "send")->send(tensor, dst_rank);
+}
+
+void recv(TensorView tensor, int src_rank, std::string_view group_name) {
+  require(group_name, "recv")->recv(tensor, src_rank);
+}
+
+}  // namespace tutti

@@ -1,0 +1,25 @@
+// Helpers shared by the Store implementations (internal).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tutti/error.h"
+
+namespace tutti::detail {
+
+// The kTimeout error every store throws when keys are still missing at the deadline.
+inline Error store_timeout(const char* store, std::chrono::milliseconds timeout,
+                           const std::vector<std::string>& missing) {
+  std::string list;
+  for (const auto& key : missing) list += (list.empty() ? "'" : ", '") + key + "'";
+  return Error(ErrorCode::kTimeout, std::string(store) + ": timed out after " +
+                                        std::to_string(timeout.count()) +
+                                        " ms waiting for key(s) " + list);
+}
+
+// Parses a value written by add(); throws kInvalidUsage naming the key otherwise.
+int64_t parse_counter(const std::string& key, const std::string& value);
+
+}  // namespace tutti::detail

@@ -1,0 +1,127 @@
+// Group behaviour with ranks as threads: barrier, groups side by side, mismatches, aborts.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(Group, BarrierHoldsEveryRankUntilAllArrive) {
+  for (int world : {2, 3, 5}) {
+    auto groups = create_groups(world, "gloo", unique_name("barrier"));
+    std::atomic<int> arrived[5] = {};
+    run_ranks(world, [&](int r) {
+      for (int round = 0; round < 5; ++round) {
+        arrived[round]++;
+        groups[r]->barrier();
+        // Nobody leaves round k's barrier before every rank has entered it.
+        EXPECT_EQ(arrived[round].load(), world) << "rank " << r << " round " << round;
+      }
+    });
+  }
+}
+
+TEST(Group, SeveralGroupsRunSideBySide) {
+  // Two groups over the same four threads, the second with ranks reversed, used concurrently
+  // from two threads per rank.
+  const std::string a = unique_name("side-a"), b = unique_name("side-b");
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::shared_ptr<CollectiveGroup>> ga(4), gb(4);
+  run_ranks(4, [&](int r) {
+    GroupOptions o;
+    o.store = store;
+    ga[r] = CollectiveGroup::create(4, r, "gloo", a, o);
+    gb[r] = CollectiveGroup::create(4, 3 - r, "gloo", b, o);
+  });
+  run_ranks(4, [&](int r) {
+    std::thread other([&] {
+      for (int i = 0; i < 20; ++i) {
+        std::vector<int32_t> v(100, gb[r]->rank());
+        gb[r]->allreduce(v, {});
+        EXPECT_EQ(v[99], 6);
+      }
+    });
+    for (int i = 0; i < 20; ++i) {
+      std::vector<float> v(1000, static_cast<float>(r));
+      AllreduceOptions o;
+      o.reduce_op = ReduceOp::kMax;
+      ga[r]->allreduce(v, o);
+      EXPECT_EQ(v[0], 3.0f);
+    }
+    other.join();
+  });
+}
+
+TEST(Group, ZeroElementOpsComplete) {
+  auto groups = create_groups(3, "gloo", unique_name("empty"));
+  run_ranks(3, [&](int r) {
+    TensorView empty(nullptr, DType::kFloat32, {0});
+    groups[r]->allreduce(empty);
+    groups[r]->allgather(std::vector<TensorView>{empty, empty, empty}, empty);
+    groups[r]->broadcast(empty);
+    std::vector<float> v(2, 1.0f);
+    groups[r]->allreduce(v);  // the group is still in step after the skipped ops
+    EXPECT_EQ(v[0], 3.0f);
+  });
+}
+
+TEST(Group, MismatchedOpsTimeOutOnEveryRankAndAbort) {
+  auto groups = create_groups(2, "gloo", unique_name("mismatch"), milliseconds(800));
+  run_ranks(2, [&](int r) {
+    CollectiveGroup& g = *groups[r];
+    std::vector<float> v(r == 0 ? 8 : 9, 1.0f);
+    if (r == 0) {
+      EXPECT_TUTTI_ERROR(g.allreduce(v), ErrorCode::kTimeout, "allreduce #0 on group",
+                         "(rank 0/2)", "timed out after 800 ms");
+    } else {
+      BroadcastOptions o;
+      EXPECT_TUTTI_ERROR(g.broadcast(v, o), ErrorCode::kTimeout, "broadcast #0 on group",
+                         "(rank 1/2)");
+    }
+    EXPECT_TRUE(g.is_aborted());
+    EXPECT_TUTTI_ERROR(g.barrier(), ErrorCode::kAborted, "aborted by an earlier failure",
+                       "destroy it and initialise it again");
+  });
+}
+
+TEST(Group, RecvFromASilentPeerTimesOutNamingIt) {
+  auto groups = create_groups(2, "gloo", unique_name("silent"), milliseconds(500));
+  run_ranks(2, [&](int r) {
+    if (r != 0) return;
+    std::vector<float> v(4);
+    EXPECT_TUTTI_ERROR(groups[0]->recv(v, 1), ErrorCode::kTimeout, "recv #0",
+                       "waiting for rank 1 to send");
+  });
+}
+
+TEST(Group, DestroyIsLocalAndIdempotent) {
+  auto groups = create_groups(2, "gloo", unique_name("destroy"));
+  groups[1]->destroy();
+  groups[1]->destroy();
+  EXPECT_TRUE(groups[1]->is_destroyed());
+  EXPECT_FALSE(groups[0]->is_destroyed());
+  std::vector<float> v(1);
+  EXPECT_TUTTI_ERROR(groups[1]->allreduce(v), ErrorCode::kInvalidUsage, "destroyed");
+}
+
+TEST(Group, ReinitThroughTheSameStoreIsAFreshIncarnation) {
+  auto store = std::make_shared<HashStore>();
+  const std::string name = unique_name("again");
+  for (int round = 0; round < 3; ++round) {
+    auto groups = create_groups(3, "gloo", name, milliseconds(20000), store);
+    run_ranks(3, [&](int r) {
+      std::vector<int32_t> v(10, r + round);
+      groups[r]->allreduce(v);
+      EXPECT_EQ(v[0], 3 + 3 * round);
+      groups[r]->destroy();
+    });
+  }
+}
+
+}  // namespace
+}  // namespace tutti::testing

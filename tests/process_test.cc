@@ -1,0 +1,81 @@
+// Ranks as real processes over a FileStore: launch, timeouts, crashes, exit.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+std::string file_url(const TempDir& dir) { return "file://" + dir.path() + "/store"; }
+
+void expect_all_ok(const std::vector<WorkerResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " (signal " << results[r].signal
+                                       << "):\n"
+                                       << results[r].output;
+  }
+}
+
+TEST(Processes, AllreduceThroughTheFreeFunctions) {
+  for (int world : {1, 2, 4}) {
+    TempDir dir;
+    expect_all_ok(run_workers("allreduce", world, file_url(dir), milliseconds(60000)));
+  }
+}
+
+TEST(Processes, RaySemantics) {
+  TempDir dir;
+  expect_all_ok(run_workers("ray", 2, file_url(dir), milliseconds(120000)));
+}
+
+TEST(Processes, RankThatNeverArrivesTimesOutNamingIt) {
+  TempDir dir;
+  const auto start = Clock::now();
+  // World size 3; rank 2 is never started. Timeout 1500 ms.
+  auto results = run_workers("never_arrive", 3, file_url(dir), milliseconds(30000), {"1500"},
+                             {0, 1});
+  const auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+  expect_all_ok(results);
+  // Within the timeout plus a margin for process start-up on a loaded machine.
+  EXPECT_LT(elapsed.count(), 1500 + 5000);
+}
+
+TEST(Processes, OpTimeoutAbortsTheGroup) {
+  TempDir dir;
+  auto results = run_workers("op_timeout", 2, file_url(dir), milliseconds(60000), {"1000"});
+  expect_all_ok(results);
+}
+
+TEST(Processes, MismatchedSizesFailOnEveryRankWithoutTerminate) {
+  TempDir dir;
+  auto results = run_workers("mismatch", 2, file_url(dir), milliseconds(60000), {"1500"});
+  expect_all_ok(results);
+  for (const auto& r : results) EXPECT_NE(r.signal, SIGABRT) << r.output;
+}
+
+TEST(Processes, ExitWithoutDestroyIsClean) {
+  TempDir dir;
+  auto results = run_workers("exit_without_destroy", 3, file_url(dir), milliseconds(30000));
+  expect_all_ok(results);
+}
+
+TEST(Processes, TwoProcessesClaimingOneRankFailFast) {
+  TempDir dir;
+  auto results = run_workers("claim", 2, file_url(dir), milliseconds(30000), {"1500"}, {0, 0});
+  expect_all_ok(results);
+  int claimed = 0, timed_out = 0;
+  for (const auto& r : results) {
+    claimed += r.output.find("CLAIMED") != std::string::npos;
+    timed_out += r.output.find("TIMEOUT") != std::string::npos;
+  }
+  EXPECT_EQ(claimed, 1);
+  EXPECT_EQ(timed_out, 1);
+}
+
+}  // namespace
+}  // namespace tutti::testing

@@ -1,0 +1,198 @@
+// One suite every store passes: Hash, File, Prefix over each.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+struct StoreFactory {
+  std::string name;
+  // Each call returns a client of the same underlying store (a new connection where the store
+  // has them: a FileStore opens the file again, as another process would).
+  std::function<std::shared_ptr<Store>(const std::string& dir)> client;
+};
+
+class StoreTest : public ::testing::TestWithParam<StoreFactory> {
+ protected:
+  std::shared_ptr<Store> client() { return GetParam().client(dir_.path()); }
+  TempDir dir_;
+};
+
+TEST_P(StoreTest, SetGetOverwrite) {
+  auto s = client();
+  s->set("k", "v1");
+  EXPECT_EQ(s->get("k"), "v1");
+  s->set("k", std::string("bin\0ary", 7));
+  EXPECT_EQ(client()->get("k"), std::string("bin\0ary", 7));
+}
+
+TEST_P(StoreTest, GetOfMissingKeyTimesOutNamingIt) {
+  auto s = client();
+  s->set_timeout(milliseconds(100));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TUTTI_ERROR(s->get("absent-key"), ErrorCode::kTimeout, "absent-key");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(100));
+}
+
+TEST_P(StoreTest, WaitReturnsWhenAnotherClientSets) {
+  auto waiter = client();
+  auto setter = client();
+  std::thread t([&] {
+    std::this_thread::sleep_for(milliseconds(20));  // the wait below must really block first
+    setter->set("late", "1");
+  });
+  waiter->wait({"late"}, milliseconds(10000));
+  t.join();
+  EXPECT_TRUE(waiter->check({"late"}));
+}
+
+TEST_P(StoreTest, WaitTimeoutListsOnlyMissingKeys) {
+  auto s = client();
+  s->set("here", "1");
+  try {
+    s->wait({"here", "gone-1", "gone-2"}, milliseconds(50));
+    ADD_FAILURE() << "wait returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'gone-1', 'gone-2'"), std::string::npos) << what;
+    EXPECT_EQ(what.find("'here'"), std::string::npos) << what;
+  }
+}
+
+TEST_P(StoreTest, AddIsAtomicAcross64Threads) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 64; ++t) {
+    threads.emplace_back([&] {
+      auto s = client();
+      for (int i = 0; i < 20; ++i) s->add("counter", 1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(client()->add("counter", 0), 64 * 20);
+  EXPECT_EQ(client()->add("counter", -5), 64 * 20 - 5);
+}
+
+TEST_P(StoreTest, AddReturnsDistinctValues) {
+  std::mutex m;
+  std::set<int64_t> seen;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&] {
+      auto s = client();
+      for (int i = 0; i < 10; ++i) {
+        const int64_t v = s->add("ticket", 1);
+        std::lock_guard<std::mutex> lock(m);
+        EXPECT_TRUE(seen.insert(v).second) << "ticket " << v << " handed out twice";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(seen.size(), 160u);
+  EXPECT_EQ(*seen.rbegin(), 160);
+}
+
+TEST_P(StoreTest, CompareSetSemantics) {
+  auto s = client();
+  EXPECT_EQ(s->compare_set("cs", "x", "y"), "x");  // missing key, non-empty expected: no change
+  EXPECT_FALSE(s->check({"cs"}));
+  EXPECT_EQ(s->compare_set("cs", "", "first"), "first");  // missing + empty expected: created
+  EXPECT_EQ(s->compare_set("cs", "wrong", "second"), "first");
+  EXPECT_EQ(s->compare_set("cs", "first", "second"), "second");
+  EXPECT_EQ(s->get("cs"), "second");
+}
+
+TEST_P(StoreTest, CompareSetRaceHasOneWinner) {
+  std::atomic<int> winners{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 32; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string mine = "thread-" + std::to_string(t);
+      if (client()->compare_set("race", "", mine) == mine) ++winners;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(winners.load(), 1);
+}
+
+TEST_P(StoreTest, CheckDeleteAndCount) {
+  auto s = client();
+  const int64_t before = s->num_keys();
+  s->set("a", "1");
+  s->set("b", "2");
+  EXPECT_TRUE(s->check({"a", "b"}));
+  EXPECT_FALSE(s->check({"a", "c"}));
+  EXPECT_EQ(s->num_keys(), before + 2);
+  EXPECT_TRUE(s->delete_key("a"));
+  EXPECT_FALSE(s->delete_key("a"));
+  EXPECT_FALSE(client()->check({"a"}));
+  EXPECT_EQ(s->num_keys(), before + 1);
+}
+
+TEST_P(StoreTest, AddOnNonCounterIsAnError) {
+  auto s = client();
+  s->set("text", "hello");
+  EXPECT_TUTTI_ERROR(s->add("text", 1), ErrorCode::kInvalidUsage, "text", "hello");
+}
+
+std::vector<StoreFactory> factories() {
+  // One HashStore per test directory, shared by every client of that test.
+  struct Shared {
+    std::mutex mutex;
+    std::map<std::string, std::shared_ptr<Store>> stores;
+  };
+  auto shared = std::make_shared<Shared>();
+  auto hash_for = [shared](const std::string& dir) {
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    auto& slot = shared->stores[dir];
+    if (!slot) slot = std::make_shared<HashStore>();
+    return slot;
+  };
+  return {
+      {"Hash", hash_for},
+      {"File", [](const std::string& dir) { return std::make_shared<FileStore>(dir + "/store"); }},
+      {"PrefixOverHash",
+       [hash_for](const std::string& dir) {
+         return std::make_shared<PrefixStore>("job/7", hash_for(dir));
+       }},
+      {"PrefixOverFile",
+       [](const std::string& dir) {
+         return std::make_shared<PrefixStore>("job", std::make_shared<FileStore>(dir + "/store"));
+       }},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStores, StoreTest, ::testing::ValuesIn(factories()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(PrefixStore, KeysLiveUnderThePrefix) {
+  auto base = std::make_shared<HashStore>();
+  PrefixStore p("scope", base);
+  p.set("k", "v");
+  EXPECT_TRUE(base->check({"scope/k"}));
+  EXPECT_FALSE(base->check({"k"}));
+}
+
+TEST(OpenStore, Urls) {
+  TempDir dir;
+  auto s = open_store("file://" + dir.path() + "/s");
+  s->set("x", "1");
+  EXPECT_EQ(FileStore(dir.path() + "/s").get("x"), "1");
+  EXPECT_NE(std::dynamic_pointer_cast<HashStore>(open_store("hash://")), nullptr);
+  EXPECT_TUTTI_ERROR(open_store("nowhere"), ErrorCode::kInvalidArgument, "no scheme");
+  EXPECT_TUTTI_ERROR(open_store("file://relative"), ErrorCode::kInvalidArgument, "absolute");
+  EXPECT_TUTTI_ERROR(open_store("gopher://x"), ErrorCode::kInvalidArgument, "gopher");
+  EXPECT_TUTTI_ERROR(FileStore("/proc/no/such/dir/store"), ErrorCode::kIoError, "/proc/no/such");
+}
+
+}  // namespace
+}  // namespace tutti::testing

@@ -1,0 +1,72 @@
+// Helpers shared by tutti's tests: ranks as threads, ranks as processes, unique names.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tutti/tutti.h"
+
+namespace tutti::testing {
+
+// Runs fn(rank) on world_size threads and waits for all; an exception escaping a rank becomes a
+// test failure naming the rank.
+void run_ranks(int world_size, const std::function<void(int rank)>& fn);
+
+// Creates one group per rank concurrently (ranks as threads) over a shared HashStore.
+std::vector<std::shared_ptr<CollectiveGroup>> create_groups(
+    int world_size, const std::string& backend, const std::string& name,
+    std::chrono::milliseconds timeout = std::chrono::seconds(30),
+    std::shared_ptr<Store> store = nullptr);
+
+// A name unique within this process run: "<prefix>-<pid>-<counter>".
+std::string unique_name(const std::string& prefix);
+
+// A fresh temporary directory, removed with its contents when the object goes.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The result of one worker process started by run_workers.
+struct WorkerResult {
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;
+  std::string output;  // stdout and stderr together
+};
+
+// Starts `world_size` processes of the tutti_test_worker helper as
+// `tutti_test_worker <scenario> <rank> <world_size> <store_url> [extra...]` (an exec, never a fork
+// of this process, which may run Gloo threads), waits at most `limit` for all, kills any left,
+// and returns each rank's result. Fails the test on a worker that overran the limit.
+std::vector<WorkerResult> run_workers(const std::string& scenario, int world_size,
+                                      const std::string& store_url,
+                                      std::chrono::milliseconds limit,
+                                      const std::vector<std::string>& extra = {},
+                                      const std::vector<int>& ranks = {});
+
+// Expects fn to throw tutti::Error with the given code and a message containing every needle.
+#define EXPECT_TUTTI_ERROR(stmt, error_code, ...)                                         \
+  do {                                                                                    \
+    try {                                                                                 \
+      stmt;                                                                               \
+      ADD_FAILURE() << "expected tutti::Error from: " #stmt;                              \
+    } catch (const ::tutti::Error& e_) {                                                  \
+      EXPECT_EQ(e_.code(), error_code) << e_.what();                                      \
+      for (const std::string& needle_ : std::vector<std::string>{__VA_ARGS__}) {          \
+        EXPECT_NE(std::string(e_.what()).find(needle_), std::string::npos)                \
+            << "message lacks '" << needle_ << "': " << e_.what();                        \
+      }                                                                                   \
+    }                                                                                     \
+  } while (0)
+
+}  // namespace tutti::testing

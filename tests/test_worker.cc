@@ -1,0 +1,237 @@
+// A rank of a multi-process test, started by run_workers (test_util.cc):
+//   tutti_test_worker <scenario> <rank> <world_size> <store_url> [timeout_ms]
+// Exits 0 when every check of the scenario held, 1 with a message on stderr otherwise.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tutti/tutti.h"
+
+using namespace tutti;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  int rank = 0;
+  int world = 1;
+  std::string store_url;
+  std::chrono::milliseconds timeout{30000};
+};
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("check failed: " + what);
+}
+
+// Runs fn and returns the tutti::Error it threw; fails when it threw none.
+Error expect_error(const std::function<void()>& fn, ErrorCode code, const std::string& needle) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    require(e.code() == code, std::string("error code ") + to_string(e.code()) + " != expected " +
+                                  to_string(code) + ": " + e.what());
+    require(std::string(e.what()).find(needle) != std::string::npos,
+            "message lacks '" + needle + "': " + e.what());
+    std::fprintf(stderr, "expected error: %s\n", e.what());
+    return e;
+  }
+  throw std::runtime_error("expected a tutti::Error containing '" + needle + "'");
+}
+
+GroupOptions options(const Args& a) {
+  GroupOptions o;
+  o.store_url = a.store_url;
+  o.timeout = a.timeout;
+  return o;
+}
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+void scenario_allreduce(const Args& a) {
+  init_collective_group(a.world, a.rank, "gloo", "default", options(a));
+  require(get_rank() == a.rank && get_collective_group_size() == a.world, "rank and size");
+  std::vector<float> v(1000, static_cast<float>(a.rank + 1));
+  allreduce(v);
+  const float want = a.world * (a.world + 1) / 2.0f;
+  for (float x : v) require(x == want, "allreduce sum " + std::to_string(x));
+  destroy_collective_group();
+  require(!is_group_initialized(), "destroyed");
+}
+
+void scenario_ray(const Args& a) {
+  require(a.world == 2, "the ray scenario runs with 2 ranks");
+  const int r = a.rank;
+  const GroupOptions o = options(a);
+  // Two named groups on the same processes, ranks reversed in the second.
+  init_collective_group(2, r, "gloo", "a", o);
+  init_collective_group(2, 1 - r, "GLOO", "b", o);
+  require(get_rank("a") == r && get_rank("b") == 1 - r, "ranks in a and b");
+  require(get_rank("nope") == -1 && get_collective_group_size("nope") == -1, "unknown group -1");
+  expect_error([&] { init_collective_group(2, r, "gloo", "a", o); }, ErrorCode::kInvalidUsage,
+               "already initialized");
+
+  // Rank values 2 and 3: product 6, min 2, max 3.
+  for (auto [op, want] : {std::pair{ReduceOp::kProduct, 6}, std::pair{ReduceOp::kMin, 2},
+                          std::pair{ReduceOp::kMax, 3}, std::pair{ReduceOp::kSum, 5}}) {
+    std::vector<int32_t> v(3, r + 2);
+    allreduce(v, "b", op);
+    for (int32_t x : v) require(x == want, std::string("allreduce ") + to_string(op));
+  }
+
+  // Reduce changes only dst.
+  std::vector<double> d(4, r + 2.0);
+  reduce(d, 1, "a");
+  for (double x : d) require(x == (r == 1 ? 5.0 : 2.0), "reduce changes only dst");
+
+  // Send and recv, both directions.
+  std::vector<int64_t> msg(5, 100 + r), got(5, 0);
+  if (r == 0) {
+    send(msg, 1, "a");
+    recv(got, 1, "a");
+  } else {
+    recv(got, 0, "a");
+    send(msg, 0, "a");
+  }
+  for (int64_t x : got) require(x == 100 + (1 - r), "sendrecv payload");
+
+  // Ten groups side by side.
+  for (int k = 0; k < 10; ++k) init_collective_group(2, r, "gloo", "ten-" + std::to_string(k), o);
+  for (int k = 0; k < 10; ++k) {
+    std::vector<int32_t> v(2, k + r);
+    allreduce(v, "ten-" + std::to_string(k));
+    require(v[0] == 2 * k + 1, "ten groups: group " + std::to_string(k));
+  }
+  for (int k = 0; k < 10; ++k) destroy_collective_group("ten-" + std::to_string(k));
+
+  // Destroy on one rank leaves the other's group intact.
+  if (r == 1) destroy_collective_group("a");
+  barrier("b");
+  require(is_group_initialized("a") == (r == 0), "destroy on rank 1 only");
+  if (r == 0) destroy_collective_group("a");
+  destroy_collective_group("never-initialized");  // a logged no-op
+
+  // Ops after destroy fail; a handle kept from before fails too.
+  expect_error([&] { allreduce(d, "a"); }, ErrorCode::kInvalidUsage, "not initialized");
+  auto handle = get_group("b");
+  barrier("b");
+
+  // Destroy, then re-init the same name through the same store: a fresh incarnation.
+  init_collective_group(2, r, "gloo", "a", o);
+  std::vector<float> f(3, 1.5f * (r + 1));
+  allreduce(f, "a");
+  require(f[0] == 4.5f, "allreduce after re-init");
+  destroy_collective_group("b");
+  expect_error([&] { handle->barrier(); }, ErrorCode::kInvalidUsage, "destroyed");
+  destroy_collective_group("a");
+}
+
+void scenario_never_arrive(const Args& a) {
+  // Started for every rank but the last, which never arrives.
+  const auto start = Clock::now();
+  expect_error([&] { init_collective_group(a.world, a.rank, "gloo", "default", options(a)); },
+               ErrorCode::kTimeout, "missing rank(s) " + std::to_string(a.world - 1));
+  std::fprintf(stderr, "elapsed_ms=%.0f\n", ms_since(start));
+}
+
+void scenario_op_timeout(const Args& a) {
+  // Rank 1 joins but never calls the allreduce; rank 0's times out and aborts the group.
+  GroupOptions o = options(a);
+  o.timeout = std::chrono::seconds(30);
+  init_collective_group(a.world, a.rank, "gloo", "stuck", o);
+  auto store = open_store(a.store_url);
+  if (a.rank == 0) {
+    std::vector<float> v(10, 1.0f);
+    AllreduceOptions opts;
+    opts.timeout = a.timeout;
+    const auto start = Clock::now();
+    expect_error([&] { get_group("stuck")->allreduce(v, opts); }, ErrorCode::kTimeout,
+                 "allreduce #0 on group 'stuck' (rank 0/2)");
+    std::fprintf(stderr, "elapsed_ms=%.0f\n", ms_since(start));
+    expect_error([&] { allreduce(v, "stuck"); }, ErrorCode::kAborted, "aborted");
+    store->set("rank0-done", "1");
+  } else {
+    store->wait({"rank0-done"}, std::chrono::seconds(60));
+  }
+  destroy_collective_group("stuck");
+}
+
+void scenario_mismatch(const Args& a) {
+  // Rank 0 reduces 10 elements, rank 1 reduces 12: both must fail, neither may terminate.
+  init_collective_group(a.world, a.rank, "gloo", "mismatch", options(a));
+  std::vector<float> v(a.rank == 0 ? 10 : 12, 1.0f);
+  expect_error([&] { allreduce(v, "mismatch"); }, ErrorCode::kTimeout, "allreduce");
+  destroy_collective_group("mismatch");
+}
+
+void scenario_exit_without_destroy(const Args& a) {
+  init_collective_group(a.world, a.rank, "gloo", "left-open", options(a));
+  std::vector<float> v(100, 1.0f);
+  allreduce(v, "left-open");
+  require(v[0] == static_cast<float>(a.world), "allreduce");
+  // Return without destroy: the exit hook tears the group down.
+}
+
+void scenario_claim(const Args& a) {
+  // Two processes claim the same rank: one fails fast, the other waits for the real peer.
+  try {
+    init_collective_group(a.world, a.rank, "gloo", "claimed", options(a));
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    std::fprintf(stderr, "%s: %s\n", e.code() == ErrorCode::kInvalidUsage ? "CLAIMED" : "OTHER",
+                 what.c_str());
+    if (e.code() == ErrorCode::kInvalidUsage && what.find("already claimed") != std::string::npos) {
+      return;
+    }
+    if (e.code() == ErrorCode::kTimeout) {
+      std::fprintf(stderr, "TIMEOUT\n");
+      return;
+    }
+    throw;
+  }
+  throw std::runtime_error("init succeeded although rank 1 never came");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [timeout_ms]\n",
+                 argv[0]);
+    return 2;
+  }
+  Args a;
+  const std::string scenario = argv[1];
+  a.rank = std::atoi(argv[2]);
+  a.world = std::atoi(argv[3]);
+  a.store_url = argv[4];
+  if (argc > 5) a.timeout = std::chrono::milliseconds(std::atoi(argv[5]));
+  const std::map<std::string, void (*)(const Args&)> scenarios = {
+      {"allreduce", scenario_allreduce},
+      {"ray", scenario_ray},
+      {"never_arrive", scenario_never_arrive},
+      {"op_timeout", scenario_op_timeout},
+      {"mismatch", scenario_mismatch},
+      {"exit_without_destroy", scenario_exit_without_destroy},
+      {"claim", scenario_claim},
+  };
+  auto it = scenarios.find(scenario);
+  if (it == scenarios.end()) {
+    std::fprintf(stderr, "unknown scenario '%s'\n", scenario.c_str());
+    return 2;
+  }
+  try {
+    it->second(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d FAILED: %s\n", a.rank, e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "rank %d OK\n", a.rank);
+  return 0;
+}

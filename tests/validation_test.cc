@@ -1,0 +1,150 @@
+// Bad input fails with a tutti::Error naming group, rank, op and value, before any I/O: after
+// each refused call the group still works.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(Validation, GroupCreation) {
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(0, 0, "gloo", "g"), ErrorCode::kInvalidArgument,
+                     "world size must be positive, got 0");
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(-3, 0, "gloo", "g"), ErrorCode::kInvalidArgument,
+                     "-3");
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(2, 2, "gloo", "g"), ErrorCode::kInvalidArgument,
+                     "rank 2 is outside [0, 2)", "group 'g'");
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(2, -1, "gloo", "g"), ErrorCode::kInvalidArgument,
+                     "rank -1");
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(1, 0, "gloo", ""), ErrorCode::kInvalidArgument,
+                     "group name must not be empty");
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(2, 0, "gloo", "nostore"), ErrorCode::kInvalidArgument,
+                     "group 'nostore'", "needs a store", "store_url");
+  GroupOptions zero;
+  zero.timeout = milliseconds(0);
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(1, 0, "gloo", "g", zero),
+                     ErrorCode::kInvalidArgument, "timeout must be positive");
+}
+
+TEST(Validation, FreeFunctionsOnUnknownOrDestroyedGroups) {
+  std::vector<float> v(4, 1.0f);
+  EXPECT_TUTTI_ERROR(allreduce(v, "never"), ErrorCode::kInvalidUsage, "allreduce on group 'never'",
+                     "not initialized");
+  EXPECT_TUTTI_ERROR(get_group("never"), ErrorCode::kInvalidUsage, "never");
+  init_collective_group(1, 0, "gloo", "solo");
+  EXPECT_TUTTI_ERROR(init_collective_group(1, 0, "gloo", "solo"), ErrorCode::kInvalidUsage,
+                     "already initialized");
+  auto handle = get_group("solo");
+  allreduce(v, "solo");
+  EXPECT_EQ(v[0], 1.0f);
+  destroy_collective_group("solo");
+  EXPECT_FALSE(is_group_initialized("solo"));
+  EXPECT_TUTTI_ERROR(handle->allreduce(v), ErrorCode::kInvalidUsage,
+                     "allreduce on group 'solo' (rank 0/1)", "destroyed");
+  destroy_collective_group("solo");  // unknown now: a logged no-op, no throw
+}
+
+TEST(Validation, AnyNonEmptyNameIsValid) {
+  for (const std::string name : {"123?34!", "a/b", "sp ace", "ünï", "..", "%41"}) {
+    init_collective_group(1, 0, "gloo", name);
+    std::vector<int32_t> v(2, 7);
+    allreduce(v, name);
+    EXPECT_EQ(v[1], 7);
+    destroy_collective_group(name);
+  }
+}
+
+class TwoRankValidation : public ::testing::Test {
+ protected:
+  void SetUp() override { groups_ = create_groups(2, "gloo", unique_name("valid"), milliseconds(20000)); }
+
+  // After the refused calls on rank 0 only, both ranks still complete a real allreduce.
+  void ExpectStillUsable() {
+    run_ranks(2, [&](int r) {
+      std::vector<int64_t> v(3, r + 1);
+      groups_[r]->allreduce(v);
+      EXPECT_EQ(v[2], 3);
+    });
+  }
+
+  std::vector<std::shared_ptr<CollectiveGroup>> groups_;
+};
+
+TEST_F(TwoRankValidation, RanksAndRoots) {
+  CollectiveGroup& g = *groups_[0];
+  const std::string name = "group '" + g.name() + "' (rank 0/2)";
+  std::vector<float> v(5);
+  BroadcastOptions b;
+  b.root_rank = 2;
+  EXPECT_TUTTI_ERROR(g.broadcast(v, b), ErrorCode::kInvalidArgument, "broadcast on " + name,
+                     "root rank 2 is outside [0, 2)");
+  ReduceOptions r;
+  r.root_rank = -1;
+  EXPECT_TUTTI_ERROR(g.reduce(v, r), ErrorCode::kInvalidArgument, "reduce on " + name,
+                     "root rank -1");
+  EXPECT_TUTTI_ERROR(g.send(v, 0), ErrorCode::kInvalidArgument, "send on " + name,
+                     "destination rank 0 is this rank itself");
+  EXPECT_TUTTI_ERROR(g.recv(v, 0), ErrorCode::kInvalidArgument, "recv on " + name,
+                     "source rank 0 is this rank itself");
+  EXPECT_TUTTI_ERROR(g.send(v, 5), ErrorCode::kInvalidArgument, "destination rank 5");
+  EXPECT_TUTTI_ERROR(g.recv(v, -2), ErrorCode::kInvalidArgument, "source rank -2");
+  ExpectStillUsable();
+}
+
+TEST_F(TwoRankValidation, ListsShapesAndDtypes) {
+  CollectiveGroup& g = *groups_[0];
+  std::vector<float> in(4), a(4), b(4), c(4), wrong(5);
+  std::vector<double> other(4);
+  for (const auto& list : {std::vector<TensorView>{}, std::vector<TensorView>{a},
+                           std::vector<TensorView>{a, b, c}}) {
+    EXPECT_TUTTI_ERROR(g.allgather(list, in), ErrorCode::kInvalidArgument, "allgather on group",
+                       "output list has " + std::to_string(list.size()) + " tensors",
+                       "expected one per rank (2)");
+    EXPECT_TUTTI_ERROR(g.reduce_scatter(in, list), ErrorCode::kInvalidArgument,
+                       "reduce_scatter on group", "input list has " + std::to_string(list.size()));
+  }
+  EXPECT_TUTTI_ERROR(g.allgather({a, wrong}, in), ErrorCode::kInvalidArgument,
+                     "output 1 is float32[5] on cpu, input is float32[4] on cpu");
+  EXPECT_TUTTI_ERROR(g.allgather({other, a}, in), ErrorCode::kInvalidArgument,
+                     "output 0 has dtype float64, input has float32");
+  EXPECT_TUTTI_ERROR(g.reduce_scatter(in, {a, wrong}), ErrorCode::kInvalidArgument,
+                     "input 1 is float32[5]");
+  std::vector<float> big(9);
+  EXPECT_TUTTI_ERROR(g.allgather(TensorView(big), TensorView(in)), ErrorCode::kInvalidArgument,
+                     "output has 9 elements, expected world size 2 x input's 4");
+  EXPECT_TUTTI_ERROR(g.reduce_scatter(TensorView(in), TensorView(big)),
+                     ErrorCode::kInvalidArgument, "input has 9 elements");
+  float shaped[4];
+  TensorView matrix(shaped, DType::kFloat32, {2, 2});
+  EXPECT_TUTTI_ERROR(g.allgather({a, b}, matrix), ErrorCode::kInvalidArgument,
+                     "output 0 is float32[4] on cpu, input is float32[2, 2] on cpu");
+  ExpectStillUsable();
+}
+
+TEST_F(TwoRankValidation, DevicesAndReduceOps) {
+  CollectiveGroup& g = *groups_[0];
+  float x[4];
+  TensorView gpu(x, DType::kFloat32, {4}, Device::cuda(0));
+  EXPECT_TUTTI_ERROR(g.allreduce(gpu), ErrorCode::kInvalidArgument, "allreduce on group",
+                     "tensor is on cuda:0", "backend 'gloo'");
+  std::vector<int32_t> ints(4);
+  AllreduceOptions avg;
+  avg.reduce_op = ReduceOp::kAvg;
+  EXPECT_TUTTI_ERROR(g.allreduce(ints, avg), ErrorCode::kInvalidArgument,
+                     "avg is only defined for floating dtypes, got int32");
+  ReduceScatterOptions rs_avg;
+  rs_avg.reduce_op = ReduceOp::kAvg;
+  std::vector<uint8_t> u(2), u0(2), u1(2);
+  EXPECT_TUTTI_ERROR(g.reduce_scatter(u, {u0, u1}, rs_avg), ErrorCode::kInvalidArgument,
+                     "reduce_scatter", "got uint8");
+  AllreduceOptions negative;
+  negative.timeout = milliseconds(-5);
+  EXPECT_TUTTI_ERROR(g.allreduce(ints, negative), ErrorCode::kInvalidArgument,
+                     "timeout must be positive, got -5 ms");
+  ExpectStillUsable();
+}
+
+}  // namespace
+}  // namespace tutti::testing
