@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config python3
   libgloo-dev libfmt-dev libspdlog-dev libgtest-dev libbenchmark-dev libdlpack-dev
-  libhiredis-dev redis-server libopenmpi-dev openmpi-bin iproute2
+  libasio-dev libhiredis-dev redis-server libopenmpi-dev openmpi-bin iproute2
 )
 
 missing=()

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <sstream>
 
 #include "group_util.h"
@@ -11,6 +12,8 @@
 #include "tutti/hash_store.h"
 #include "tutti/prefix_store.h"
 #include "tutti/store.h"
+#include "tutti/tcp_store.h"
+#include "tutti/env.h"
 
 namespace tutti {
 
@@ -41,6 +44,9 @@ std::string where(const std::string& name, int rank, int world_size) {
   return "group '" + name + "' (rank " + std::to_string(rank) + "/" + std::to_string(world_size) +
          ")";
 }
+
+// How long a rank hosting the group's TCP store keeps serving, at destroy, for the others.
+constexpr std::chrono::milliseconds kHostLingerTimeout{10000};
 
 std::string host_name() {
   char buf[256] = {0};
@@ -116,9 +122,23 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   }
 
   std::shared_ptr<Store> store = options.store;
-  if (!store && !options.store_url.empty()) {
+  std::string url = options.store_url;
+  std::string job_id = options.job_id;
+  if (!store && (url == "env://" || (url.empty() && world_size > 1 && has_launch_env()))) {
     try {
-      store = open_store(options.store_url, options.timeout);
+      const LaunchEnv env = read_launch_env();
+      url = env.store_url;
+      if (job_id.empty()) job_id = env.job_id;
+    } catch (const Error& e) {
+      throw Error(e.code(), ctx + ": " + e.what());
+    }
+  }
+  bool owns_store = false;
+  if (!store && !url.empty()) {
+    try {
+      // Rank 0 hosts a tcp:// store (unless another process already serves the address).
+      store = open_store(url, options.timeout, /*host=*/rank == 0);
+      owns_store = true;
     } catch (const Error& e) {
       throw Error(e.code(), ctx + ": " + e.what());
     }
@@ -129,22 +149,32 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
                   ctx + ": a group of " + std::to_string(world_size) +
                       " ranks needs a store to meet through: set GroupOptions::store (e.g. a "
                       "shared HashStore for threads) or GroupOptions::store_url (e.g. "
-                      "file:///tmp/job.store for processes)");
+                      "tcp://HOST:PORT, hosted by rank 0, or file:///tmp/job.store), or launch "
+                      "with tutti-run, torchrun, srun or mpirun (env://)");
     }
     store = std::make_shared<HashStore>(options.timeout);
   }
+  if (job_id.empty()) {
+    if (const char* env_job = std::getenv("TUTTI_JOB_ID")) job_id = env_job;
+  }
+  if (job_id.empty() && store->check({"tutti/store-nonce"})) job_id = store->get("tutti/store-nonce");
 
   const std::string backend_key = detail::backend_key(backend);
   std::shared_ptr<CollectiveGroup> group(
       new CollectiveGroup(name, rank, world_size, backend_key, options.timeout));
+  group->store_ = store;
+  group->owns_store_ = owns_store;
 
   // Incarnation: every init of this name through this store takes the next join number, and
   // world_size consecutive joins form one incarnation, so keys of a destroyed incarnation are
   // never read by the next one.
-  const std::string base = "tutti/group/" + detail::escape_name(name);
+  const std::string base = "tutti/" +
+                           (job_id.empty() ? std::string() : "job/" + detail::escape_name(job_id) + "/") +
+                           "group/" + detail::escape_name(name);
   const int64_t join = store->add(base + "/joins", 1);
   const int64_t incarnation = (join - 1) / world_size;
   const std::string scope = base + "/" + std::to_string(incarnation);
+  group->scope_ = scope;
 
   JoinRecord mine{world_size, backend_key, host_name(), static_cast<long>(::getpid())};
   const std::string my_key = scope + "/rank/" + std::to_string(rank);
@@ -237,12 +267,32 @@ void CollectiveGroup::destroy() noexcept {
     std::lock_guard<std::mutex> lock(op_mutex_);
     if (backend_) backend_->abort();
     backend_.reset();
+    leave_store();
     TUTTI_LOG_DEBUG("destroyed {}", describe());
   } catch (const std::exception& e) {
     TUTTI_LOG_WARN("destroying {}: {}", describe(), e.what());
   } catch (...) {
     TUTTI_LOG_WARN("destroying {}: unknown exception", describe());
   }
+}
+
+void CollectiveGroup::leave_store() {
+  auto* tcp = dynamic_cast<TCPStore*>(store_.get());
+  if (owns_store_ && tcp != nullptr && world_size_ > 1) {
+    // Best effort and brief: a host that is already gone must not hold destroy up.
+    tcp->set_timeout(std::chrono::milliseconds(2000));
+    try {
+      tcp->set(scope_ + "/left/" + std::to_string(rank_), "1");
+      if (tcp->is_hosting()) {
+        std::vector<std::string> keys;
+        for (int r = 0; r < world_size_; ++r) keys.push_back(scope_ + "/left/" + std::to_string(r));
+        tcp->wait(keys, kHostLingerTimeout);
+      }
+    } catch (const Error& e) {
+      TUTTI_LOG_DEBUG("{}: leaving the store: {}", describe(), e.what());
+    }
+  }
+  store_.reset();
 }
 
 void CollectiveGroup::fail(ErrorCode code, OpType op, const std::string& what) const {

@@ -157,8 +157,29 @@ std::vector<StoreFactory> factories() {
     if (!slot) slot = std::make_shared<HashStore>();
     return slot;
   };
+  // One TCP server per test directory; each client is a new connection to it.
+  struct Servers {
+    std::mutex mutex;
+    std::map<std::string, std::shared_ptr<TCPStoreServer>> servers;
+  };
+  auto servers = std::make_shared<Servers>();
+  auto tcp_for = [servers](const std::string& dir) {
+    uint16_t port;
+    {
+      std::lock_guard<std::mutex> lock(servers->mutex);
+      auto& slot = servers->servers[dir];
+      if (!slot) slot = std::make_shared<TCPStoreServer>("127.0.0.1", 0);
+      port = slot->port();
+    }
+    TCPStoreOptions o;
+    o.timeout = std::chrono::seconds(30);
+    return std::make_shared<TCPStore>("127.0.0.1", port, o);
+  };
   return {
       {"Hash", hash_for},
+      {"TCP", tcp_for},
+      {"PrefixOverTCP",
+       [tcp_for](const std::string& dir) { return std::make_shared<PrefixStore>("p", tcp_for(dir)); }},
       {"File", [](const std::string& dir) { return std::make_shared<FileStore>(dir + "/store"); }},
       {"PrefixOverHash",
        [hash_for](const std::string& dir) {

@@ -135,4 +135,66 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
   return results;
 }
 
+namespace {
+std::vector<char*> to_argv(std::vector<std::string>& args) {
+  std::vector<char*> out;
+  for (auto& a : args) out.push_back(a.data());
+  out.push_back(nullptr);
+  return out;
+}
+}  // namespace
+
+std::vector<WorkerResult> run_processes(const std::vector<std::string>& argv,
+                                        const std::vector<std::vector<std::string>>& envs,
+                                        std::chrono::milliseconds limit) {
+  TempDir logs;
+  std::vector<pid_t> pids(envs.size(), -1);
+  for (size_t k = 0; k < envs.size(); ++k) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) env_strings.push_back(*e);
+    env_strings.insert(env_strings.end(), envs[k].begin(), envs[k].end());
+    std::vector<std::string> args = argv;
+    auto arg_ptrs = to_argv(args);
+    auto env_ptrs = to_argv(env_strings);
+    const std::string log = logs.path() + "/proc" + std::to_string(k);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    const int rc = posix_spawnp(&pids[k], arg_ptrs[0], &actions, nullptr, arg_ptrs.data(),
+                                env_ptrs.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) throw std::runtime_error("posix_spawn failed: " + std::to_string(rc));
+  }
+  std::vector<WorkerResult> results(envs.size());
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (size_t k = 0; k < envs.size(); ++k) {
+    int status = 0;
+    while (::waitpid(pids[k], &status, WNOHANG) != pids[k]) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "process " << k << " (" << argv[0] << ") overran " << limit.count()
+                      << " ms; killed";
+        ::kill(pids[k], SIGKILL);
+        ::waitpid(pids[k], &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    results[k].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    results[k].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    std::ifstream in(logs.path() + "/proc" + std::to_string(k));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    results[k].output = ss.str();
+  }
+  return results;
+}
+
+WorkerResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds limit,
+                         const std::vector<std::string>& env) {
+  return run_processes(argv, {env}, limit)[0];
+}
+
+uint16_t free_port() { return TCPStoreServer("127.0.0.1", 0).port(); }
+
 }  // namespace tutti::testing

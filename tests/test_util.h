@@ -54,6 +54,20 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
                                       const std::vector<std::string>& extra = {},
                                       const std::vector<int>& ranks = {});
 
+// Runs a command line to completion (at most `limit`), returning its exit status and output.
+// `env` adds "NAME=value" entries to this process's environment for the child.
+WorkerResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds limit,
+                         const std::vector<std::string>& env = {});
+
+// Starts one process per entry of `envs` running argv with that extra environment, and waits
+// for all (at most `limit`).
+std::vector<WorkerResult> run_processes(const std::vector<std::string>& argv,
+                                        const std::vector<std::vector<std::string>>& envs,
+                                        std::chrono::milliseconds limit);
+
+// A TCP port that was free a moment ago (for tests of launchers that take a fixed port).
+uint16_t free_port();
+
 // Expects fn to throw tutti::Error with the given code and a message containing every needle.
 #define EXPECT_TUTTI_ERROR(stmt, error_code, ...)                                         \
   do {                                                                                    \

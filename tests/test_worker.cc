@@ -167,6 +167,11 @@ void scenario_mismatch(const Args& a) {
   init_collective_group(a.world, a.rank, "gloo", "mismatch", options(a));
   std::vector<float> v(a.rank == 0 ? 10 : 12, 1.0f);
   expect_error([&] { allreduce(v, "mismatch"); }, ErrorCode::kTimeout, "allreduce");
+  // Neither leaves before both timed out: a rank that exits first closes its connections, and
+  // the other would then see a closed connection instead of its own timeout.
+  auto store = open_store(a.store_url);
+  store->set("timed-out-" + std::to_string(a.rank), "1");
+  store->wait({"timed-out-0", "timed-out-1"}, std::chrono::seconds(30));
   destroy_collective_group("mismatch");
 }
 
@@ -198,9 +203,31 @@ void scenario_claim(const Args& a) {
   throw std::runtime_error("init succeeded although rank 1 never came");
 }
 
+// Launched by tutti-run, torchrun-, Slurm- or Open MPI-style variables: everything from env://.
+void scenario_env_allreduce(const Args&) {
+  init_collective_group_from_env("", "from-env");
+  const int rank = get_rank("from-env");
+  const int world = get_collective_group_size("from-env");
+  std::vector<int64_t> v(257, rank + 1);
+  allreduce(v, "from-env");
+  for (int64_t x : v) require(x == int64_t(world) * (world + 1) / 2, "env allreduce sum");
+  std::printf("env rank %d of %d local %d/%d: sum %lld\n", rank, world, local_rank(),
+              local_world_size(), static_cast<long long>(v[0]));
+  destroy_collective_group("from-env");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "env_allreduce") {
+    try {
+      scenario_env_allreduce(Args{});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "FAILED: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   if (argc < 5) {
     std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [timeout_ms]\n",
                  argv[0]);

@@ -56,7 +56,9 @@ class TUTTI_API CollectiveGroup {
   bool is_destroyed() const { return destroyed_.load(); }
   bool is_aborted() const;
 
-  // Tears down the backend. Local: it never waits for other ranks and never throws. Later
+  // Tears down the backend. Local: it never waits for other ranks and never throws. (The one
+  // exception: a rank that hosts the group's TCP store keeps serving until the other ranks have
+  // left, at most 10 s, so that a fast rank 0 does not break slower ranks' teardown.) Later
   // calls fail with kInvalidUsage. Idempotent.
   void destroy() noexcept;
 
@@ -89,6 +91,7 @@ class TUTTI_API CollectiveGroup {
              bool sending = false);
   template <typename Fn>
   void run(Call& call, Fn&& fn);
+  void leave_store();
   [[noreturn]] void fail(ErrorCode code, OpType op, const std::string& what) const;
   void check_tensor(OpType op, const TensorView& t, const char* what) const;
   void check_rank(OpType op, int value, const char* what, bool allow_self = true) const;
@@ -99,6 +102,10 @@ class TUTTI_API CollectiveGroup {
   const int world_size_;
   const std::string backend_name_;
   const std::chrono::milliseconds timeout_;
+
+  std::shared_ptr<Store> store_;  // the store the group met through
+  std::string scope_;             // this incarnation's key prefix in store_
+  bool owns_store_ = false;       // opened from a URL by this group
 
   std::atomic<bool> destroyed_{false};
   mutable std::mutex state_mutex_;  // guards abort_reason_

@@ -60,12 +60,17 @@ struct RecvOptions : OpOptions {
 
 // How a group meets its peers and how long it waits by default.
 struct GroupOptions {
-  // A store URL (see open_store), e.g. "file:///tmp/job.store". Ignored when `store` is set.
+  // A store URL (see open_store), e.g. "tcp://10.0.0.1:29500" (rank 0 hosts it) or
+  // "file:///tmp/job.store"; "env://" takes the launcher's (see tutti/env.h). Ignored when
+  // `store` is set.
   std::string store_url;
   // A store object shared with the other ranks (e.g. a HashStore for ranks that are threads).
   std::shared_ptr<Store> store;
   // The default timeout of every op and of the rendezvous (Ray's Gloo groups use 30 s).
   std::chrono::milliseconds timeout{30000};
+  // Scopes every key the group writes, so a crashed earlier job with the same group name on a
+  // long-lived store is never read. Empty: TUTTI_JOB_ID, else the TCP store's own nonce.
+  std::string job_id;
 };
 
 }  // namespace tutti

@@ -62,11 +62,16 @@ class TUTTI_API Store {
 };
 
 // Opens a store from a URL:
-//   file:///path/to/file   a FileStore on that file
-//   hash://                a new, private HashStore (useful for world size 1)
-// Other schemes (tcp://, redis://, env://) throw Error(kUnavailable) until they are built.
+//   tcp://host:port[?secret=S]  a TCPStore client; with `host` set, this process also serves
+//                               the address (rank 0 does) unless another process already does.
+//                               The secret may come from TUTTI_STORE_SECRET instead.
+//   file:///path/to/file        a FileStore on that file
+//   hash://                     a new, private HashStore (useful for world size 1)
+// Other schemes (redis://) throw Error(kUnavailable) until they are built; env:// is resolved
+// by the group (see tutti/env.h), not here.
 TUTTI_API std::shared_ptr<Store> open_store(const std::string& url,
                                             std::chrono::milliseconds timeout =
-                                                Store::kDefaultTimeout);
+                                                Store::kDefaultTimeout,
+                                            bool host = false);
 
 }  // namespace tutti

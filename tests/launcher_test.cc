@@ -1,0 +1,147 @@
+// tutti-run, and groups joined from each launcher's environment variables.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <thread>
+
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+WorkerResult tutti_run(const std::vector<std::string>& args, milliseconds limit = milliseconds(60000)) {
+  std::vector<std::string> argv = {TUTTI_RUN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_command(argv, limit);
+}
+
+TEST(Launcher, SetsTheEnvironmentAndPrefixesOutput) {
+  auto r = tutti_run({"-n", "3", "--backend", "gloo", "sh", "-c",
+                      "echo v $TUTTI_RANK $TUTTI_WORLD_SIZE $TUTTI_LOCAL_RANK "
+                      "$TUTTI_LOCAL_WORLD_SIZE $TUTTI_BACKEND $TUTTI_STORE $TUTTI_JOB_ID"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::regex line("\\[" + std::to_string(rank) + "\\]: v " + std::to_string(rank) + " 3 " +
+                          std::to_string(rank) +
+                          " 3 gloo tcp://127\\.0\\.0\\.1:[0-9]+ [0-9a-f]{16}\\n");
+    EXPECT_TRUE(std::regex_search(r.output, line)) << r.output;
+  }
+}
+
+TEST(Launcher, FirstFailingRankEndsTheJobWithItsStatus) {
+  const auto start = Clock::now();
+  auto r = tutti_run({"-n", "3", "sh", "-c", "if [ $TUTTI_RANK = 1 ]; then exit 3; fi; sleep 60"});
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with status 3"), std::string::npos) << r.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));  // the sleepers were stopped
+}
+
+TEST(Launcher, CrashingRankIsReportedBySignal) {
+  auto r = tutti_run({"-n", "2", "sh", "-c", "if [ $TUTTI_RANK = 0 ]; then kill -SEGV $$; fi; sleep 60"});
+  EXPECT_EQ(r.exit_code, 128 + 11) << r.output;
+  EXPECT_NE(r.output.find("rank 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("signal 11"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, TimeoutBoundsTheJob) {
+  auto r = tutti_run({"--timeout", "1", "-n", "2", "sleep", "60"});
+  EXPECT_EQ(r.exit_code, 124) << r.output;
+  EXPECT_NE(r.output.find("--timeout 1 s"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, BadOptionsExit2) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"-n", "zero", "true"}, {"--bogus", "true"}, {"-n", "2"},
+           {"--nnodes", "2", "--node-rank", "2", "true"}}) {
+    auto r = tutti_run(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.output;
+  }
+}
+
+TEST(Launcher, GroupsFromTuttiRun) {
+  auto r = tutti_run({"-n", "4", TUTTI_TEST_WORKER, "env_allreduce"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(r.output.find("[" + std::to_string(rank) + "]: env rank " + std::to_string(rank) +
+                            " of 4 local " + std::to_string(rank) + "/4: sum 10"),
+              std::string::npos)
+        << r.output;
+  }
+}
+
+TEST(Launcher, TwoNodesOnOneHost) {
+  // Node 0 serves the store on a fixed port; node 1 connects to it.
+  const std::string port = std::to_string(free_port());
+  std::vector<std::string> base = {TUTTI_RUN, "--nnodes", "2", "--master-addr", "127.0.0.1",
+                                   "--master-port", port, "--job-id", "two-nodes", "-n", "2"};
+  auto node0 = base;
+  node0.insert(node0.end(), {"--node-rank", "0", TUTTI_TEST_WORKER, "env_allreduce"});
+  auto node1 = base;
+  node1.insert(node1.end(), {"--node-rank", "1", TUTTI_TEST_WORKER, "env_allreduce"});
+  std::vector<WorkerResult> results(2);
+  std::thread t([&] { results[1] = run_command(node1, milliseconds(60000)); });
+  results[0] = run_command(node0, milliseconds(60000));
+  t.join();
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("of 4 local"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("sum 10"), std::string::npos) << r.output;
+  }
+}
+
+// The same worker, launched the way torchrun, srun and mpirun would set its environment.
+void run_with_env(const std::function<std::vector<std::string>(int rank)>& env_of, int world) {
+  std::vector<std::vector<std::string>> envs;
+  for (int r = 0; r < world; ++r) envs.push_back(env_of(r));
+  auto results = run_processes({TUTTI_TEST_WORKER, "env_allreduce"}, envs, milliseconds(60000));
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+    EXPECT_NE(results[r].output.find("env rank " + std::to_string(r) + " of " +
+                                     std::to_string(world)),
+              std::string::npos)
+        << results[r].output;
+  }
+}
+
+TEST(LaunchEnvironments, Torchrun) {
+  const std::string port = std::to_string(free_port());
+  run_with_env(
+      [&](int r) {
+        return std::vector<std::string>{"RANK=" + std::to_string(r), "WORLD_SIZE=3",
+                                        "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=3",
+                                        "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                                        "TORCHELASTIC_RUN_ID=t1"};
+      },
+      3);
+}
+
+TEST(LaunchEnvironments, Slurm) {
+  const std::string port = std::to_string(free_port());
+  run_with_env(
+      [&](int r) {
+        return std::vector<std::string>{"SLURM_PROCID=" + std::to_string(r), "SLURM_NTASKS=2",
+                                        "SLURM_LOCALID=" + std::to_string(r),
+                                        "SLURM_JOB_NODELIST=localhost", "SLURM_JOB_ID=77",
+                                        "MASTER_PORT=" + port};
+      },
+      2);
+}
+
+TEST(LaunchEnvironments, OpenMpi) {
+  const std::string port = std::to_string(free_port());
+  run_with_env(
+      [&](int r) {
+        return std::vector<std::string>{"OMPI_COMM_WORLD_RANK=" + std::to_string(r),
+                                        "OMPI_COMM_WORLD_SIZE=2",
+                                        "OMPI_COMM_WORLD_LOCAL_RANK=" + std::to_string(r),
+                                        "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
+      },
+      2);
+}
+
+}  // namespace
+}  // namespace tutti::testing

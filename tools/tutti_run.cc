@@ -1,0 +1,365 @@
+// tutti-run: starts the local ranks of a job, torchrun-style.
+//
+//   tutti-run -n 4 ./train args...
+//
+// Hosts the job's TCP store (node 0), starts each rank with TUTTI_RANK, TUTTI_WORLD_SIZE,
+// TUTTI_LOCAL_RANK, TUTTI_LOCAL_WORLD_SIZE, TUTTI_JOB_ID, TUTTI_STORE (and TUTTI_BACKEND with
+// --backend), prefixes each output line with its rank, and ends the job at the first rank that
+// fails, exiting with that rank's status.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tutti/error.h"
+#include "tutti/tcp_store.h"
+#include "tutti/version.h"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage = R"(usage: tutti-run [options] [--] PROGRAM [ARGS...]
+
+Starts the local ranks of a tutti job and the job's TCP store.
+
+options:
+  -n, --nproc-per-node N  ranks to start on this node (default 1)
+  --nnodes N              nodes in the job (default 1)
+  --node-rank K           this node's index, 0..N-1 (default 0)
+  --master-addr HOST      where node 0 serves the store (default 127.0.0.1)
+  --master-port PORT      the store's port (default: a free port with one node, 29500 with more)
+  --backend NAME          the backend, passed on as TUTTI_BACKEND
+  --job-id ID             passed on as TUTTI_JOB_ID (default: random with one node; with more,
+                          the store's own id)
+  --timeout SECONDS       end the job (exit 124) when it runs longer
+  --no-prefix             do not prefix output lines with "[rank]: "
+  -h, --help              this text
+  --version               tutti's version
+
+Each rank gets TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_LOCAL_RANK, TUTTI_LOCAL_WORLD_SIZE,
+TUTTI_STORE and TUTTI_JOB_ID; tutti::init_collective_group_from_env() reads them.
+The first rank to fail ends the others; tutti-run exits with its status (128+N for signal N).
+)";
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "tutti-run: %s\n(see tutti-run --help)\n", message.c_str());
+  std::exit(2);
+}
+
+long parse_number(const std::string& option, const char* text, long min_value, long max_value) {
+  char* end = nullptr;
+  const long v = std::strtol(text, &end, 10);
+  if (*text == '\0' || *end != '\0' || v < min_value || v > max_value) {
+    usage_error(option + " needs an integer in [" + std::to_string(min_value) + ", " +
+                std::to_string(max_value) + "], got '" + text + "'");
+  }
+  return v;
+}
+
+struct Options {
+  int nproc = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  long master_port = -1;
+  std::string backend;
+  std::string job_id;
+  long timeout_s = 0;
+  bool prefix = true;
+  std::vector<std::string> command;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  int i = 1;
+  auto value = [&](const std::string& option) -> const char* {
+    if (i + 1 >= argc) usage_error(option + " needs a value");
+    return argv[++i];
+  };
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a.empty() || a[0] != '-') break;
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (a == "--version") {
+      std::printf("tutti-run %s\n", tutti::version());
+      std::exit(0);
+    } else if (a == "-n" || a == "--nproc-per-node" || a == "--nproc_per_node") {
+      o.nproc = static_cast<int>(parse_number(a, value(a), 1, 4096));
+    } else if (a == "--nnodes") {
+      o.nnodes = static_cast<int>(parse_number(a, value(a), 1, 100000));
+    } else if (a == "--node-rank" || a == "--node_rank") {
+      o.node_rank = static_cast<int>(parse_number(a, value(a), 0, 100000));
+    } else if (a == "--master-addr" || a == "--master_addr") {
+      o.master_addr = value(a);
+    } else if (a == "--master-port" || a == "--master_port") {
+      o.master_port = parse_number(a, value(a), 0, 65535);
+    } else if (a == "--backend") {
+      o.backend = value(a);
+    } else if (a == "--job-id") {
+      o.job_id = value(a);
+    } else if (a == "--timeout") {
+      o.timeout_s = parse_number(a, value(a), 1, 100L * 24 * 3600);
+    } else if (a == "--no-prefix") {
+      o.prefix = false;
+    } else {
+      usage_error("unknown option '" + a + "'");
+    }
+  }
+  for (; i < argc; ++i) o.command.push_back(argv[i]);
+  if (o.command.empty()) usage_error("no program to run");
+  if (o.node_rank >= o.nnodes) {
+    usage_error("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
+                std::to_string(o.nnodes));
+  }
+  return o;
+}
+
+std::string random_id() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
+  return buf;
+}
+
+// Forwards a child's output line by line, each prefixed with its rank.
+struct Stream {
+  int fd = -1;
+  FILE* out = nullptr;
+  std::string prefix;
+  std::string pending;
+
+  void forward(const char* data, size_t n) {
+    pending.append(data, n);
+    size_t start = 0;
+    while (true) {
+      const auto nl = pending.find('\n', start);
+      if (nl == std::string::npos) break;
+      std::fwrite(prefix.data(), 1, prefix.size(), out);
+      std::fwrite(pending.data() + start, 1, nl + 1 - start, out);
+      start = nl + 1;
+    }
+    pending.erase(0, start);
+    std::fflush(out);
+  }
+  void flush_rest() {
+    if (pending.empty()) return;
+    pending.push_back('\n');
+    forward("", 0);
+  }
+};
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+};
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+int exit_code_of(int status) {
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const int world = o.nproc * o.nnodes;
+
+  // Node 0 serves the store; the port it bound is what every rank is told.
+  std::unique_ptr<tutti::TCPStoreServer> server;
+  long port = o.master_port;
+  if (port < 0) port = o.nnodes == 1 ? 0 : 29500;
+  const char* secret = std::getenv("TUTTI_STORE_SECRET");
+  if (o.node_rank == 0) {
+    try {
+      server = std::make_unique<tutti::TCPStoreServer>(o.master_addr, static_cast<uint16_t>(port),
+                                                       secret ? secret : "");
+      port = server->port();
+    } catch (const tutti::Error& e) {
+      std::fprintf(stderr, "tutti-run: cannot serve the store: %s\n", e.what());
+      return 1;
+    }
+  } else if (port == 0) {
+    usage_error("--master-port is needed on nodes other than node 0");
+  }
+  std::string host = o.master_addr;
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  const std::string store_url = "tcp://" + host + ":" + std::to_string(port);
+  std::string job_id = o.job_id;
+  if (job_id.empty() && std::getenv("TUTTI_JOB_ID")) job_id = std::getenv("TUTTI_JOB_ID");
+  if (job_id.empty() && o.nnodes == 1) job_id = random_id();
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Rank> ranks(o.nproc);
+  std::vector<Stream> streams;
+  for (int local = 0; local < o.nproc; ++local) {
+    Rank& r = ranks[local];
+    r.rank = o.node_rank * o.nproc + local;
+    std::map<std::string, std::string> env;
+    for (char** e = environ; *e; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      if (eq) env[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
+    }
+    env["TUTTI_RANK"] = std::to_string(r.rank);
+    env["TUTTI_WORLD_SIZE"] = std::to_string(world);
+    env["TUTTI_LOCAL_RANK"] = std::to_string(local);
+    env["TUTTI_LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
+    env["TUTTI_STORE"] = store_url;
+    if (!job_id.empty()) env["TUTTI_JOB_ID"] = job_id;
+    if (!o.backend.empty()) env["TUTTI_BACKEND"] = o.backend;
+    std::vector<std::string> env_strings;
+    for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = o.command;
+    std::vector<char*> argvp;
+    for (auto& s : args) argvp.push_back(s.data());
+    argvp.push_back(nullptr);
+
+    int out_pipe[2], err_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
+      std::perror("tutti-run: pipe");
+      return 1;
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    // Each rank leads its own process group, so ending a rank ends what it started too.
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setpgroup(&attr, 0);
+    sigset_t defaults;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    sigaddset(&defaults, SIGINT);
+    sigaddset(&defaults, SIGTERM);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    const int rc = posix_spawnp(&r.pid, argvp[0], &actions, &attr, argvp.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    if (rc != 0) {
+      std::fprintf(stderr, "tutti-run: cannot start '%s': %s\n", argvp[0], std::strerror(rc));
+      for (auto& other : ranks) {
+        if (other.running) kill(-other.pid, SIGKILL);
+      }
+      return 127;
+    }
+    r.running = true;
+    const std::string prefix = o.prefix ? "[" + std::to_string(r.rank) + "]: " : "";
+    streams.push_back({out_pipe[0], stdout, prefix, {}});
+    streams.push_back({err_pipe[0], stderr, prefix, {}});
+  }
+
+  const auto start = Clock::now();
+  std::optional<Clock::time_point> kill_at;  // when still-running ranks get SIGKILL
+  std::optional<int> result;                 // the job's exit code, once decided
+  int running = o.nproc;
+  auto stop_all = [&](int sig) {
+    for (auto& r : ranks) {
+      if (r.running) kill(-r.pid, sig);
+    }
+  };
+
+  while (running > 0 || std::any_of(streams.begin(), streams.end(),
+                                    [](const Stream& s) { return s.fd >= 0; })) {
+    std::vector<pollfd> fds;
+    std::vector<Stream*> owners;
+    for (auto& s : streams) {
+      if (s.fd >= 0) {
+        fds.push_back({s.fd, POLLIN, 0});
+        owners.push_back(&s);
+      }
+    }
+    poll(fds.data(), fds.size(), 50);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[65536];
+      const ssize_t n = read(fds[k].fd, buf, sizeof(buf));
+      if (n > 0) {
+        owners[k]->forward(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        owners[k]->flush_rest();
+        close(owners[k]->fd);
+        owners[k]->fd = -1;
+      }
+    }
+    for (auto& r : ranks) {
+      if (!r.running) continue;
+      int status = 0;
+      if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      r.running = false;
+      r.status = status;
+      --running;
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed && !result) {
+        std::fprintf(stderr, "tutti-run: rank %d (pid %d) %s; stopping the other ranks\n", r.rank,
+                     static_cast<int>(r.pid), describe_status(status).c_str());
+        result = exit_code_of(status);
+        stop_all(SIGTERM);
+        kill_at = Clock::now() + std::chrono::seconds(5);
+      }
+    }
+    if (g_signal != 0 && !result) {
+      std::fprintf(stderr, "tutti-run: got signal %d; stopping the ranks\n", int(g_signal));
+      result = 128 + g_signal;
+      stop_all(SIGTERM);
+      kill_at = Clock::now() + std::chrono::seconds(5);
+    }
+    if (o.timeout_s > 0 && !result && Clock::now() - start > std::chrono::seconds(o.timeout_s)) {
+      std::fprintf(stderr, "tutti-run: the job ran past --timeout %ld s; stopping the ranks\n",
+                   o.timeout_s);
+      result = 124;
+      stop_all(SIGTERM);
+      kill_at = Clock::now() + std::chrono::seconds(5);
+    }
+    if (kill_at && Clock::now() > *kill_at && running > 0) {
+      stop_all(SIGKILL);
+      kill_at.reset();
+    }
+  }
+  return result.value_or(0);
+}
