@@ -624,7 +624,11 @@ int main(int argc, char** argv) {
       std::printf("# Avg bus bandwidth    : %.4g GB/s\n", n_busbw ? sum_busbw / n_busbw : 0.0);
       if (!c.json.empty()) write_json(c.json, c, group->backend_name(), world, hosts, rows);
       if (!c.csv.empty()) write_csv(c.csv, c, rows);
+      std::fflush(stdout);
     }
+    // Nobody exits (a failing exit status ends the job under tutti-run) before rank 0 has
+    // printed the summary.
+    group->barrier();
     destroy_collective_group(name);
     return total_wrong == 0 ? 0 : 1;
   } catch (const Error& e) {

@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""Merges tutti-bench and comparison JSON files into one Markdown table: median time per size
+for each run, and each run's time relative to the first.
+
+    python3 benchmarks/compare/table.py tutti.json mpi.json torch.json
+"""
+import json
+import sys
+
+
+def load(path):
+    doc = json.load(open(path))
+    config, rows = doc["config"], doc["rows"]
+    placements = {r["in_place"] for r in rows}
+    chosen = False if False in placements else True
+    rows = [r for r in rows if r["in_place"] == chosen]
+    runs = [(f"{config.get('backend')}", {r["size_bytes"]: r["time_us"] for r in rows})]
+    if rows and "baseline_time_us" in rows[0]:
+        runs.append((f"raw {config.get('backend')}",
+                     {r["size_bytes"]: r["baseline_time_us"] for r in rows}))
+    return runs
+
+
+def main():
+    runs = [run for path in sys.argv[1:] for run in load(path)]
+    sizes = sorted(set().union(*(set(times) for _, times in runs)))
+    names = [name for name, _ in runs]
+    print("| size (B) | " + " | ".join(f"{n} (us)" for n in names) + " | " +
+          " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |")
+    print("|---:|" + "---:|" * (2 * len(names) - 1))
+    for s in sizes:
+        cells = [f"{times[s]:.1f}" if s in times else "" for _, times in runs]
+        base = runs[0][1].get(s)
+        ratios = [f"{times[s] / base:.2f}" if base and s in times else "" for _, times in runs[1:]]
+        print(f"| {s} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+
+
+if __name__ == "__main__":
+    main()

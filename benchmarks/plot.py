@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Plots tutti-bench JSON files (and the comparison tools' JSON, which has the same shape):
+bus bandwidth and latency against message size, one line per run.
+
+    python3 benchmarks/plot.py results/allreduce.json other.json -o results/allreduce.png
+
+With --baseline rows, raw Gloo's time is plotted as a line of its own. Needs matplotlib
+(Debian: python3-matplotlib).
+"""
+import argparse
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def series(path):
+    doc = json.load(open(path))
+    config, rows = doc["config"], doc["rows"]
+    # One placement per run: out-of-place where the op has it, else in-place.
+    placements = {r["in_place"] for r in rows}
+    chosen = False if False in placements else True
+    rows = [r for r in rows if r["in_place"] == chosen]
+    name = f"{config.get('backend', '?')} ({config.get('tool', '?')}, n={config.get('world_size')})"
+    out = [(name, [r["size_bytes"] for r in rows], [r["time_us"] for r in rows],
+            [r["busbw_gbps"] for r in rows])]
+    if rows and "baseline_time_us" in rows[0]:
+        factor = config.get("bus_factor", 1.0)
+        base = [r["baseline_time_us"] for r in rows]
+        out.append((f"raw {config.get('backend')} (same run, n={config.get('world_size')})",
+                    [r["size_bytes"] for r in rows], base,
+                    [r["size_bytes"] / t / 1e3 * factor if t > 0 else 0
+                     for r, t in zip(rows, base)]))
+    return config.get("op", "?"), out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("json", nargs="+")
+    p.add_argument("-o", "--output", default="bench.png")
+    p.add_argument("--title")
+    args = p.parse_args()
+    fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5))
+    ops = set()
+    for path in args.json:
+        op, lines = series(path)
+        ops.add(op)
+        for name, sizes, times, busbw in lines:
+            bw.plot(sizes, busbw, marker="o", markersize=3, label=name)
+            lat.plot(sizes, times, marker="o", markersize=3, label=name)
+    for ax in (bw, lat):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    bw.set_ylabel("bus bandwidth (GB/s)")
+    lat.set_ylabel("time, median (us)")
+    lat.set_yscale("log")
+    fig.suptitle(args.title or f"{', '.join(sorted(ops))}: busbw and latency by message size")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    fig.savefig(args.output, dpi=110)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
