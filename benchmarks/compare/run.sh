@@ -24,6 +24,9 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 mkdir -p "$out"
+# Debian's interpreter: python3-torch and python3-matplotlib are installed for it (a python3
+# earlier on PATH, such as a pyenv one, would not see them).
+py=${PYTHON:-/usr/bin/python3}
 mpicxx -O2 -o build/mpi_allreduce benchmarks/compare/mpi_allreduce.cc
 
 common=(-b 8 -e "$max" -f 2 -w 10 -n "$iters")
@@ -33,8 +36,8 @@ echo "== Open MPI" >&2
 mpi_root=(); [ "$(id -u)" -eq 0 ] && mpi_root=(--allow-run-as-root)
 mpirun "${mpi_root[@]}" --oversubscribe -np "$ranks" build/mpi_allreduce "${common[@]}" --json "$out/openmpi.json"
 echo "== PyTorch torch.distributed (gloo)" >&2
-python3 benchmarks/compare/torch_allreduce.py --ranks "$ranks" "${common[@]}" --json "$out/torch.json"
+"$py" benchmarks/compare/torch_allreduce.py --ranks "$ranks" "${common[@]}" --json "$out/torch.json"
 
-python3 benchmarks/compare/table.py "$out/tutti-gloo.json" "$out/openmpi.json" "$out/torch.json" | tee "$out/table.md"
-python3 benchmarks/plot.py "$out/tutti-gloo.json" "$out/openmpi.json" "$out/torch.json" \
+"$py" benchmarks/compare/table.py "$out/tutti-gloo.json" "$out/openmpi.json" "$out/torch.json" | tee "$out/table.md"
+"$py" benchmarks/plot.py "$out/tutti-gloo.json" "$out/openmpi.json" "$out/torch.json" \
   -o "$out/allreduce.png" --title "allreduce, $ranks ranks, float32 sum: tutti, raw Gloo, Open MPI, PyTorch"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Merges tutti-bench and comparison JSON files into one Markdown table: median time per size
-for each run, and each run's time relative to the first.
+for each run, and the first run's time divided by each other's (above 1: the first is slower).
 
     python3 benchmarks/compare/table.py tutti.json mpi.json torch.json
 """
@@ -14,7 +14,8 @@ def load(path):
     placements = {r["in_place"] for r in rows}
     chosen = False if False in placements else True
     rows = [r for r in rows if r["in_place"] == chosen]
-    runs = [(f"{config.get('backend')}", {r["size_bytes"]: r["time_us"] for r in rows})]
+    label = ("tutti " if config.get("tool") == "tutti-bench" else "") + str(config.get("backend"))
+    runs = [(label, {r["size_bytes"]: r["time_us"] for r in rows})]
     if rows and "baseline_time_us" in rows[0]:
         runs.append((f"raw {config.get('backend')}",
                      {r["size_bytes"]: r["baseline_time_us"] for r in rows}))
@@ -26,12 +27,12 @@ def main():
     sizes = sorted(set().union(*(set(times) for _, times in runs)))
     names = [name for name, _ in runs]
     print("| size (B) | " + " | ".join(f"{n} (us)" for n in names) + " | " +
-          " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |")
+          " | ".join(f"{names[0]} / {n}" for n in names[1:]) + " |")
     print("|---:|" + "---:|" * (2 * len(names) - 1))
     for s in sizes:
         cells = [f"{times[s]:.1f}" if s in times else "" for _, times in runs]
         base = runs[0][1].get(s)
-        ratios = [f"{times[s] / base:.2f}" if base and s in times else "" for _, times in runs[1:]]
+        ratios = [f"{base / times[s]:.2f}" if base and times.get(s) else "" for _, times in runs[1:]]
         print(f"| {s} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
 
 
