@@ -5,6 +5,7 @@
 #include "tutti/error.h"
 #include "tutti/file_store.h"
 #include "tutti/hash_store.h"
+#include "tutti/redis_store.h"
 #include "tutti/tcp_store.h"
 #include "store_util.h"
 
@@ -112,7 +113,49 @@ std::shared_ptr<Store> open_store(const std::string& url, std::chrono::milliseco
     }
     return std::make_shared<TCPStore>(address, port, options);
   }
-  if (scheme == "redis" || scheme == "env") {
+  if (scheme == "redis") {
+    // redis://host:port[/db][?prefix=P&password=W]
+    RedisStoreOptions options;
+    options.timeout = timeout;
+    std::string authority = rest, query;
+    if (const auto q = rest.find('?'); q != std::string::npos) {
+      authority = rest.substr(0, q);
+      query = rest.substr(q + 1);
+    }
+    if (const auto slash = authority.find('/'); slash != std::string::npos) {
+      const std::string db = authority.substr(slash + 1);
+      authority = authority.substr(0, slash);
+      if (!db.empty()) {
+        char* end = nullptr;
+        const long v = std::strtol(db.c_str(), &end, 10);
+        if (*end != '\0' || v < 0) {
+          throw Error(ErrorCode::kInvalidArgument, "store URL '" + url + "': bad db '" + db + "'");
+        }
+        options.db = static_cast<int>(v);
+      }
+    }
+    size_t pos = 0;
+    while (!query.empty() && pos <= query.size()) {
+      const auto amp = query.find('&', pos);
+      const std::string item = query.substr(pos, amp == std::string::npos ? std::string::npos : amp - pos);
+      if (item.rfind("prefix=", 0) == 0) {
+        options.prefix = item.substr(7);
+      } else if (item.rfind("password=", 0) == 0) {
+        options.password = item.substr(9);
+      } else if (!item.empty()) {
+        throw Error(ErrorCode::kInvalidArgument, "store URL '" + url + "': unknown parameter '" +
+                                                     item + "' (expected prefix= or password=)");
+      }
+      if (amp == std::string::npos) break;
+      pos = amp + 1;
+    }
+    std::string host;
+    uint16_t port = 0;
+    std::string unused_secret;
+    parse_tcp(url, authority, host, port, unused_secret);
+    return std::make_shared<RedisStore>(host, port, options);
+  }
+  if (scheme == "env") {
     throw Error(ErrorCode::kUnavailable,
                 "store URL '" + url + "': the " + scheme +
                     ":// store is not built yet; give a file:///path store URL or a Store object "

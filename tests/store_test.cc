@@ -1,6 +1,12 @@
 // One suite every store passes: Hash, File, Prefix over each.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -9,10 +15,59 @@
 
 #include "test_util.h"
 
+extern char** environ;
+
 namespace tutti::testing {
 namespace {
 
 using std::chrono::milliseconds;
+
+// A real redis-server on a free loopback port for this test process, stopped at exit.
+class RedisServer {
+ public:
+  static RedisServer& instance() {
+    static RedisServer server;
+    return server;
+  }
+  bool available() const { return pid_ > 0; }
+  uint16_t port() const { return port_; }
+  const std::string& why_not() const { return why_not_; }
+
+  ~RedisServer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+    }
+  }
+
+ private:
+  RedisServer() {
+    if (::access("/usr/bin/redis-server", X_OK) != 0) {
+      why_not_ = "redis-server is not installed (apt-get install redis-server)";
+      return;
+    }
+    port_ = free_port();
+    const std::string port = std::to_string(port_);
+    std::vector<std::string> args = {"/usr/bin/redis-server", "--port", port, "--bind",
+                                     "127.0.0.1", "--save", "", "--appendonly", "no",
+                                     "--daemonize", "no", "--loglevel", "warning"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+    if (pid_ <= 0) why_not_ = "could not start redis-server";
+  }
+
+  pid_t pid_ = -1;
+  uint16_t port_ = 0;
+  std::string why_not_;
+};
+
 
 struct StoreFactory {
   std::string name;
@@ -23,6 +78,12 @@ struct StoreFactory {
 
 class StoreTest : public ::testing::TestWithParam<StoreFactory> {
  protected:
+  void SetUp() override {
+    if (!GetParam().client(dir_.path())) {
+      GTEST_SKIP() << GetParam().name << " store unavailable: "
+                   << RedisServer::instance().why_not();
+    }
+  }
   std::shared_ptr<Store> client() { return GetParam().client(dir_.path()); }
   TempDir dir_;
 };
@@ -175,8 +236,17 @@ std::vector<StoreFactory> factories() {
     o.timeout = std::chrono::seconds(30);
     return std::make_shared<TCPStore>("127.0.0.1", port, o);
   };
+  auto redis_for = [](const std::string& dir) -> std::shared_ptr<Store> {
+    auto& server = RedisServer::instance();
+    if (!server.available()) return nullptr;
+    RedisStoreOptions o;
+    o.prefix = dir + "/";  // each test its own namespace in the one server
+    o.timeout = std::chrono::seconds(30);
+    return std::make_shared<RedisStore>("127.0.0.1", server.port(), o);
+  };
   return {
       {"Hash", hash_for},
+      {"Redis", redis_for},
       {"TCP", tcp_for},
       {"PrefixOverTCP",
        [tcp_for](const std::string& dir) { return std::make_shared<PrefixStore>("p", tcp_for(dir)); }},
@@ -201,6 +271,20 @@ TEST(PrefixStore, KeysLiveUnderThePrefix) {
   p.set("k", "v");
   EXPECT_TRUE(base->check({"scope/k"}));
   EXPECT_FALSE(base->check({"k"}));
+}
+
+TEST(OpenStore, RedisUrl) {
+  auto& server = RedisServer::instance();
+  if (!server.available()) GTEST_SKIP() << server.why_not();
+  const std::string base = "redis://127.0.0.1:" + std::to_string(server.port());
+  auto a = open_store(base + "/0?prefix=url-test/");
+  auto b = open_store(base + "?prefix=url-test/");
+  a->set("k", "v");
+  EXPECT_EQ(b->get("k"), "v");
+  auto other_db = open_store(base + "/1?prefix=url-test/");
+  EXPECT_FALSE(other_db->check({"k"}));
+  EXPECT_TUTTI_ERROR(open_store(base + "?colour=red"), ErrorCode::kInvalidArgument, "colour");
+  EXPECT_TUTTI_ERROR(open_store(base + "/x"), ErrorCode::kInvalidArgument, "bad db");
 }
 
 TEST(OpenStore, Urls) {

@@ -1,6 +1,9 @@
 // The TCP store's server survives broken, hostile and slow clients, and keeps serving a good
 // client through each; secrets, hosting and URLs.
 #include <arpa/inet.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -11,6 +14,8 @@
 #include <thread>
 
 #include "test_util.h"
+
+extern char** environ;
 
 namespace tutti::testing {
 namespace {
@@ -223,6 +228,46 @@ TEST(TCPStoreUrl, OpenStoreParses) {
   EXPECT_TUTTI_ERROR(open_store("tcp://127.0.0.1:99999"), ErrorCode::kInvalidArgument, "99999");
   EXPECT_TUTTI_ERROR(open_store("tcp://h:1?colour=blue"), ErrorCode::kInvalidArgument, "colour");
   EXPECT_TUTTI_ERROR(open_store("tcp://127.0.0.1:0"), ErrorCode::kInvalidArgument, "port 0");
+}
+
+}  // namespace
+}  // namespace tutti::testing
+
+namespace tutti::testing {
+namespace {
+
+TEST(TuttiStoreProgram, ServesUntilSignalled) {
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
+  std::vector<std::string> args = {TUTTI_STORE_PROGRAM, "--host", "127.0.0.1", "--port", "0"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  std::string line;
+  char c;
+  while (::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  const std::string prefix = "tutti-store listening on 127.0.0.1:";
+  ASSERT_EQ(line.rfind(prefix, 0), 0u) << line;
+  const auto port = static_cast<uint16_t>(std::stoi(line.substr(prefix.size())));
+  {
+    TCPStore a("127.0.0.1", port), b("127.0.0.1", port);
+    a.set("k", "v");
+    EXPECT_EQ(b.get("k"), "v");
+    EXPECT_EQ(b.add("n", 2), 2);
+  }
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(out[0]);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 }  // namespace

@@ -216,9 +216,47 @@ void scenario_env_allreduce(const Args&) {
   destroy_collective_group("from-env");
 }
 
+// From env://: one allreduce, then a ready file (TUTTI_TEST_READY_DIR/rank<r>), then allreduces
+// with a 3 s timeout until the test cuts the network: the failure must be a tutti::Error naming
+// the op and the group, within the timeout.
+void scenario_env_until_cut(const Args&) {
+  init_collective_group_from_env("", "cut");
+  const int rank = get_rank("cut");
+  std::vector<float> v(1024, 1.0f);
+  allreduce(v, "cut");
+  const char* dir = std::getenv("TUTTI_TEST_READY_DIR");
+  require(dir != nullptr, "TUTTI_TEST_READY_DIR is set");
+  std::fclose(std::fopen((std::string(dir) + "/rank" + std::to_string(rank)).c_str(), "w"));
+  AllreduceOptions opts;
+  opts.timeout = std::chrono::seconds(3);
+  const auto start = Clock::now();
+  while (Clock::now() - start < std::chrono::seconds(60)) {
+    Clock::time_point t0 = Clock::now();
+    try {
+      get_group("cut")->allreduce(v, opts);
+    } catch (const Error& e) {
+      require(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kIoError,
+              std::string("a timeout or I/O error, got: ") + e.what());
+      require(std::string(e.what()).find("on group 'cut'") != std::string::npos, e.what());
+      std::printf("CUT after %.0f ms: %s\n", ms_since(t0), e.what());
+      return;  // exits without destroy: the exit hook must not hang on the dead peer
+    }
+  }
+  throw std::runtime_error("no error within 60 s of allreduces");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "env_until_cut") {
+    try {
+      scenario_env_until_cut(Args{});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "FAILED: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   if (argc >= 2 && std::string(argv[1]) == "env_allreduce") {
     try {
       scenario_env_allreduce(Args{});

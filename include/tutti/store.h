@@ -65,10 +65,10 @@ class TUTTI_API Store {
 //   tcp://host:port[?secret=S]  a TCPStore client; with `host` set, this process also serves
 //                               the address (rank 0 does) unless another process already does.
 //                               The secret may come from TUTTI_STORE_SECRET instead.
+//   redis://host:port[/db][?prefix=P&password=W]  a RedisStore
 //   file:///path/to/file        a FileStore on that file
 //   hash://                     a new, private HashStore (useful for world size 1)
-// Other schemes (redis://) throw Error(kUnavailable) until they are built; env:// is resolved
-// by the group (see tutti/env.h), not here.
+// env:// is resolved by the group (see tutti/env.h), not here.
 TUTTI_API std::shared_ptr<Store> open_store(const std::string& url,
                                             std::chrono::milliseconds timeout =
                                                 Store::kDefaultTimeout,

@@ -11,6 +11,7 @@
 #include "tutti/hash_store.h"
 #include "tutti/options.h"
 #include "tutti/prefix_store.h"
+#include "tutti/redis_store.h"
 #include "tutti/store.h"
 #include "tutti/tcp_store.h"
 #include "tutti/tensor_view.h"

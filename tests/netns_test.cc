@@ -1,0 +1,128 @@
+// Two "hosts": a Gloo group whose ranks live in two network namespaces joined by a veth pair,
+// meeting through the TCP store that rank 0 hosts on its own address. Skipped, saying why,
+// where namespaces cannot be made (not root, no `ip`).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <regex>
+#include <thread>
+
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Runs a shell command; returns its exit status and output.
+std::pair<int, std::string> sh(const std::string& command) {
+  std::string output;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p)) output += buf;
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+class TwoHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "creating network namespaces needs root";
+    const std::string id = std::to_string(::getpid() % 100000);
+    ns_a_ = "tutti-a-" + id;
+    ns_b_ = "tutti-b-" + id;
+    veth_a_ = "tva" + id;
+    veth_b_ = "tvb" + id;
+    for (const std::string& cmd : {
+             "ip netns add " + ns_a_,
+             "ip netns add " + ns_b_,
+             "ip link add " + veth_a_ + " type veth peer name " + veth_b_,
+             "ip link set " + veth_a_ + " netns " + ns_a_,
+             "ip link set " + veth_b_ + " netns " + ns_b_,
+             "ip -n " + ns_a_ + " addr add " + addr_a_ + "/24 dev " + veth_a_,
+             "ip -n " + ns_b_ + " addr add " + addr_b_ + "/24 dev " + veth_b_,
+             "ip -n " + ns_a_ + " link set " + veth_a_ + " up",
+             "ip -n " + ns_b_ + " link set " + veth_b_ + " up",
+             "ip -n " + ns_a_ + " link set lo up",
+             "ip -n " + ns_b_ + " link set lo up",
+         }) {
+      auto [rc, out] = sh(cmd);
+      if (rc != 0) GTEST_SKIP() << "cannot make the two hosts (" << cmd << "): " << out;
+    }
+    made_ = true;
+  }
+
+  void TearDown() override {
+    if (ns_a_.empty()) return;
+    sh("ip netns del " + ns_a_);  // takes its end of the veth pair with it
+    sh("ip netns del " + ns_b_);
+  }
+
+  // A worker scenario as `rank` of 2 inside namespace `ns`, binding `addr`.
+  WorkerResult rank_in(const std::string& ns, int rank, const std::string& addr,
+                       const std::string& scenario = "env_allreduce",
+                       const std::string& ready_dir = "") {
+    return run_command({"ip", "netns", "exec", ns, "env", "TUTTI_RANK=" + std::to_string(rank),
+                        "TUTTI_WORLD_SIZE=2", "TUTTI_STORE=tcp://" + addr_a_ + ":29611",
+                        "TUTTI_JOB_ID=two-hosts", "TUTTI_GLOO_HOSTNAME=" + addr,
+                        "TUTTI_TEST_READY_DIR=" + ready_dir, TUTTI_TEST_WORKER, scenario},
+                       milliseconds(90000));
+  }
+
+  std::string ns_a_, ns_b_, veth_a_, veth_b_;
+  // Addresses inside the test's own namespaces; no traffic leaves them.
+  const std::string addr_a_ = "10.231.7.1";
+  const std::string addr_b_ = "10.231.7.2";
+  bool made_ = false;
+};
+
+TEST_F(TwoHosts, GlooGroupAcrossNamespacesThroughTheTCPStore) {
+  ASSERT_TRUE(made_);
+  // The two hosts really are apart: host B reaches A only over the veth link.
+  auto [rc, out] = sh("ip netns exec " + ns_b_ + " ip route get " + addr_a_);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find(veth_b_), std::string::npos) << out;
+  WorkerResult b;
+  std::thread host_b([&] { b = rank_in(ns_b_, 1, addr_b_); });
+  WorkerResult a = rank_in(ns_a_, 0, addr_a_);
+  host_b.join();
+  EXPECT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(a.output.find("env rank 0 of 2"), std::string::npos) << a.output;
+  EXPECT_NE(b.output.find("env rank 1 of 2"), std::string::npos) << b.output;
+  EXPECT_NE(b.output.find("sum 3"), std::string::npos) << b.output;
+}
+
+TEST_F(TwoHosts, CuttingAHostOffFailsBothRanksWithinTheTimeout) {
+  ASSERT_TRUE(made_);
+  TempDir ready;
+  WorkerResult a, b;
+  std::thread host_a([&] { a = rank_in(ns_a_, 0, addr_a_, "env_until_cut", ready.path()); });
+  std::thread host_b([&] { b = rank_in(ns_b_, 1, addr_b_, "env_until_cut", ready.path()); });
+  // Both ranks have completed an allreduce over the link; now take host B off the network.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (::access((ready.path() + "/rank0").c_str(), F_OK) != 0 ||
+          ::access((ready.path() + "/rank1").c_str(), F_OK) != 0)) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  auto [rc, out] = sh("ip -n " + ns_b_ + " link set " + veth_b_ + " down");
+  EXPECT_EQ(rc, 0) << out;
+  host_a.join();
+  host_b.join();
+  for (const auto* r : {&a, &b}) {
+    EXPECT_EQ(r->exit_code, 0) << r->output;
+    EXPECT_NE(r->output.find("CUT after"), std::string::npos) << r->output;
+    EXPECT_NE(r->output.find("allreduce #"), std::string::npos) << r->output;
+    // The failing op ended within its 3 s timeout plus a margin.
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r->output, m, std::regex("CUT after ([0-9]+) ms"))) << r->output;
+    EXPECT_LT(std::stoi(m[1]), 3000 + 2000) << r->output;
+    std::printf("%s", r->output.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace tutti::testing
