@@ -187,42 +187,64 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
                     "': two processes were given the same rank");
   }
 
+  // Meet: every other rank's record, each checked as soon as it arrives, so ranks that
+  // disagree on world size or backend fail fast rather than at the timeout.
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) keys.push_back(scope + "/rank/" + std::to_string(r));
   const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + options.timeout;
+  std::vector<bool> seen(world_size, false);
+  seen[rank] = true;
+  int missing_count = world_size - 1;
+  auto pause = std::chrono::milliseconds(1);
   try {
-    store->wait(keys, options.timeout);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kTimeout) throw Error(e.code(), ctx + ": " + e.what());
-    std::string missing;
-    int arrived = 0;
-    for (int r = 0; r < world_size; ++r) {
-      if (store->check({keys[r]})) {
-        ++arrived;
-      } else {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    while (missing_count > 0) {
+      int first_missing = -1;
+      for (int r = 0; r < world_size; ++r) {
+        if (seen[r]) continue;
+        if (!store->check({keys[r]})) {
+          if (first_missing < 0) first_missing = r;
+          continue;
+        }
+        const JoinRecord other = JoinRecord::decode(store->get(keys[r]));
+        if (other.world_size != world_size) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      ctx + ": rank " + std::to_string(r) + " joined with world size " +
+                          std::to_string(other.world_size) + ", this rank with " +
+                          std::to_string(world_size));
+        }
+        if (other.backend != backend_key) {
+          throw Error(ErrorCode::kInvalidArgument, ctx + ": rank " + std::to_string(r) +
+                                                       " joined with backend '" + other.backend +
+                                                       "', this rank with '" + backend_key + "'");
+        }
+        seen[r] = true;
+        --missing_count;
       }
+      if (missing_count == 0) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        std::string missing;
+        for (int r = 0; r < world_size; ++r) {
+          if (!seen[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+        throw Error(ErrorCode::kTimeout,
+                    ctx + ": timed out after " + std::to_string(options.timeout.count()) +
+                        " ms: " + std::to_string(world_size - missing_count) + " of " +
+                        std::to_string(world_size) + " ranks arrived; missing rank(s) " + missing);
+      }
+      // Sleep in the store until the first missing rank arrives (or a short while passes).
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+      try {
+        store->wait({keys[first_missing]}, std::max(std::chrono::milliseconds(1), std::min(pause, left)));
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kTimeout) throw;
+      }
+      pause = std::min(pause * 2, std::chrono::milliseconds(200));
     }
-    throw Error(ErrorCode::kTimeout, ctx + ": timed out after " +
-                                         std::to_string(options.timeout.count()) + " ms: " +
-                                         std::to_string(arrived) + " of " +
-                                         std::to_string(world_size) +
-                                         " ranks arrived; missing rank(s) " + missing);
-  }
-  for (int r = 0; r < world_size; ++r) {
-    if (r == rank) continue;
-    const JoinRecord other = JoinRecord::decode(store->get(keys[r]));
-    if (other.world_size != world_size) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  ctx + ": rank " + std::to_string(r) + " joined with world size " +
-                      std::to_string(other.world_size) + ", this rank with " +
-                      std::to_string(world_size));
-    }
-    if (other.backend != backend_key) {
-      throw Error(ErrorCode::kInvalidArgument, ctx + ": rank " + std::to_string(r) +
-                                                   " joined with backend '" + other.backend +
-                                                   "', this rank with '" + backend_key + "'");
-    }
+  } catch (const Error& e) {
+    if (std::string(e.what()).rfind(ctx, 0) == 0) throw;
+    throw Error(e.code(), ctx + ": " + e.what());
   }
 
   BackendContext bctx;

@@ -1,6 +1,8 @@
 // tutti-run, and groups joined from each launcher's environment variables.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <regex>
 #include <thread>
 
@@ -141,6 +143,25 @@ TEST(LaunchEnvironments, OpenMpi) {
                                         "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
       },
       2);
+}
+
+TEST(LaunchEnvironments, RealMpirun) {
+  if (::access("/usr/bin/mpirun", X_OK) != 0) {
+    GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  }
+  const std::string port = std::to_string(free_port());
+  std::vector<std::string> argv = {"/usr/bin/mpirun", "--oversubscribe", "-np", "3", "-x",
+                                   "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + port,
+                                   TUTTI_TEST_WORKER, "env_allreduce"};
+  if (::geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
+  auto r = run_command(argv, milliseconds(60000));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_NE(r.output.find("env rank " + std::to_string(rank) + " of 3 local " +
+                            std::to_string(rank) + "/3: sum 6"),
+              std::string::npos)
+        << r.output;
+  }
 }
 
 }  // namespace

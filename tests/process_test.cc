@@ -64,6 +64,11 @@ TEST(Processes, ExitWithoutDestroyIsClean) {
   expect_all_ok(results);
 }
 
+TEST(Processes, RanksDisagreeingOnWorldSizeBothFailFast) {
+  TempDir dir;
+  expect_all_ok(run_workers("wrong_world", 2, file_url(dir), milliseconds(60000), {"20000"}));
+}
+
 TEST(Processes, TwoProcessesClaimingOneRankFailFast) {
   TempDir dir;
   auto results = run_workers("claim", 2, file_url(dir), milliseconds(30000), {"1500"}, {0, 0});

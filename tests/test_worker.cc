@@ -183,6 +183,15 @@ void scenario_exit_without_destroy(const Args& a) {
   // Return without destroy: the exit hook tears the group down.
 }
 
+void scenario_wrong_world(const Args& a) {
+  // Rank 1 believes the world has 3 ranks, rank 0 that it has 2: both fail fast, naming it.
+  const int world = a.rank == 1 ? 3 : 2;
+  const auto start = Clock::now();
+  expect_error([&] { init_collective_group(world, a.rank, "gloo", "wrong-world", options(a)); },
+               ErrorCode::kInvalidArgument, "joined with world size");
+  require(ms_since(start) < a.timeout.count() / 2.0, "failed fast, not at the timeout");
+}
+
 void scenario_claim(const Args& a) {
   // Two processes claim the same rank: one fails fast, the other waits for the real peer.
   try {
@@ -285,6 +294,7 @@ int main(int argc, char** argv) {
       {"mismatch", scenario_mismatch},
       {"exit_without_destroy", scenario_exit_without_destroy},
       {"claim", scenario_claim},
+      {"wrong_world", scenario_wrong_world},
   };
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
