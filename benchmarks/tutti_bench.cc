@@ -36,7 +36,8 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
 
   --op NAME        allreduce (default), allgather, reduce_scatter, broadcast, reduce,
                    sendrecv (ping-pong between ranks 0 and 1), barrier
-  --backend NAME   gloo (default: TUTTI_BACKEND, else gloo)
+  --backend NAME   auto (default: TUTTI_BACKEND, else auto = shm on one host, else gloo),
+                   shm, gloo
   --ranks N        start N local ranks through tutti-run (else: the launcher's environment,
                    or a single rank)
   -b SIZE          smallest message (default 8); sizes take K, M, G suffixes (powers of 1024)
@@ -50,8 +51,8 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
   -n N             timed iterations per size (default 20)
   -T MS            a time budget per size instead of -n (rank 0 sizes the iterations)
   -c 0|1           check results (default 1)
-  --baseline       also run each size straight on the backend's library (raw Gloo),
-                   interleaved with tutti, and print tutti/raw time ratios
+  --baseline       also run each size straight on raw Gloo (the library CPU users would call
+                   instead), interleaved with tutti, and print tutti/raw time ratios
   --json FILE      write {"config": {...}, "rows": [...]} to FILE
   --csv FILE       write the rows as CSV to FILE
   -h, --help       this text
@@ -458,7 +459,7 @@ void write_json(const std::string& path, const Config& c, const std::string& bac
       << tutti::to_string(c.dtype) << "\", \"redop\": \"" << tutti::to_string(c.redop)
       << "\", \"root\": " << c.root << ", \"warmup\": " << c.warmup << ", \"iters\": " << c.iters
       << ", \"time_budget_ms\": " << c.time_budget_ms << ", \"check\": " << (c.check ? "true" : "false")
-      << ", \"baseline\": " << (c.baseline ? "\"raw-" + backend + "\"" : "null")
+      << ", \"baseline\": " << (c.baseline ? "\"raw-gloo\"" : "null")
       << ", \"bus_factor\": " << bus_factor(c.op, world) << "},\n  \"rows\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -512,7 +513,7 @@ int main(int argc, char** argv) {
 
   try {
     std::string backend = c.backend;
-    if (backend.empty()) backend = std::getenv("TUTTI_BACKEND") ? std::getenv("TUTTI_BACKEND") : "gloo";
+    if (backend.empty()) backend = std::getenv("TUTTI_BACKEND") ? std::getenv("TUTTI_BACKEND") : "auto";
     const std::string name = "tutti-bench";
     GroupOptions options;
     options.timeout = std::chrono::minutes(5);
@@ -534,7 +535,9 @@ int main(int argc, char** argv) {
     }
     Bench bench(group, c);
     if (c.baseline) {
-      if (group->backend_name() != "gloo") {
+      // CPU backends (gloo, shm) are compared with raw Gloo, the library users would call
+      // instead.
+      if (group->backend_name() != "gloo" && group->backend_name() != "shm") {
         if (rank == 0) {
           std::fprintf(stderr, "tutti-bench: --baseline compares against raw Gloo; backend '%s' "
                        "has no baseline yet\n", group->backend_name().c_str());

@@ -108,6 +108,10 @@ BackendFactory find_backend_factory(std::string_view name) {
 
 void register_collective_backend(std::string_view name, BackendFactory factory,
                                  std::function<bool()> available) {
+  if (detail::backend_key(name) == "auto") {
+    throw Error(ErrorCode::kInvalidUsage,
+                "register_collective_backend: 'auto' is reserved (it picks shm or gloo)");
+  }
   if (name.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "register_collective_backend: empty backend name");
   }
@@ -126,12 +130,16 @@ void register_collective_backend(std::string_view name, BackendFactory factory,
 }
 
 bool is_registered_collective_backend(std::string_view name) {
+  if (detail::backend_key(name) == "auto") return true;  // resolved by each group
   auto& reg = detail::registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
   return reg.entries.count(detail::backend_key(name)) != 0;
 }
 
 bool is_backend_available(std::string_view name) {
+  if (detail::backend_key(name) == "auto") {
+    return is_backend_available("shm") || is_backend_available("gloo");
+  }
   std::function<bool()> available;
   {
     auto& reg = detail::registry();

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
 
 #include "group_util.h"
+#include "host_identity.h"
 #include "logging.h"
 #include "tutti/error.h"
 #include "tutti/hash_store.h"
@@ -47,12 +49,6 @@ std::string where(const std::string& name, int rank, int world_size) {
 
 // How long a rank hosting the group's TCP store keeps serving, at destroy, for the others.
 constexpr std::chrono::milliseconds kHostLingerTimeout{10000};
-
-std::string host_name() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
-}
 
 // What each rank publishes when it joins an incarnation, and checks of everyone else's.
 struct JoinRecord {
@@ -114,11 +110,15 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
     throw Error(ErrorCode::kInvalidArgument, ctx + ": timeout must be positive, got " +
                                                  std::to_string(options.timeout.count()) + " ms");
   }
+  const std::string requested = detail::backend_key(backend);
+  const bool automatic = requested == "auto";
   BackendFactory factory;
-  try {
-    factory = detail::find_backend_factory(backend);
-  } catch (const Error& e) {
-    throw Error(e.code(), ctx + ": " + e.what());
+  if (!automatic) {
+    try {
+      factory = detail::find_backend_factory(requested);
+    } catch (const Error& e) {
+      throw Error(e.code(), ctx + ": " + e.what());
+    }
   }
 
   std::shared_ptr<Store> store = options.store;
@@ -159,11 +159,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   }
   if (job_id.empty() && store->check({"tutti/store-nonce"})) job_id = store->get("tutti/store-nonce");
 
-  const std::string backend_key = detail::backend_key(backend);
-  std::shared_ptr<CollectiveGroup> group(
-      new CollectiveGroup(name, rank, world_size, backend_key, options.timeout));
-  group->store_ = store;
-  group->owns_store_ = owns_store;
+  std::string backend_key = requested;  // "auto" is resolved once every rank has joined
+  std::vector<std::string> hosts(world_size);
+  hosts[rank] = detail::host_identity();
 
   // Incarnation: every init of this name through this store takes the next join number, and
   // world_size consecutive joins form one incarnation, so keys of a destroyed incarnation are
@@ -174,9 +172,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   const int64_t join = store->add(base + "/joins", 1);
   const int64_t incarnation = (join - 1) / world_size;
   const std::string scope = base + "/" + std::to_string(incarnation);
-  group->scope_ = scope;
 
-  JoinRecord mine{world_size, backend_key, host_name(), static_cast<long>(::getpid())};
+  JoinRecord mine{world_size, requested, detail::host_identity(), static_cast<long>(::getpid())};
   const std::string my_key = scope + "/rank/" + std::to_string(rank);
   const std::string claimed = store->compare_set(my_key, "", mine.encode());
   if (claimed != mine.encode()) {
@@ -213,11 +210,12 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
                           std::to_string(other.world_size) + ", this rank with " +
                           std::to_string(world_size));
         }
-        if (other.backend != backend_key) {
+        if (other.backend != requested) {
           throw Error(ErrorCode::kInvalidArgument, ctx + ": rank " + std::to_string(r) +
                                                        " joined with backend '" + other.backend +
-                                                       "', this rank with '" + backend_key + "'");
+                                                       "', this rank with '" + requested + "'");
         }
+        hosts[r] = other.host;
         seen[r] = true;
         --missing_count;
       }
@@ -247,6 +245,23 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
     throw Error(e.code(), ctx + ": " + e.what());
   }
 
+  if (automatic) {
+    // Shared memory when every rank runs on this host and the backend is linked; else Gloo.
+    const bool one_host = std::all_of(hosts.begin(), hosts.end(),
+                                      [&](const std::string& h) { return h == hosts[rank]; });
+    backend_key = one_host && is_registered_collective_backend("shm") ? "shm" : "gloo";
+    try {
+      factory = detail::find_backend_factory(backend_key);
+    } catch (const Error& e) {
+      throw Error(e.code(), ctx + ": backend 'auto' chose '" + backend_key + "': " + e.what());
+    }
+  }
+  std::shared_ptr<CollectiveGroup> group(
+      new CollectiveGroup(name, rank, world_size, backend_key, options.timeout));
+  group->store_ = store;
+  group->owns_store_ = owns_store;
+  group->scope_ = scope;
+
   BackendContext bctx;
   bctx.group_name = name;
   bctx.rank = rank;
@@ -254,6 +269,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   bctx.store = std::make_shared<PrefixStore>(scope + "/backend", store);
   bctx.store->set_timeout(options.timeout);
   bctx.timeout = options.timeout;
+  bctx.instance = detail::escape_name(job_id.empty() ? "nojob" : job_id) + "." +
+                  detail::escape_name(name) + "." + std::to_string(incarnation);
   try {
     group->backend_ = factory(bctx);
   } catch (const Error& e) {

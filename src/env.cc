@@ -176,7 +176,7 @@ void init_collective_group_from_env(std::string_view backend, std::string_view g
                                     GroupOptions options) {
   const LaunchEnv env = read_launch_env();
   std::string chosen(backend);
-  if (chosen.empty()) chosen = env.backend.empty() ? "gloo" : env.backend;
+  if (chosen.empty()) chosen = env.backend.empty() ? "auto" : env.backend;
   if (!options.store && options.store_url.empty()) options.store_url = env.store_url;
   if (options.job_id.empty()) options.job_id = env.job_id;
   init_collective_group(env.world_size, env.rank, chosen, group_name, options);

@@ -2,6 +2,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+
+// Every kernel is built twice, for x86-64-v3 (AVX2, FMA, F16C) and for the baseline, and the
+// loader picks the best one the CPU runs (GCC function multiversioning).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TUTTI_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TUTTI_MULTIVERSION
+#endif
 
 namespace tutti::detail {
 namespace {
@@ -11,34 +20,55 @@ struct Prod { template <typename T> static T apply(T a, T b) { return static_cas
 struct Min { template <typename T> static T apply(T a, T b) { return std::min(a, b); } };
 struct Max { template <typename T> static T apply(T a, T b) { return std::max(a, b); } };
 
-// Plain loops over restrict-free pointers: GCC vectorises them at -O2/-O3 with a runtime alias
-// check, and they stay correct when out aliases an input.
+// Plain loops without restrict: GCC vectorises them with a run-time alias check, and they stay
+// correct when out aliases an input.
 template <typename T, typename Op>
-void reduce_plain(void* out, const void* a, const void* b, size_t n) {
+TUTTI_MULTIVERSION void reduce_plain(void* out, const void* a, const void* b, size_t n) {
   auto* o = static_cast<T*>(out);
   const auto* x = static_cast<const T*>(a);
   const auto* y = static_cast<const T*>(b);
   for (size_t i = 0; i < n; ++i) o[i] = Op::apply(x[i], y[i]);
 }
 
-template <typename H, typename Op>
-void reduce_half(void* out, const void* a, const void* b, size_t n) {
-  auto* o = static_cast<H*>(out);
-  const auto* x = static_cast<const H*>(a);
-  const auto* y = static_cast<const H*>(b);
+// float16 through float32, rounding once per step (the compiler's _Float16 conversions round to
+// nearest even; with F16C they are single instructions).
+template <typename Op>
+TUTTI_MULTIVERSION void reduce_f16(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<_Float16*>(out);
+  const auto* x = static_cast<const _Float16*>(a);
+  const auto* y = static_cast<const _Float16*>(b);
   for (size_t i = 0; i < n; ++i) {
-    const float r = Op::apply(to_float(x[i]), to_float(y[i]));
-    if constexpr (std::is_same<H, Float16>::value) {
-      o[i] = to_float16(r);
-    } else {
-      o[i] = to_bfloat16(r);
-    }
+    o[i] = static_cast<_Float16>(Op::apply(static_cast<float>(x[i]), static_cast<float>(y[i])));
   }
 }
 
-// bool: stored as one byte, 0 or non-zero; or for sum/max, and for prod/min.
+inline float bf16_to_float(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t nan = (x >> 16) | 0x40u;
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+// bfloat16 through float32 with integer conversions (they vectorise).
+template <typename Op>
+TUTTI_MULTIVERSION void reduce_bf16(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<uint16_t*>(out);
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = float_to_bf16(Op::apply(bf16_to_float(x[i]), bf16_to_float(y[i])));
+}
+
+// bool: one byte, 0 or non-zero; or for sum/max, and for prod/min.
 template <bool kOr>
-void reduce_bool(void* out, const void* a, const void* b, size_t n) {
+TUTTI_MULTIVERSION void reduce_bool(void* out, const void* a, const void* b, size_t n) {
   auto* o = static_cast<uint8_t*>(out);
   const auto* x = static_cast<const uint8_t*>(a);
   const auto* y = static_cast<const uint8_t*>(b);
@@ -58,8 +88,8 @@ ReduceFn for_dtype(DType dtype) {
     case DType::kUInt32: return reduce_plain<uint32_t, Op>;
     case DType::kInt64: return reduce_plain<int64_t, Op>;
     case DType::kUInt64: return reduce_plain<uint64_t, Op>;
-    case DType::kFloat16: return reduce_half<Float16, Op>;
-    case DType::kBFloat16: return reduce_half<BFloat16, Op>;
+    case DType::kFloat16: return reduce_f16<Op>;
+    case DType::kBFloat16: return reduce_bf16<Op>;
     case DType::kFloat32: return reduce_plain<float, Op>;
     case DType::kFloat64: return reduce_plain<double, Op>;
   }
@@ -67,21 +97,16 @@ ReduceFn for_dtype(DType dtype) {
 }
 
 template <typename T>
-void divide(T* data, size_t n, int divisor) {
-  const T d = static_cast<T>(divisor);
+TUTTI_MULTIVERSION void divide(T* data, size_t n, T d) {
   for (size_t i = 0; i < n; ++i) data[i] /= d;
 }
 
-template <typename H>
-void divide_half(H* data, size_t n, int divisor) {
-  for (size_t i = 0; i < n; ++i) {
-    const float r = to_float(data[i]) / static_cast<float>(divisor);
-    if constexpr (std::is_same<H, Float16>::value) {
-      data[i] = to_float16(r);
-    } else {
-      data[i] = to_bfloat16(r);
-    }
-  }
+TUTTI_MULTIVERSION void divide_f16(_Float16* data, size_t n, float d) {
+  for (size_t i = 0; i < n; ++i) data[i] = static_cast<_Float16>(static_cast<float>(data[i]) / d);
+}
+
+TUTTI_MULTIVERSION void divide_bf16(uint16_t* data, size_t n, float d) {
+  for (size_t i = 0; i < n; ++i) data[i] = float_to_bf16(bf16_to_float(data[i]) / d);
 }
 
 }  // namespace
@@ -101,12 +126,32 @@ ReduceFn reduce_function(DType dtype, ReduceOp op) noexcept {
   return nullptr;
 }
 
+void reduce_many(ReduceFn fn, void* out, const void* const* inputs, int count, size_t n,
+                 size_t element_size) noexcept {
+  if (count == 1) {
+    if (out != inputs[0]) std::memmove(out, inputs[0], n * element_size);
+    return;
+  }
+  // Blocks small enough to stay in L1 while every input is folded in.
+  const size_t block = std::max<size_t>(1, 16384 / element_size);
+  auto* o = static_cast<char*>(out);
+  for (size_t start = 0; start < n; start += block) {
+    const size_t len = std::min(block, n - start);
+    const size_t off = start * element_size;
+    fn(o + off, static_cast<const char*>(inputs[0]) + off, static_cast<const char*>(inputs[1]) + off,
+       len);
+    for (int k = 2; k < count; ++k) {
+      fn(o + off, o + off, static_cast<const char*>(inputs[k]) + off, len);
+    }
+  }
+}
+
 void scale_average(void* data, DType dtype, size_t n, int divisor) noexcept {
   switch (dtype) {
-    case DType::kFloat16: divide_half(static_cast<Float16*>(data), n, divisor); break;
-    case DType::kBFloat16: divide_half(static_cast<BFloat16*>(data), n, divisor); break;
-    case DType::kFloat32: divide(static_cast<float*>(data), n, divisor); break;
-    case DType::kFloat64: divide(static_cast<double*>(data), n, divisor); break;
+    case DType::kFloat16: divide_f16(static_cast<_Float16*>(data), n, static_cast<float>(divisor)); break;
+    case DType::kBFloat16: divide_bf16(static_cast<uint16_t*>(data), n, static_cast<float>(divisor)); break;
+    case DType::kFloat32: divide(static_cast<float*>(data), n, static_cast<float>(divisor)); break;
+    case DType::kFloat64: divide(static_cast<double*>(data), n, static_cast<double>(divisor)); break;
     default: break;
   }
 }

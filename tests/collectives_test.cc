@@ -83,12 +83,15 @@ void check(const Buffer& buf, const Case& c, int64_t count, const std::function<
   }
 }
 
-class CollectiveMatrix : public ::testing::TestWithParam<std::tuple<int, OpType>> {};
+class CollectiveMatrix
+    : public ::testing::TestWithParam<std::tuple<std::string, int, OpType>> {};
 
 TEST_P(CollectiveMatrix, MatchesReference) {
-  const int world = std::get<0>(GetParam());
-  const OpType op = std::get<1>(GetParam());
-  auto groups = create_groups(world, "gloo", unique_name("matrix"));
+  const std::string backend = std::get<0>(GetParam());
+  const int world = std::get<1>(GetParam());
+  const OpType op = std::get<2>(GetParam());
+  auto groups = create_groups(world, backend, unique_name("matrix"));
+  ASSERT_EQ(groups[0]->backend_name(), backend);
   const bool reducing =
       op == OpType::kAllreduce || op == OpType::kReduce || op == OpType::kReduceScatter;
   const auto all = cases(world, reducing);
@@ -217,12 +220,13 @@ TEST_P(CollectiveMatrix, MatchesReference) {
 }
 
 std::string name_of(const ::testing::TestParamInfo<CollectiveMatrix::ParamType>& info) {
-  return std::string(to_string(std::get<1>(info.param))) + "_world" +
-         std::to_string(std::get<0>(info.param));
+  return std::get<0>(info.param) + "_" + to_string(std::get<2>(info.param)) + "_world" +
+         std::to_string(std::get<1>(info.param));
 }
 
-INSTANTIATE_TEST_SUITE_P(Gloo, CollectiveMatrix,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
+INSTANTIATE_TEST_SUITE_P(Backends, CollectiveMatrix,
+                         ::testing::Combine(::testing::Values("gloo", "shm"),
+                                            ::testing::Values(1, 2, 3, 4, 8),
                                             ::testing::Values(OpType::kAllreduce, OpType::kReduce,
                                                               OpType::kBroadcast,
                                                               OpType::kAllgather,

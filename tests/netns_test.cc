@@ -67,6 +67,9 @@ class TwoHosts : public ::testing::Test {
     return run_command({"ip", "netns", "exec", ns, "env", "TUTTI_RANK=" + std::to_string(rank),
                         "TUTTI_WORLD_SIZE=2", "TUTTI_STORE=tcp://" + addr_a_ + ":29611",
                         "TUTTI_JOB_ID=two-hosts", "TUTTI_GLOO_HOSTNAME=" + addr,
+                        // Separate hosts as far as tutti can tell (so "auto" picks Gloo, as on
+                        // two machines): the namespaces share this kernel and its /dev/shm.
+                        "TUTTI_HOST_ID=" + ns,
                         "TUTTI_TEST_READY_DIR=" + ready_dir, TUTTI_TEST_WORKER, scenario},
                        milliseconds(90000));
   }
@@ -93,6 +96,7 @@ TEST_F(TwoHosts, GlooGroupAcrossNamespacesThroughTheTCPStore) {
   EXPECT_NE(a.output.find("env rank 0 of 2"), std::string::npos) << a.output;
   EXPECT_NE(b.output.find("env rank 1 of 2"), std::string::npos) << b.output;
   EXPECT_NE(b.output.find("sum 3"), std::string::npos) << b.output;
+  EXPECT_NE(a.output.find("backend 'gloo'"), std::string::npos) << a.output;
 }
 
 TEST_F(TwoHosts, CuttingAHostOffFailsBothRanksWithinTheTimeout) {

@@ -220,8 +220,9 @@ void scenario_env_allreduce(const Args&) {
   std::vector<int64_t> v(257, rank + 1);
   allreduce(v, "from-env");
   for (int64_t x : v) require(x == int64_t(world) * (world + 1) / 2, "env allreduce sum");
-  std::printf("env rank %d of %d local %d/%d: sum %lld\n", rank, world, local_rank(),
-              local_world_size(), static_cast<long long>(v[0]));
+  std::printf("env rank %d of %d local %d/%d: sum %lld, backend '%s'\n", rank, world,
+              local_rank(), local_world_size(), static_cast<long long>(v[0]),
+              get_group("from-env")->backend_name().c_str());
   destroy_collective_group("from-env");
 }
 
@@ -254,9 +255,40 @@ void scenario_env_until_cut(const Args&) {
   throw std::runtime_error("no error within 60 s of allreduces");
 }
 
+// From env:// (TUTTI_BACKEND picks the backend): prints which backend the group got, checks an
+// allreduce. With TUTTI_TEST_CRASH_RANK=r, rank r then crashes (SIGABRT) and the others' next
+// allreduce must time out naming it.
+void scenario_env_backend(const Args&) {
+  init_collective_group_from_env("", "which");
+  auto group = get_group("which");
+  const int rank = group->rank(), world = group->world_size();
+  std::printf("rank %d backend %s\n", rank, group->backend_name().c_str());
+  std::vector<int32_t> v(100000, rank + 1);
+  allreduce(v, "which");
+  for (int32_t x : v) require(x == world * (world + 1) / 2, "allreduce sum");
+  const char* crash = std::getenv("TUTTI_TEST_CRASH_RANK");
+  if (crash == nullptr) return;
+  if (std::atoi(crash) == rank) std::abort();
+  AllreduceOptions opts;
+  opts.timeout = std::chrono::milliseconds(1500);
+  const auto start = Clock::now();
+  expect_error([&] { group->allreduce(v, opts); }, ErrorCode::kTimeout,
+               std::string("waiting for rank(s) ") + crash);
+  std::printf("rank %d: timed out after %.0f ms naming rank %s\n", rank, ms_since(start), crash);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "env_backend") {
+    try {
+      scenario_env_backend(Args{});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "FAILED: %s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   if (argc >= 2 && std::string(argv[1]) == "env_until_cut") {
     try {
       scenario_env_until_cut(Args{});

@@ -48,6 +48,9 @@ struct BackendContext {
   // group or by a later incarnation of this one.
   std::shared_ptr<Store> store;
   std::chrono::milliseconds timeout{30000};
+  // Names this group incarnation uniquely on this host ("<job>.<group>.<incarnation>", escaped
+  // to [A-Za-z0-9._%-]): for naming OS resources such as shared-memory segments.
+  std::string instance;
 };
 
 // Per-call facts the group hands to the backend with each op.
@@ -101,6 +104,9 @@ class TUTTI_API Backend {
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendContext&)>;
 
+// "auto" is always registered: a group asked for it uses "shm" when every rank runs on one host
+// and tutti::shm is linked, else "gloo" (group->backend_name() says which).
+//
 // Registers a backend under a case-insensitive name. `available`, if given, says at run time
 // whether the backend can work on this machine (its libraries load, a device exists).
 // Throws Error(kInvalidUsage) when the name is already registered, kInvalidArgument when empty.

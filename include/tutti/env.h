@@ -41,7 +41,7 @@ TUTTI_API LaunchEnv read_launch_env();
 TUTTI_API bool has_launch_env();
 
 // init_collective_group with rank, world size and store from read_launch_env(). An empty
-// backend takes TUTTI_BACKEND, else "gloo".
+// backend takes TUTTI_BACKEND, else "auto" (shm on one host, else gloo).
 TUTTI_API void init_collective_group_from_env(std::string_view backend = "",
                                               std::string_view group_name = "default",
                                               GroupOptions options = {});

@@ -1,0 +1,89 @@
+// Waiting on a word in shared memory: spin briefly, then sleep in the kernel (futex) until the
+// word changes or a deadline passes (internal to the shm backend).
+//
+// Protocol: a waker changes the state, then bumps `word` and calls wake() only when `sleepers`
+// says someone may be asleep, so the fast path makes no system call. All accesses are
+// sequentially consistent, so a waiter either sees the new state or is counted in `sleepers`
+// before the waker looks.
+#pragma once
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <ctime>
+
+namespace tutti::shm_backend {
+
+using Clock = std::chrono::steady_clock;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+inline uint32_t* futex_address(std::atomic<uint32_t>& word) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                    std::atomic<uint32_t>::is_always_lock_free,
+                "futex words must be plain lock-free 32-bit atomics");
+  return reinterpret_cast<uint32_t*>(&word);
+}
+
+// Wakes every process sleeping on `word` (shared futex: the word lives in a shared mapping).
+inline void wake_all(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers) {
+  if (sleepers.load() != 0) {
+    ::syscall(SYS_futex, futex_address(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+}
+
+// How long to busy-wait before sleeping.
+struct SpinPolicy {
+  int spins = 0;   // busy iterations with a pause: worth it while every rank has a core
+  int yields = 0;  // then iterations that give the core to any other runnable thread
+};
+
+// Waits until ready() holds; false when the deadline passed first.
+template <typename Ready>
+bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
+           Clock::time_point deadline, SpinPolicy policy) {
+  for (int i = 0; i < policy.spins; ++i) {
+    if (ready()) return true;
+    cpu_relax();
+  }
+  for (int i = 0; i < policy.yields; ++i) {
+    if (ready()) return true;
+    sched_yield();
+  }
+  while (true) {
+    if (ready()) return true;
+    sleepers.fetch_add(1);
+    const uint32_t seen = word.load();
+    if (ready()) {
+      sleepers.fetch_sub(1);
+      return true;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      sleepers.fetch_sub(1);
+      return ready();
+    }
+    // Sleep until the word changes, at most until the deadline (and at most 100 ms, so that
+    // the deadline is checked even if a wake were ever missed).
+    const auto left = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    ::syscall(SYS_futex, futex_address(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+    sleepers.fetch_sub(1);
+  }
+}
+
+}  // namespace tutti::shm_backend

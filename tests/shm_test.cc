@@ -1,0 +1,149 @@
+// The shm backend as real processes: what it leaves in /dev/shm, crashes, hosts, and "auto".
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <regex>
+
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Entries of /dev/shm whose name contains `needle`.
+std::vector<std::string> shm_entries(const std::string& needle) {
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).find(needle) != std::string::npos) found.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+// Runs the env_backend worker as `world` ranks with the given backend and per-rank extras.
+std::vector<WorkerResult> run_ranks_env(int world, const std::string& backend,
+                                        const std::string& job,
+                                        const std::function<std::vector<std::string>(int)>& extra,
+                                        const TempDir& dir) {
+  std::vector<std::vector<std::string>> envs;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env = {"TUTTI_RANK=" + std::to_string(r),
+                                    "TUTTI_WORLD_SIZE=" + std::to_string(world),
+                                    "TUTTI_STORE=file://" + dir.path() + "/store",
+                                    "TUTTI_JOB_ID=" + job, "TUTTI_BACKEND=" + backend};
+    for (auto& e : extra(r)) env.push_back(e);
+    envs.push_back(env);
+  }
+  return run_processes({TUTTI_TEST_WORKER, "env_backend"}, envs, milliseconds(60000));
+}
+
+TEST(ShmProcesses, NothingIsLeftInDevShm) {
+  TempDir dir;
+  const std::string job = unique_name("shmjob");
+  auto results = run_ranks_env(4, "shm", job, [](int) { return std::vector<std::string>{}; }, dir);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("backend shm"), std::string::npos) << r.output;
+  }
+  EXPECT_TRUE(shm_entries(job).empty()) << "left behind: " << shm_entries(job)[0];
+}
+
+TEST(ShmProcesses, ACrashedRankIsNamedAndLeavesNothingBehind) {
+  TempDir dir;
+  const std::string job = unique_name("shmcrash");
+  auto results = run_ranks_env(
+      3, "shm", job, [](int) { return std::vector<std::string>{"TUTTI_TEST_CRASH_RANK=1"}; }, dir);
+  EXPECT_EQ(results[1].signal, SIGABRT) << results[1].output;
+  for (int r : {0, 2}) {
+    EXPECT_EQ(results[r].exit_code, 0) << results[r].output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(results[r].output, m,
+                                  std::regex("timed out after ([0-9]+) ms naming rank 1")))
+        << results[r].output;
+    EXPECT_LT(std::stoi(m[1]), 1500 + 2000) << results[r].output;
+  }
+  EXPECT_TRUE(shm_entries(job).empty()) << "left behind: " << shm_entries(job)[0];
+}
+
+TEST(ShmProcesses, RanksOnDifferentHostsAreRefused) {
+  TempDir dir;
+  auto results = run_ranks_env(
+      2, "shm", unique_name("hosts"),
+      [](int r) { return std::vector<std::string>{"TUTTI_HOST_ID=host-" + std::to_string(r)}; },
+      dir);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("the shm backend needs every rank on one host"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("host-0"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("host-1"), std::string::npos) << r.output;
+  }
+}
+
+TEST(ShmProcesses, AutoPicksShmOnOneHostAndGlooAcrossHosts) {
+  {
+    TempDir dir;
+    auto same = run_ranks_env(3, "auto", unique_name("auto1"),
+                              [](int) { return std::vector<std::string>{}; }, dir);
+    for (const auto& r : same) {
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find("backend shm"), std::string::npos) << r.output;
+    }
+  }
+  TempDir dir;
+  auto apart = run_ranks_env(
+      3, "auto", unique_name("auto2"),
+      [](int r) { return std::vector<std::string>{"TUTTI_HOST_ID=node-" + std::to_string(r % 2)}; },
+      dir);
+  for (const auto& r : apart) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("backend gloo"), std::string::npos) << r.output;
+  }
+}
+
+TEST(ShmThreads, DestroyedGroupsLeaveNothingBehind) {
+  const std::string name = unique_name("shm-threads");
+  auto groups = create_groups(4, "shm", name);
+  run_ranks(4, [&](int r) {
+    std::vector<double> v(5000, r);
+    groups[r]->allreduce(v);
+    EXPECT_EQ(v[4999], 6.0);
+    groups[r]->destroy();
+  });
+  EXPECT_TRUE(shm_entries(name).empty());
+}
+
+TEST(ShmThreads, MismatchedOpsFailWithRemoteErrorNamingTheRank) {
+  auto groups = create_groups(2, "shm", unique_name("shm-mismatch"), milliseconds(5000));
+  run_ranks(2, [&](int r) {
+    std::vector<float> v(r == 0 ? 10 : 12, 1.0f);
+    if (r == 0) {
+      EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kRemoteError, "allreduce #0",
+                         "rank 1 called a different op");
+    } else {
+      EXPECT_TUTTI_ERROR(groups[1]->allreduce(v), ErrorCode::kRemoteError, "rank 0 called");
+    }
+    EXPECT_TUTTI_ERROR(groups[r]->barrier(), ErrorCode::kAborted, "aborted");
+  });
+}
+
+TEST(ShmThreads, SendToASizeMismatchFails) {
+  auto groups = create_groups(2, "shm", unique_name("shm-p2p"), milliseconds(5000));
+  run_ranks(2, [&](int r) {
+    if (r == 0) {
+      std::vector<int64_t> v(7, 1);
+      groups[0]->send(v, 1);
+    } else {
+      std::vector<int64_t> v(9);
+      EXPECT_TUTTI_ERROR(groups[1]->recv(v, 0), ErrorCode::kRemoteError, "rank 0 sent 56 bytes",
+                         "receives 72");
+    }
+  });
+}
+
+}  // namespace
+}  // namespace tutti::testing
