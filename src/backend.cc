@@ -23,13 +23,19 @@ const char* to_string(OpType op) noexcept {
   return "unknown";
 }
 
+std::string OpContext::description() const {
+  return std::string(to_string(op)) + " #" + std::to_string(seq) + " on group '" +
+         (group_name ? *group_name : std::string("?")) + "' (rank " + std::to_string(rank) + "/" +
+         std::to_string(world_size) + ")";
+}
+
 Backend::~Backend() = default;
 
 bool Backend::supports(OpType) const { return true; }
 
 namespace {
 [[noreturn]] void unsupported(const Backend& backend, OpType op, const OpContext& ctx) {
-  throw Error(ErrorCode::kUnavailable, ctx.description + ": backend '" + backend.name() +
+  throw Error(ErrorCode::kUnavailable, ctx.description() + ": backend '" + backend.name() +
                                            "' does not support '" + to_string(op) + "'");
 }
 }  // namespace

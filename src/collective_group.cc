@@ -441,8 +441,9 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, uint64_t sig,
   if (peer >= 0) h.mix(static_cast<uint64_t>(sending ? rank_ : peer)).mix(sending ? peer : rank_);
   call.ctx.tag = static_cast<uint32_t>(h.value() ^ (h.value() >> 32));
   call.ctx.timeout = timeout;
-  call.ctx.description =
-      std::string(to_string(op)) + " #" + std::to_string(seq) + " on " + describe();
+  call.ctx.group_name = &name_;
+  call.ctx.rank = rank_;
+  call.ctx.world_size = world_size_;
   return call;
 }
 
@@ -455,16 +456,16 @@ void CollectiveGroup::run(Call& call, Fn&& fn) {
     if (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kIoError ||
         e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kInternal) {
       std::lock_guard<std::mutex> lock(state_mutex_);
-      if (abort_reason_.empty()) abort_reason_ = call.ctx.description + ": " + e.what();
+      if (abort_reason_.empty()) abort_reason_ = call.ctx.description() + ": " + e.what();
       TUTTI_LOG_ERROR("aborting {}: {}", describe(), e.what());
     }
     throw;
   } catch (const std::exception& e) {
     {
       std::lock_guard<std::mutex> lock(state_mutex_);
-      if (abort_reason_.empty()) abort_reason_ = call.ctx.description + ": " + e.what();
+      if (abort_reason_.empty()) abort_reason_ = call.ctx.description() + ": " + e.what();
     }
-    throw Error(ErrorCode::kInternal, call.ctx.description + ": " + e.what());
+    throw Error(ErrorCode::kInternal, call.ctx.description() + ": " + e.what());
   }
 }
 

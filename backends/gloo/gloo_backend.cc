@@ -69,17 +69,17 @@ void guarded(const OpContext& ctx, const std::string& waiting_for, Fn&& fn) {
   } catch (const ::gloo::IoException& e) {
     const std::string msg = e.what();
     if (msg.find("Timed out") != std::string::npos) {
-      throw Error(ErrorCode::kTimeout, ctx.description + ": timed out after " +
+      throw Error(ErrorCode::kTimeout, ctx.description() + ": timed out after " +
                                            std::to_string(ctx.timeout.count()) +
                                            " ms waiting for " + waiting_for + " (gloo: " + msg +
                                            ")");
     }
-    throw Error(ErrorCode::kIoError, ctx.description + ": transport error while exchanging with " +
+    throw Error(ErrorCode::kIoError, ctx.description() + ": transport error while exchanging with " +
                                          waiting_for + " (gloo: " + msg + ")");
   } catch (const ::gloo::EnforceNotMet& e) {
-    throw Error(ErrorCode::kInternal, ctx.description + ": gloo check failed: " + e.what());
+    throw Error(ErrorCode::kInternal, ctx.description() + ": gloo check failed: " + e.what());
   } catch (const ::gloo::Exception& e) {
-    throw Error(ErrorCode::kInternal, ctx.description + ": gloo: " + e.what());
+    throw Error(ErrorCode::kInternal, ctx.description() + ": gloo: " + e.what());
   }
 }
 
@@ -294,7 +294,7 @@ void GlooBackend::reduce_scatter(const std::vector<TensorView>& outputs,
         send_buf->send(right, slot);
         recv_buf->recv(left, slot);
         if (!recv_buf->waitRecv(ctx.timeout) || !send_buf->waitSend(ctx.timeout)) {
-          throw Error(ErrorCode::kAborted, ctx.description + ": aborted");
+          throw Error(ErrorCode::kAborted, ctx.description() + ": aborted");
         }
         const int block = ((rank_ - s - 2) % w + w) % w;
         char* target = (s == w - 2) ? static_cast<char*>(out.data()) : acc[s % 2];
@@ -322,7 +322,7 @@ void GlooBackend::send(const std::vector<TensorView>& tensors, int dst_rank, con
   guarded(ctx, "rank " + std::to_string(dst_rank) + " to receive", [&] {
     auto buf = context_->createUnboundBuffer(t.data(), t.nbytes());
     buf->send(dst_rank, ::gloo::Slot::build(kSendRecvSlotPrefix, ctx.tag));
-    if (!buf->waitSend(ctx.timeout)) throw Error(ErrorCode::kAborted, ctx.description + ": aborted");
+    if (!buf->waitSend(ctx.timeout)) throw Error(ErrorCode::kAborted, ctx.description() + ": aborted");
   });
 }
 
@@ -332,7 +332,7 @@ void GlooBackend::recv(const std::vector<TensorView>& tensors, int src_rank, con
   guarded(ctx, "rank " + std::to_string(src_rank) + " to send", [&] {
     auto buf = context_->createUnboundBuffer(t.data(), t.nbytes());
     buf->recv(src_rank, ::gloo::Slot::build(kSendRecvSlotPrefix, ctx.tag));
-    if (!buf->waitRecv(ctx.timeout)) throw Error(ErrorCode::kAborted, ctx.description + ": aborted");
+    if (!buf->waitRecv(ctx.timeout)) throw Error(ErrorCode::kAborted, ctx.description() + ": aborted");
   });
 }
 

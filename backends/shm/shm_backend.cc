@@ -65,6 +65,19 @@ struct alignas(64) RankSlot {
   std::atomic<uint32_t> tag[2];      // the tag of its current collective, by op parity
 };
 
+// A rank's publication for small ops: seq says which op its payload (inline up to
+// kInlineBytes, else in the kSmallBytes that follow the line) and tag belong to. Peers wait on
+// seq; one cache line carries a tiny message.
+struct alignas(64) SmallSlot {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> sleepers{0};
+  uint32_t tag;
+  uint32_t reserved;
+  char inline_payload[48];
+};
+constexpr size_t kInlineBytes = sizeof(SmallSlot::inline_payload);
+constexpr size_t kSmallSlotBytes = sizeof(SmallSlot) + kSmallBytes;
+
 struct alignas(64) Channel {  // one sender -> one receiver
   Line sent;         // chunks written by the sender
   Line acked;        // chunks consumed by the receiver
@@ -77,7 +90,8 @@ struct alignas(64) Channel {  // one sender -> one receiver
 struct ShmBackend::Op {
   const OpContext& ctx;
   Clock::time_point deadline;
-  uint32_t parity;
+  uint32_t seq;          // this backend's collective count, the same on every rank (from 1)
+  uint32_t parity;       // seq & 1: which of two slots this op uses
   bool checked = false;  // the tags have been compared
 };
 
@@ -103,7 +117,8 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   const size_t w = static_cast<size_t>(world_size_);
   const size_t slots_off = align_up(sizeof(Header), 64);
   const size_t channels_off = slots_off + w * sizeof(RankSlot);
-  const size_t staging_off = align_up(channels_off + w * w * sizeof(Channel), 4096);
+  const size_t small_off = align_up(channels_off + w * w * sizeof(Channel), 64);
+  const size_t staging_off = align_up(small_off + w * 2 * kSmallSlotBytes, 4096);
   const size_t mail_off = staging_off + w * 2 * chunk_;
   size_ = mail_off + w * w * 2 * mail_;
   // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
@@ -154,6 +169,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   header_ = static_cast<Header*>(base_);
   slots_ = reinterpret_cast<RankSlot*>(static_cast<char*>(base_) + slots_off);
   channels_ = reinterpret_cast<Channel*>(static_cast<char*>(base_) + channels_off);
+  small_ = static_cast<char*>(base_) + small_off;
   staging_ = static_cast<char*>(base_) + staging_off;
   mailboxes_ = static_cast<char*>(base_) + mail_off;
   if (rank_ == 0) {
@@ -216,7 +232,7 @@ void ShmBackend::sync(Op& op) {
         }
       }
       throw Error(ErrorCode::kTimeout,
-                  op.ctx.description + ": timed out after " +
+                  op.ctx.description() + ": timed out after " +
                       std::to_string(op.ctx.timeout.count()) + " ms waiting for rank(s) " +
                       (missing.empty() ? std::string("(all arrived late)") : missing) +
                       " (shm barrier)");
@@ -226,27 +242,69 @@ void ShmBackend::sync(Op& op) {
     op.checked = true;
     for (int r = 0; r < world_size_; ++r) {
       const uint32_t theirs = slots_[r].tag[op.parity].load();
-      if (theirs != op.ctx.tag) {
-        throw Error(ErrorCode::kRemoteError,
-                    op.ctx.description + ": rank " + std::to_string(r) +
-                        " called a different op, or this op with another size, dtype, root or "
-                        "reduce op (tags " + std::to_string(theirs) + " and " +
-                        std::to_string(op.ctx.tag) + "): every rank must call the same ops in "
-                        "the same order");
-      }
+      if (theirs != op.ctx.tag) mismatch(op, r, theirs);
     }
   }
 }
 
-#define TUTTI_SHM_BEGIN_OP(op_var, ctx_var)                                        \
-  Op op_var{ctx_var, Clock::now() + (ctx_var).timeout,                             \
-            static_cast<uint32_t>(ops_++ & 1)};                                    \
+SmallSlot& ShmBackend::small_slot(int rank, uint32_t parity) const {
+  return *reinterpret_cast<SmallSlot*>(small_ + (static_cast<size_t>(rank) * 2 + parity) *
+                                                    kSmallSlotBytes);
+}
+
+char* ShmBackend::small_payload(int rank, uint32_t parity, size_t bytes) const {
+  SmallSlot& slot = small_slot(rank, parity);
+  return bytes <= kInlineBytes ? slot.inline_payload
+                               : reinterpret_cast<char*>(&slot) + sizeof(SmallSlot);
+}
+
+// Publishes `bytes` of payload (at most kSmallBytes) for this op and waits until every rank has
+// published its own; checks that they all called the same op. Two slots alternate, and a rank
+// reaches op k + 2 only after every rank published op k + 1, that is, finished reading op k.
+void ShmBackend::exchange(Op& op, const void* payload, size_t bytes) {
+  SmallSlot& mine = small_slot(rank_, op.parity);
+  if (bytes > 0) std::memcpy(small_payload(rank_, op.parity, bytes), payload, bytes);
+  mine.tag = op.ctx.tag;
+  mine.seq.store(op.seq);
+  wake_all(mine.seq, mine.sleepers);
+  for (int q = 0; q < world_size_; ++q) {
+    if (q == rank_) continue;
+    SmallSlot& theirs = small_slot(q, op.parity);
+    if (!await([&] { return theirs.seq.load() == op.seq; }, theirs.seq, theirs.sleepers,
+               op.deadline, spin_)) {
+      std::string missing;
+      for (int r = 0; r < world_size_; ++r) {
+        if (r != rank_ && small_slot(r, op.parity).seq.load() != op.seq) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        }
+      }
+      throw Error(ErrorCode::kTimeout,
+                  op.ctx.description() + ": timed out after " +
+                      std::to_string(op.ctx.timeout.count()) + " ms waiting for rank(s) " +
+                      missing + " (shm)");
+    }
+    if (theirs.tag != op.ctx.tag) mismatch(op, q, theirs.tag);
+  }
+  op.checked = true;
+}
+
+void ShmBackend::mismatch(const Op& op, int rank, uint32_t theirs) const {
+  throw Error(ErrorCode::kRemoteError,
+              op.ctx.description() + ": rank " + std::to_string(rank) +
+                  " called a different op, or this op with another size, dtype, root or reduce "
+                  "op (tags " + std::to_string(theirs) + " and " + std::to_string(op.ctx.tag) +
+                  "): every rank must call the same ops in the same order");
+}
+
+#define TUTTI_SHM_BEGIN_OP(op_var, ctx_var)                                          \
+  const uint32_t op_var##_seq = static_cast<uint32_t>(++ops_);                        \
+  Op op_var{ctx_var, Clock::now() + (ctx_var).timeout, op_var##_seq, op_var##_seq & 1}; \
   slots_[rank_].tag[op_var.parity].store((ctx_var).tag)
 
 void ShmBackend::barrier(const BarrierOptions&, const OpContext& ctx) {
   if (world_size_ == 1) return;
   TUTTI_SHM_BEGIN_OP(op, ctx);
-  sync(op);
+  exchange(op, nullptr, 0);
 }
 
 void ShmBackend::broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
@@ -256,6 +314,12 @@ void ShmBackend::broadcast(const std::vector<TensorView>& tensors, const Broadca
   TUTTI_SHM_BEGIN_OP(op, ctx);
   auto* data = static_cast<char*>(t.data());
   const size_t total = t.nbytes();
+  if (total <= kSmallBytes) {
+    const bool root = rank_ == opts.root_rank;
+    exchange(op, root ? data : nullptr, root ? total : 0);
+    if (!root) std::memcpy(data, small_payload(opts.root_rank, op.parity, total), total);
+    return;
+  }
   for (size_t off = 0; off < total; off += chunk_) {
     const size_t len = std::min(chunk_, total - off);
     const int half = static_cast<int>(flips_++ & 1);
@@ -290,12 +354,11 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   std::vector<const void*> inputs(static_cast<size_t>(world_size_));
 
   if (t.nbytes() <= kSmallBytes) {
-    // One step: everyone publishes, then each receiver folds the whole message in rank order.
-    const int half = static_cast<int>(flips_++ & 1);
-    std::memcpy(stage(rank_, half), data, t.nbytes());
-    sync(op);
+    // One step: everyone publishes, then each receiver folds the whole message from the
+    // published copies in rank order (so every rank computes the same bits).
+    exchange(op, data, t.nbytes());
     if (!to_me) return;
-    for (int q = 0; q < world_size_; ++q) inputs[q] = stage(q, half);
+    for (int q = 0; q < world_size_; ++q) inputs[q] = small_payload(q, op.parity, t.nbytes());
     detail::reduce_many(fn, data, inputs.data(), world_size_, n, es);
     if (avg) detail::scale_average(data, t.dtype(), n, world_size_);
     return;
@@ -353,6 +416,15 @@ void ShmBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
     return;
   }
   TUTTI_SHM_BEGIN_OP(op, ctx);
+  if (total <= kSmallBytes) {
+    exchange(op, src, total);
+    for (int q = 0; q < world_size_; ++q) {
+      char* dst = static_cast<char*>(out[q].data());
+      const char* from = q == rank_ ? src : small_payload(q, op.parity, total);
+      if (dst != from) std::memcpy(dst, from, total);
+    }
+    return;
+  }
   for (size_t off = 0; off < total; off += chunk_) {
     const size_t len = std::min(chunk_, total - off);
     const int half = static_cast<int>(flips_++ & 1);
@@ -415,7 +487,7 @@ void ShmBackend::send(const std::vector<TensorView>& tensors, int dst_rank, cons
     // A slot is free once the receiver has taken what was written two chunks ago.
     if (!await([&] { return sent - ch.acked.value.load() < 2; }, ch.acked.value,
                ch.send_sleepers.value, deadline, spin_)) {
-      throw Error(ErrorCode::kTimeout, ctx.description + ": timed out after " +
+      throw Error(ErrorCode::kTimeout, ctx.description() + ": timed out after " +
                                            std::to_string(ctx.timeout.count()) +
                                            " ms waiting for rank " + std::to_string(dst_rank) +
                                            " to receive");
@@ -440,7 +512,7 @@ void ShmBackend::recv(const std::vector<TensorView>& tensors, int src_rank, cons
     const uint32_t acked = ch.acked.value.load();
     if (!await([&] { return ch.sent.value.load() != acked; }, ch.sent.value,
                ch.recv_sleepers.value, deadline, spin_)) {
-      throw Error(ErrorCode::kTimeout, ctx.description + ": timed out after " +
+      throw Error(ErrorCode::kTimeout, ctx.description() + ": timed out after " +
                                            std::to_string(ctx.timeout.count()) +
                                            " ms waiting for rank " + std::to_string(src_rank) +
                                            " to send");
@@ -448,7 +520,7 @@ void ShmBackend::recv(const std::vector<TensorView>& tensors, int src_rank, cons
     const int slot = static_cast<int>(acked & 1);
     if (ch.length[slot] != total) {
       throw Error(ErrorCode::kRemoteError,
-                  ctx.description + ": rank " + std::to_string(src_rank) + " sent " +
+                  ctx.description() + ": rank " + std::to_string(src_rank) + " sent " +
                       std::to_string(ch.length[slot]) + " bytes, this rank receives " +
                       std::to_string(total));
     }

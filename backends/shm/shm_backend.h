@@ -1,15 +1,17 @@
 // The shm backend: CPU tensors of ranks on one host, through one shared-memory segment per
 // group (internal).
 //
-// The segment holds a barrier, per-rank control words, two staging halves per rank (alternated
-// from chunk to chunk, so no chunk waits for the readers of the one before) and a two-slot
-// mailbox per (sender, receiver) pair. It is created by rank 0 with a name carrying the job's
+// The segment holds a barrier, per-rank control words, two small-message slots per rank (a
+// sequence number, a tag and up to 16 KiB, 48 bytes of it in the same cache line), two staging
+// halves per rank for large messages (alternated from chunk to chunk, so no chunk waits for the
+// readers of the one before) and a two-slot mailbox per (sender, receiver) pair. It is created by rank 0 with a name carrying the job's
 // and group's identity, sized once, and unlinked as soon as every rank has attached, so neither
 // destroy nor a crash leaves it in /dev/shm.
 //
 // Large allreduce/reduce/reduce_scatter split the reduction across ranks (each reduces its
-// slice of a chunk from every rank's staging area), with vectorised kernels; small messages take
-// one barrier. Waits spin briefly while every rank has a core, then sleep on a futex until the
+// slice of a chunk from every rank's staging area), with vectorised kernels; small messages
+// (up to 16 KiB) are published in each rank's slot and read by every peer once its sequence
+// number shows: one cache line per peer for a tiny message, no shared counter. Waits spin briefly while every rank has a core, then sleep on a futex until the
 // op's deadline; a rank that never arrives is named in the kTimeout error. Each collective
 // checks, after its first barrier, that every rank called the same op (same tag), and fails
 // with kRemoteError naming the rank otherwise.
@@ -30,6 +32,7 @@ namespace tutti::shm_backend {
 struct Header;
 struct RankSlot;
 struct Channel;
+struct SmallSlot;
 
 class ShmBackend : public Backend {
  public:
@@ -60,6 +63,10 @@ class ShmBackend : public Backend {
  private:
   struct Op;  // one collective in flight: deadline, tag check
   void sync(Op& op);
+  void exchange(Op& op, const void* payload, size_t bytes);
+  [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
+  SmallSlot& small_slot(int rank, uint32_t parity) const;
+  char* small_payload(int rank, uint32_t parity, size_t bytes) const;
   char* stage(int rank, int half) const;
   char* mailbox(int src, int dst, int slot) const;
   Channel& channel(int src, int dst) const;
@@ -75,6 +82,7 @@ class ShmBackend : public Backend {
   Header* header_ = nullptr;
   RankSlot* slots_ = nullptr;
   Channel* channels_ = nullptr;
+  char* small_ = nullptr;
   char* staging_ = nullptr;
   char* mailboxes_ = nullptr;
   uint32_t epoch_ = 0;   // barriers this rank has entered

@@ -63,7 +63,13 @@ struct OpContext {
   // ranks that call mismatched ops get different tags, so their messages never meet.
   uint32_t tag = 0;
   std::chrono::milliseconds timeout{30000};  // resolved (never kUseGroupTimeout)
-  std::string description;                   // "allreduce #12 on group 'default' (rank 1/4)"
+  // Who is calling, for error messages.
+  const std::string* group_name = nullptr;
+  int rank = 0;
+  int world_size = 1;
+
+  // "allreduce #12 on group 'default' (rank 1/4)": built only when an error needs it.
+  TUTTI_API std::string description() const;
 };
 
 class TUTTI_API Backend {
