@@ -24,13 +24,14 @@ def series(path):
     placements = {r["in_place"] for r in rows}
     chosen = False if False in placements else True
     rows = [r for r in rows if r["in_place"] == chosen]
-    name = f"{config.get('backend', '?')} ({config.get('tool', '?')}, n={config.get('world_size')})"
+    prefix = "tutti " if config.get("tool") == "tutti-bench" else ""
+    name = f"{prefix}{config.get('backend', '?')} (n={config.get('world_size')})"
     out = [(name, [r["size_bytes"] for r in rows], [r["time_us"] for r in rows],
             [r["busbw_gbps"] for r in rows])]
     if rows and "baseline_time_us" in rows[0]:
         factor = config.get("bus_factor", 1.0)
         base = [r["baseline_time_us"] for r in rows]
-        out.append((f"raw {config.get('backend')} (same run, n={config.get('world_size')})",
+        out.append((f"raw gloo (beside tutti {config.get('backend')}, n={config.get('world_size')})",
                     [r["size_bytes"] for r in rows], base,
                     [r["size_bytes"] / t / 1e3 * factor if t > 0 else 0
                      for r, t in zip(rows, base)]))

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The main job: set-up, build, then the allreduce sweep (8 B to 64 MiB, float32, sum, checked)
-# on local ranks over the embedded default (Gloo on loopback, the embedded TCP store hosted by
-# the launcher), side by side with raw Gloo. About a minute on a 2-core machine.
+# on local ranks over the embedded defaults (backend "auto", which is shm on one host; the TCP
+# store hosted by the launcher), with raw Gloo's time beside tutti's in the same run. Well under
+# a minute on a 2-core machine.
 #
-#   scripts/bench.sh                 # 2 ranks
-#   RANKS=4 scripts/bench.sh         # more ranks
-#   scripts/bench.sh -d bfloat16     # extra tutti-bench options are passed on
+#   scripts/bench.sh                     # 2 ranks
+#   RANKS=4 scripts/bench.sh             # more ranks
+#   scripts/bench.sh --backend gloo      # extra tutti-bench options are passed on
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh >&2

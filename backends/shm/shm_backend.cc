@@ -127,7 +127,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool oversubscribed = static_cast<unsigned>(world_size_) > cores;
   spin_.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : 2000, 0));
-  spin_.yields = oversubscribed ? 200 : 50;
+  spin_.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
 
   // The name carries the job's and group's identity; long ones are shortened with a hash.
   std::string name = "/tutti-" + ctx.instance;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# tutti (Gloo backend), raw Gloo, Open MPI and PyTorch's torch.distributed gloo: the same
-# allreduce sweep in one run, one table (Markdown) and one plot.
+# tutti (shm and Gloo backends), raw Gloo, Open MPI and PyTorch's torch.distributed gloo: the
+# same allreduce sweep in one run, one table (Markdown) and one plot.
 #
 #   benchmarks/compare/run.sh                  # 2 ranks, 8 B to 64 MiB
 #   RANKS=4 MAX=16M benchmarks/compare/run.sh
@@ -30,6 +30,10 @@ py=${PYTHON:-/usr/bin/python3}
 mpicxx -O2 -o build/mpi_allreduce benchmarks/compare/mpi_allreduce.cc
 
 common=(-b 8 -e "$max" -f 2 -w 10 -n "$iters")
+# shm runs on its own: interleaved with raw Gloo, Gloo's event-loop threads compete for the
+# cores it spins on. Raw Gloo is interleaved with tutti's Gloo backend, its like for like.
+echo "== tutti (shm)" >&2
+build/bin/tutti-bench --ranks "$ranks" --backend shm "${common[@]}" --json "$out/tutti-shm.json"
 echo "== tutti (gloo) with raw Gloo interleaved" >&2
 build/bin/tutti-bench --ranks "$ranks" --backend gloo "${common[@]}" --baseline --json "$out/tutti-gloo.json"
 echo "== Open MPI" >&2
@@ -38,6 +42,7 @@ mpirun "${mpi_root[@]}" --oversubscribe -np "$ranks" build/mpi_allreduce "${comm
 echo "== PyTorch torch.distributed (gloo)" >&2
 "$py" benchmarks/compare/torch_allreduce.py --ranks "$ranks" "${common[@]}" --json "$out/torch.json"
 
-"$py" benchmarks/compare/table.py "$out/tutti-gloo.json" "$out/openmpi.json" "$out/torch.json" | tee "$out/table.md"
-"$py" benchmarks/plot.py "$out/tutti-gloo.json" "$out/openmpi.json" "$out/torch.json" \
-  -o "$out/allreduce.png" --title "allreduce, $ranks ranks, float32 sum: tutti, raw Gloo, Open MPI, PyTorch"
+runs=("$out/tutti-shm.json" "$out/tutti-gloo.json" "$out/openmpi.json" "$out/torch.json")
+"$py" benchmarks/compare/table.py "${runs[@]}" | tee "$out/table.md"
+"$py" benchmarks/plot.py "${runs[@]}" -o "$out/allreduce.png" \
+  --title "allreduce, $ranks ranks, float32 sum: tutti shm and gloo, raw Gloo, Open MPI, PyTorch"
