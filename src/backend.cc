@@ -33,6 +33,8 @@ Backend::~Backend() = default;
 
 bool Backend::supports(OpType) const { return true; }
 
+void Backend::synchronize(Device) {}
+
 namespace {
 [[noreturn]] void unsupported(const Backend& backend, OpType op, const OpContext& ctx) {
   throw Error(ErrorCode::kUnavailable, ctx.description() + ": backend '" + backend.name() +

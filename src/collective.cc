@@ -172,4 +172,61 @@ void recv(TensorView tensor, int src_rank, std::string_view group_name) {
   require(group_name, "recv")->recv(tensor, src_rank);
 }
 
+void allreduce_multigpu(const std::vector<TensorView>& tensor_list, std::string_view group_name,
+                        ReduceOp op) {
+  AllreduceOptions opts;
+  opts.reduce_op = op;
+  require(group_name, "allreduce")->allreduce_multigpu(tensor_list, opts);
+}
+
+void reduce_multigpu(const std::vector<TensorView>& tensor_list, int dst_rank, int dst_tensor,
+                     std::string_view group_name, ReduceOp op) {
+  ReduceOptions opts;
+  opts.root_rank = dst_rank;
+  opts.root_tensor = dst_tensor;
+  opts.reduce_op = op;
+  require(group_name, "reduce")->reduce_multigpu(tensor_list, opts);
+}
+
+void broadcast_multigpu(const std::vector<TensorView>& tensor_list, int src_rank, int src_tensor,
+                        std::string_view group_name) {
+  BroadcastOptions opts;
+  opts.root_rank = src_rank;
+  opts.root_tensor = src_tensor;
+  require(group_name, "broadcast")->broadcast_multigpu(tensor_list, opts);
+}
+
+void allgather_multigpu(const std::vector<std::vector<TensorView>>& output_tensor_lists,
+                        const std::vector<TensorView>& input_tensor_list,
+                        std::string_view group_name) {
+  require(group_name, "allgather")->allgather_multigpu(output_tensor_lists, input_tensor_list);
+}
+
+void reduce_scatter_multigpu(const std::vector<TensorView>& output_tensor_list,
+                             const std::vector<std::vector<TensorView>>& input_tensor_lists,
+                             std::string_view group_name, ReduceOp op) {
+  ReduceScatterOptions opts;
+  opts.reduce_op = op;
+  require(group_name, "reduce_scatter")
+      ->reduce_scatter_multigpu(output_tensor_list, input_tensor_lists, opts);
+}
+
+void send_multigpu(TensorView tensor, int dst_rank, int dst_gpu_index,
+                   std::string_view group_name, int64_t n_elements) {
+  SendOptions opts;
+  opts.dst_device_index = dst_gpu_index;
+  require(group_name, "send")->send_multigpu(tensor, dst_rank, n_elements, opts);
+}
+
+void recv_multigpu(TensorView tensor, int src_rank, int src_gpu_index,
+                   std::string_view group_name, int64_t n_elements) {
+  RecvOptions opts;
+  opts.src_device_index = src_gpu_index;
+  require(group_name, "recv")->recv_multigpu(tensor, src_rank, n_elements, opts);
+}
+
+void synchronize(Device device, std::string_view group_name) {
+  require(group_name, "synchronize")->synchronize(device);
+}
+
 }  // namespace tutti

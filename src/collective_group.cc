@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <sstream>
 
 #include "group_util.h"
@@ -287,6 +288,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   for (size_t op = 0; op < group->op_supported_.size(); ++op) {
     group->op_supported_[op] = group->backend_->supports(static_cast<OpType>(op));
   }
+  group->max_devices_ = std::max(1, group->backend_->max_devices_per_op());
   TUTTI_LOG_INFO("joined {} with backend '{}' (incarnation {}) in {:.1f} ms", group->describe(),
                  backend_key, incarnation,
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -617,6 +619,210 @@ void CollectiveGroup::recv(TensorView tensor, int src_rank, const RecvOptions& o
                     resolve_timeout(opts.timeout, timeout_), src_rank, /*sending=*/false);
   call.skip = tensor.numel() == 0;
   run(call, [&](const OpContext& ctx) { backend_->recv({tensor}, src_rank, opts, ctx); });
+}
+
+void CollectiveGroup::check_device_list(OpType op, const std::vector<TensorView>& tensors,
+                                        const char* what) const {
+  if (tensors.empty()) fail(ErrorCode::kInvalidArgument, op, std::string(what) + " list is empty");
+  if (static_cast<int>(tensors.size()) > max_devices_) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "backend '" + backend_name_ + "' takes at most " + std::to_string(max_devices_) +
+             " tensor(s) per op, got a list of " + std::to_string(tensors.size()));
+  }
+  for (size_t d = 0; d < tensors.size(); ++d) {
+    const std::string name = std::string(what) + " " + std::to_string(d);
+    check_tensor(op, tensors[d], name.c_str());
+    if (d > 0) {
+      if (tensors[d].dtype() != tensors[0].dtype() || tensors[d].shape() != tensors[0].shape()) {
+        fail(ErrorCode::kInvalidArgument, op,
+             name + " is " + tensors[d].str() + ", " + what + " 0 is " + tensors[0].str() +
+                 ": a list holds one shape and dtype");
+      }
+    }
+    for (size_t e = 0; e < d; ++e) {
+      if (tensors[e].device() == tensors[d].device()) {
+        fail(ErrorCode::kInvalidArgument, op,
+             std::string(what) + "s " + std::to_string(e) + " and " + std::to_string(d) +
+                 " are both on " + tensors[d].device().str() + ": one tensor per device");
+      }
+    }
+  }
+}
+
+namespace {
+// Checks that lists[d] holds `count` tensors shaped, typed and placed like refs[d].
+void check_lists(const std::function<void(ErrorCode, const std::string&)>& bad,
+                 const std::vector<std::vector<TensorView>>& lists,
+                 const std::vector<TensorView>& refs, size_t count, const char* list_name,
+                 const char* ref_name) {
+  if (lists.size() != refs.size()) {
+    bad(ErrorCode::kInvalidArgument, std::string(list_name) + " has " +
+                                         std::to_string(lists.size()) + " lists for " +
+                                         std::to_string(refs.size()) + " devices");
+  }
+  for (size_t d = 0; d < lists.size(); ++d) {
+    if (lists[d].size() != count) {
+      bad(ErrorCode::kInvalidArgument,
+          std::string(list_name) + " " + std::to_string(d) + " has " +
+              std::to_string(lists[d].size()) + " tensors, expected world size x devices = " +
+              std::to_string(count));
+    }
+    for (size_t k = 0; k < lists[d].size(); ++k) {
+      check_like(bad, lists[d][k], refs[d],
+                 std::string(list_name) + " " + std::to_string(d) + "[" + std::to_string(k) + "]",
+                 ref_name);
+    }
+  }
+}
+}  // namespace
+
+void CollectiveGroup::allreduce_multigpu(const std::vector<TensorView>& tensors,
+                                         const AllreduceOptions& opts) {
+  const OpType op = OpType::kAllreduce;
+  check_device_list(op, tensors, "tensor");
+  check_reduce_op(op, opts.reduce_op, tensors[0].dtype());
+  auto call = begin(op,
+                    signature(op, tensors[0].dtype(), tensors[0].numel(),
+                              static_cast<int>(tensors.size()), static_cast<int>(opts.reduce_op)),
+                    resolve_timeout(opts.timeout, timeout_));
+  call.skip = tensors[0].numel() == 0;
+  run(call, [&](const OpContext& ctx) { backend_->allreduce(tensors, opts, ctx); });
+}
+
+void CollectiveGroup::reduce_multigpu(const std::vector<TensorView>& tensors,
+                                      const ReduceOptions& opts) {
+  const OpType op = OpType::kReduce;
+  check_device_list(op, tensors, "tensor");
+  check_rank(op, opts.root_rank, "root rank");
+  if (opts.root_tensor < 0 || opts.root_tensor >= static_cast<int>(tensors.size())) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "root tensor " + std::to_string(opts.root_tensor) + " is outside [0, " +
+             std::to_string(tensors.size()) + ")");
+  }
+  check_reduce_op(op, opts.reduce_op, tensors[0].dtype());
+  auto call = begin(op,
+                    signature(op, tensors[0].dtype(), tensors[0].numel(),
+                              opts.root_rank * 4096 + opts.root_tensor,
+                              static_cast<int>(opts.reduce_op)),
+                    resolve_timeout(opts.timeout, timeout_));
+  call.skip = tensors[0].numel() == 0;
+  run(call, [&](const OpContext& ctx) { backend_->reduce(tensors, opts, ctx); });
+}
+
+void CollectiveGroup::broadcast_multigpu(const std::vector<TensorView>& tensors,
+                                         const BroadcastOptions& opts) {
+  const OpType op = OpType::kBroadcast;
+  check_device_list(op, tensors, "tensor");
+  check_rank(op, opts.root_rank, "root rank");
+  if (opts.root_tensor < 0 || opts.root_tensor >= static_cast<int>(tensors.size())) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "root tensor " + std::to_string(opts.root_tensor) + " is outside [0, " +
+             std::to_string(tensors.size()) + ")");
+  }
+  auto call = begin(op,
+                    signature(op, tensors[0].dtype(), tensors[0].numel(),
+                              opts.root_rank * 4096 + opts.root_tensor),
+                    resolve_timeout(opts.timeout, timeout_));
+  call.skip = tensors[0].numel() == 0;
+  run(call, [&](const OpContext& ctx) { backend_->broadcast(tensors, opts, ctx); });
+}
+
+void CollectiveGroup::allgather_multigpu(const std::vector<std::vector<TensorView>>& output_lists,
+                                         const std::vector<TensorView>& inputs,
+                                         const AllgatherOptions& opts) {
+  const OpType op = OpType::kAllgather;
+  check_device_list(op, inputs, "input");
+  auto bad = [&](ErrorCode code, const std::string& what) { fail(code, op, what); };
+  check_lists(bad, output_lists, inputs, static_cast<size_t>(world_size_) * inputs.size(),
+              "output list", "its device's input");
+  auto call = begin(op,
+                    signature(op, inputs[0].dtype(), inputs[0].numel(),
+                              static_cast<int>(inputs.size())),
+                    resolve_timeout(opts.timeout, timeout_));
+  call.skip = inputs[0].numel() == 0;
+  run(call, [&](const OpContext& ctx) { backend_->allgather(output_lists, inputs, opts, ctx); });
+}
+
+void CollectiveGroup::reduce_scatter_multigpu(
+    const std::vector<TensorView>& outputs,
+    const std::vector<std::vector<TensorView>>& input_lists, const ReduceScatterOptions& opts) {
+  const OpType op = OpType::kReduceScatter;
+  check_device_list(op, outputs, "output");
+  check_reduce_op(op, opts.reduce_op, outputs[0].dtype());
+  auto bad = [&](ErrorCode code, const std::string& what) { fail(code, op, what); };
+  check_lists(bad, input_lists, outputs, static_cast<size_t>(world_size_) * outputs.size(),
+              "input list", "its device's output");
+  auto call = begin(op,
+                    signature(op, outputs[0].dtype(), outputs[0].numel(),
+                              static_cast<int>(outputs.size()), static_cast<int>(opts.reduce_op)),
+                    resolve_timeout(opts.timeout, timeout_));
+  call.skip = outputs[0].numel() == 0;
+  run(call,
+      [&](const OpContext& ctx) { backend_->reduce_scatter(outputs, input_lists, opts, ctx); });
+}
+
+namespace {
+TensorView first_elements(const TensorView& t, int64_t n) {
+  return n == 0 ? t : TensorView(t.data(), t.dtype(), {n}, t.device());
+}
+}  // namespace
+
+void CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t n_elements,
+                                    const SendOptions& opts) {
+  const OpType op = OpType::kSend;
+  check_tensor(op, tensor, "tensor");
+  check_rank(op, dst_rank, "destination rank", /*allow_self=*/false);
+  if (n_elements < 0 || n_elements > tensor.numel()) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "n_elements " + std::to_string(n_elements) + " is outside [0, " +
+             std::to_string(tensor.numel()) + "]");
+  }
+  if (opts.dst_device_index < 0) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "destination device index " + std::to_string(opts.dst_device_index) + " is negative");
+  }
+  const TensorView view = first_elements(tensor, n_elements);
+  // Sender and receiver mix the same pair of device indexes: (sender's, receiver's).
+  auto call = begin(op,
+                    signature(OpType::kSend, view.dtype(), view.numel(),
+                              tensor.device().index * 4096 + opts.dst_device_index, 1),
+                    resolve_timeout(opts.timeout, timeout_), dst_rank, /*sending=*/true);
+  call.skip = view.numel() == 0;
+  run(call, [&](const OpContext& ctx) { backend_->send({view}, dst_rank, opts, ctx); });
+}
+
+void CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t n_elements,
+                                    const RecvOptions& opts) {
+  const OpType op = OpType::kRecv;
+  check_tensor(op, tensor, "tensor");
+  check_rank(op, src_rank, "source rank", /*allow_self=*/false);
+  if (n_elements < 0 || n_elements > tensor.numel()) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "n_elements " + std::to_string(n_elements) + " is outside [0, " +
+             std::to_string(tensor.numel()) + "]");
+  }
+  if (opts.src_device_index < 0) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "source device index " + std::to_string(opts.src_device_index) + " is negative");
+  }
+  const TensorView view = first_elements(tensor, n_elements);
+  auto call = begin(op,
+                    signature(OpType::kSend, view.dtype(), view.numel(),
+                              opts.src_device_index * 4096 + tensor.device().index, 1),
+                    resolve_timeout(opts.timeout, timeout_), src_rank, /*sending=*/false);
+  call.skip = view.numel() == 0;
+  run(call, [&](const OpContext& ctx) { backend_->recv({view}, src_rank, opts, ctx); });
+}
+
+void CollectiveGroup::synchronize(Device device) {
+  if (is_destroyed()) fail(ErrorCode::kInvalidUsage, OpType::kBarrier, "the group was destroyed");
+  if (!device_supported_[static_cast<size_t>(device.type)]) {
+    throw Error(ErrorCode::kInvalidArgument, "synchronize on " + describe() + ": " +
+                                                 device.str() + " is not a device of backend '" +
+                                                 backend_name_ + "'");
+  }
+  std::lock_guard<std::mutex> lock(op_mutex_);
+  if (backend_) backend_->synchronize(device);
 }
 
 }  // namespace tutti

@@ -89,11 +89,12 @@ class TUTTI_API Backend {
                          const OpContext& ctx);
   virtual void reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
                       const OpContext& ctx);
-  // outputs[d][r] receives rank r's input of device d.
+  // outputs[d][r * devices + e] receives rank r's inputs[e] (one device per op: outputs[0][r]).
   virtual void allgather(const std::vector<std::vector<TensorView>>& outputs,
                          const std::vector<TensorView>& inputs, const AllgatherOptions& opts,
                          const OpContext& ctx);
-  // inputs[d][r] is reduced across ranks into rank r's outputs[d].
+  // outputs[d] receives the reduction over every process and device of inputs[.][r * devices + d]
+  // for this rank r (one device per op: inputs[0][r] reduced into outputs[0]).
   virtual void reduce_scatter(const std::vector<TensorView>& outputs,
                               const std::vector<std::vector<TensorView>>& inputs,
                               const ReduceScatterOptions& opts, const OpContext& ctx);
@@ -102,6 +103,9 @@ class TUTTI_API Backend {
                     const OpContext& ctx);
   virtual void recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions& opts,
                     const OpContext& ctx);
+
+  // Waits on the host for every op enqueued on `device` (backends that enqueue asynchronously).
+  virtual void synchronize(Device device);
 
   // Called once the group has failed or is being destroyed: release what may block. Must be
   // safe to call from any thread, more than once.

@@ -55,4 +55,28 @@ TUTTI_API void reduce_scatter(TensorView output, TensorView input,
 TUTTI_API void send(TensorView tensor, int dst_rank, std::string_view group_name = "default");
 TUTTI_API void recv(TensorView tensor, int src_rank, std::string_view group_name = "default");
 
+// Multi-device forms, Ray's *_multigpu: one process driving several GPUs (see
+// CollectiveGroup::allreduce_multigpu for the list rules).
+TUTTI_API void allreduce_multigpu(const std::vector<TensorView>& tensor_list,
+                                  std::string_view group_name = "default",
+                                  ReduceOp op = ReduceOp::kSum);
+TUTTI_API void reduce_multigpu(const std::vector<TensorView>& tensor_list, int dst_rank = 0,
+                               int dst_tensor = 0, std::string_view group_name = "default",
+                               ReduceOp op = ReduceOp::kSum);
+TUTTI_API void broadcast_multigpu(const std::vector<TensorView>& tensor_list, int src_rank = 0,
+                                  int src_tensor = 0, std::string_view group_name = "default");
+TUTTI_API void allgather_multigpu(const std::vector<std::vector<TensorView>>& output_tensor_lists,
+                                  const std::vector<TensorView>& input_tensor_list,
+                                  std::string_view group_name = "default");
+TUTTI_API void reduce_scatter_multigpu(
+    const std::vector<TensorView>& output_tensor_list,
+    const std::vector<std::vector<TensorView>>& input_tensor_lists,
+    std::string_view group_name = "default", ReduceOp op = ReduceOp::kSum);
+TUTTI_API void send_multigpu(TensorView tensor, int dst_rank, int dst_gpu_index,
+                             std::string_view group_name = "default", int64_t n_elements = 0);
+TUTTI_API void recv_multigpu(TensorView tensor, int src_rank, int src_gpu_index,
+                             std::string_view group_name = "default", int64_t n_elements = 0);
+// Waits on the host for everything the group enqueued on `device` (Ray's synchronize).
+TUTTI_API void synchronize(Device device, std::string_view group_name = "default");
+
 }  // namespace tutti

@@ -80,6 +80,34 @@ class TUTTI_API CollectiveGroup {
   void send(TensorView tensor, int dst_rank, const SendOptions& opts = {});
   void recv(TensorView tensor, int src_rank, const RecvOptions& opts = {});
 
+  // Multi-device forms (Ray's *_multigpu: one process driving several GPUs). `tensors` holds one
+  // tensor per distinct local device, all of one shape and dtype; every process must drive the
+  // same number of devices. Rank r's device d counts as collective rank r x devices + d.
+  // Backends that take one device per op (gloo, shm) refuse lists longer than one.
+  void allreduce_multigpu(const std::vector<TensorView>& tensors,
+                          const AllreduceOptions& opts = {});
+  // opts.root_rank / opts.root_tensor: the rank and the index into its list that receive.
+  void reduce_multigpu(const std::vector<TensorView>& tensors, const ReduceOptions& opts = {});
+  void broadcast_multigpu(const std::vector<TensorView>& tensors,
+                          const BroadcastOptions& opts = {});
+  // output_lists[d] has world_size x devices tensors: output_lists[d][r * devices + e] receives
+  // rank r's tensors[e].
+  void allgather_multigpu(const std::vector<std::vector<TensorView>>& output_lists,
+                          const std::vector<TensorView>& inputs, const AllgatherOptions& opts = {});
+  // input_lists[d] has world_size x devices tensors; outputs[d] receives the reduction of every
+  // process's input_lists[.][r * devices + d], where r is this rank.
+  void reduce_scatter_multigpu(const std::vector<TensorView>& outputs,
+                               const std::vector<std::vector<TensorView>>& input_lists,
+                               const ReduceScatterOptions& opts = {});
+  // The first n_elements (0: all) of `tensor`, from this process's device to dst_rank's device
+  // opts.dst_device_index (recv: from src_rank's opts.src_device_index).
+  void send_multigpu(TensorView tensor, int dst_rank, int64_t n_elements = 0,
+                     const SendOptions& opts = {});
+  void recv_multigpu(TensorView tensor, int src_rank, int64_t n_elements = 0,
+                     const RecvOptions& opts = {});
+  // Waits on the host until every op enqueued on `device` has finished (a no-op for CPU).
+  void synchronize(Device device);
+
   // "group 'default' (rank 1/4)"
   std::string describe() const;
 
@@ -96,6 +124,7 @@ class TUTTI_API CollectiveGroup {
   void check_tensor(OpType op, const TensorView& t, const char* what) const;
   void check_rank(OpType op, int value, const char* what, bool allow_self = true) const;
   void check_reduce_op(OpType op, ReduceOp reduce_op, DType dtype) const;
+  void check_device_list(OpType op, const std::vector<TensorView>& tensors, const char* what) const;
 
   const std::string name_;
   const int rank_;
@@ -114,6 +143,7 @@ class TUTTI_API CollectiveGroup {
   // What the backend supports, read once at creation so validation never touches backend_.
   std::array<bool, 2> device_supported_{};  // by DeviceType
   std::array<bool, 8> op_supported_{};      // by OpType
+  int max_devices_ = 1;
 
   std::mutex op_mutex_;  // serialises ops; guards the sequence counters and backend_ calls
   std::unique_ptr<Backend> backend_;
