@@ -21,10 +21,14 @@ class Store;
 constexpr std::chrono::milliseconds kUseGroupTimeout{-1};
 
 // What every op takes. `stream` is an opaque accelerator stream (a cudaStream_t for the NCCL
-// backend; null means the current stream); CPU backends ignore it.
+// backend; null means the device's default stream): the op runs after the work already queued
+// there and returns once enqueued, its result ready for what is queued after it. `blocking`
+// makes the call wait on the host until the op has finished. CPU backends ignore both (their
+// ops always finish before returning).
 struct OpOptions {
   std::chrono::milliseconds timeout = kUseGroupTimeout;
   void* stream = nullptr;
+  bool blocking = false;
 };
 
 struct BroadcastOptions : OpOptions {

@@ -1,0 +1,237 @@
+// The NCCL backend on a real GPU (ctest label "gpu"): every collective at world size 1, the
+// multi-GPU API with one device, stream ordering against the caller's stream, a stuck stream
+// aborting the group, and two processes on one GPU refused. Each test skips, saying why, where
+// no GPU or no NCCL is visible.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "reference.h"
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::string why_no_gpu() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  if (n == 0) return "no CUDA device visible";
+  if (!is_backend_available("nccl")) {
+    return "NCCL does not load (put libnccl.so.2 on LD_LIBRARY_PATH or set TUTTI_NCCL_LIBRARY)";
+  }
+  return "";
+}
+
+#define SKIP_WITHOUT_GPU()                               \
+  do {                                                   \
+    const std::string why_ = why_no_gpu();               \
+    if (!why_.empty()) GTEST_SKIP() << why_;             \
+  } while (0)
+
+// Device memory for a test, freed at scope end.
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) : bytes(bytes) {
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    cudaMemset(ptr, 0, bytes);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  TensorView view(DType dtype, int64_t n) const {
+    return TensorView(ptr, dtype, {n}, Device::cuda(0));
+  }
+  void upload(const void* host) const { cudaMemcpy(ptr, host, bytes, cudaMemcpyHostToDevice); }
+  void download(void* host) const { cudaMemcpy(host, ptr, bytes, cudaMemcpyDeviceToHost); }
+  void* ptr = nullptr;
+  size_t bytes;
+};
+
+class NcclGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    cudaSetDevice(0);
+    GroupOptions o;
+    o.timeout = std::chrono::seconds(20);
+    group_ = CollectiveGroup::create(1, 0, "nccl", unique_name("gpu"), o);
+  }
+  std::shared_ptr<CollectiveGroup> group_;
+};
+
+const DType kDTypes[] = {DType::kBool,    DType::kInt8,    DType::kUInt8,  DType::kInt32,
+                         DType::kUInt32,  DType::kInt64,   DType::kUInt64, DType::kFloat16,
+                         DType::kBFloat16, DType::kFloat32, DType::kFloat64};
+
+TEST_F(NcclGpu, EveryCollectiveAtWorldSizeOne) {
+  const int64_t n = 1003;
+  for (DType dtype : kDTypes) {
+    SCOPED_TRACE(to_string(dtype));
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+    std::vector<uint64_t> host(bytes / 8 + 1), back(bytes / 8 + 1);
+    for (int64_t i = 0; i < n; ++i) write_value(dtype, host.data(), i, input_value(ReduceOp::kMax, dtype, 0, 1, i));
+    DeviceBuffer in(bytes), out(bytes);
+    in.upload(host.data());
+    auto expect_input = [&](const DeviceBuffer& b, const char* what) {
+      b.download(back.data());
+      EXPECT_EQ(std::memcmp(back.data(), host.data(), bytes), 0) << what;
+    };
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+      if (op == ReduceOp::kAvg && !is_floating(dtype)) continue;
+      AllreduceOptions o;
+      o.reduce_op = op;
+      o.blocking = true;
+      group_->allreduce(in.view(dtype, n), o);  // one rank: the reduction is the input itself
+      expect_input(in, "allreduce");
+    }
+    ReduceOptions r;
+    r.blocking = true;
+    group_->reduce(in.view(dtype, n), r);
+    expect_input(in, "reduce");
+    BroadcastOptions b;
+    group_->broadcast(in.view(dtype, n), b);
+    group_->synchronize(Device::cuda(0));
+    expect_input(in, "broadcast");
+    group_->allgather(out.view(dtype, n), in.view(dtype, n));
+    group_->synchronize(Device::cuda(0));
+    expect_input(out, "allgather into one buffer");
+    cudaMemset(out.ptr, 0, bytes);
+    group_->reduce_scatter(out.view(dtype, n), in.view(dtype, n));
+    group_->synchronize(Device::cuda(0));
+    expect_input(out, "reduce_scatter");
+    cudaMemset(out.ptr, 0, bytes);
+    group_->allgather(std::vector<TensorView>{out.view(dtype, n)}, in.view(dtype, n));
+    group_->synchronize(Device::cuda(0));
+    expect_input(out, "allgather, list form");
+  }
+  group_->barrier();
+}
+
+TEST_F(NcclGpu, MultiGpuApiWithOneDevice) {
+  const int64_t n = 4096;
+  std::vector<float> host(n), back(n);
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 97);
+  DeviceBuffer in(n * 4), out(n * 4);
+  in.upload(host.data());
+  group_->allreduce_multigpu({in.view(DType::kFloat32, n)});
+  group_->allgather_multigpu({{out.view(DType::kFloat32, n)}}, {in.view(DType::kFloat32, n)});
+  synchronize(Device::cuda(0), group_->name()) ;
+  out.download(back.data());
+  EXPECT_EQ(back, host);
+}
+
+TEST_F(NcclGpu, OrderedAfterTheCallersStream) {
+  // The caller's stream: a 200 ms pause, then the input's upload, then the allgather, then the
+  // download. If the op did not wait for the stream's earlier work it would read zeros.
+  const int64_t n = 1 << 20;
+  std::vector<float> host(n, 7.0f), back(n, 0.0f);
+  DeviceBuffer in(n * 4), out(n * 4);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(milliseconds(200)); }, nullptr);
+  cudaMemcpyAsync(in.ptr, host.data(), n * 4, cudaMemcpyHostToDevice, s);
+  AllgatherOptions o;
+  o.stream = s;
+  group_->allgather(out.view(DType::kFloat32, n), in.view(DType::kFloat32, n), o);
+  cudaMemcpyAsync(back.data(), out.ptr, n * 4, cudaMemcpyDeviceToHost, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(back, host);
+  cudaStreamDestroy(s);
+}
+
+std::atomic<bool> g_release{false};
+
+TEST_F(NcclGpu, AStuckStreamPastTheTimeoutAbortsTheGroup) {
+  // The caller's stream is held by a host function until released; the op, queued behind it,
+  // cannot finish within its 500 ms timeout: the watchdog aborts the communicators.
+  DeviceBuffer buf(1024);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  g_release = false;
+  cudaLaunchHostFunc(
+      s,
+      [](void*) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (!g_release && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(milliseconds(1));
+        }
+      },
+      nullptr);
+  AllreduceOptions o;
+  o.stream = s;
+  o.timeout = milliseconds(500);
+  const auto start = std::chrono::steady_clock::now();
+  group_->allreduce(buf.view(DType::kFloat32, 256), o);  // returns once enqueued
+  // Later calls fail with kAborted naming the op that hung, once the watchdog has acted (within
+  // the timeout plus a margin).
+  std::string message;
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    try {
+      group_->allreduce(buf.view(DType::kFloat32, 256));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();
+      message = e.what();
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  g_release = true;
+  ASSERT_FALSE(message.empty()) << "no abort within 5 s of a 500 ms timeout";
+  EXPECT_NE(message.find("allreduce #0"), std::string::npos) << message;
+  EXPECT_NE(message.find("did not complete within its timeout"), std::string::npos) << message;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // Destroy, then the same name again works.
+  const std::string name = group_->name();
+  group_->destroy();
+  GroupOptions fresh;
+  fresh.timeout = std::chrono::seconds(20);
+  auto again = CollectiveGroup::create(1, 0, "nccl", name + "-again", fresh);
+  AllreduceOptions blocking;
+  blocking.blocking = true;
+  again->allreduce(buf.view(DType::kFloat32, 256), blocking);
+  cudaStreamDestroy(s);
+}
+
+// Two processes of one group on the same GPU: this binary runs itself twice as the child.
+TEST(NcclChild, JoinOnGpuZero) {
+  const char* rank = std::getenv("TUTTI_NCCL_TEST_CHILD");
+  if (rank == nullptr) GTEST_SKIP() << "runs only as a child of TwoProcessesOnOneGpuAreRefused";
+  cudaSetDevice(0);
+  GroupOptions o;
+  o.store_url = std::getenv("TUTTI_NCCL_TEST_STORE");
+  o.timeout = std::chrono::seconds(20);
+  auto g = CollectiveGroup::create(2, std::atoi(rank), "nccl", "shared-gpu", o);
+  DeviceBuffer buf(64);
+  try {
+    AllreduceOptions b;
+    b.blocking = true;
+    g->allreduce(buf.view(DType::kFloat32, 16), b);
+    ADD_FAILURE() << "two ranks on one GPU were not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidUsage) << e.what();
+    EXPECT_NE(std::string(e.what()).find("both use GPU"), std::string::npos) << e.what();
+    std::printf("REFUSED: %s\n", e.what());
+  }
+}
+
+TEST(NcclProcesses, TwoProcessesOnOneGpuAreRefused) {
+  SKIP_WITHOUT_GPU();
+  TempDir dir;
+  std::vector<std::vector<std::string>> envs;
+  for (int r = 0; r < 2; ++r) {
+    envs.push_back({"TUTTI_NCCL_TEST_CHILD=" + std::to_string(r),
+                    "TUTTI_NCCL_TEST_STORE=file://" + dir.path() + "/store"});
+  }
+  auto results = run_processes({"/proc/self/exe", "--gtest_filter=NcclChild.JoinOnGpuZero"}, envs,
+                               milliseconds(60000));
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("REFUSED"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace tutti::testing
