@@ -9,8 +9,10 @@ namespace {
 // 2^29 + 1000 float32 elements: 2 GiB + 4000 bytes per rank.
 constexpr int64_t kCount = (int64_t(1) << 29) + 1000;
 
-TEST(Large, AllreduceAndBroadcastOver2GiB) {
-  auto groups = create_groups(2, "gloo", unique_name("large"), std::chrono::minutes(5));
+class Large : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Large, AllreduceAndBroadcastOver2GiB) {
+  auto groups = create_groups(2, GetParam(), unique_name("large"), std::chrono::minutes(5));
   run_ranks(2, [&](int r) {
     std::vector<float> v(kCount);
     for (int64_t i = 0; i < kCount; ++i) v[i] = static_cast<float>((i + r) % 4);
@@ -32,6 +34,8 @@ TEST(Large, AllreduceAndBroadcastOver2GiB) {
     }
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, Large, ::testing::Values("gloo", "shm"));
 
 }  // namespace
 }  // namespace tutti::testing
