@@ -31,7 +31,8 @@ def series(path):
     if rows and "baseline_time_us" in rows[0]:
         factor = config.get("bus_factor", 1.0)
         base = [r["baseline_time_us"] for r in rows]
-        out.append((f"raw gloo (beside tutti {config.get('backend')}, n={config.get('world_size')})",
+        raw = config.get("baseline") or "raw"
+        out.append((f"{raw} (beside tutti {config.get('backend')}, n={config.get('world_size')})",
                     [r["size_bytes"] for r in rows], base,
                     [r["size_bytes"] / t / 1e3 * factor if t > 0 else 0
                      for r, t in zip(rows, base)]))

@@ -5,22 +5,24 @@
 #include <memory>
 #include <string>
 
+#include "baseline.h"
 #include "bench_math.h"
 #include "tutti/store.h"
 
 namespace tutti::bench {
 
-class RawGloo {
+class RawGloo : public Baseline {
  public:
   // Throws tutti::Error(kUnavailable) naming what raw Gloo cannot run (an op Gloo lacks, a dtype
   // it has no reduction for).
   RawGloo(std::shared_ptr<Store> store, int rank, int world_size, const Config& config);
-  ~RawGloo();
+  ~RawGloo() override;
+  const char* name() const override { return "raw gloo"; }
 
   static std::string unsupported_reason(const Config& config);
 
   // One op on raw Gloo with the same buffers tutti got; returns nothing, throws on failure.
-  void run(void* in, void* out, void* scratch, int64_t per_rank, bool in_place);
+  void run(void* in, void* out, void* scratch, int64_t per_rank, bool in_place) override;
 
  private:
   struct Impl;

@@ -22,6 +22,11 @@
 
 #include "bench_math.h"
 #include "raw_gloo.h"
+#if TUTTI_BENCH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "raw_nccl.h"
+#endif
 #include "tutti/tutti.h"
 
 using namespace tutti;
@@ -176,10 +181,21 @@ int relaunch(int argc, char** argv, const Config& c) {
 
 class Bench {
  public:
-  Bench(std::shared_ptr<CollectiveGroup> group, const Config& config)
-      : g_(std::move(group)), c_(config), n_(g_->world_size()), rank_(g_->rank()) {}
+  // `group` runs the measured ops; `meta`, a CPU group of the same ranks, combines timings and
+  // counts on the host (outside the timed loop), whatever device `group` works on.
+  Bench(std::shared_ptr<CollectiveGroup> group, std::shared_ptr<CollectiveGroup> meta,
+        const Config& config)
+      : g_(std::move(group)), meta_(std::move(meta)), c_(config), n_(g_->world_size()),
+        rank_(g_->rank()) {}
 
-  void set_baseline(std::unique_ptr<RawGloo> raw) { raw_ = std::move(raw); }
+  void set_baseline(std::unique_ptr<Baseline> raw) { raw_ = std::move(raw); }
+
+  // CUDA tensors (the nccl backend): buffers live on `device`, mirrored on the host for filling
+  // and checking, and each op is timed to its completion (blocking).
+  void use_gpu(int device) {
+    gpu_ = true;
+    device_ = device;
+  }
 
   bool has_out_of_place() const {
     return c_.op == BenchOp::kAllgather || c_.op == BenchOp::kReduceScatter ||
@@ -219,7 +235,7 @@ class Bench {
       if (!raw_) continue;
       for (int i = done; i < end; ++i) {
         const auto t0 = Clock::now();
-        raw_->run(in_.data(), out_.data(), scratch_.data(), per_rank, in_place);
+        raw_->run(base(in_), base(out_), base(scratch_), per_rank, in_place);
         raw_times[i] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
       }
     }
@@ -245,6 +261,42 @@ class Bench {
     if (in_.size() < all) in_.resize(all);
     if (out_.size() < all) out_.resize(all);
     if (scratch_.size() < all) scratch_.resize(all);
+#if TUTTI_BENCH_CUDA
+    if (gpu_ && device_bytes_ < all) {
+      for (char*& p : {std::ref(d_in_), std::ref(d_out_), std::ref(d_scratch_)}) {
+        if (p != nullptr) cudaFree(p);
+        if (cudaMalloc(reinterpret_cast<void**>(&p), all) != cudaSuccess) {
+          throw Error(ErrorCode::kUnavailable, "tutti-bench: cudaMalloc of " + std::to_string(all) +
+                                                   " bytes failed");
+        }
+      }
+      device_bytes_ = all;
+    }
+#endif
+  }
+
+  // The buffer an op works on: the host vector, or its device twin.
+  char* base(std::vector<char>& buf) {
+#if TUTTI_BENCH_CUDA
+    if (gpu_) return &buf == &in_ ? d_in_ : &buf == &out_ ? d_out_ : d_scratch_;
+#endif
+    return buf.data();
+  }
+
+  // Host -> device (before an op) and device -> host (after it) for the GPU case.
+  void upload(std::vector<char>& buf) {
+#if TUTTI_BENCH_CUDA
+    if (gpu_) cudaMemcpy(base(buf), buf.data(), device_bytes_, cudaMemcpyHostToDevice);
+#else
+    (void)buf;
+#endif
+  }
+  void download(std::vector<char>& buf) {
+#if TUTTI_BENCH_CUDA
+    if (gpu_) cudaMemcpy(buf.data(), base(buf), device_bytes_, cudaMemcpyDeviceToHost);
+#else
+    (void)buf;
+#endif
   }
 
   // Inputs for the check; also the data the timed loop runs on.
@@ -259,11 +311,12 @@ class Bench {
         write_value(c_.dtype, in_.data(), i, input_value(c_, rank_, i));
       }
     }
+    upload(in_);
   }
 
   TensorView view(std::vector<char>& buf, int64_t count, int64_t offset = 0) {
-    return TensorView(buf.data() + offset * static_cast<int64_t>(dtype_size(c_.dtype)), c_.dtype,
-                      {count});
+    return TensorView(base(buf) + offset * static_cast<int64_t>(dtype_size(c_.dtype)), c_.dtype,
+                      {count}, gpu_ ? Device::cuda(device_) : Device::cpu());
   }
 
   void run(int64_t per_rank, bool in_place) {
@@ -271,12 +324,14 @@ class Bench {
       case BenchOp::kAllreduce: {
         AllreduceOptions o;
         o.reduce_op = c_.redop;
+        o.blocking = gpu_;
         g_->allreduce(view(out_, per_rank), o);
         break;
       }
       case BenchOp::kBroadcast: {
         BroadcastOptions o;
         o.root_rank = c_.root;
+        o.blocking = gpu_;
         g_->broadcast(view(out_, per_rank), o);
         break;
       }
@@ -284,19 +339,24 @@ class Bench {
         ReduceOptions o;
         o.root_rank = c_.root;
         o.reduce_op = c_.redop;
+        o.blocking = gpu_;
         g_->reduce(view(out_, per_rank), o);
         break;
       }
-      case BenchOp::kAllgather:
+      case BenchOp::kAllgather: {
+        AllgatherOptions o;
+        o.blocking = gpu_;
         if (in_place) {
-          g_->allgather(view(out_, per_rank * n_), view(out_, per_rank, per_rank * rank_));
+          g_->allgather(view(out_, per_rank * n_), view(out_, per_rank, per_rank * rank_), o);
         } else {
-          g_->allgather(view(out_, per_rank * n_), view(in_, per_rank));
+          g_->allgather(view(out_, per_rank * n_), view(in_, per_rank), o);
         }
         break;
+      }
       case BenchOp::kReduceScatter: {
         ReduceScatterOptions o;
         o.reduce_op = c_.redop;
+        o.blocking = gpu_;
         if (in_place) {
           g_->reduce_scatter(view(out_, per_rank, per_rank * rank_), view(out_, per_rank * n_), o);
         } else {
@@ -304,15 +364,20 @@ class Bench {
         }
         break;
       }
-      case BenchOp::kSendRecv:
+      case BenchOp::kSendRecv: {
+        SendOptions so;
+        so.blocking = gpu_;
+        RecvOptions ro;
+        ro.blocking = gpu_;
         if (rank_ == 0) {
-          g_->send(view(in_, per_rank), 1);
-          g_->recv(view(out_, per_rank), 1);
+          g_->send(view(in_, per_rank), 1, so);
+          g_->recv(view(out_, per_rank), 1, ro);
         } else if (rank_ == 1) {
-          g_->recv(view(out_, per_rank), 0);
-          g_->send(view(in_, per_rank), 0);
+          g_->recv(view(out_, per_rank), 0, ro);
+          g_->send(view(in_, per_rank), 0, so);
         }
         break;
+      }
       case BenchOp::kBarrier:
         g_->barrier();
         break;
@@ -323,7 +388,7 @@ class Bench {
   void slowest(std::vector<double>& times) {
     AllreduceOptions o;
     o.reduce_op = ReduceOp::kMax;
-    g_->allreduce(TensorView(times.data(), times.size()), o);
+    meta_->allreduce(TensorView(times.data(), times.size()), o);
     if (c_.op == BenchOp::kSendRecv) {
       for (double& t : times) t /= 2;  // a round trip is two one-way messages
     }
@@ -335,7 +400,7 @@ class Bench {
     std::vector<double> probe = {std::chrono::duration<double, std::milli>(Clock::now() - t0).count()};
     AllreduceOptions o;
     o.reduce_op = ReduceOp::kMax;
-    g_->allreduce(TensorView(probe), o);
+    meta_->allreduce(TensorView(probe), o);
     return static_cast<int>(std::clamp(c_.time_budget_ms / std::max(probe[0], 1e-3), 1.0, 1e6));
   }
 
@@ -368,7 +433,10 @@ class Bench {
       default:
         break;
     }
+    upload(in_);
+    upload(out_);
     run(per_rank, in_place);
+    download(out_);
     const char* result = out_.data();
     if (c_.corrupt_rank == rank_ && per_rank > 0) {
       write_value(d, out_.data(), 0, read_value(d, out_.data(), 0) + 1);
@@ -406,16 +474,25 @@ class Bench {
         break;
     }
     std::vector<int64_t> total = {wrong};
-    g_->allreduce(TensorView(total));
+    meta_->allreduce(TensorView(total));
     return total[0];
   }
 
   std::shared_ptr<CollectiveGroup> g_;
+  std::shared_ptr<CollectiveGroup> meta_;
   Config c_;
   int n_;
   int rank_;
-  std::unique_ptr<RawGloo> raw_;
+  std::unique_ptr<Baseline> raw_;
   std::vector<char> in_, out_, scratch_;
+  bool gpu_ = false;
+  int device_ = 0;
+#if TUTTI_BENCH_CUDA
+  char* d_in_ = nullptr;
+  char* d_out_ = nullptr;
+  char* d_scratch_ = nullptr;
+  size_t device_bytes_ = 0;
+#endif
 };
 
 std::string host_list(CollectiveGroup& g) {
@@ -449,8 +526,9 @@ std::string fmt_num(double v, const char* format) {
   return buf;
 }
 
-void write_json(const std::string& path, const Config& c, const std::string& backend, int world,
-                const std::string& hosts, const std::vector<Row>& rows) {
+void write_json(const std::string& path, const Config& c, const std::string& backend,
+                const std::string& baseline, int world, const std::string& hosts,
+                const std::vector<Row>& rows) {
   std::ofstream out(path);
   out.precision(10);
   out << "{\n  \"config\": {\"tool\": \"tutti-bench\", \"version\": \"" << tutti::version()
@@ -459,7 +537,7 @@ void write_json(const std::string& path, const Config& c, const std::string& bac
       << tutti::to_string(c.dtype) << "\", \"redop\": \"" << tutti::to_string(c.redop)
       << "\", \"root\": " << c.root << ", \"warmup\": " << c.warmup << ", \"iters\": " << c.iters
       << ", \"time_budget_ms\": " << c.time_budget_ms << ", \"check\": " << (c.check ? "true" : "false")
-      << ", \"baseline\": " << (c.baseline ? "\"raw-gloo\"" : "null")
+      << ", \"baseline\": " << (c.baseline ? "\"" + baseline + "\"" : "null")
       << ", \"bus_factor\": " << bus_factor(c.op, world) << "},\n  \"rows\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -519,10 +597,13 @@ int main(int argc, char** argv) {
     options.timeout = std::chrono::minutes(5);
     if (has_launch_env()) {
       init_collective_group_from_env(backend, name, options);
+      init_collective_group_from_env("auto", name + "-meta", options);
     } else {
       init_collective_group(1, 0, backend, name, options);
+      init_collective_group(1, 0, "auto", name + "-meta", options);
     }
     auto group = get_group(name);
+    auto meta = get_group(name + "-meta");
     const int world = group->world_size();
     const int rank = group->rank();
     if ((c.op == BenchOp::kBroadcast || c.op == BenchOp::kReduce) && c.root >= world) {
@@ -533,29 +614,51 @@ int main(int argc, char** argv) {
       if (rank == 0) std::fprintf(stderr, "tutti-bench: sendrecv needs at least 2 ranks\n");
       return 2;
     }
-    Bench bench(group, c);
+    Bench bench(group, meta, c);
+    const bool gpu = group->backend_name() == "nccl";
+    int device = 0;
+    if (gpu) {
+#if TUTTI_BENCH_CUDA
+      device = local_rank() >= 0 ? local_rank() : 0;
+      cudaSetDevice(device);
+      bench.use_gpu(device);
+#else
+      if (rank == 0) std::fprintf(stderr, "tutti-bench: built without CUDA: no GPU buffers\n");
+      return 2;
+#endif
+    }
+    std::string baseline_name;
     if (c.baseline) {
-      // CPU backends (gloo, shm) are compared with raw Gloo, the library users would call
-      // instead.
-      if (group->backend_name() != "gloo" && group->backend_name() != "shm") {
-        if (rank == 0) {
-          std::fprintf(stderr, "tutti-bench: --baseline compares against raw Gloo; backend '%s' "
-                       "has no baseline yet\n", group->backend_name().c_str());
-        }
-        return 2;
-      }
-      const std::string why = RawGloo::unsupported_reason(c);
-      if (!why.empty()) {
-        if (rank == 0) std::fprintf(stderr, "tutti-bench: --baseline: %s\n", why.c_str());
-        return 2;
-      }
       auto store = world > 1 ? open_store(read_launch_env().store_url, std::chrono::minutes(2))
                              : std::shared_ptr<Store>(new HashStore());
       const std::string job = std::getenv("TUTTI_JOB_ID") ? std::getenv("TUTTI_JOB_ID") : "";
-      bench.set_baseline(std::make_unique<RawGloo>(
-          std::make_shared<PrefixStore>("tutti-bench/raw-gloo/" + job, store), rank, world, c));
+      std::unique_ptr<Baseline> raw;
+      if (gpu) {
+#if TUTTI_BENCH_CUDA
+        raw = std::make_unique<RawNccl>(
+            std::make_shared<PrefixStore>("tutti-bench/raw-nccl/" + job, store), rank, world, c,
+            device);
+#endif
+      } else if (group->backend_name() == "gloo" || group->backend_name() == "shm") {
+        // CPU backends are compared with raw Gloo, the library CPU users would call instead.
+        const std::string why = RawGloo::unsupported_reason(c);
+        if (!why.empty()) {
+          if (rank == 0) std::fprintf(stderr, "tutti-bench: --baseline: %s\n", why.c_str());
+          return 2;
+        }
+        raw = std::make_unique<RawGloo>(
+            std::make_shared<PrefixStore>("tutti-bench/raw-gloo/" + job, store), rank, world, c);
+      } else {
+        if (rank == 0) {
+          std::fprintf(stderr, "tutti-bench: backend '%s' has no --baseline\n",
+                       group->backend_name().c_str());
+        }
+        return 2;
+      }
+      baseline_name = raw->name();
+      bench.set_baseline(std::move(raw));
     }
-    const std::string hosts = host_list(*group);
+    const std::string hosts = host_list(*meta);
     const bool reducing = c.op == BenchOp::kAllreduce || c.op == BenchOp::kReduce ||
                           c.op == BenchOp::kReduceScatter;
     if (rank == 0) {
@@ -567,7 +670,8 @@ int main(int argc, char** argv) {
                   c.warmup,
                   c.time_budget_ms > 0 ? ("time budget " + fmt_num(c.time_budget_ms, "%g") + " ms/size").c_str()
                                        : ("iters " + std::to_string(c.iters)).c_str(),
-                  c.check ? 1 : 0, c.baseline ? ", baseline raw gloo (interleaved)" : "");
+                  c.check ? 1 : 0,
+                  c.baseline ? (", baseline " + baseline_name + " (interleaved)").c_str() : "");
       std::printf("# time: median (p99) over iterations of the slowest rank; busbw = algbw x %.4g\n",
                   bus_factor(c.op, world));
       std::printf("#\n");
@@ -625,14 +729,17 @@ int main(int argc, char** argv) {
       std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong),
                   total_wrong == 0 ? "OK" : "FAILED");
       std::printf("# Avg bus bandwidth    : %.4g GB/s\n", n_busbw ? sum_busbw / n_busbw : 0.0);
-      if (!c.json.empty()) write_json(c.json, c, group->backend_name(), world, hosts, rows);
+      if (!c.json.empty()) {
+        write_json(c.json, c, group->backend_name(), baseline_name, world, hosts, rows);
+      }
       if (!c.csv.empty()) write_csv(c.csv, c, rows);
       std::fflush(stdout);
     }
     // Nobody exits (a failing exit status ends the job under tutti-run) before rank 0 has
     // printed the summary.
-    group->barrier();
+    meta->barrier();
     destroy_collective_group(name);
+    destroy_collective_group(name + "-meta");
     return total_wrong == 0 ? 0 : 1;
   } catch (const Error& e) {
     std::fprintf(stderr, "tutti-bench: %s\n", e.what());

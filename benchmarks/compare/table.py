@@ -17,7 +17,7 @@ def load(path):
     label = ("tutti " if config.get("tool") == "tutti-bench" else "") + str(config.get("backend"))
     runs = [(label, {r["size_bytes"]: r["time_us"] for r in rows})]
     if rows and "baseline_time_us" in rows[0]:
-        runs.append(("raw gloo",
+        runs.append((str(config.get("baseline") or "raw"),
                      {r["size_bytes"]: r["baseline_time_us"] for r in rows}))
     return runs
 

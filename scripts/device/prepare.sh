@@ -16,7 +16,8 @@ cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DTUTTI_WITH_NCCL
 cmake --build build-device -j"$(nproc)" >&2
 rm -rf .device && mkdir -p .device/bin .device/lib
 bins=(build-device/tests/nccl_test build-device/tests/nccl_gpu_test build-device/tests/collectives_test
-      build-device/tests/tutti_test_worker build-device/bin/tutti-bench build-device/bin/tutti-run)
+      build-device/tests/tutti_test_worker build-device/bin/tutti-bench build-device/bin/tutti-run
+      build-device/examples/gpu_allreduce build-device/examples/multigpu_allreduce)
 cp "${bins[@]}" .device/bin/
 cp -P build-device/src/libtutti.so* build-device/backends/*/libtutti_*.so* .device/lib/
 # Every library the binaries resolve here, but the C library, the loader, the driver and NCCL.
