@@ -8,24 +8,21 @@ With --baseline rows, raw Gloo's time is plotted as a line of its own. Needs mat
 (Debian: python3-matplotlib).
 """
 import argparse
-import json
 import os
+import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_json import load_run  # noqa: E402
+
 
 def series(path):
-    doc = json.load(open(path))
-    config, rows = doc["config"], doc["rows"]
-    # One placement per run: out-of-place where the op has it, else in-place.
-    placements = {r["in_place"] for r in rows}
-    chosen = False if False in placements else True
-    rows = [r for r in rows if r["in_place"] == chosen]
-    prefix = "tutti " if config.get("tool") == "tutti-bench" else ""
-    name = f"{prefix}{config.get('backend', '?')} (n={config.get('world_size')})"
+    config, label, rows = load_run(path)
+    name = f"{label} (n={config.get('world_size')})"
     out = [(name, [r["size_bytes"] for r in rows], [r["time_us"] for r in rows],
             [r["busbw_gbps"] for r in rows])]
     if rows and "baseline_time_us" in rows[0]:

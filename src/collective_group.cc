@@ -761,29 +761,33 @@ void CollectiveGroup::reduce_scatter_multigpu(
       [&](const OpContext& ctx) { backend_->reduce_scatter(outputs, input_lists, opts, ctx); });
 }
 
-namespace {
-TensorView first_elements(const TensorView& t, int64_t n) {
-  return n == 0 ? t : TensorView(t.data(), t.dtype(), {n}, t.device());
-}
-}  // namespace
-
-void CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t n_elements,
-                                    const SendOptions& opts) {
-  const OpType op = OpType::kSend;
+// The checks send_multigpu and recv_multigpu share; returns the view of the first n_elements
+// (0: all) that travels.
+TensorView CollectiveGroup::check_p2p_multigpu(OpType op, const TensorView& tensor, int peer,
+                                               int64_t n_elements, int peer_device) const {
+  const bool sending = op == OpType::kSend;
   check_tensor(op, tensor, "tensor");
-  check_rank(op, dst_rank, "destination rank", /*allow_self=*/false);
+  check_rank(op, peer, sending ? "destination rank" : "source rank", /*allow_self=*/false);
   if (n_elements < 0 || n_elements > tensor.numel()) {
     fail(ErrorCode::kInvalidArgument, op,
          "n_elements " + std::to_string(n_elements) + " is outside [0, " +
              std::to_string(tensor.numel()) + "]");
   }
-  if (opts.dst_device_index < 0) {
+  if (peer_device < 0) {
     fail(ErrorCode::kInvalidArgument, op,
-         "destination device index " + std::to_string(opts.dst_device_index) + " is negative");
+         std::string(sending ? "destination" : "source") + " device index " +
+             std::to_string(peer_device) + " is negative");
   }
-  const TensorView view = first_elements(tensor, n_elements);
+  return n_elements == 0 ? tensor : TensorView(tensor.data(), tensor.dtype(), {n_elements},
+                                               tensor.device());
+}
+
+void CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t n_elements,
+                                    const SendOptions& opts) {
+  const TensorView view =
+      check_p2p_multigpu(OpType::kSend, tensor, dst_rank, n_elements, opts.dst_device_index);
   // Sender and receiver mix the same pair of device indexes: (sender's, receiver's).
-  auto call = begin(op,
+  auto call = begin(OpType::kSend,
                     signature(OpType::kSend, view.dtype(), view.numel(),
                               tensor.device().index * 4096 + opts.dst_device_index, 1),
                     resolve_timeout(opts.timeout, timeout_), dst_rank, /*sending=*/true);
@@ -793,20 +797,9 @@ void CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t n_e
 
 void CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t n_elements,
                                     const RecvOptions& opts) {
-  const OpType op = OpType::kRecv;
-  check_tensor(op, tensor, "tensor");
-  check_rank(op, src_rank, "source rank", /*allow_self=*/false);
-  if (n_elements < 0 || n_elements > tensor.numel()) {
-    fail(ErrorCode::kInvalidArgument, op,
-         "n_elements " + std::to_string(n_elements) + " is outside [0, " +
-             std::to_string(tensor.numel()) + "]");
-  }
-  if (opts.src_device_index < 0) {
-    fail(ErrorCode::kInvalidArgument, op,
-         "source device index " + std::to_string(opts.src_device_index) + " is negative");
-  }
-  const TensorView view = first_elements(tensor, n_elements);
-  auto call = begin(op,
+  const TensorView view =
+      check_p2p_multigpu(OpType::kRecv, tensor, src_rank, n_elements, opts.src_device_index);
+  auto call = begin(OpType::kRecv,
                     signature(OpType::kSend, view.dtype(), view.numel(),
                               opts.src_device_index * 4096 + tensor.device().index, 1),
                     resolve_timeout(opts.timeout, timeout_), src_rank, /*sending=*/false);

@@ -148,34 +148,32 @@ struct TCPStore::Impl {
     return true;
   }
 
-  bool transfer_write(const std::string& bytes, Clock::time_point deadline, std::string& error) {
+  // Runs one asynchronous transfer, started by start(handler), to completion before the
+  // deadline; on failure drops the connection and says why in `error`.
+  template <typename Start>
+  bool transfer(const char* what, Start&& start, Clock::time_point deadline, std::string& error) {
     asio::error_code result = asio::error::would_block;
-    asio::async_write(*socket, asio::buffer(bytes), [&](asio::error_code e, size_t) { result = e; });
+    start([&](asio::error_code e, size_t) { result = e; });
     if (!run_until(deadline)) {
-      error = "write timed out";
+      error = std::string(what) + " timed out";
       return false;
     }
     if (result) {
-      error = "write: " + result.message();
+      error = std::string(what) + ": " + result.message();
       drop();
       return false;
     }
     return true;
   }
-
+  bool transfer_write(const std::string& bytes, Clock::time_point deadline, std::string& error) {
+    return transfer(
+        "write", [&](auto done) { asio::async_write(*socket, asio::buffer(bytes), done); },
+        deadline, error);
+  }
   bool transfer_read(std::string& bytes, Clock::time_point deadline, std::string& error) {
-    asio::error_code result = asio::error::would_block;
-    asio::async_read(*socket, asio::buffer(bytes), [&](asio::error_code e, size_t) { result = e; });
-    if (!run_until(deadline)) {
-      error = "read timed out";
-      return false;
-    }
-    if (result) {
-      error = "read: " + result.message();
-      drop();
-      return false;
-    }
-    return true;
+    return transfer(
+        "read", [&](auto done) { asio::async_read(*socket, asio::buffer(bytes), done); },
+        deadline, error);
   }
 
   // Sends one request and returns the response body (status first). `op` names the request in

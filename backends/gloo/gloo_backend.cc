@@ -22,6 +22,7 @@
 #include "gloo_store.h"
 #include "logging.h"
 #include "reduction.h"
+#include "tensor_list.h"
 #include "tutti/error.h"
 
 namespace tutti::gloo_backend {
@@ -111,15 +112,6 @@ void with_word(size_t element_size, Fn&& fn) {
   return [fn](void* out, const void* a, const void* b, size_t n) { fn(out, a, b, n); };
 }
 
-bool back_to_back(const std::vector<TensorView>& parts) {
-  for (size_t i = 1; i < parts.size(); ++i) {
-    if (static_cast<const char*>(parts[i].data()) !=
-        static_cast<const char*>(parts[i - 1].data()) + parts[i - 1].nbytes()) {
-      return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -244,7 +236,7 @@ void GlooBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
     if (out[0].data() != in.data()) std::memcpy(out[0].data(), in.data(), bytes);
     return;
   }
-  const bool direct = back_to_back(out);
+  const bool direct = detail::back_to_back(out);
   char* dst = direct ? static_cast<char*>(out[0].data()) : scratch(0, bytes * world_size_);
   // In place when the caller's input already is this rank's slot of the output.
   const bool in_place = direct && out[rank_].data() == in.data();

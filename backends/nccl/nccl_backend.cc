@@ -7,6 +7,7 @@
 #include "logging.h"
 #include "nccl_api.h"
 #include "nccl_types.h"
+#include "tensor_list.h"
 #include "tutti/error.h"
 
 namespace tutti::nccl_backend {
@@ -41,15 +42,6 @@ std::string pci_bus_id(int device) {
   return id;
 }
 
-bool back_to_back(const std::vector<TensorView>& parts) {
-  for (size_t i = 1; i < parts.size(); ++i) {
-    if (static_cast<const char*>(parts[i].data()) !=
-        static_cast<const char*>(parts[i - 1].data()) + parts[i - 1].nbytes()) {
-      return false;
-    }
-  }
-  return true;
-}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -426,7 +418,7 @@ void NcclBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
   const size_t bytes = inputs[0].nbytes();
   std::vector<void*> recv(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    recv[i] = back_to_back(outputs[i]) ? outputs[i][0].data()
+    recv[i] = detail::back_to_back(outputs[i]) ? outputs[i][0].data()
                                        : scratch(c, i, bytes * outputs[i].size());
   }
   launch(c, opts, ctx, [&](int phase) {
@@ -456,7 +448,7 @@ void NcclBackend::reduce_scatter(const std::vector<TensorView>& outputs,
   const size_t bytes = outputs[0].nbytes();
   std::vector<void*> send(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
-    send[i] = back_to_back(inputs[i]) ? inputs[i][0].data()
+    send[i] = detail::back_to_back(inputs[i]) ? inputs[i][0].data()
                                       : scratch(c, i, bytes * inputs[i].size());
   }
   launch(c, opts, ctx, [&](int phase) {

@@ -4,17 +4,15 @@ for each run, and the first run's time divided by each other's (above 1: the fir
 
     python3 benchmarks/compare/table.py tutti.json mpi.json torch.json
 """
-import json
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_json import load_run  # noqa: E402
 
 
 def load(path):
-    doc = json.load(open(path))
-    config, rows = doc["config"], doc["rows"]
-    placements = {r["in_place"] for r in rows}
-    chosen = False if False in placements else True
-    rows = [r for r in rows if r["in_place"] == chosen]
-    label = ("tutti " if config.get("tool") == "tutti-bench" else "") + str(config.get("backend"))
+    config, label, rows = load_run(path)
     runs = [(label, {r["size_bytes"]: r["time_us"] for r in rows})]
     if rows and "baseline_time_us" in rows[0]:
         runs.append((str(config.get("baseline") or "raw"),
