@@ -105,6 +105,19 @@ TEST(ShmProcesses, AutoPicksShmOnOneHostAndGlooAcrossHosts) {
   }
 }
 
+TEST(ShmThreads, TwoJobsWithoutJobIdsShareAGroupName) {
+  // Separate stores, the same group name and incarnation: segment names must not collide.
+  auto a = create_groups(2, "shm", "same-name", std::chrono::seconds(20));
+  auto b = create_groups(2, "shm", "same-name", std::chrono::seconds(20));
+  run_ranks(2, [&](int r) {
+    std::vector<int32_t> va(10, r + 1), vb(10, 10 * (r + 1));
+    a[r]->allreduce(va);
+    b[r]->allreduce(vb);
+    EXPECT_EQ(va[0], 3);
+    EXPECT_EQ(vb[0], 30);
+  });
+}
+
 TEST(ShmThreads, DestroyedGroupsLeaveNothingBehind) {
   const std::string name = unique_name("shm-threads");
   auto groups = create_groups(4, "shm", name);

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <random>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -129,11 +131,19 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   spin_.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : 2000, 0));
   spin_.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
 
-  // The name carries the job's and group's identity; long ones are shortened with a hash.
+  // The name carries the job's and group's identity (long ones shortened with a hash) and a
+  // random suffix: two jobs without job ids, using one group name on one host, never collide.
+  // The other ranks read the name from the store.
   std::string name = "/tutti-" + ctx.instance;
   if (name.size() > 200) {
     name = name.substr(0, 180) + "-" +
            std::to_string(detail::Fnv1a().mix(std::hash<std::string>()(ctx.instance)).value());
+  }
+  {
+    std::random_device rd;
+    char suffix[16];
+    std::snprintf(suffix, sizeof(suffix), "-%08x", rd());
+    name += suffix;
   }
   int fd = -1;
   if (rank_ == 0) {
