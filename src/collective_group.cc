@@ -689,16 +689,22 @@ void CollectiveGroup::allreduce_multigpu(const std::vector<TensorView>& tensors,
   run(call, [&](const OpContext& ctx) { backend_->allreduce(tensors, opts, ctx); });
 }
 
+// A device list with a root: the list rules, a root rank in range, a root tensor in the list.
+void CollectiveGroup::check_rooted_list(OpType op, const std::vector<TensorView>& tensors,
+                                        int root_rank, int root_tensor) const {
+  check_device_list(op, tensors, "tensor");
+  check_rank(op, root_rank, "root rank");
+  if (root_tensor < 0 || root_tensor >= static_cast<int>(tensors.size())) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "root tensor " + std::to_string(root_tensor) + " is outside [0, " +
+             std::to_string(tensors.size()) + ")");
+  }
+}
+
 void CollectiveGroup::reduce_multigpu(const std::vector<TensorView>& tensors,
                                       const ReduceOptions& opts) {
   const OpType op = OpType::kReduce;
-  check_device_list(op, tensors, "tensor");
-  check_rank(op, opts.root_rank, "root rank");
-  if (opts.root_tensor < 0 || opts.root_tensor >= static_cast<int>(tensors.size())) {
-    fail(ErrorCode::kInvalidArgument, op,
-         "root tensor " + std::to_string(opts.root_tensor) + " is outside [0, " +
-             std::to_string(tensors.size()) + ")");
-  }
+  check_rooted_list(op, tensors, opts.root_rank, opts.root_tensor);
   check_reduce_op(op, opts.reduce_op, tensors[0].dtype());
   auto call = begin(op,
                     signature(op, tensors[0].dtype(), tensors[0].numel(),
@@ -712,13 +718,7 @@ void CollectiveGroup::reduce_multigpu(const std::vector<TensorView>& tensors,
 void CollectiveGroup::broadcast_multigpu(const std::vector<TensorView>& tensors,
                                          const BroadcastOptions& opts) {
   const OpType op = OpType::kBroadcast;
-  check_device_list(op, tensors, "tensor");
-  check_rank(op, opts.root_rank, "root rank");
-  if (opts.root_tensor < 0 || opts.root_tensor >= static_cast<int>(tensors.size())) {
-    fail(ErrorCode::kInvalidArgument, op,
-         "root tensor " + std::to_string(opts.root_tensor) + " is outside [0, " +
-             std::to_string(tensors.size()) + ")");
-  }
+  check_rooted_list(op, tensors, opts.root_rank, opts.root_tensor);
   auto call = begin(op,
                     signature(op, tensors[0].dtype(), tensors[0].numel(),
                               opts.root_rank * 4096 + opts.root_tensor),

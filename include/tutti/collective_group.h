@@ -125,6 +125,8 @@ class TUTTI_API CollectiveGroup {
   void check_rank(OpType op, int value, const char* what, bool allow_self = true) const;
   void check_reduce_op(OpType op, ReduceOp reduce_op, DType dtype) const;
   void check_device_list(OpType op, const std::vector<TensorView>& tensors, const char* what) const;
+  void check_rooted_list(OpType op, const std::vector<TensorView>& tensors, int root_rank,
+                         int root_tensor) const;
   TensorView check_p2p_multigpu(OpType op, const TensorView& tensor, int peer, int64_t n_elements,
                                 int peer_device) const;
 
