@@ -68,39 +68,48 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-std::vector<WorkerResult> run_workers(const std::string& scenario, int world_size,
-                                      const std::string& store_url,
-                                      std::chrono::milliseconds limit,
-                                      const std::vector<std::string>& extra,
-                                      const std::vector<int>& ranks_to_start) {
+namespace {
+
+// Starts one process per argv (each with this process's environment plus its `envs` entries,
+// output to a log), waits for all at most `limit`, kills the ones left (a test failure naming
+// `labels[k]`), and returns each one's exit status and output.
+std::vector<WorkerResult> spawn_and_wait(const std::vector<std::vector<std::string>>& argvs,
+                                         const std::vector<std::vector<std::string>>& envs,
+                                         const std::vector<std::string>& labels,
+                                         std::chrono::milliseconds limit) {
   TempDir logs;
-  std::vector<int> ranks = ranks_to_start;
-  if (ranks.empty()) {
-    for (int r = 0; r < world_size; ++r) ranks.push_back(r);
-  }
-  std::vector<pid_t> pids(ranks.size(), -1);
-  for (size_t k = 0; k < ranks.size(); ++k) {
-    std::vector<std::string> args = {TUTTI_TEST_WORKER, scenario, std::to_string(ranks[k]),
-                                     std::to_string(world_size), store_url};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log = logs.path() + "/worker" + std::to_string(k);
+  const size_t n = argvs.size();
+  auto log_of = [&](size_t k) { return logs.path() + "/proc" + std::to_string(k); };
+  auto pointers = [](std::vector<std::string>& strings) {
+    std::vector<char*> out;
+    for (auto& s : strings) out.push_back(s.data());
+    out.push_back(nullptr);
+    return out;
+  };
+  std::vector<pid_t> pids(n, -1);
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) env_strings.push_back(*e);
+    env_strings.insert(env_strings.end(), envs[k].begin(), envs[k].end());
+    std::vector<std::string> args = argvs[k];
+    auto arg_ptrs = pointers(args);
+    auto env_ptrs = pointers(env_strings);
+    const std::string log = log_of(k);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    const int rc = posix_spawn(&pids[k], TUTTI_TEST_WORKER, &actions, nullptr, argv.data(), environ);
+    const int rc = posix_spawnp(&pids[k], arg_ptrs[0], &actions, nullptr, arg_ptrs.data(),
+                                env_ptrs.data());
     posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) throw std::runtime_error("posix_spawn failed: " + std::to_string(rc));
+    if (rc != 0) throw std::runtime_error("posix_spawn of " + args[0] + " failed: " + std::to_string(rc));
   }
-  std::vector<WorkerResult> results(ranks.size());
+  std::vector<WorkerResult> results(n);
   const auto deadline = std::chrono::steady_clock::now() + limit;
-  size_t running = ranks.size();
-  std::vector<bool> done(ranks.size(), false);
+  size_t running = n;
+  std::vector<bool> done(n, false);
   while (running > 0) {
-    for (size_t k = 0; k < ranks.size(); ++k) {
+    for (size_t k = 0; k < n; ++k) {
       if (done[k]) continue;
       int status = 0;
       if (::waitpid(pids[k], &status, WNOHANG) == pids[k]) {
@@ -112,10 +121,9 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
     }
     if (running == 0) break;
     if (std::chrono::steady_clock::now() > deadline) {
-      for (size_t k = 0; k < ranks.size(); ++k) {
+      for (size_t k = 0; k < n; ++k) {
         if (done[k]) continue;
-        ADD_FAILURE() << "worker rank " << ranks[k] << " of scenario '" << scenario
-                      << "' overran " << limit.count() << " ms; killed";
+        ADD_FAILURE() << labels[k] << " overran " << limit.count() << " ms; killed";
         ::kill(pids[k], SIGKILL);
         int status = 0;
         ::waitpid(pids[k], &status, 0);
@@ -126,8 +134,8 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  for (size_t k = 0; k < ranks.size(); ++k) {
-    std::ifstream in(logs.path() + "/worker" + std::to_string(k));
+  for (size_t k = 0; k < n; ++k) {
+    std::ifstream in(log_of(k));
     std::stringstream ss;
     ss << in.rdbuf();
     results[k].output = ss.str();
@@ -135,59 +143,38 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
   return results;
 }
 
-namespace {
-std::vector<char*> to_argv(std::vector<std::string>& args) {
-  std::vector<char*> out;
-  for (auto& a : args) out.push_back(a.data());
-  out.push_back(nullptr);
-  return out;
-}
 }  // namespace
+
+std::vector<WorkerResult> run_workers(const std::string& scenario, int world_size,
+                                      const std::string& store_url,
+                                      std::chrono::milliseconds limit,
+                                      const std::vector<std::string>& extra,
+                                      const std::vector<int>& ranks_to_start) {
+  std::vector<int> ranks = ranks_to_start;
+  if (ranks.empty()) {
+    for (int r = 0; r < world_size; ++r) ranks.push_back(r);
+  }
+  std::vector<std::vector<std::string>> argvs;
+  std::vector<std::string> labels;
+  for (int rank : ranks) {
+    std::vector<std::string> args = {TUTTI_TEST_WORKER, scenario, std::to_string(rank),
+                                     std::to_string(world_size), store_url};
+    args.insert(args.end(), extra.begin(), extra.end());
+    argvs.push_back(std::move(args));
+    labels.push_back("worker rank " + std::to_string(rank) + " of scenario '" + scenario + "'");
+  }
+  return spawn_and_wait(argvs, std::vector<std::vector<std::string>>(ranks.size()), labels, limit);
+}
 
 std::vector<WorkerResult> run_processes(const std::vector<std::string>& argv,
                                         const std::vector<std::vector<std::string>>& envs,
                                         std::chrono::milliseconds limit) {
-  TempDir logs;
-  std::vector<pid_t> pids(envs.size(), -1);
+  std::vector<std::string> labels;
   for (size_t k = 0; k < envs.size(); ++k) {
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e; ++e) env_strings.push_back(*e);
-    env_strings.insert(env_strings.end(), envs[k].begin(), envs[k].end());
-    std::vector<std::string> args = argv;
-    auto arg_ptrs = to_argv(args);
-    auto env_ptrs = to_argv(env_strings);
-    const std::string log = logs.path() + "/proc" + std::to_string(k);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    const int rc = posix_spawnp(&pids[k], arg_ptrs[0], &actions, nullptr, arg_ptrs.data(),
-                                env_ptrs.data());
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) throw std::runtime_error("posix_spawn failed: " + std::to_string(rc));
+    labels.push_back("process " + std::to_string(k) + " (" + argv[0] + ")");
   }
-  std::vector<WorkerResult> results(envs.size());
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (size_t k = 0; k < envs.size(); ++k) {
-    int status = 0;
-    while (::waitpid(pids[k], &status, WNOHANG) != pids[k]) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ADD_FAILURE() << "process " << k << " (" << argv[0] << ") overran " << limit.count()
-                      << " ms; killed";
-        ::kill(pids[k], SIGKILL);
-        ::waitpid(pids[k], &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    results[k].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    results[k].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    std::ifstream in(logs.path() + "/proc" + std::to_string(k));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    results[k].output = ss.str();
-  }
-  return results;
+  return spawn_and_wait(std::vector<std::vector<std::string>>(envs.size(), argv), envs, labels,
+                        limit);
 }
 
 WorkerResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds limit,
