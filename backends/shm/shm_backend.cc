@@ -24,7 +24,6 @@ namespace tutti::shm_backend {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x74757474692d7368ull;  // "tutti-sh"
 // Messages up to this size reduce in one step: every rank folds the whole message from every
 // rank's staging area (one barrier); larger ones split the work (two barriers per chunk).
 constexpr size_t kSmallBytes = 16 * 1024;
@@ -51,12 +50,9 @@ struct alignas(64) Line {
   std::atomic<uint32_t> value{0};
 };
 
+// The segment's barrier. (Ranks that disagree on its layout are caught by the size check at
+// attach: the size follows from world size, chunk and mailbox bytes.)
 struct alignas(64) Header {
-  uint64_t magic;
-  uint32_t world_size;
-  uint32_t reserved;
-  uint64_t chunk;
-  uint64_t mail;
   Line count;        // barrier: ranks arrived in the current generation
   Line generation;   // barrier: bumped by the last rank to arrive
   Line sleepers;     // barrier: ranks asleep on `generation`
@@ -182,13 +178,6 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   small_ = static_cast<char*>(base_) + small_off;
   staging_ = static_cast<char*>(base_) + staging_off;
   mailboxes_ = static_cast<char*>(base_) + mail_off;
-  if (rank_ == 0) {
-    header_->world_size = static_cast<uint32_t>(world_size_);
-    header_->chunk = chunk_;
-    header_->mail = mail_;
-    std::atomic_thread_fence(std::memory_order_release);
-    header_->magic = kMagic;
-  }
   // Everyone attached: then the name goes, so nothing outlives the processes.
   store.set("shm/attached/" + std::to_string(rank_), "1");
   if (rank_ == 0) {
