@@ -539,10 +539,6 @@ void NcclBackend::synchronize(Device device) {
   cudaEventDestroy(mark);
 }
 
-void NcclBackend::abort() {
-  // Destroy comes with no op in flight: nothing to release early.
-}
-
 void NcclBackend::fail_all(const std::string& why) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!failure_.empty()) return;
