@@ -284,45 +284,14 @@ void scenario_env_backend(const Args&) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::string(argv[1]) == "env_backend") {
-    try {
-      scenario_env_backend(Args{});
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "FAILED: %s\n", e.what());
-      return 1;
-    }
-    return 0;
-  }
-  if (argc >= 2 && std::string(argv[1]) == "env_until_cut") {
-    try {
-      scenario_env_until_cut(Args{});
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "FAILED: %s\n", e.what());
-      return 1;
-    }
-    return 0;
-  }
-  if (argc >= 2 && std::string(argv[1]) == "env_allreduce") {
-    try {
-      scenario_env_allreduce(Args{});
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "FAILED: %s\n", e.what());
-      return 1;
-    }
-    return 0;
-  }
-  if (argc < 5) {
-    std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [timeout_ms]\n",
-                 argv[0]);
-    return 2;
-  }
-  Args a;
-  const std::string scenario = argv[1];
-  a.rank = std::atoi(argv[2]);
-  a.world = std::atoi(argv[3]);
-  a.store_url = argv[4];
-  if (argc > 5) a.timeout = std::chrono::milliseconds(std::atoi(argv[5]));
-  const std::map<std::string, void (*)(const Args&)> scenarios = {
+  // Scenarios launched through an environment (tutti-run, torchrun-style variables) take no
+  // positional arguments; the others take rank, world size, store URL and a timeout.
+  const std::map<std::string, void (*)(const Args&)> from_env = {
+      {"env_allreduce", scenario_env_allreduce},
+      {"env_until_cut", scenario_env_until_cut},
+      {"env_backend", scenario_env_backend},
+  };
+  const std::map<std::string, void (*)(const Args&)> positional = {
       {"allreduce", scenario_allreduce},
       {"ray", scenario_ray},
       {"never_arrive", scenario_never_arrive},
@@ -332,17 +301,33 @@ int main(int argc, char** argv) {
       {"claim", scenario_claim},
       {"wrong_world", scenario_wrong_world},
   };
-  auto it = scenarios.find(scenario);
-  if (it == scenarios.end()) {
+  const std::string scenario = argc >= 2 ? argv[1] : "";
+  Args a;
+  void (*run)(const Args&) = nullptr;
+  if (auto it = from_env.find(scenario); it != from_env.end()) {
+    run = it->second;
+    a.rank = -1;  // the scenario learns it from the environment
+  } else if (auto it = positional.find(scenario); it != positional.end()) {
+    if (argc < 5) {
+      std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [timeout_ms]\n",
+                   argv[0]);
+      return 2;
+    }
+    run = it->second;
+    a.rank = std::atoi(argv[2]);
+    a.world = std::atoi(argv[3]);
+    a.store_url = argv[4];
+    if (argc > 5) a.timeout = std::chrono::milliseconds(std::atoi(argv[5]));
+  } else {
     std::fprintf(stderr, "unknown scenario '%s'\n", scenario.c_str());
     return 2;
   }
   try {
-    it->second(a);
+    run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d FAILED: %s\n", a.rank, e.what());
     return 1;
   }
-  std::fprintf(stderr, "rank %d OK\n", a.rank);
+  if (a.rank >= 0) std::fprintf(stderr, "rank %d OK\n", a.rank);
   return 0;
 }
