@@ -55,8 +55,8 @@ struct Config {
   int corrupt_rank = -1;  // testing -c: this rank corrupts one element of its result
 };
 
-// Parses tutti-bench's arguments; on a bad value returns the message to print (exit code 2).
-// `rest` receives the arguments unchanged (for re-launching under tutti-run).
+// Parses tutti-bench's arguments; on a bad value returns the message to print (exit code 2);
+// `help` is set for -h/--help.
 std::optional<std::string> parse_args(int argc, char** argv, Config& config, bool& help);
 
 }  // namespace tutti::bench

@@ -698,45 +698,41 @@ int main(int argc, char** argv) {
                   "(GB/s)", "(GB/s)", "", c.baseline ? "       (us)  t/raw" : "");
     }
     std::vector<Row> rows;
-    double sum_busbw = 0;
-    int n_busbw = 0;
-    int64_t total_wrong = 0;
+    auto cells = [&](const Row* r) {
+      if (r == nullptr) return std::string("      N/A       N/A     N/A     N/A    N/A");
+      return fmt_num(r->time_us, "%9.1f") + " " + fmt_num(r->p99_us, "%9.1f") + " " +
+             fmt_num(r->algbw, "%7.3f") + " " + fmt_num(r->busbw, "%7.3f") + " " +
+             (c.check ? fmt_num(static_cast<double>(r->wrong), "%6.0f") : std::string("   N/A"));
+    };
     for (uint64_t bytes : sweep(c.min_bytes, c.max_bytes, c.factor)) {
-      std::vector<Row> here;
-      std::string line;
-      auto cells = [&](const Row* r) {
-        if (r == nullptr) return std::string("      N/A       N/A     N/A     N/A    N/A");
-        return fmt_num(r->time_us, "%9.1f") + " " + fmt_num(r->p99_us, "%9.1f") + " " +
-               fmt_num(r->algbw, "%7.3f") + " " + fmt_num(r->busbw, "%7.3f") + " " +
-               (c.check ? fmt_num(static_cast<double>(r->wrong), "%6.0f") : std::string("   N/A"));
-      };
       std::optional<Row> oop, ip;
       if (bench.has_out_of_place()) oop = bench.measure(bytes, false);
       if (bench.has_in_place()) ip = bench.measure(bytes, true);
-      const Row& any = oop ? *oop : *ip;
-      for (const auto* r : {oop ? &*oop : nullptr, ip ? &*ip : nullptr}) {
-        if (!r) continue;
-        rows.push_back(*r);
-        sum_busbw += r->busbw;
-        ++n_busbw;
-        total_wrong += r->wrong;
+      if (oop) rows.push_back(*oop);
+      if (ip) rows.push_back(*ip);
+      if (rank != 0) continue;
+      // The size and the baseline ratio come from the first placement measured.
+      const Row& first = oop ? *oop : *ip;
+      std::string ratio;
+      if (first.baseline_us >= 0) {
+        ratio = "  " + fmt_num(first.baseline_us, "%9.1f") + " " +
+                fmt_num(first.baseline_us > 0 ? first.time_us / first.baseline_us : 0, "%6.2f");
       }
-      if (rank == 0) {
-        std::string ratio;
-        const Row& timed = oop ? *oop : *ip;
-        if (timed.baseline_us >= 0) {
-          ratio = "  " + fmt_num(timed.baseline_us, "%9.1f") + " " +
-                  fmt_num(timed.baseline_us > 0 ? timed.time_us / timed.baseline_us : 0, "%6.2f");
-        }
-        std::printf("  %10llu %12lld %8s %6s %4d  %s   %s%s\n",
-                    static_cast<unsigned long long>(any.bytes), static_cast<long long>(any.count),
-                    tutti::to_string(c.dtype), reducing ? tutti::to_string(c.redop) : "none",
-                    (c.op == BenchOp::kBroadcast || c.op == BenchOp::kReduce) ? c.root : -1,
-                    cells(oop ? &*oop : nullptr).c_str(), cells(ip ? &*ip : nullptr).c_str(),
-                    ratio.c_str());
-        std::fflush(stdout);
-      }
+      std::printf("  %10llu %12lld %8s %6s %4d  %s   %s%s\n",
+                  static_cast<unsigned long long>(first.bytes), static_cast<long long>(first.count),
+                  tutti::to_string(c.dtype), reducing ? tutti::to_string(c.redop) : "none",
+                  (c.op == BenchOp::kBroadcast || c.op == BenchOp::kReduce) ? c.root : -1,
+                  cells(oop ? &*oop : nullptr).c_str(), cells(ip ? &*ip : nullptr).c_str(),
+                  ratio.c_str());
+      std::fflush(stdout);
     }
+    double sum_busbw = 0;
+    int64_t total_wrong = 0;
+    for (const Row& r : rows) {
+      sum_busbw += r.busbw;
+      total_wrong += r.wrong;
+    }
+    const size_t n_busbw = rows.size();
     if (rank == 0) {
       std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong),
                   total_wrong == 0 ? "OK" : "FAILED");
