@@ -95,6 +95,7 @@ struct ShmBackend::Op {
 
 ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_(ctx.world_size) {
   if (world_size_ == 1) return;  // every op is local
+  inputs_.resize(static_cast<size_t>(world_size_));
   Store& store = *ctx.store;
 
   // Shared memory needs one host: compare every rank's host identity first.
@@ -350,7 +351,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   const size_t n = static_cast<size_t>(t.numel());
   const bool avg = reduce_op == ReduceOp::kAvg;
   const bool to_me = root < 0 || root == rank_;
-  std::vector<const void*> inputs(static_cast<size_t>(world_size_));
+  std::vector<const void*>& inputs = inputs_;
 
   if (t.nbytes() <= kSmallBytes) {
     // One step: everyone publishes, then each receiver folds the whole message from the
@@ -450,7 +451,7 @@ void ShmBackend::reduce_scatter(const std::vector<TensorView>& outputs,
   }
   TUTTI_SHM_BEGIN_OP(op, ctx);
   const detail::ReduceFn fn = detail::reduce_function(out.dtype(), opts.reduce_op);
-  std::vector<const void*> sources(static_cast<size_t>(world_size_));
+  std::vector<const void*>& sources = inputs_;
   // Each chunk holds `len` elements of every block, so W x len must fit a staging half.
   const size_t per_chunk = std::max<size_t>(1, chunk_ / es / world_size_);
   for (size_t first = 0; first < n; first += per_chunk) {

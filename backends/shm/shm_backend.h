@@ -88,6 +88,7 @@ class ShmBackend : public Backend {
   uint32_t epoch_ = 0;   // barriers this rank has entered
   uint64_t flips_ = 0;   // staging halves used so far (the same count on every rank)
   uint64_t ops_ = 0;     // collectives so far
+  std::vector<const void*> inputs_;  // one pointer per rank, for reductions (sized once)
 };
 
 }  // namespace tutti::shm_backend
