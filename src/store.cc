@@ -1,6 +1,9 @@
 #include "tutti/store.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <vector>
 
 #include "tutti/error.h"
 #include "tutti/file_store.h"
@@ -28,28 +31,43 @@ int64_t parse_counter(const std::string& key, const std::string& value) {
 
 namespace {
 
-// "host:port[?secret=...]" -> parts; IPv6 hosts come in brackets: "[::1]:29500".
-void parse_tcp(const std::string& url, const std::string& rest, std::string& host, uint16_t& port,
-               std::string& secret) {
-  std::string authority = rest;
-  const auto query = rest.find('?');
-  if (query != std::string::npos) {
-    authority = rest.substr(0, query);
-    const std::string params = rest.substr(query + 1);
-    size_t pos = 0;
-    while (pos <= params.size()) {
-      const auto amp = params.find('&', pos);
-      const std::string item = params.substr(pos, amp == std::string::npos ? std::string::npos : amp - pos);
-      if (item.rfind("secret=", 0) == 0) {
-        secret = item.substr(7);
-      } else if (!item.empty()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "store URL '" + url + "': unknown parameter '" + item + "' (expected secret=)");
+// Splits "authority?query" at the first '?'.
+std::pair<std::string, std::string> split_query(const std::string& rest) {
+  const auto q = rest.find('?');
+  if (q == std::string::npos) return {rest, ""};
+  return {rest.substr(0, q), rest.substr(q + 1)};
+}
+
+// "k=v&k2=v2": the values of the allowed keys; any other key is an error naming it.
+std::map<std::string, std::string> parse_params(const std::string& url, const std::string& query,
+                                                const std::vector<std::string>& allowed) {
+  std::map<std::string, std::string> values;
+  size_t pos = 0;
+  while (pos < query.size()) {
+    const auto amp = query.find('&', pos);
+    const std::string item =
+        query.substr(pos, amp == std::string::npos ? std::string::npos : amp - pos);
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    if (!item.empty()) {
+      if (eq == std::string::npos ||
+          std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+        std::string expected;
+        for (const auto& k : allowed) expected += (expected.empty() ? "" : " or ") + k + "=";
+        throw Error(ErrorCode::kInvalidArgument, "store URL '" + url + "': unknown parameter '" +
+                                                     item + "' (expected " + expected + ")");
       }
-      if (amp == std::string::npos) break;
-      pos = amp + 1;
+      values[key] = item.substr(eq + 1);
     }
+    if (amp == std::string::npos) break;
+    pos = amp + 1;
   }
+  return values;
+}
+
+// "host:port" (a trailing '/' allowed); IPv6 hosts come in brackets: "[::1]:29500".
+void parse_host_port(const std::string& url, std::string authority, std::string& host,
+                     uint16_t& port) {
   if (!authority.empty() && authority.back() == '/') authority.pop_back();
   size_t colon;
   if (!authority.empty() && authority[0] == '[') {
@@ -101,9 +119,12 @@ std::shared_ptr<Store> open_store(const std::string& url, std::chrono::milliseco
     TCPStoreOptions options;
     options.timeout = timeout;
     options.host = host;
+    const auto [authority, query] = split_query(rest);
     std::string address;
     uint16_t port = 0;
-    parse_tcp(url, rest, address, port, options.secret);
+    parse_host_port(url, authority, address, port);
+    auto params = parse_params(url, query, {"secret"});
+    options.secret = params["secret"];
     if (options.secret.empty()) {
       if (const char* env = std::getenv("TUTTI_STORE_SECRET")) options.secret = env;
     }
@@ -117,11 +138,7 @@ std::shared_ptr<Store> open_store(const std::string& url, std::chrono::milliseco
     // redis://host:port[/db][?prefix=P&password=W]
     RedisStoreOptions options;
     options.timeout = timeout;
-    std::string authority = rest, query;
-    if (const auto q = rest.find('?'); q != std::string::npos) {
-      authority = rest.substr(0, q);
-      query = rest.substr(q + 1);
-    }
+    auto [authority, query] = split_query(rest);
     if (const auto slash = authority.find('/'); slash != std::string::npos) {
       const std::string db = authority.substr(slash + 1);
       authority = authority.substr(0, slash);
@@ -134,25 +151,12 @@ std::shared_ptr<Store> open_store(const std::string& url, std::chrono::milliseco
         options.db = static_cast<int>(v);
       }
     }
-    size_t pos = 0;
-    while (!query.empty() && pos <= query.size()) {
-      const auto amp = query.find('&', pos);
-      const std::string item = query.substr(pos, amp == std::string::npos ? std::string::npos : amp - pos);
-      if (item.rfind("prefix=", 0) == 0) {
-        options.prefix = item.substr(7);
-      } else if (item.rfind("password=", 0) == 0) {
-        options.password = item.substr(9);
-      } else if (!item.empty()) {
-        throw Error(ErrorCode::kInvalidArgument, "store URL '" + url + "': unknown parameter '" +
-                                                     item + "' (expected prefix= or password=)");
-      }
-      if (amp == std::string::npos) break;
-      pos = amp + 1;
-    }
+    auto params = parse_params(url, query, {"prefix", "password"});
+    if (params.count("prefix")) options.prefix = params["prefix"];
+    options.password = params["password"];
     std::string host;
     uint16_t port = 0;
-    std::string unused_secret;
-    parse_tcp(url, authority, host, port, unused_secret);
+    parse_host_port(url, authority, host, port);
     return std::make_shared<RedisStore>(host, port, options);
   }
   if (scheme == "env") {
