@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "gloo_store.h"
+#include "gloo_util.h"
 #include "tutti/error.h"
 
 namespace tutti::bench {
@@ -32,15 +33,6 @@ Fn gloo_fn(ReduceOp op) {
   }
 }
 
-template <typename F>
-void with_width(size_t es, F&& f) {
-  switch (es) {
-    case 1: f(uint8_t{}); break;
-    case 2: f(uint16_t{}); break;
-    case 4: f(uint32_t{}); break;
-    default: f(uint64_t{}); break;
-  }
-}
 
 Fn reduce_fn(DType dtype, ReduceOp op) {
   switch (dtype) {
@@ -85,13 +77,7 @@ RawGloo::RawGloo(std::shared_ptr<Store> store, int rank, int world_size, const C
   impl_->world = world_size;
   impl_->fn = reduce_fn(config.dtype, config.redop);
   if (world_size == 1) return;
-  ::gloo::transport::tcp::attr attr;
-  attr.hostname = std::getenv("TUTTI_GLOO_HOSTNAME") ? std::getenv("TUTTI_GLOO_HOSTNAME") : "127.0.0.1";
-  if (const char* iface = std::getenv("TUTTI_GLOO_IFNAME")) {
-    attr.iface = iface;
-    attr.hostname.clear();
-  }
-  impl_->device = ::gloo::transport::tcp::CreateDevice(attr);
+  impl_->device = ::gloo::transport::tcp::CreateDevice(gloo_backend::device_attr());
   impl_->context = std::make_shared<::gloo::rendezvous::Context>(rank, world_size);
   impl_->context->setTimeout(std::chrono::seconds(60));
   gloo_backend::GlooStore adapter(store);
@@ -111,7 +97,7 @@ void RawGloo::run(void* in, void* out, void* scratch, int64_t per_rank, bool in_
   switch (m.config.op) {
     case BenchOp::kAllreduce:
       // Typed by element width, so that Gloo's segments never split an element.
-      with_width(es, [&](auto word) {
+      gloo_backend::with_word(es, [&](auto word) {
         using W = decltype(word);
         ::gloo::AllreduceOptions o(m.context);
         o.setOutput(static_cast<W*>(out), n);
@@ -129,7 +115,7 @@ void RawGloo::run(void* in, void* out, void* scratch, int64_t per_rank, bool in_
       break;
     }
     case BenchOp::kReduce:
-      with_width(es, [&](auto word) {
+      gloo_backend::with_word(es, [&](auto word) {
         using W = decltype(word);
         ::gloo::ReduceOptions o(m.context);
         o.setInput(static_cast<W*>(out), n);

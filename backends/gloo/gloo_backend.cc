@@ -12,14 +12,13 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
-#include <netdb.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "gloo_store.h"
+#include "gloo_util.h"
 #include "logging.h"
 #include "reduction.h"
 #include "tensor_list.h"
@@ -31,36 +30,6 @@ namespace {
 // Slot prefixes of tutti's own algorithms; Gloo's functions use 0x01..0x0b.
 constexpr uint8_t kSendRecvSlotPrefix = 0xe1;
 constexpr uint8_t kReduceScatterSlotPrefix = 0xe2;
-
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return (v != nullptr && *v != '\0') ? v : nullptr;
-}
-
-::gloo::transport::tcp::attr device_attr() {
-  ::gloo::transport::tcp::attr attr;
-  if (const char* iface = env("TUTTI_GLOO_IFNAME")) {
-    attr.iface = iface;
-  } else if (const char* host = env("TUTTI_GLOO_HOSTNAME")) {
-    attr.hostname = host;
-  } else if (const char* gloo_iface = env("GLOO_SOCKET_IFNAME")) {
-    attr.iface = gloo_iface;
-  } else {
-    char name[256] = {0};
-    struct addrinfo* info = nullptr;
-    if (::gethostname(name, sizeof(name) - 1) == 0 &&
-        ::getaddrinfo(name, nullptr, nullptr, &info) == 0) {
-      attr.hostname = name;
-      ::freeaddrinfo(info);
-    } else {
-      TUTTI_LOG_WARN("gloo: host name '{}' does not resolve; binding 127.0.0.1 (set "
-                     "TUTTI_GLOO_IFNAME or TUTTI_GLOO_HOSTNAME for multi-host groups)",
-                     name);
-      attr.hostname = "127.0.0.1";
-    }
-  }
-  return attr;
-}
 
 // Runs a Gloo call and turns Gloo's exceptions into tutti::Error naming the op.
 template <typename Fn>
@@ -88,20 +57,6 @@ std::string everyone(int world_size) {
   return "the other " + std::to_string(world_size - 1) + " rank(s) of the group";
 }
 
-// Gloo's option setters are typed only to learn the element width; tutti passes untyped words
-// of the right width and supplies its own reduction function.
-template <typename Fn>
-void with_word(size_t element_size, Fn&& fn) {
-  switch (element_size) {
-    case 1: fn(uint8_t{}); break;
-    case 2: fn(uint16_t{}); break;
-    case 4: fn(uint32_t{}); break;
-    case 8: fn(uint64_t{}); break;
-    default:
-      throw Error(ErrorCode::kInternal,
-                  "gloo: unsupported element size " + std::to_string(element_size));
-  }
-}
 
 ::gloo::AllreduceOptions::Func gloo_reduce_fn(DType dtype, ReduceOp op) {
   detail::ReduceFn fn = detail::reduce_function(dtype, op);
