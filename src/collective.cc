@@ -104,6 +104,39 @@ void destroy_collective_group(std::string_view group_name) {
   group->destroy();
 }
 
+bool abort_collective_group(std::string_view group_name, const std::string& reason) {
+  auto group = find(group_name);
+  if (!group) return false;
+  group->abort(reason);
+  return true;
+}
+
+std::shared_ptr<CollectiveGroup> new_group(const std::vector<int>& ranks, std::string_view backend,
+                                           std::string_view group_name, std::string_view parent) {
+  auto& reg = registry();
+  const std::string name(group_name);
+  if (!name.empty()) {
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    if (reg.groups.count(name) != 0 || reg.initializing.count(name) != 0) {
+      throw Error(ErrorCode::kInvalidUsage,
+                  "new_group '" + name + "': a group of that name is already initialized in "
+                  "this process; destroy it first");
+    }
+  }
+  SplitOptions options;
+  options.name = name;
+  options.backend = std::string(backend);
+  auto group = require(parent, "new_group")->split(ranks, options);
+  if (!group) return nullptr;
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  if (!reg.groups.emplace(group->name(), group).second) {
+    group->destroy();
+    throw Error(ErrorCode::kInvalidUsage, "new_group '" + group->name() +
+                                              "': a group of that name was initialized meanwhile");
+  }
+  return group;
+}
+
 bool is_group_initialized(std::string_view group_name) { return find(group_name) != nullptr; }
 
 int get_rank(std::string_view group_name) {
@@ -170,6 +203,55 @@ void send(TensorView tensor, int dst_rank, std::string_view group_name) {
 
 void recv(TensorView tensor, int src_rank, std::string_view group_name) {
   require(group_name, "recv")->recv(tensor, src_rank);
+}
+
+void batch_isend_irecv(const std::vector<P2POp>& ops, std::string_view group_name) {
+  require(group_name, "batch_isend_irecv")->batch_isend_irecv(ops);
+}
+
+void alltoall(const std::vector<TensorView>& output_list, const std::vector<TensorView>& input_list,
+              std::string_view group_name) {
+  require(group_name, "alltoall")->alltoall(output_list, input_list);
+}
+
+void alltoall(TensorView output, TensorView input, std::string_view group_name) {
+  require(group_name, "alltoall")->alltoall(output, input);
+}
+
+void alltoallv(TensorView output, TensorView input, const std::vector<int64_t>& output_counts,
+               const std::vector<int64_t>& input_counts, std::string_view group_name) {
+  require(group_name, "alltoallv")->alltoallv(output, input, output_counts, input_counts);
+}
+
+void allgatherv(TensorView output, TensorView input, const std::vector<int64_t>& counts,
+                std::string_view group_name) {
+  require(group_name, "allgatherv")->allgatherv(output, input, counts);
+}
+
+void gather(const std::vector<TensorView>& output_list, TensorView input, int dst_rank,
+            std::string_view group_name) {
+  GatherOptions opts;
+  opts.root_rank = dst_rank;
+  require(group_name, "gather")->gather(output_list, input, opts);
+}
+
+void gather(TensorView output, TensorView input, int dst_rank, std::string_view group_name) {
+  GatherOptions opts;
+  opts.root_rank = dst_rank;
+  require(group_name, "gather")->gather(output, input, opts);
+}
+
+void scatter(TensorView output, const std::vector<TensorView>& input_list, int src_rank,
+             std::string_view group_name) {
+  ScatterOptions opts;
+  opts.root_rank = src_rank;
+  require(group_name, "scatter")->scatter(output, input_list, opts);
+}
+
+void scatter(TensorView output, TensorView input, int src_rank, std::string_view group_name) {
+  ScatterOptions opts;
+  opts.root_rank = src_rank;
+  require(group_name, "scatter")->scatter(output, input, opts);
 }
 
 void allreduce_multigpu(const std::vector<TensorView>& tensor_list, std::string_view group_name,

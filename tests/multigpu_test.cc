@@ -25,24 +25,30 @@ class RecordingBackend : public Backend {
   const char* name() const override { return "recording"; }
   bool supports_device(DeviceType) const override { return true; }
   int max_devices_per_op() const override { return 4; }
-  void allreduce(const std::vector<TensorView>& t, const AllreduceOptions&,
-                 const OpContext& ctx) override {
+  WorkPtr allreduce(const std::vector<TensorView>& t, const AllreduceOptions&,
+                    const OpContext& ctx) override {
     note("allreduce x" + std::to_string(t.size()) + " tag " + std::to_string(ctx.tag));
+    return nullptr;
   }
-  void allgather(const std::vector<std::vector<TensorView>>& out, const std::vector<TensorView>& in,
-                 const AllgatherOptions&, const OpContext&) override {
+  WorkPtr allgather(const std::vector<std::vector<TensorView>>& out,
+                    const std::vector<TensorView>& in, const AllgatherOptions&,
+                    const OpContext&) override {
     note("allgather " + std::to_string(in.size()) + "x" + std::to_string(out[0].size()));
+    return nullptr;
   }
-  void send(const std::vector<TensorView>& t, int dst, const SendOptions& o,
-            const OpContext& ctx) override {
+  WorkPtr send(const std::vector<TensorView>& t, int dst, const SendOptions& o,
+               const OpContext& ctx) override {
     note("send " + std::to_string(t[0].numel()) + " to " + std::to_string(dst) + ":" +
          std::to_string(o.dst_device_index) + " tag " + std::to_string(ctx.tag));
+    return nullptr;
   }
-  void recv(const std::vector<TensorView>& t, int src, const RecvOptions& o,
-            const OpContext& ctx) override {
+  WorkPtr recv(const std::vector<TensorView>& t, int src, const RecvOptions& o,
+               const OpContext& ctx) override {
     note("recv " + std::to_string(t[0].numel()) + " from " + std::to_string(src) + ":" +
          std::to_string(o.src_device_index) + " tag " + std::to_string(ctx.tag));
+    return nullptr;
   }
+  void abort(const std::string&) override {}
 
  private:
   static void note(const std::string& s) {

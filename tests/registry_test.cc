@@ -12,7 +12,8 @@ class NullBackend : public Backend {
   const char* name() const override { return "null"; }
   bool supports(OpType op) const override { return op == OpType::kBarrier; }
   bool supports_device(DeviceType type) const override { return type == DeviceType::kCPU; }
-  void barrier(const BarrierOptions&, const OpContext&) override {}
+  WorkPtr barrier(const BarrierOptions&, const OpContext&) override { return nullptr; }
+  void abort(const std::string&) override {}
 };
 
 TEST(Registry, GlooIsRegisteredByLinking) {

@@ -261,7 +261,8 @@ void scenario_env_until_cut(const Args&) {
 
 // From env:// (TUTTI_BACKEND picks the backend): prints which backend the group got, checks an
 // allreduce. With TUTTI_TEST_CRASH_RANK=r, rank r then crashes (SIGABRT) and the others' next
-// allreduce must time out naming it.
+// allreduce must fail naming it: "rank r (pid P) died" (kIoError), or, where the other survivor
+// noticed first, "rank q aborted the group: ... rank r (pid P) died" (kRemoteError).
 void scenario_env_backend(const Args&) {
   init_collective_group_from_env("", "which");
   auto group = get_group("which");
@@ -276,9 +277,18 @@ void scenario_env_backend(const Args&) {
   AllreduceOptions opts;
   opts.timeout = std::chrono::milliseconds(1500);
   const auto start = Clock::now();
-  expect_error([&] { group->allreduce(v, opts); }, ErrorCode::kTimeout,
-               std::string("waiting for rank(s) ") + crash);
-  std::printf("rank %d: timed out after %.0f ms naming rank %s\n", rank, ms_since(start), crash);
+  try {
+    group->allreduce(v, opts);
+    throw std::runtime_error("allreduce succeeded with a dead rank");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    const std::string died = std::string("rank ") + crash + " (pid ";
+    require(what.find(died) != std::string::npos && what.find(") died") != std::string::npos,
+            "error names the dead rank: " + what);
+    require(e.code() == ErrorCode::kIoError || e.code() == ErrorCode::kRemoteError,
+            "error code is I/O or remote: " + what);
+  }
+  std::printf("rank %d: failed after %.0f ms naming rank %s\n", rank, ms_since(start), crash);
 }
 
 }  // namespace

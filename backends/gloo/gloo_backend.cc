@@ -13,6 +13,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -21,42 +22,20 @@
 #include "gloo_util.h"
 #include "logging.h"
 #include "reduction.h"
-#include "tensor_list.h"
 #include "tutti/error.h"
 
 namespace tutti::gloo_backend {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 // Slot prefixes of tutti's own algorithms; Gloo's functions use 0x01..0x0b.
 constexpr uint8_t kSendRecvSlotPrefix = 0xe1;
 constexpr uint8_t kReduceScatterSlotPrefix = 0xe2;
 
-// Runs a Gloo call and turns Gloo's exceptions into tutti::Error naming the op.
-template <typename Fn>
-void guarded(const OpContext& ctx, const std::string& waiting_for, Fn&& fn) {
-  try {
-    fn();
-  } catch (const ::gloo::IoException& e) {
-    const std::string msg = e.what();
-    if (msg.find("Timed out") != std::string::npos) {
-      throw Error(ErrorCode::kTimeout, ctx.description() + ": timed out after " +
-                                           std::to_string(ctx.timeout.count()) +
-                                           " ms waiting for " + waiting_for + " (gloo: " + msg +
-                                           ")");
-    }
-    throw Error(ErrorCode::kIoError, ctx.description() + ": transport error while exchanging with " +
-                                         waiting_for + " (gloo: " + msg + ")");
-  } catch (const ::gloo::EnforceNotMet& e) {
-    throw Error(ErrorCode::kInternal, ctx.description() + ": gloo check failed: " + e.what());
-  } catch (const ::gloo::Exception& e) {
-    throw Error(ErrorCode::kInternal, ctx.description() + ": gloo: " + e.what());
-  }
-}
-
 std::string everyone(int world_size) {
   return "the other " + std::to_string(world_size - 1) + " rank(s) of the group";
 }
-
 
 ::gloo::AllreduceOptions::Func gloo_reduce_fn(DType dtype, ReduceOp op) {
   detail::ReduceFn fn = detail::reduce_function(dtype, op);
@@ -67,19 +46,78 @@ std::string everyone(int world_size) {
   return [fn](void* out, const void* a, const void* b, size_t n) { fn(out, a, b, n); };
 }
 
+// A write to a peer that died raises SIGPIPE, whose default action ends the process: ignore it
+// (the write then fails with EPIPE and Gloo reports the peer), unless the program handles it.
+void ignore_sigpipe() {
+  struct sigaction current;
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
+// Gloo adds its timeouts to its own clock: keep them far from the limits.
+std::chrono::milliseconds capped(std::chrono::milliseconds timeout) {
+  return std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));
+}
+
+std::chrono::milliseconds left_until(Clock::time_point deadline) {
+  const auto left = deadline - Clock::now();
+  if (left <= Clock::duration::zero()) return std::chrono::milliseconds(1);
+  // Gloo adds its waits to its own clock: keep them far from the limits.
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::min<Clock::duration>(left, std::chrono::hours(24 * 365)));
+}
 
 }  // namespace
+
+template <typename Fn>
+void GlooBackend::guarded(const OpContext& ctx, const std::string& waiting_for, Fn&& fn) {
+  if (aborted_.load()) throw_aborted(ctx);
+  try {
+    fn();
+  } catch (const ::gloo::IoException& e) {
+    if (aborted_.load()) throw_aborted(ctx);
+    const std::string msg = e.what();
+    const int peer = connections_.rank_in(msg);
+    const std::string who = peer >= 0 ? "rank " + std::to_string(peer) : waiting_for;
+    if (msg.find("Timed out") != std::string::npos) {
+      throw Error(ErrorCode::kTimeout, ctx.description() + ": timed out after " +
+                                           std::to_string(ctx.timeout.count()) +
+                                           " ms waiting for " + who + " (gloo: " + msg + ")");
+    }
+    throw Error(ErrorCode::kIoError, ctx.description() + ": transport error while exchanging with " +
+                                         who + " (gloo: " + msg + ")");
+  } catch (const ::gloo::EnforceNotMet& e) {
+    if (aborted_.load()) throw_aborted(ctx);
+    throw Error(ErrorCode::kInternal, ctx.description() + ": gloo check failed: " + e.what());
+  } catch (const ::gloo::Exception& e) {
+    if (aborted_.load()) throw_aborted(ctx);
+    throw Error(ErrorCode::kInternal, ctx.description() + ": gloo: " + e.what());
+  }
+}
+
+void GlooBackend::throw_aborted(const OpContext& ctx) const {
+  std::lock_guard<std::mutex> lock(abort_mutex_);
+  throw Error(ErrorCode::kAborted, ctx.description() + ": aborted: " + reason_);
+}
 
 GlooBackend::GlooBackend(const BackendContext& ctx)
     : rank_(ctx.rank), world_size_(ctx.world_size) {
   if (world_size_ == 1) return;  // every op is local: no device, no threads
+  ignore_sigpipe();
   try {
     device_ = ::gloo::transport::tcp::CreateDevice(device_attr());
     auto context = std::make_shared<::gloo::rendezvous::Context>(rank_, world_size_);
-    context->setTimeout(ctx.timeout);
-    GlooStore store(ctx.store);
+    context->setTimeout(capped(ctx.timeout));
+    GlooStore store(ctx.store, [this](int r, const std::vector<char>& addresses) {
+      connections_.record(r, addresses);
+    });
     context->connectFullMesh(store, device_);
     context_ = std::move(context);
+    connections_.find(rank_, world_size_);
   } catch (const ::gloo::IoException& e) {
     const std::string msg = e.what();
     const ErrorCode code =
@@ -100,6 +138,19 @@ GlooBackend::~GlooBackend() {
   device_.reset();
 }
 
+void GlooBackend::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (reason_.empty()) reason_ = reason;
+    aborted_.store(true);
+    for (auto* buffer : waiting_) {
+      buffer->abortWaitSend();
+      buffer->abortWaitRecv();
+    }
+  }
+  connections_.shutdown_all();
+}
+
 char* GlooBackend::scratch(size_t index, size_t bytes) {
   if (scratch_.size() <= index) {
     scratch_.resize(index + 1);
@@ -113,8 +164,37 @@ char* GlooBackend::scratch(size_t index, size_t bytes) {
   return scratch_[index].get();
 }
 
-void GlooBackend::allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
-                            const OpContext& ctx) {
+void GlooBackend::wait_buffer(::gloo::transport::UnboundBuffer& buffer, bool sending, int peer,
+                              Clock::time_point deadline, const OpContext& ctx) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (aborted_.load()) {
+      buffer.abortWaitSend();
+      buffer.abortWaitRecv();
+    }
+    waiting_.insert(&buffer);
+  }
+  bool done = false;
+  try {
+    done = sending ? buffer.waitSend(left_until(deadline)) : buffer.waitRecv(left_until(deadline));
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    waiting_.erase(&buffer);
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    waiting_.erase(&buffer);
+  }
+  if (!done) {
+    if (aborted_.load()) throw_aborted(ctx);
+    throw Error(ErrorCode::kInternal, ctx.description() + ": gloo ended a wait for rank " +
+                                          std::to_string(peer) + " early");
+  }
+}
+
+Backend::WorkPtr GlooBackend::allreduce(const std::vector<TensorView>& tensors,
+                                        const AllreduceOptions& opts, const OpContext& ctx) {
   const TensorView& t = tensors[0];
   if (world_size_ > 1) {
     guarded(ctx, everyone(world_size_), [&] {
@@ -125,17 +205,18 @@ void GlooBackend::allreduce(const std::vector<TensorView>& tensors, const Allred
       });
       o.setReduceFunction(gloo_reduce_fn(t.dtype(), opts.reduce_op));
       o.setTag(ctx.tag);
-      o.setTimeout(ctx.timeout);
+      o.setTimeout(capped(ctx.timeout));
       ::gloo::allreduce(o);
     });
   }
   if (opts.reduce_op == ReduceOp::kAvg) {
     detail::scale_average(t.data(), t.dtype(), static_cast<size_t>(t.numel()), world_size_);
   }
+  return nullptr;
 }
 
-void GlooBackend::reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
-                         const OpContext& ctx) {
+Backend::WorkPtr GlooBackend::reduce(const std::vector<TensorView>& tensors,
+                                     const ReduceOptions& opts, const OpContext& ctx) {
   const TensorView& t = tensors[0];
   const bool root = rank_ == opts.root_rank;
   if (world_size_ > 1) {
@@ -153,18 +234,19 @@ void GlooBackend::reduce(const std::vector<TensorView>& tensors, const ReduceOpt
       o.setRoot(opts.root_rank);
       o.setReduceFunction(gloo_reduce_fn(t.dtype(), opts.reduce_op));
       o.setTag(ctx.tag);
-      o.setTimeout(ctx.timeout);
+      o.setTimeout(capped(ctx.timeout));
       ::gloo::reduce(o);
     });
   }
   if (root && opts.reduce_op == ReduceOp::kAvg) {
     detail::scale_average(t.data(), t.dtype(), static_cast<size_t>(t.numel()), world_size_);
   }
+  return nullptr;
 }
 
-void GlooBackend::broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
-                            const OpContext& ctx) {
-  if (world_size_ == 1) return;
+Backend::WorkPtr GlooBackend::broadcast(const std::vector<TensorView>& tensors,
+                                        const BroadcastOptions& opts, const OpContext& ctx) {
+  if (world_size_ == 1) return nullptr;
   const TensorView& t = tensors[0];
   guarded(ctx, rank_ == opts.root_rank ? everyone(world_size_)
                                        : "root rank " + std::to_string(opts.root_rank),
@@ -176,45 +258,64 @@ void GlooBackend::broadcast(const std::vector<TensorView>& tensors, const Broadc
             });
             o.setRoot(opts.root_rank);
             o.setTag(ctx.tag);
-            o.setTimeout(ctx.timeout);
+            o.setTimeout(capped(ctx.timeout));
             ::gloo::broadcast(o);
           });
+  return nullptr;
 }
 
-void GlooBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
-                            const std::vector<TensorView>& inputs, const AllgatherOptions&,
-                            const OpContext& ctx) {
+// Gathers every rank's input into `output` (world_size blocks back to back); in place when the
+// input already is this rank's block.
+void GlooBackend::allgather_buffer(char* output, const TensorView& input, bool in_place,
+                                   const OpContext& ctx) {
+  guarded(ctx, everyone(world_size_), [&] {
+    ::gloo::AllgatherOptions o(context_);
+    with_word(input.element_size(), [&](auto word) {
+      using W = decltype(word);
+      const size_t n = static_cast<size_t>(input.numel());
+      if (!in_place) o.setInput<W>(static_cast<W*>(input.data()), n);
+      o.setOutput<W>(reinterpret_cast<W*>(output), n * static_cast<size_t>(world_size_));
+    });
+    o.setTag(ctx.tag);
+    o.setTimeout(capped(ctx.timeout));
+    ::gloo::allgather(o);
+  });
+}
+
+Backend::WorkPtr GlooBackend::allgather_into(const TensorView& output, const TensorView& input,
+                                             const AllgatherOptions&, const OpContext& ctx) {
+  auto* out = static_cast<char*>(output.data());
+  const size_t bytes = input.nbytes();
+  const bool in_place = out + rank_ * bytes == static_cast<char*>(input.data());
+  if (world_size_ == 1) {
+    if (!in_place) std::memcpy(out, input.data(), bytes);
+    return nullptr;
+  }
+  allgather_buffer(out, input, in_place, ctx);
+  return nullptr;
+}
+
+Backend::WorkPtr GlooBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
+                                        const std::vector<TensorView>& inputs,
+                                        const AllgatherOptions&, const OpContext& ctx) {
   const TensorView& in = inputs[0];
   const std::vector<TensorView>& out = outputs[0];
   const size_t bytes = in.nbytes();
   if (world_size_ == 1) {
     if (out[0].data() != in.data()) std::memcpy(out[0].data(), in.data(), bytes);
-    return;
+    return nullptr;
   }
-  const bool direct = detail::back_to_back(out);
-  char* dst = direct ? static_cast<char*>(out[0].data()) : scratch(0, bytes * world_size_);
-  // In place when the caller's input already is this rank's slot of the output.
-  const bool in_place = direct && out[rank_].data() == in.data();
-  guarded(ctx, everyone(world_size_), [&] {
-    ::gloo::AllgatherOptions o(context_);
-    with_word(in.element_size(), [&](auto word) {
-      using W = decltype(word);
-      const size_t n = static_cast<size_t>(in.numel());
-      if (!in_place) o.setInput<W>(static_cast<W*>(in.data()), n);
-      o.setOutput<W>(reinterpret_cast<W*>(dst), n * static_cast<size_t>(world_size_));
-    });
-    o.setTag(ctx.tag);
-    o.setTimeout(ctx.timeout);
-    ::gloo::allgather(o);
-  });
-  if (!direct) {
-    for (int r = 0; r < world_size_; ++r) std::memcpy(out[r].data(), dst + r * bytes, bytes);
-  }
+  // Separate buffers: gather into scratch, then copy each block out.
+  char* gathered = scratch(0, bytes * world_size_);
+  allgather_buffer(gathered, in, /*in_place=*/false, ctx);
+  for (int r = 0; r < world_size_; ++r) std::memcpy(out[r].data(), gathered + r * bytes, bytes);
+  return nullptr;
 }
 
-void GlooBackend::reduce_scatter(const std::vector<TensorView>& outputs,
-                                 const std::vector<std::vector<TensorView>>& inputs,
-                                 const ReduceScatterOptions& opts, const OpContext& ctx) {
+Backend::WorkPtr GlooBackend::reduce_scatter(const std::vector<TensorView>& outputs,
+                                             const std::vector<std::vector<TensorView>>& inputs,
+                                             const ReduceScatterOptions& opts,
+                                             const OpContext& ctx) {
   const TensorView& out = outputs[0];
   const std::vector<TensorView>& in = inputs[0];
   const size_t bytes = out.nbytes();
@@ -233,6 +334,7 @@ void GlooBackend::reduce_scatter(const std::vector<TensorView>& outputs,
     const int right = (rank_ + 1) % w;
     const int left = (rank_ - 1 + w) % w;
     const auto slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, ctx.tag);
+    const auto deadline = ctx.deadline();
     guarded(ctx, "rank " + std::to_string(left) + " (ring neighbour)", [&] {
       auto recv_buf = context_->createUnboundBuffer(incoming, bytes);
       const void* sending = in[(rank_ - 1 + w) % w].data();
@@ -240,9 +342,8 @@ void GlooBackend::reduce_scatter(const std::vector<TensorView>& outputs,
         auto send_buf = context_->createUnboundBuffer(const_cast<void*>(sending), bytes);
         send_buf->send(right, slot);
         recv_buf->recv(left, slot);
-        if (!recv_buf->waitRecv(ctx.timeout) || !send_buf->waitSend(ctx.timeout)) {
-          throw Error(ErrorCode::kAborted, ctx.description() + ": aborted");
-        }
+        wait_buffer(*recv_buf, /*sending=*/false, left, deadline, ctx);
+        wait_buffer(*send_buf, /*sending=*/true, right, deadline, ctx);
         const int block = ((rank_ - s - 2) % w + w) % w;
         char* target = (s == w - 2) ? static_cast<char*>(out.data()) : acc[s % 2];
         fn(target, in[block].data(), incoming, n);
@@ -251,36 +352,70 @@ void GlooBackend::reduce_scatter(const std::vector<TensorView>& outputs,
     });
   }
   if (opts.reduce_op == ReduceOp::kAvg) detail::scale_average(out.data(), out.dtype(), n, w);
+  return nullptr;
 }
 
-void GlooBackend::barrier(const BarrierOptions&, const OpContext& ctx) {
-  if (world_size_ == 1) return;
+Backend::WorkPtr GlooBackend::barrier(const BarrierOptions&, const OpContext& ctx) {
+  if (world_size_ == 1) return nullptr;
   guarded(ctx, everyone(world_size_), [&] {
     ::gloo::BarrierOptions o(context_);
     o.setTag(ctx.tag);
-    o.setTimeout(ctx.timeout);
+    o.setTimeout(capped(ctx.timeout));
     ::gloo::barrier(o);
   });
+  return nullptr;
 }
 
-void GlooBackend::send(const std::vector<TensorView>& tensors, int dst_rank, const SendOptions&,
-                       const OpContext& ctx) {
-  const TensorView& t = tensors[0];
-  guarded(ctx, "rank " + std::to_string(dst_rank) + " to receive", [&] {
-    auto buf = context_->createUnboundBuffer(t.data(), t.nbytes());
-    buf->send(dst_rank, ::gloo::Slot::build(kSendRecvSlotPrefix, ctx.tag));
-    if (!buf->waitSend(ctx.timeout)) throw Error(ErrorCode::kAborted, ctx.description() + ": aborted");
-  });
+Backend::WorkPtr GlooBackend::send(const std::vector<TensorView>& tensors, int dst_rank,
+                                   const SendOptions&, const OpContext& ctx) {
+  P2PRequest r;
+  r.kind = P2POp::Kind::kSend;
+  r.tensor = tensors[0];
+  r.peer = dst_rank;
+  r.seq = ctx.seq;
+  r.tag = ctx.tag;
+  return batch_p2p({r}, BatchP2POptions{}, ctx);
 }
 
-void GlooBackend::recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions&,
-                       const OpContext& ctx) {
-  const TensorView& t = tensors[0];
-  guarded(ctx, "rank " + std::to_string(src_rank) + " to send", [&] {
-    auto buf = context_->createUnboundBuffer(t.data(), t.nbytes());
-    buf->recv(src_rank, ::gloo::Slot::build(kSendRecvSlotPrefix, ctx.tag));
-    if (!buf->waitRecv(ctx.timeout)) throw Error(ErrorCode::kAborted, ctx.description() + ": aborted");
+Backend::WorkPtr GlooBackend::recv(const std::vector<TensorView>& tensors, int src_rank,
+                                   const RecvOptions&, const OpContext& ctx) {
+  P2PRequest r;
+  r.kind = P2POp::Kind::kRecv;
+  r.tensor = tensors[0];
+  r.peer = src_rank;
+  r.seq = ctx.seq;
+  r.tag = ctx.tag;
+  return batch_p2p({r}, BatchP2POptions{}, ctx);
+}
+
+// Every message is posted before any is waited for; Gloo's pairs move them all at once.
+Backend::WorkPtr GlooBackend::batch_p2p(const std::vector<P2PRequest>& requests,
+                                        const BatchP2POptions&, const OpContext& ctx) {
+  if (world_size_ == 1 || requests.empty()) return nullptr;
+  const auto deadline = ctx.deadline();
+  std::string peers;
+  for (const auto& r : requests) {
+    peers += (peers.empty() ? "rank " : ", rank ") + std::to_string(r.peer) +
+             (r.kind == P2POp::Kind::kSend ? " to receive" : " to send");
+  }
+  guarded(ctx, peers, [&] {
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers;
+    buffers.reserve(requests.size());
+    for (const auto& r : requests) {
+      buffers.push_back(context_->createUnboundBuffer(r.tensor.data(), r.tensor.nbytes()));
+      const auto slot = ::gloo::Slot::build(kSendRecvSlotPrefix, r.tag);
+      if (r.kind == P2POp::Kind::kSend) {
+        buffers.back()->send(r.peer, slot);
+      } else {
+        buffers.back()->recv(r.peer, slot);
+      }
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      wait_buffer(*buffers[i], requests[i].kind == P2POp::Kind::kSend, requests[i].peer, deadline,
+                  ctx);
+    }
   });
+  return nullptr;
 }
 
 }  // namespace tutti::gloo_backend

@@ -11,18 +11,30 @@
 // empty buffers crash (the group skips zero-element ops), mismatched sizes terminate the process
 // inside Gloo's I/O thread (the group's per-op tags keep mismatched calls apart).
 //
+// abort() shuts the context's sockets down (see gloo_connections.h): the op waiting in Gloo
+// ends at once with kAborted, and the peers' ops end too. SIGPIPE, which a write to a peer that
+// died would raise, is ignored once a Gloo group exists (unless the program installed its own
+// handler): the write fails instead, and the op reports the peer.
+//
 // Threads: the group calls one op at a time; abort() may come from any thread.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <string>
 #include <vector>
 
+#include "gloo_connections.h"
 #include "tutti/backend.h"
 
 namespace gloo {
 class Context;
 namespace transport {
 class Device;
+class UnboundBuffer;
 }
 }  // namespace gloo
 
@@ -36,25 +48,40 @@ class GlooBackend : public Backend {
   const char* name() const override { return "gloo"; }
   bool supports_device(DeviceType type) const override { return type == DeviceType::kCPU; }
 
-  void broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
+  WorkPtr broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
+                    const OpContext& ctx) override;
+  WorkPtr allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
+                    const OpContext& ctx) override;
+  WorkPtr reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
                  const OpContext& ctx) override;
-  void allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
-                 const OpContext& ctx) override;
-  void reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
-              const OpContext& ctx) override;
-  void allgather(const std::vector<std::vector<TensorView>>& outputs,
-                 const std::vector<TensorView>& inputs, const AllgatherOptions& opts,
-                 const OpContext& ctx) override;
-  void reduce_scatter(const std::vector<TensorView>& outputs,
-                      const std::vector<std::vector<TensorView>>& inputs,
-                      const ReduceScatterOptions& opts, const OpContext& ctx) override;
-  void barrier(const BarrierOptions& opts, const OpContext& ctx) override;
-  void send(const std::vector<TensorView>& tensors, int dst_rank, const SendOptions& opts,
-            const OpContext& ctx) override;
-  void recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions& opts,
-            const OpContext& ctx) override;
+  WorkPtr allgather(const std::vector<std::vector<TensorView>>& outputs,
+                    const std::vector<TensorView>& inputs, const AllgatherOptions& opts,
+                    const OpContext& ctx) override;
+  WorkPtr reduce_scatter(const std::vector<TensorView>& outputs,
+                         const std::vector<std::vector<TensorView>>& inputs,
+                         const ReduceScatterOptions& opts, const OpContext& ctx) override;
+  WorkPtr barrier(const BarrierOptions& opts, const OpContext& ctx) override;
+  WorkPtr send(const std::vector<TensorView>& tensors, int dst_rank, const SendOptions& opts,
+               const OpContext& ctx) override;
+  WorkPtr recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions& opts,
+               const OpContext& ctx) override;
+  WorkPtr allgather_into(const TensorView& output, const TensorView& input,
+                         const AllgatherOptions& opts, const OpContext& ctx) override;
+  WorkPtr batch_p2p(const std::vector<P2PRequest>& requests, const BatchP2POptions& opts,
+                    const OpContext& ctx) override;
+  void abort(const std::string& reason) override;
 
  private:
+  // Runs a Gloo call, turning Gloo's exceptions into tutti::Error naming the op and, where
+  // Gloo's message names a peer's address, the rank; kAborted once abort() was called.
+  template <typename Fn>
+  void guarded(const OpContext& ctx, const std::string& waiting_for, Fn&& fn);
+  [[noreturn]] void throw_aborted(const OpContext& ctx) const;
+  void allgather_buffer(char* output, const TensorView& input, bool in_place,
+                        const OpContext& ctx);
+  // Waits for an unbound buffer's send or receive, which abort() can end early.
+  void wait_buffer(::gloo::transport::UnboundBuffer& buffer, bool sending, int peer,
+                   std::chrono::steady_clock::time_point deadline, const OpContext& ctx);
   // A grow-only buffer: large scratch memory is touched once and reused, never allocated per
   // call (first-touch page faults cost ~12 us per 4 KiB here).
   char* scratch(size_t index, size_t bytes);
@@ -65,6 +92,12 @@ class GlooBackend : public Backend {
   std::shared_ptr<::gloo::Context> context_;
   std::vector<std::unique_ptr<char[]>> scratch_;
   std::vector<size_t> scratch_size_;
+  GlooConnections connections_;
+
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex abort_mutex_;  // guards reason_ and waiting_
+  std::string reason_;
+  std::set<::gloo::transport::UnboundBuffer*> waiting_;  // buffers an op waits on now
 };
 
 }  // namespace tutti::gloo_backend

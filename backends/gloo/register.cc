@@ -8,9 +8,14 @@ namespace {
 
 struct RegisterGloo {
   RegisterGloo() {
-    tutti::register_collective_backend("gloo", [](const tutti::BackendContext& ctx) {
+    tutti::BackendInfo info;
+    info.name = "gloo";
+    info.factory = [](const tutti::BackendContext& ctx) {
       return std::make_unique<tutti::gloo_backend::GlooBackend>(ctx);
-    });
+    };
+    info.scope = tutti::BackendInfo::Scope::kAnyHost;  // TCP: "auto" across hosts
+    info.priority = 10;
+    tutti::register_collective_backend(std::move(info));
   }
 };
 

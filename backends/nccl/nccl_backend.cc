@@ -43,7 +43,7 @@ std::string pci_bus_id(int device) {
 }
 
 
-std::vector<std::string> split(const std::string& s, char sep) {
+std::vector<std::string> split_string(const std::string& s, char sep) {
   std::vector<std::string> out;
   size_t start = 0;
   while (true) {
@@ -239,10 +239,10 @@ NcclBackend::Comms& NcclBackend::collective_comms(const std::vector<TensorView>&
   const std::string host = detail::host_identity();
   store_->set(prefix + "/rank/" + std::to_string(rank_),
               std::to_string(k) + "|" + host + "|" + pcis);
-  const auto mine = split(pcis, ',');
+  const auto mine = split_string(pcis, ',');
   for (int r = 0; r < world_size_; ++r) {
     if (r == rank_) continue;
-    const auto fields = split(store_->get(prefix + "/rank/" + std::to_string(r)), '|');
+    const auto fields = split_string(store_->get(prefix + "/rank/" + std::to_string(r)), '|');
     if (fields.size() != 3 || std::atoi(fields[0].c_str()) != k) {
       throw Error(ErrorCode::kInvalidArgument,
                   ctx.description() + ": rank " + std::to_string(r) + " drives " +
@@ -250,7 +250,7 @@ NcclBackend::Comms& NcclBackend::collective_comms(const std::vector<TensorView>&
                       std::to_string(k) + ": every process must drive the same number");
     }
     if (fields[1] != host) continue;
-    for (const auto& theirs : split(fields[2], ',')) {
+    for (const auto& theirs : split_string(fields[2], ',')) {
       if (std::find(mine.begin(), mine.end(), theirs) != mine.end()) {
         throw Error(ErrorCode::kInvalidUsage,
                     ctx.description() + ": ranks " + std::to_string(r) + " and " +
@@ -354,7 +354,7 @@ void NcclBackend::launch(Comms& c, const OpOptions& opts, const OpContext& ctx, 
   }
 }
 
-void NcclBackend::allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
+Backend::WorkPtr NcclBackend::allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
                             const OpContext& ctx) {
   Comms& c = collective_comms(tensors, ctx);
   const ncclDataType_t dt = to_nccl(tensors[0].dtype());
@@ -369,9 +369,10 @@ void NcclBackend::allreduce(const std::vector<TensorView>& tensors, const Allred
                  c.comms[i], ctx, "ncclAllReduce");
     }
   });
+  return nullptr;
 }
 
-void NcclBackend::broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
+Backend::WorkPtr NcclBackend::broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
                             const OpContext& ctx) {
   Comms& c = collective_comms(tensors, ctx);
   const int k = static_cast<int>(tensors.size());
@@ -387,9 +388,10 @@ void NcclBackend::broadcast(const std::vector<TensorView>& tensors, const Broadc
                  c.comms[i], ctx, "ncclBroadcast");
     }
   });
+  return nullptr;
 }
 
-void NcclBackend::reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
+Backend::WorkPtr NcclBackend::reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
                          const OpContext& ctx) {
   Comms& c = collective_comms(tensors, ctx);
   const int k = static_cast<int>(tensors.size());
@@ -407,9 +409,10 @@ void NcclBackend::reduce(const std::vector<TensorView>& tensors, const ReduceOpt
                  c.comms[i], ctx, "ncclReduce");
     }
   });
+  return nullptr;
 }
 
-void NcclBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
+Backend::WorkPtr NcclBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
                             const std::vector<TensorView>& inputs, const AllgatherOptions& opts,
                             const OpContext& ctx) {
   Comms& c = collective_comms(inputs, ctx);
@@ -436,9 +439,10 @@ void NcclBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
       }
     }
   });
+  return nullptr;
 }
 
-void NcclBackend::reduce_scatter(const std::vector<TensorView>& outputs,
+Backend::WorkPtr NcclBackend::reduce_scatter(const std::vector<TensorView>& outputs,
                                  const std::vector<std::vector<TensorView>>& inputs,
                                  const ReduceScatterOptions& opts, const OpContext& ctx) {
   Comms& c = collective_comms(outputs, ctx);
@@ -467,9 +471,10 @@ void NcclBackend::reduce_scatter(const std::vector<TensorView>& outputs,
       }
     }
   });
+  return nullptr;
 }
 
-void NcclBackend::barrier(const BarrierOptions& opts, const OpContext& ctx) {
+Backend::WorkPtr NcclBackend::barrier(const BarrierOptions& opts, const OpContext& ctx) {
   // NCCL has no barrier: a one-element allreduce on this process's current GPU, waited for.
   int device = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
@@ -484,9 +489,10 @@ void NcclBackend::barrier(const BarrierOptions& opts, const OpContext& ctx) {
     check_nccl(api_.AllReduce(one, one, 1, ncclUint8, ncclMax, c.comms[0], c.streams[0]),
                c.comms[0], ctx, "ncclAllReduce (barrier)");
   });
+  return nullptr;
 }
 
-void NcclBackend::send(const std::vector<TensorView>& tensors, int dst_rank,
+Backend::WorkPtr NcclBackend::send(const std::vector<TensorView>& tensors, int dst_rank,
                        const SendOptions& opts, const OpContext& ctx) {
   const TensorView& t = tensors[0];
   Comms& c = p2p_comms(t.device().index, dst_rank, opts.dst_device_index, ctx);
@@ -498,9 +504,10 @@ void NcclBackend::send(const std::vector<TensorView>& tensors, int dst_rank,
                          c.comms[0], c.streams[0]),
                c.comms[0], ctx, "ncclSend");
   });
+  return nullptr;
 }
 
-void NcclBackend::recv(const std::vector<TensorView>& tensors, int src_rank,
+Backend::WorkPtr NcclBackend::recv(const std::vector<TensorView>& tensors, int src_rank,
                        const RecvOptions& opts, const OpContext& ctx) {
   const TensorView& t = tensors[0];
   Comms& c = p2p_comms(t.device().index, src_rank, opts.src_device_index, ctx);
@@ -512,7 +519,10 @@ void NcclBackend::recv(const std::vector<TensorView>& tensors, int src_rank,
                          c.comms[0], c.streams[0]),
                c.comms[0], ctx, "ncclRecv");
   });
+  return nullptr;
 }
+
+void NcclBackend::abort(const std::string& reason) { fail_all("aborted: " + reason); }
 
 void NcclBackend::synchronize(Device device) {
   // Waits for the device's default stream (which every op's completion was ordered before),

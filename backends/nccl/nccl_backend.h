@@ -44,24 +44,25 @@ class NcclBackend : public Backend {
   bool supports_device(DeviceType type) const override { return type == DeviceType::kCUDA; }
   int max_devices_per_op() const override { return 64; }
 
-  void broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
+  WorkPtr broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
+                    const OpContext& ctx) override;
+  WorkPtr allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
+                    const OpContext& ctx) override;
+  WorkPtr reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
                  const OpContext& ctx) override;
-  void allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
-                 const OpContext& ctx) override;
-  void reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
-              const OpContext& ctx) override;
-  void allgather(const std::vector<std::vector<TensorView>>& outputs,
-                 const std::vector<TensorView>& inputs, const AllgatherOptions& opts,
-                 const OpContext& ctx) override;
-  void reduce_scatter(const std::vector<TensorView>& outputs,
-                      const std::vector<std::vector<TensorView>>& inputs,
-                      const ReduceScatterOptions& opts, const OpContext& ctx) override;
-  void barrier(const BarrierOptions& opts, const OpContext& ctx) override;
-  void send(const std::vector<TensorView>& tensors, int dst_rank, const SendOptions& opts,
-            const OpContext& ctx) override;
-  void recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions& opts,
-            const OpContext& ctx) override;
+  WorkPtr allgather(const std::vector<std::vector<TensorView>>& outputs,
+                    const std::vector<TensorView>& inputs, const AllgatherOptions& opts,
+                    const OpContext& ctx) override;
+  WorkPtr reduce_scatter(const std::vector<TensorView>& outputs,
+                         const std::vector<std::vector<TensorView>>& inputs,
+                         const ReduceScatterOptions& opts, const OpContext& ctx) override;
+  WorkPtr barrier(const BarrierOptions& opts, const OpContext& ctx) override;
+  WorkPtr send(const std::vector<TensorView>& tensors, int dst_rank, const SendOptions& opts,
+               const OpContext& ctx) override;
+  WorkPtr recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions& opts,
+               const OpContext& ctx) override;
   void synchronize(Device device) override;
+  void abort(const std::string& reason) override;
 
  private:
   // The communicators of one device list, with a stream and a grow-only scratch buffer each.

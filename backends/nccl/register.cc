@@ -8,12 +8,15 @@ namespace {
 
 struct RegisterNccl {
   RegisterNccl() {
-    tutti::register_collective_backend(
-        "nccl",
-        [](const tutti::BackendContext& ctx) {
-          return std::make_unique<tutti::nccl_backend::NcclBackend>(ctx);
-        },
-        [] { return tutti::nccl_backend::nccl_available(); });
+    tutti::BackendInfo info;
+    info.name = "nccl";
+    info.factory = [](const tutti::BackendContext& ctx) {
+      return std::make_unique<tutti::nccl_backend::NcclBackend>(ctx);
+    };
+    info.available = [] { return tutti::nccl_backend::nccl_available(); };
+    info.devices = {tutti::DeviceType::kCUDA};
+    info.scope = tutti::BackendInfo::Scope::kAnyHost;
+    tutti::register_collective_backend(std::move(info));
   }
 };
 

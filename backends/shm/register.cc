@@ -6,9 +6,14 @@ namespace {
 
 struct RegisterShm {
   RegisterShm() {
-    tutti::register_collective_backend("shm", [](const tutti::BackendContext& ctx) {
+    tutti::BackendInfo info;
+    info.name = "shm";
+    info.factory = [](const tutti::BackendContext& ctx) {
       return std::make_unique<tutti::shm_backend::ShmBackend>(ctx);
-    });
+    };
+    info.scope = tutti::BackendInfo::Scope::kOneHost;  // "auto" prefers it on one host
+    info.priority = 20;
+    tutti::register_collective_backend(std::move(info));
   }
 };
 

@@ -1,29 +1,41 @@
 // The shm backend: CPU tensors of ranks on one host, through one shared-memory segment per
 // group (internal).
 //
-// The segment holds a barrier, per-rank control words, two small-message slots per rank (a
-// sequence number, a tag and up to 16 KiB, 48 bytes of it in the same cache line), two staging
-// halves per rank for large messages (alternated from chunk to chunk, so no chunk waits for the
-// readers of the one before) and a two-slot mailbox per (sender, receiver) pair. It is created by rank 0 with a name carrying the job's
-// and group's identity, sized once, and unlinked as soon as every rank has attached, so neither
-// destroy nor a crash leaves it in /dev/shm.
+// The segment (shm_segment.h) holds a barrier and an abort word, per-rank control words and a
+// doorbell, two small-message slots per rank (a sequence number, a tag and up to 16 KiB, 48
+// bytes of it in the same cache line), two staging halves per rank for large messages
+// (alternated from chunk to chunk, so no chunk waits for the readers of the one before) and a
+// two-slot mailbox per (sender, receiver) pair.
 //
-// Large allreduce/reduce/reduce_scatter split the reduction across ranks (each reduces its
-// slice of a chunk from every rank's staging area), with vectorised kernels; small messages
-// (up to 16 KiB) are published in each rank's slot and read by every peer once its sequence
-// number shows: one cache line per peer for a tiny message, no shared counter. Waits spin briefly while every rank has a core, then sleep on a futex until the
-// op's deadline; a rank that never arrives is named in the kTimeout error. Each collective
-// checks, after its first barrier, that every rank called the same op (same tag), and fails
-// with kRemoteError naming the rank otherwise.
+// Collectives (shm_collectives.cc): large allreduce/reduce/reduce_scatter split the reduction
+// across ranks (each reduces its slice of a chunk from every rank's staging area), with
+// vectorised kernels; small messages (up to 16 KiB) are published in each rank's slot and read
+// by every peer once its sequence number shows: one cache line per peer for a tiny message, no
+// shared counter. Each collective checks that every rank called the same op (same tag), and
+// fails with kRemoteError naming the rank otherwise.
 //
-// Threads: the group calls one op at a time.
+// Point-to-point (shm_p2p.cc): messages go through the pair's mailbox in chunks, each slot
+// carrying the message's tag, size and dtype, checked by the receiver. A batch advances all of
+// its messages together, sleeping on the rank's doorbell (rung by every peer that frees or
+// fills one of its slots), so rings and all-pairs exchanges cannot deadlock.
+//
+// Waits spin briefly while every rank has a core, then sleep on a futex until the op's
+// deadline; a rank that never arrives is named in the kTimeout error, a rank whose process
+// died is named within ~10 ms (kIoError), and abort() ends every wait at once, here and, through
+// the abort word, in every peer (kRemoteError naming this rank).
+//
+// Threads: the group calls one op at a time; abort() may come from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "shm_segment.h"
 #include "shm_wait.h"
 #include "tutti/backend.h"
 
@@ -31,6 +43,7 @@ namespace tutti::shm_backend {
 
 struct Header;
 struct RankSlot;
+struct Bell;
 struct Channel;
 struct SmallSlot;
 
@@ -42,53 +55,84 @@ class ShmBackend : public Backend {
   const char* name() const override { return "shm"; }
   bool supports_device(DeviceType type) const override { return type == DeviceType::kCPU; }
 
-  void broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
+  WorkPtr broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
+                    const OpContext& ctx) override;
+  WorkPtr allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
+                    const OpContext& ctx) override;
+  WorkPtr reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
                  const OpContext& ctx) override;
-  void allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
-                 const OpContext& ctx) override;
-  void reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
-              const OpContext& ctx) override;
-  void allgather(const std::vector<std::vector<TensorView>>& outputs,
-                 const std::vector<TensorView>& inputs, const AllgatherOptions& opts,
-                 const OpContext& ctx) override;
-  void reduce_scatter(const std::vector<TensorView>& outputs,
-                      const std::vector<std::vector<TensorView>>& inputs,
-                      const ReduceScatterOptions& opts, const OpContext& ctx) override;
-  void barrier(const BarrierOptions& opts, const OpContext& ctx) override;
-  void send(const std::vector<TensorView>& tensors, int dst_rank, const SendOptions& opts,
-            const OpContext& ctx) override;
-  void recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions& opts,
-            const OpContext& ctx) override;
+  WorkPtr allgather(const std::vector<std::vector<TensorView>>& outputs,
+                    const std::vector<TensorView>& inputs, const AllgatherOptions& opts,
+                    const OpContext& ctx) override;
+  WorkPtr reduce_scatter(const std::vector<TensorView>& outputs,
+                         const std::vector<std::vector<TensorView>>& inputs,
+                         const ReduceScatterOptions& opts, const OpContext& ctx) override;
+  WorkPtr barrier(const BarrierOptions& opts, const OpContext& ctx) override;
+  WorkPtr send(const std::vector<TensorView>& tensors, int dst_rank, const SendOptions& opts,
+               const OpContext& ctx) override;
+  WorkPtr recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions& opts,
+               const OpContext& ctx) override;
+  WorkPtr batch_p2p(const std::vector<P2PRequest>& requests, const BatchP2POptions& opts,
+                    const OpContext& ctx) override;
+  void abort(const std::string& reason) override;
 
  private:
-  struct Op;  // one collective in flight: deadline, tag check
+  struct Op;        // one collective in flight: deadline, tag check
+  struct Transfer;  // one message of a batch in flight
+  Op begin_op(const OpContext& ctx);
+  void end_op(const Op& op);
   void sync(Op& op);
   void exchange(Op& op, const void* payload, size_t bytes);
   [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
+  void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
+  bool advance(Transfer& t, const OpContext& ctx);
+  bool can_advance(const Transfer& t) const;
+  void run_batch(std::vector<Transfer>& transfers, const OpContext& ctx);
+
+  // Waits until ready() holds. Throws kAborted (this process aborted), kRemoteError (a peer
+  // aborted, or left while waiting_on(it)), kIoError (the process of a peer waiting_on(it)
+  // died), or what on_timeout() throws. op_seq: the collective waited in (0: point-to-point,
+  // which any peer's abort ends). Defined in shm_internal.h.
+  template <typename Ready, typename WaitingOn, typename OnTimeout>
+  void wait_until(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
+                  const OpContext& ctx, uint64_t op_seq, Clock::time_point deadline,
+                  WaitingOn waiting_on, OnTimeout on_timeout);
+  bool stopped(uint64_t op_seq) const;
+  void throw_if_stopped(const OpContext& ctx, uint64_t op_seq) const;
+  void check_peers(const OpContext& ctx, const std::function<bool(int)>& waiting_on);
+  std::string ranks_where(const std::function<bool(int)>& pending) const;
+  void ring(int rank) const;
+  void wake_everyone() const;
+
   SmallSlot& small_slot(int rank, uint32_t parity) const;
   char* small_payload(int rank, uint32_t parity, size_t bytes) const;
   char* stage(int rank, int half) const;
   char* mailbox(int src, int dst, int slot) const;
   Channel& channel(int src, int dst) const;
-  void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
 
   int rank_;
   int world_size_;
-  size_t chunk_ = 0;    // bytes per staging half
-  size_t mail_ = 0;     // bytes per mailbox slot
+  size_t chunk_ = 0;  // bytes per staging half
+  size_t mail_ = 0;   // bytes per mailbox slot
   SpinPolicy spin_;
-  void* base_ = nullptr;
-  size_t size_ = 0;
+  ShmSegment segment_;
   Header* header_ = nullptr;
   RankSlot* slots_ = nullptr;
+  Bell* bells_ = nullptr;
   Channel* channels_ = nullptr;
   char* small_ = nullptr;
   char* staging_ = nullptr;
   char* mailboxes_ = nullptr;
-  uint32_t epoch_ = 0;   // barriers this rank has entered
-  uint64_t flips_ = 0;   // staging halves used so far (the same count on every rank)
-  uint64_t ops_ = 0;     // collectives so far
+  uint32_t epoch_ = 0;               // barriers this rank has entered
+  uint64_t flips_ = 0;               // staging halves used so far (the same count on every rank)
+  uint64_t ops_ = 0;                 // collectives begun so far
+  std::atomic<uint64_t> completed_ops_{0};  // collectives completed so far
   std::vector<const void*> inputs_;  // one pointer per rank, for reductions (sized once)
+  std::vector<int> pidfds_;          // by rank: a handle on each peer's process, or -1
+
+  std::atomic<bool> aborted_{false};  // abort() was called in this process
+  mutable std::mutex reason_mutex_;
+  std::string reason_;
 };
 
 }  // namespace tutti::shm_backend

@@ -4,7 +4,9 @@
 // Protocol: a waker changes the state, then bumps `word` and calls wake() only when `sleepers`
 // says someone may be asleep, so the fast path makes no system call. All accesses are
 // sequentially consistent, so a waiter either sees the new state or is counted in `sleepers`
-// before the waker looks.
+// before the waker looks. A sleep never lasts longer than kMaxNap: after each one the waiter's
+// on_nap() runs (liveness checks; it may throw), and a wake that carries no change of the word
+// (an abort) is seen within that time.
 #pragma once
 
 #include <linux/futex.h>
@@ -23,6 +25,8 @@ namespace tutti::shm_backend {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr std::chrono::milliseconds kMaxNap{10};
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -39,10 +43,13 @@ inline uint32_t* futex_address(std::atomic<uint32_t>& word) {
 }
 
 // Wakes every process sleeping on `word` (shared futex: the word lives in a shared mapping).
+inline void wake_always(std::atomic<uint32_t>& word) {
+  ::syscall(SYS_futex, futex_address(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Wakes the sleepers on `word`, if `sleepers` says there may be some.
 inline void wake_all(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers) {
-  if (sleepers.load() != 0) {
-    ::syscall(SYS_futex, futex_address(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-  }
+  if (sleepers.load() != 0) wake_always(word);
 }
 
 // How long to busy-wait before sleeping.
@@ -52,9 +59,9 @@ struct SpinPolicy {
 };
 
 // Waits until ready() holds; false when the deadline passed first.
-template <typename Ready>
+template <typename Ready, typename OnNap>
 bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
-           Clock::time_point deadline, SpinPolicy policy) {
+           Clock::time_point deadline, SpinPolicy policy, OnNap on_nap) {
   for (int i = 0; i < policy.spins; ++i) {
     if (ready()) return true;
     cpu_relax();
@@ -76,13 +83,12 @@ bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& slee
       sleepers.fetch_sub(1);
       return ready();
     }
-    // Sleep until the word changes, at most until the deadline (and at most 100 ms, so that
-    // the deadline is checked even if a wake were ever missed).
-    const auto left = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(100));
+    const auto left = std::min<Clock::duration>(deadline - now, kMaxNap);
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
     timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
     ::syscall(SYS_futex, futex_address(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
     sleepers.fetch_sub(1);
+    on_nap();
   }
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -25,8 +26,22 @@ namespace tutti {
 TUTTI_API void init_collective_group(int world_size, int rank, std::string_view backend = "gloo",
                                      std::string_view group_name = "default",
                                      const GroupOptions& options = {});
-// An unknown name is a logged no-op. Never throws.
+// An unknown name is a logged no-op. Never throws. An op of the group running in another
+// thread ends at once with kAborted.
 TUTTI_API void destroy_collective_group(std::string_view group_name = "default");
+// Aborts a named group from any thread (see CollectiveGroup::abort): its running and queued ops
+// end with kAborted naming `reason`; it stays registered, aborted, until destroyed. False when
+// the group is not initialised. Never throws.
+TUTTI_API bool abort_collective_group(std::string_view group_name = "default",
+                                      const std::string& reason = "aborted by the application");
+// Splits `ranks` of the group `parent` into a new named group (torch's new_group): collective,
+// every rank of `parent` calls it with the same ranks. The members get the new group, also
+// registered under `group_name` (empty: "<parent>.split<n>"); the others get null. `backend`
+// empty: the parent's.
+TUTTI_API std::shared_ptr<CollectiveGroup> new_group(const std::vector<int>& ranks,
+                                                     std::string_view backend = "",
+                                                     std::string_view group_name = "",
+                                                     std::string_view parent = "default");
 TUTTI_API bool is_group_initialized(std::string_view group_name = "default");
 // -1 where the group is not initialised in this process.
 TUTTI_API int get_rank(std::string_view group_name = "default");
@@ -54,6 +69,28 @@ TUTTI_API void reduce_scatter(TensorView output, TensorView input,
                               ReduceOp op = ReduceOp::kSum);
 TUTTI_API void send(TensorView tensor, int dst_rank, std::string_view group_name = "default");
 TUTTI_API void recv(TensorView tensor, int src_rank, std::string_view group_name = "default");
+// Several sends and receives posted together (see CollectiveGroup::batch_isend_irecv).
+TUTTI_API void batch_isend_irecv(const std::vector<P2POp>& ops,
+                                 std::string_view group_name = "default");
+TUTTI_API void alltoall(const std::vector<TensorView>& output_list,
+                        const std::vector<TensorView>& input_list,
+                        std::string_view group_name = "default");
+TUTTI_API void alltoall(TensorView output, TensorView input,
+                        std::string_view group_name = "default");
+TUTTI_API void alltoallv(TensorView output, TensorView input,
+                         const std::vector<int64_t>& output_counts,
+                         const std::vector<int64_t>& input_counts,
+                         std::string_view group_name = "default");
+TUTTI_API void allgatherv(TensorView output, TensorView input, const std::vector<int64_t>& counts,
+                          std::string_view group_name = "default");
+TUTTI_API void gather(const std::vector<TensorView>& output_list, TensorView input,
+                      int dst_rank = 0, std::string_view group_name = "default");
+TUTTI_API void gather(TensorView output, TensorView input, int dst_rank = 0,
+                      std::string_view group_name = "default");
+TUTTI_API void scatter(TensorView output, const std::vector<TensorView>& input_list,
+                       int src_rank = 0, std::string_view group_name = "default");
+TUTTI_API void scatter(TensorView output, TensorView input, int src_rank = 0,
+                       std::string_view group_name = "default");
 
 // Multi-device forms, Ray's *_multigpu: one process driving several GPUs (see
 // CollectiveGroup::allreduce_multigpu for the list rules).

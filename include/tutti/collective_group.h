@@ -2,12 +2,15 @@
 //
 // The group owns its name, rank, world size and default timeout, validates every call before
 // any I/O (each failure a tutti::Error naming group, rank, op and the offending value), and
-// dispatches to its backend.
+// dispatches to its backend. Every op returns a Work (see tutti/work.h): already completed for
+// a blocking call, running for one with `opts.async_op` (and for GPU ops, which return once
+// enqueued). Blocking callers may ignore it.
 //
-// Threads: every method is safe to call from several threads. Ops on one group are serialised
-// in the order they arrive; as with any collective library, every rank must issue a group's ops
-// in the same order, so concurrent callers must agree on an order among themselves (ranks that
-// disagree get mismatched ops, which time out naming the op, rather than wrong data).
+// Order: every rank must issue a group's ops in the same order; ops run in the order they are
+// issued. Threads: every method may be called from any thread, but ops issued from two threads
+// at once get an order that may differ from rank to rank, and then ops of the same signature
+// swap their data unnoticed: issue a group's ops from one thread at a time (async ops let one
+// thread keep several in flight). abort() and destroy() are meant for any thread at any time.
 // Several groups run independently, side by side.
 //
 // Failure: kInvalidArgument / kInvalidUsage errors leave the group usable. A timeout, transport
@@ -15,28 +18,28 @@
 // destroyed and initialised again. See docs/errors.md.
 #pragma once
 
-#include <array>
-#include <atomic>
 #include <chrono>
-#include <map>
+#include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "tutti/backend.h"
 #include "tutti/error.h"
 #include "tutti/export.h"
+#include "tutti/op_type.h"
 #include "tutti/options.h"
 #include "tutti/tensor_view.h"
+#include "tutti/work.h"
 
 namespace tutti {
 
 class Store;
 
-class TUTTI_API CollectiveGroup {
+class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<CollectiveGroup> {
  public:
+  using WorkPtr = std::shared_ptr<Work>;
+
   // Joins a group: validates the arguments, meets the other ranks through the store (see
   // GroupOptions) and creates the backend. Throws Error(kInvalidArgument) for bad values,
   // kUnavailable for an unknown backend, kTimeout naming the missing ranks.
@@ -47,113 +50,138 @@ class TUTTI_API CollectiveGroup {
                                                  std::string_view group_name,
                                                  const GroupOptions& options = {});
   ~CollectiveGroup();
+  CollectiveGroup(const CollectiveGroup&) = delete;
+  CollectiveGroup& operator=(const CollectiveGroup&) = delete;
 
-  const std::string& name() const { return name_; }
-  int rank() const { return rank_; }
-  int world_size() const { return world_size_; }
-  const std::string& backend_name() const { return backend_name_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
-  bool is_destroyed() const { return destroyed_.load(); }
+  const std::string& name() const;
+  int rank() const;
+  int world_size() const;
+  const std::string& backend_name() const;
+  std::chrono::milliseconds timeout() const;
+  // This rank's rank, and every rank's, in the group this one was split from first (equal to
+  // the group's own ranks for a group made by create()).
+  int global_rank() const;
+  const std::vector<int>& global_ranks() const;
+  bool is_destroyed() const;
   bool is_aborted() const;
 
-  // Tears down the backend. Local: it never waits for other ranks and never throws. (The one
-  // exception: a rank that hosts the group's TCP store keeps serving until the other ranks have
-  // left, at most 10 s, so that a fast rank 0 does not break slower ranks' teardown.) Later
-  // calls fail with kInvalidUsage. Idempotent.
+  // Ends every op of this group, running or queued, with kAborted naming `reason`, promptly,
+  // from any thread. The peers learn of it where the backend can tell them (their ops fail
+  // instead of waiting out their timeouts). The group stays aborted: later ops fail with
+  // kAborted; destroy it and initialise it again. Never throws; idempotent.
+  void abort(const std::string& reason = "aborted by the application");
+
+  // Tears down the backend. Local: it never waits for other ranks and never throws. An op still
+  // running in another thread, or queued, is aborted first (kAborted). (The one exception: a
+  // rank that hosts the group's TCP store keeps serving until the other ranks have left, at most
+  // 10 s, so that a fast rank 0 does not break slower ranks' teardown.) Later calls fail with
+  // kInvalidUsage. Idempotent. Subgroups split from this group live on.
   void destroy() noexcept;
 
-  void broadcast(TensorView tensor, const BroadcastOptions& opts = {});
-  void allreduce(TensorView tensor, const AllreduceOptions& opts = {});
+  // Splits a subgroup off this group: collective, every rank of this group calls it with the
+  // same `ranks` (distinct ranks of this group; their order gives the subgroup's ranks). The
+  // members get the subgroup, the others null. The subgroup meets through this group's store (no
+  // new rendezvous server), under a key only this split uses.
+  std::shared_ptr<CollectiveGroup> split(const std::vector<int>& ranks,
+                                         const SplitOptions& options = {});
+
+  WorkPtr broadcast(TensorView tensor, const BroadcastOptions& opts = {});
+  WorkPtr allreduce(TensorView tensor, const AllreduceOptions& opts = {});
   // Only the root's tensor changes.
-  void reduce(TensorView tensor, const ReduceOptions& opts = {});
+  WorkPtr reduce(TensorView tensor, const ReduceOptions& opts = {});
   // output_list[r] receives rank r's input; world_size entries, each shaped like the input.
-  void allgather(const std::vector<TensorView>& output_list, TensorView input,
-                 const AllgatherOptions& opts = {});
+  WorkPtr allgather(const std::vector<TensorView>& output_list, TensorView input,
+                    const AllgatherOptions& opts = {});
   // The single-buffer form: output holds the world's inputs back to back (world_size x numel).
-  void allgather(TensorView output, TensorView input, const AllgatherOptions& opts = {});
+  WorkPtr allgather(TensorView output, TensorView input, const AllgatherOptions& opts = {});
+  // Ranks contribute different sizes: rank r's input has counts[r] elements, and output holds
+  // them all back to back in rank order (sum of counts elements). Every rank passes the same
+  // counts.
+  WorkPtr allgatherv(TensorView output, TensorView input, const std::vector<int64_t>& counts,
+                     const AllgathervOptions& opts = {});
   // output = reduction over ranks of input_list[rank]; world_size entries shaped like output.
-  void reduce_scatter(TensorView output, const std::vector<TensorView>& input_list,
-                      const ReduceScatterOptions& opts = {});
+  WorkPtr reduce_scatter(TensorView output, const std::vector<TensorView>& input_list,
+                         const ReduceScatterOptions& opts = {});
   // The single-buffer form: input holds world_size blocks back to back, each like output.
-  void reduce_scatter(TensorView output, TensorView input, const ReduceScatterOptions& opts = {});
-  void barrier(const BarrierOptions& opts = {});
-  void send(TensorView tensor, int dst_rank, const SendOptions& opts = {});
-  void recv(TensorView tensor, int src_rank, const RecvOptions& opts = {});
+  WorkPtr reduce_scatter(TensorView output, TensorView input,
+                         const ReduceScatterOptions& opts = {});
+  // input_list[r] goes to rank r; output_list[r] receives rank r's input_list[rank]. world_size
+  // entries each, all of one dtype and size.
+  WorkPtr alltoall(const std::vector<TensorView>& output_list,
+                   const std::vector<TensorView>& input_list, const AlltoallOptions& opts = {});
+  // The single-buffer form: input and output hold world_size equal blocks back to back; block r
+  // of the input goes to rank r, block r of the output comes from rank r.
+  WorkPtr alltoall(TensorView output, TensorView input, const AlltoallOptions& opts = {});
+  // Blocks of different sizes: input_counts[r] elements of the input (back to back, in rank
+  // order) go to rank r; output_counts[r] elements come from rank r. Each rank's
+  // output_counts[r] must equal rank r's input_counts[rank].
+  WorkPtr alltoallv(TensorView output, TensorView input, const std::vector<int64_t>& output_counts,
+                    const std::vector<int64_t>& input_counts, const AlltoallOptions& opts = {});
+  // The root's output_list[r] receives rank r's input (world_size entries shaped like the
+  // input); the other ranks pass an empty list.
+  WorkPtr gather(const std::vector<TensorView>& output_list, TensorView input,
+                 const GatherOptions& opts = {});
+  // The single-buffer form: the root's output holds world_size x input; elsewhere it is ignored
+  // (an empty view will do).
+  WorkPtr gather(TensorView output, TensorView input, const GatherOptions& opts = {});
+  // Rank r's output receives the root's input_list[r] (world_size entries shaped like the
+  // output); the other ranks pass an empty list.
+  WorkPtr scatter(TensorView output, const std::vector<TensorView>& input_list,
+                  const ScatterOptions& opts = {});
+  // The single-buffer form: the root's input holds world_size x output; elsewhere it is ignored.
+  WorkPtr scatter(TensorView output, TensorView input, const ScatterOptions& opts = {});
+  WorkPtr barrier(const BarrierOptions& opts = {});
+  WorkPtr send(TensorView tensor, int dst_rank, const SendOptions& opts = {});
+  WorkPtr recv(TensorView tensor, int src_rank, const RecvOptions& opts = {});
+  // Sends and receives to and from several peers, posted together (torch's batch_isend_irecv):
+  // a ring (everyone sends right and receives left) or an all-pairs exchange in one call cannot
+  // deadlock. Each message meets its peer's receive (or send) in the same position; see P2POp.
+  WorkPtr batch_isend_irecv(const std::vector<P2POp>& ops, const BatchP2POptions& opts = {});
 
   // Multi-device forms (Ray's *_multigpu: one process driving several GPUs). `tensors` holds one
   // tensor per distinct local device, all of one shape and dtype; every process must drive the
   // same number of devices. Rank r's device d counts as collective rank r x devices + d.
   // Backends that take one device per op (gloo, shm) refuse lists longer than one.
-  void allreduce_multigpu(const std::vector<TensorView>& tensors,
-                          const AllreduceOptions& opts = {});
+  WorkPtr allreduce_multigpu(const std::vector<TensorView>& tensors,
+                             const AllreduceOptions& opts = {});
   // opts.root_rank / opts.root_tensor: the rank and the index into its list that receive.
-  void reduce_multigpu(const std::vector<TensorView>& tensors, const ReduceOptions& opts = {});
-  void broadcast_multigpu(const std::vector<TensorView>& tensors,
-                          const BroadcastOptions& opts = {});
+  WorkPtr reduce_multigpu(const std::vector<TensorView>& tensors, const ReduceOptions& opts = {});
+  WorkPtr broadcast_multigpu(const std::vector<TensorView>& tensors,
+                             const BroadcastOptions& opts = {});
   // output_lists[d] has world_size x devices tensors: output_lists[d][r * devices + e] receives
   // rank r's tensors[e].
-  void allgather_multigpu(const std::vector<std::vector<TensorView>>& output_lists,
-                          const std::vector<TensorView>& inputs, const AllgatherOptions& opts = {});
+  WorkPtr allgather_multigpu(const std::vector<std::vector<TensorView>>& output_lists,
+                             const std::vector<TensorView>& inputs,
+                             const AllgatherOptions& opts = {});
   // input_lists[d] has world_size x devices tensors; outputs[d] receives the reduction of every
   // process's input_lists[.][r * devices + d], where r is this rank.
-  void reduce_scatter_multigpu(const std::vector<TensorView>& outputs,
-                               const std::vector<std::vector<TensorView>>& input_lists,
-                               const ReduceScatterOptions& opts = {});
+  WorkPtr reduce_scatter_multigpu(const std::vector<TensorView>& outputs,
+                                  const std::vector<std::vector<TensorView>>& input_lists,
+                                  const ReduceScatterOptions& opts = {});
   // The first n_elements (0: all) of `tensor`, from this process's device to dst_rank's device
   // opts.dst_device_index (recv: from src_rank's opts.src_device_index).
-  void send_multigpu(TensorView tensor, int dst_rank, int64_t n_elements = 0,
-                     const SendOptions& opts = {});
-  void recv_multigpu(TensorView tensor, int src_rank, int64_t n_elements = 0,
-                     const RecvOptions& opts = {});
-  // Waits on the host until every op enqueued on `device` has finished (a no-op for CPU).
+  WorkPtr send_multigpu(TensorView tensor, int dst_rank, int64_t n_elements = 0,
+                        const SendOptions& opts = {});
+  WorkPtr recv_multigpu(TensorView tensor, int src_rank, int64_t n_elements = 0,
+                        const RecvOptions& opts = {});
+  // Waits on the host until every op enqueued on `device` has finished (CPU: every async op).
   void synchronize(Device device);
 
   // "group 'default' (rank 1/4)"
   std::string describe() const;
 
+  struct State;  // private: defined in the library
+
  private:
-  CollectiveGroup(std::string name, int rank, int world_size, std::string backend_name,
-                  std::chrono::milliseconds timeout);
+  explicit CollectiveGroup(std::shared_ptr<State> state);
   struct Call;
-  Call begin(OpType op, uint64_t signature, std::chrono::milliseconds timeout, int peer = -1,
+  template <typename Issue>
+  WorkPtr submit(Call& call, Issue&& issue);
+  Call begin(OpType op, uint64_t signature, const OpOptions& opts, int peer = -1,
              bool sending = false);
-  template <typename Fn>
-  void run(Call& call, Fn&& fn);
   void leave_store();
-  [[noreturn]] void fail(ErrorCode code, OpType op, const std::string& what) const;
-  void check_tensor(OpType op, const TensorView& t, const char* what) const;
-  void check_rank(OpType op, int value, const char* what, bool allow_self = true) const;
-  void check_reduce_op(OpType op, ReduceOp reduce_op, DType dtype) const;
-  void check_device_list(OpType op, const std::vector<TensorView>& tensors, const char* what) const;
-  void check_rooted_list(OpType op, const std::vector<TensorView>& tensors, int root_rank,
-                         int root_tensor) const;
-  TensorView check_p2p_multigpu(OpType op, const TensorView& tensor, int peer, int64_t n_elements,
-                                int peer_device) const;
 
-  const std::string name_;
-  const int rank_;
-  const int world_size_;
-  const std::string backend_name_;
-  const std::chrono::milliseconds timeout_;
-
-  std::shared_ptr<Store> store_;  // the store the group met through
-  std::string scope_;             // this incarnation's key prefix in store_
-  bool owns_store_ = false;       // opened from a URL by this group
-
-  std::atomic<bool> destroyed_{false};
-  mutable std::mutex state_mutex_;  // guards abort_reason_
-  std::string abort_reason_;        // non-empty once aborted
-
-  // What the backend supports, read once at creation so validation never touches backend_.
-  std::array<bool, 2> device_supported_{};  // by DeviceType
-  std::array<bool, 8> op_supported_{};      // by OpType
-  int max_devices_ = 1;
-
-  std::mutex op_mutex_;  // serialises ops; guards the sequence counters and backend_ calls
-  std::unique_ptr<Backend> backend_;
-  uint64_t collective_seq_ = 0;
-  std::map<int, uint64_t> send_seq_;  // per destination rank
-  std::map<int, uint64_t> recv_seq_;  // per source rank
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace tutti

@@ -10,7 +10,9 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "tutti/tensor_view.h"
 #include "tutti/types.h"
 
 namespace tutti {
@@ -20,15 +22,21 @@ class Store;
 // A timeout of kUseGroupTimeout (the default) means the group's timeout.
 constexpr std::chrono::milliseconds kUseGroupTimeout{-1};
 
-// What every op takes. `stream` is an opaque accelerator stream (a cudaStream_t for the NCCL
-// backend; null means the device's default stream): the op runs after the work already queued
-// there and returns once enqueued, its result ready for what is queued after it. `blocking`
-// makes the call wait on the host until the op has finished. CPU backends ignore both (their
-// ops always finish before returning).
+// What every op takes.
+// - `timeout`: how long the op may take once it has started (the group's timeout by default).
+// - `async_op`: return at once with a Work that completes when the op has finished (c10d's
+//   async_op). CPU backends then run the op on the group's worker thread, in issue order; the
+//   op's buffers are the op's until Work::wait() returns. Without it, a CPU op has finished
+//   when the call returns.
+// - `stream`: an opaque accelerator stream (a cudaStream_t for the NCCL backend; null means the
+//   device's default stream): a GPU op runs after the work already queued there and returns
+//   once enqueued, its result ready for what is queued after it. CPU backends ignore it.
+// - `blocking`: a GPU op also waits on the host until it has finished. CPU backends ignore it.
 struct OpOptions {
   std::chrono::milliseconds timeout = kUseGroupTimeout;
   void* stream = nullptr;
   bool blocking = false;
+  bool async_op = false;
 };
 
 struct BroadcastOptions : OpOptions {
@@ -60,6 +68,41 @@ struct SendOptions : OpOptions {
 
 struct RecvOptions : OpOptions {
   int src_device_index = 0;  // the sending process's device (multi-device forms)
+};
+
+struct AlltoallOptions : OpOptions {};
+
+struct AllgathervOptions : OpOptions {};
+
+struct GatherOptions : OpOptions {
+  int root_rank = 0;
+};
+
+struct ScatterOptions : OpOptions {
+  int root_rank = 0;
+};
+
+// One send or receive of a batch (batch_isend_irecv). Every send meets the receive of the same
+// peer in the same position: the k-th message from rank a to rank b, counting plain send() /
+// recv() and batched ones alike, meets b's k-th receive from a.
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  TensorView tensor;
+  int peer = 0;               // the destination of a send, the source of a receive
+  int peer_device_index = 0;  // the peer process's device (multi-device backends)
+
+  static P2POp send(TensorView tensor, int dst_rank) { return {Kind::kSend, tensor, dst_rank, 0}; }
+  static P2POp recv(TensorView tensor, int src_rank) { return {Kind::kRecv, tensor, src_rank, 0}; }
+};
+
+struct BatchP2POptions : OpOptions {};
+
+// How CollectiveGroup::split makes a subgroup.
+struct SplitOptions {
+  std::string name;     // empty: "<parent>.split<n>", n counting the parent's splits from 0
+  std::string backend;  // empty: the parent's backend
+  std::chrono::milliseconds timeout = kUseGroupTimeout;  // default: the parent's timeout
 };
 
 // How a group meets its peers and how long it waits by default.

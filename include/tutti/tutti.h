@@ -9,6 +9,7 @@
 #include "tutti/error.h"
 #include "tutti/file_store.h"
 #include "tutti/hash_store.h"
+#include "tutti/op_type.h"
 #include "tutti/options.h"
 #include "tutti/prefix_store.h"
 #include "tutti/redis_store.h"
@@ -17,3 +18,4 @@
 #include "tutti/tensor_view.h"
 #include "tutti/types.h"
 #include "tutti/version.h"
+#include "tutti/work.h"

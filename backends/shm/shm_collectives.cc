@@ -1,0 +1,196 @@
+// The shm backend's collectives: small messages through each rank's published slot, large
+// ones chunk by chunk through the staging halves, reductions split across ranks.
+#include <algorithm>
+#include <cstring>
+
+#include "reduction.h"
+#include "shm_internal.h"
+
+namespace tutti::shm_backend {
+
+Backend::WorkPtr ShmBackend::barrier(const BarrierOptions&, const OpContext& ctx) {
+  if (world_size_ == 1) return nullptr;
+  Op op = begin_op(ctx);
+  exchange(op, nullptr, 0);
+  end_op(op);
+  return nullptr;
+}
+
+Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
+                           const OpContext& ctx) {
+  if (world_size_ == 1) return nullptr;
+  const TensorView& t = tensors[0];
+  Op op = begin_op(ctx);
+  auto* data = static_cast<char*>(t.data());
+  const size_t total = t.nbytes();
+  if (total <= kSmallBytes) {
+    const bool root = rank_ == opts.root_rank;
+    exchange(op, root ? data : nullptr, root ? total : 0);
+    if (!root) std::memcpy(data, small_payload(opts.root_rank, op.parity, total), total);
+  } else {
+    for (size_t off = 0; off < total; off += chunk_) {
+      const size_t len = std::min(chunk_, total - off);
+      const int half = static_cast<int>(flips_++ & 1);
+      if (rank_ == opts.root_rank) std::memcpy(stage(rank_, half), data + off, len);
+      sync(op);
+      if (rank_ != opts.root_rank) std::memcpy(data + off, stage(opts.root_rank, half), len);
+    }
+  }
+  end_op(op);
+  return nullptr;
+}
+
+Backend::WorkPtr ShmBackend::allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
+                           const OpContext& ctx) {
+  if (world_size_ == 1) return nullptr;  // the sum (or avg) of one rank is its own tensor
+  Op op = begin_op(ctx);
+  reduce_chunks(tensors[0], opts.reduce_op, -1, op);
+  end_op(op);
+  return nullptr;
+}
+
+Backend::WorkPtr ShmBackend::reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
+                        const OpContext& ctx) {
+  if (world_size_ == 1) return nullptr;
+  Op op = begin_op(ctx);
+  reduce_chunks(tensors[0], opts.reduce_op, opts.root_rank, op);
+  end_op(op);
+  return nullptr;
+}
+
+// allreduce (root < 0) or reduce to root, in place on t.
+void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op) {
+  const detail::ReduceFn fn = detail::reduce_function(t.dtype(), reduce_op);
+  const size_t es = t.element_size();
+  auto* data = static_cast<char*>(t.data());
+  const size_t n = static_cast<size_t>(t.numel());
+  const bool avg = reduce_op == ReduceOp::kAvg;
+  const bool to_me = root < 0 || root == rank_;
+  std::vector<const void*>& inputs = inputs_;
+
+  if (t.nbytes() <= kSmallBytes) {
+    // One step: everyone publishes, then each receiver folds the whole message from the
+    // published copies in rank order (so every rank computes the same bits).
+    exchange(op, data, t.nbytes());
+    if (!to_me) return;
+    for (int q = 0; q < world_size_; ++q) inputs[q] = small_payload(q, op.parity, t.nbytes());
+    detail::reduce_many(fn, data, inputs.data(), world_size_, n, es);
+    if (avg) detail::scale_average(data, t.dtype(), n, world_size_);
+    return;
+  }
+
+  // Chunks of up to chunk_ bytes; within a chunk rank q reduces slice q (of about len / W
+  // elements) from every rank and publishes it; then the receivers copy the slices out.
+  const size_t per_chunk = std::max<size_t>(1, chunk_ / es);
+  for (size_t first = 0; first < n; first += per_chunk) {
+    const size_t len = std::min(per_chunk, n - first);
+    const int half = static_cast<int>(flips_++ & 1);
+    auto slice_begin = [&](int q) { return len * static_cast<size_t>(q) / world_size_; };
+    // Publish what the others reduce: every slice but our own.
+    for (int q = 0; q < world_size_; ++q) {
+      if (q == rank_) continue;
+      const size_t b = slice_begin(q), e = slice_begin(q + 1);
+      std::memcpy(stage(rank_, half) + b * es, data + (first + b) * es, (e - b) * es);
+    }
+    sync(op);
+    // Our slice: our own input first (the output may alias only the first input), then the
+    // others' in rank order. The result goes to our staging area for the others, and to our
+    // tensor unless this is a reduce to another rank (whose non-roots keep their tensors).
+    const size_t b = slice_begin(rank_), e = slice_begin(rank_ + 1);
+    if (e > b) {
+      inputs[0] = data + (first + b) * es;
+      int k = 1;
+      for (int q = 0; q < world_size_; ++q) {
+        if (q != rank_) inputs[k++] = stage(q, half) + b * es;
+      }
+      char* published = stage(rank_, half) + b * es;
+      char* target = to_me ? data + (first + b) * es : published;
+      detail::reduce_many(fn, target, inputs.data(), world_size_, e - b, es);
+      if (avg) detail::scale_average(target, t.dtype(), e - b, world_size_);
+      if (target != published) std::memcpy(published, target, (e - b) * es);
+    }
+    sync(op);
+    if (!to_me) continue;
+    for (int q = 0; q < world_size_; ++q) {
+      if (q == rank_) continue;
+      const size_t qb = slice_begin(q), qe = slice_begin(q + 1);
+      std::memcpy(data + (first + qb) * es, stage(q, half) + qb * es, (qe - qb) * es);
+    }
+  }
+}
+
+Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
+                           const std::vector<TensorView>& inputs, const AllgatherOptions&,
+                           const OpContext& ctx) {
+  const TensorView& in = inputs[0];
+  const std::vector<TensorView>& out = outputs[0];
+  const auto* src = static_cast<const char*>(in.data());
+  const size_t total = in.nbytes();
+  if (world_size_ == 1) {
+    if (out[0].data() != in.data()) std::memcpy(out[0].data(), src, total);
+    return nullptr;
+  }
+  Op op = begin_op(ctx);
+  if (total <= kSmallBytes) {
+    exchange(op, src, total);
+    for (int q = 0; q < world_size_; ++q) {
+      char* dst = static_cast<char*>(out[q].data());
+      const char* from = q == rank_ ? src : small_payload(q, op.parity, total);
+      if (dst != from) std::memcpy(dst, from, total);
+    }
+  } else {
+    for (size_t off = 0; off < total; off += chunk_) {
+      const size_t len = std::min(chunk_, total - off);
+      const int half = static_cast<int>(flips_++ & 1);
+      std::memcpy(stage(rank_, half), src + off, len);
+      sync(op);
+      for (int q = 0; q < world_size_; ++q) {
+        char* dst = static_cast<char*>(out[q].data()) + off;
+        const char* from = q == rank_ ? src + off : stage(q, half);
+        if (dst != from) std::memcpy(dst, from, len);
+      }
+    }
+  }
+  end_op(op);
+  return nullptr;
+}
+
+Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outputs,
+                                const std::vector<std::vector<TensorView>>& inputs,
+                                const ReduceScatterOptions& opts, const OpContext& ctx) {
+  const TensorView& out = outputs[0];
+  const std::vector<TensorView>& in = inputs[0];
+  const size_t es = out.element_size();
+  const size_t n = static_cast<size_t>(out.numel());
+  if (world_size_ == 1) {
+    if (out.data() != in[0].data()) std::memcpy(out.data(), in[0].data(), out.nbytes());
+    return nullptr;
+  }
+  Op op = begin_op(ctx);
+  const detail::ReduceFn fn = detail::reduce_function(out.dtype(), opts.reduce_op);
+  std::vector<const void*>& sources = inputs_;
+  // Each chunk holds `len` elements of every block, so W x len must fit a staging half.
+  const size_t per_chunk = std::max<size_t>(1, chunk_ / es / world_size_);
+  for (size_t first = 0; first < n; first += per_chunk) {
+    const size_t len = std::min(per_chunk, n - first);
+    const int half = static_cast<int>(flips_++ & 1);
+    for (int q = 0; q < world_size_; ++q) {
+      if (q == rank_) continue;
+      std::memcpy(stage(rank_, half) + q * len * es,
+                  static_cast<const char*>(in[q].data()) + first * es, len * es);
+    }
+    sync(op);
+    sources[0] = static_cast<const char*>(in[rank_].data()) + first * es;
+    int k = 1;
+    for (int q = 0; q < world_size_; ++q) {
+      if (q != rank_) sources[k++] = stage(q, half) + rank_ * len * es;
+    }
+    char* dst = static_cast<char*>(out.data()) + first * es;
+    detail::reduce_many(fn, dst, sources.data(), world_size_, len, es);
+    if (opts.reduce_op == ReduceOp::kAvg) detail::scale_average(dst, out.dtype(), len, world_size_);
+  }
+  end_op(op);
+  return nullptr;
+}
+
+}  // namespace tutti::shm_backend

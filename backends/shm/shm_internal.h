@@ -1,0 +1,47 @@
+// What the shm backend's files share beyond its header: one op in flight, one message of a
+// batch, and the wait every step of them ends in (internal).
+#pragma once
+
+#include <functional>
+
+#include "shm_backend.h"
+#include "shm_layout.h"
+#include "tutti/error.h"
+
+namespace tutti::shm_backend {
+
+// One collective in flight.
+struct ShmBackend::Op {
+  const OpContext& ctx;
+  Clock::time_point deadline;
+  uint32_t seq;          // this backend's collective count, the same on every rank (from 1)
+  uint32_t parity;       // seq & 1: which of two slots this op uses
+  bool checked = false;  // the tags have been compared
+};
+
+// One message of a batch in flight.
+struct ShmBackend::Transfer {
+  const P2PRequest* request;
+  size_t bytes = 0;  // the whole message
+  size_t done = 0;   // bytes sent (or received) so far
+  bool finished() const { return done == bytes; }
+};
+
+template <typename Ready, typename WaitingOn, typename OnTimeout>
+void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
+                            std::atomic<uint32_t>& sleepers, const OpContext& ctx,
+                            uint64_t op_seq, Clock::time_point deadline, WaitingOn waiting_on,
+                            OnTimeout on_timeout) {
+  if (ready() && !aborted_.load(std::memory_order_relaxed)) return;
+  const std::function<bool(int)> waiting(waiting_on);
+  const bool done = await([&] { return ready() || stopped(op_seq); }, word, sleepers, deadline,
+                          spin_, [&] { check_peers(ctx, waiting); });
+  if (aborted_.load()) throw_if_stopped(ctx, op_seq);
+  if (ready()) return;
+  throw_if_stopped(ctx, op_seq);
+  check_peers(ctx, waiting);
+  if (!done) on_timeout();
+  throw Error(ErrorCode::kInternal, ctx.description() + ": shm wait ended without its condition");
+}
+
+}  // namespace tutti::shm_backend

@@ -1,0 +1,111 @@
+#include "shm_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "group_util.h"
+#include "logging.h"
+#include "tutti/error.h"
+
+namespace tutti::shm_backend {
+namespace {
+
+[[noreturn]] void throw_errno(const std::string& what) {
+  throw Error(ErrorCode::kIoError, "shm: " + what + ": " + std::strerror(errno));
+}
+
+// "/tutti-<instance>-<random>": the job's and group's identity (long ones shortened with a
+// hash) and a random suffix, so two jobs without job ids, using one group name on one host,
+// never collide.
+std::string segment_name(const std::string& instance) {
+  std::string name = "/tutti-" + instance;
+  if (name.size() > 200) {
+    name = name.substr(0, 180) + "-" +
+           std::to_string(detail::Fnv1a().mix(std::hash<std::string>()(instance)).value());
+  }
+  std::random_device rd;
+  char suffix[16];
+  std::snprintf(suffix, sizeof(suffix), "-%08x", rd());
+  return name + suffix;
+}
+
+}  // namespace
+
+ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int parties,
+                       size_t bytes)
+    : size_(bytes) {
+  std::string name;
+  int fd = -1;
+  if (rank == 0) {
+    name = segment_name(instance);
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) throw_errno("creating segment '" + name + "'");
+    if (::ftruncate(fd, static_cast<off_t>(size_)) != 0) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      throw_errno("sizing segment '" + name + "' to " + std::to_string(size_) + " bytes");
+    }
+    store.set("shm/segment", name);
+  } else {
+    name = store.get("shm/segment");
+    fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) throw_errno("opening segment '" + name + "' (is /dev/shm shared?)");
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != size_) {
+      ::close(fd);
+      throw Error(ErrorCode::kRemoteError,
+                  "shm: segment '" + name + "' has " + std::to_string(st.st_size) +
+                      " bytes, this rank expects " + std::to_string(size_) +
+                      " (ranks disagree on TUTTI_SHM_CHUNK_BYTES or TUTTI_SHM_MAILBOX_BYTES)");
+    }
+  }
+  base_ = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  ::close(fd);
+  if (base_ == MAP_FAILED) {
+    base_ = nullptr;
+    if (rank == 0) ::shm_unlink(name.c_str());
+    throw_errno("mapping segment '" + name + "'");
+  }
+  // Everyone attached: then the name goes, so nothing outlives the processes.
+  store.set("shm/attached/" + std::to_string(rank), "1");
+  if (rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < parties; ++r) keys.push_back("shm/attached/" + std::to_string(r));
+    try {
+      store.wait(keys);
+    } catch (...) {
+      ::shm_unlink(name.c_str());
+      throw;
+    }
+    ::shm_unlink(name.c_str());
+  }
+  TUTTI_LOG_DEBUG("shm: rank {}/{} attached '{}' ({} bytes)", rank, parties, name, size_);
+}
+
+ShmSegment::~ShmSegment() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+}
+
+ShmSegment::ShmSegment(ShmSegment&& other) noexcept
+    : base_(std::exchange(other.base_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
+  if (this != &other) {
+    if (base_ != nullptr) ::munmap(base_, size_);
+    base_ = std::exchange(other.base_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+}  // namespace tutti::shm_backend

@@ -1,0 +1,37 @@
+// ShmSegment: one POSIX shared-memory mapping that the ranks of a group on one host share
+// (internal to the shm backend).
+//
+// Rank 0 creates it under a name carrying the group's identity and a random suffix, sizes it
+// and publishes the name in the group's store; the others open it, checking its size. Once
+// every rank has mapped it, rank 0 unlinks the name, so neither destroy nor a crash leaves it in
+// /dev/shm. Pages are populated up front: first-touch faults stay out of the ops.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "tutti/store.h"
+
+namespace tutti::shm_backend {
+
+class ShmSegment {
+ public:
+  ShmSegment() = default;
+  // Collective over `parties` ranks. Throws Error(kIoError) when the segment cannot be made,
+  // kRemoteError when the ranks disagree on its size.
+  ShmSegment(Store& store, const std::string& instance, int rank, int parties, size_t bytes);
+  ~ShmSegment();
+  ShmSegment(ShmSegment&& other) noexcept;
+  ShmSegment& operator=(ShmSegment&& other) noexcept;
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  char* data() const { return static_cast<char*>(base_); }
+  size_t size() const { return size_; }
+
+ private:
+  void* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace tutti::shm_backend

@@ -1,0 +1,693 @@
+// CollectiveGroup's ops: check the call, number it, then run it inline, queue it (async ops of
+// CPU backends), or hand it to a backend that completes it later (GPU ops).
+#include <algorithm>
+#include <memory>
+#include <type_traits>
+
+#include "group_state.h"
+#include "group_util.h"
+#include "logging.h"
+#include "tutti/collective_group.h"
+
+namespace tutti {
+namespace {
+
+std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested,
+                                          std::chrono::milliseconds group_default) {
+  return requested == kUseGroupTimeout ? group_default : requested;
+}
+
+// Packs two small indexes (a root and a device, two devices) into one signature field.
+int64_t pair_of(int a, int b) {
+  return static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) |
+                              static_cast<uint32_t>(b));
+}
+
+// Block r of a single buffer, shaped like `like` (what the list forms expect).
+TensorView block(const TensorView& buffer, int r, const TensorView& like) {
+  const TensorView flat = buffer.slice(r * like.numel(), like.numel());
+  return TensorView(flat.data(), like.dtype(), like.shape(), like.device());
+}
+
+// One hash of a list of counts, for signatures.
+int64_t hash_of(const std::vector<int64_t>& counts) {
+  detail::Fnv1a h;
+  for (int64_t c : counts) h.mix(static_cast<uint64_t>(c));
+  return static_cast<int64_t>(h.value());
+}
+
+std::exception_ptr aborted_error(const CollectiveGroup::State& s, const OpContext& ctx) {
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(s.state_mutex);
+    reason = s.abort_reason;
+  }
+  return std::make_exception_ptr(
+      Error(ErrorCode::kAborted,
+            ctx.description() + ": the group was aborted before this op started (" +
+                (reason.empty() ? std::string("destroyed") : reason) +
+                "); destroy it and initialise it again"));
+}
+
+// Counts an op as running inside the backend for as long as it lives.
+class Running {
+ public:
+  explicit Running(std::atomic<int>& n) : n_(n) { n_.fetch_add(1); }
+  ~Running() { n_.fetch_sub(1); }
+
+ private:
+  std::atomic<int>& n_;
+};
+
+}  // namespace
+
+// One op being issued: the op lock (held while it is numbered and issued, and while an inline
+// op runs) and the context handed to the backend.
+struct CollectiveGroup::Call {
+  std::unique_lock<std::mutex> lock;
+  OpContext ctx;
+  bool skip = false;   // zero elements: counted, but nothing to move
+  bool async = false;
+};
+
+CollectiveGroup::Call CollectiveGroup::begin(OpType op, uint64_t sig, const OpOptions& opts,
+                                             int peer, bool sending) {
+  State& s = *state_;
+  const std::chrono::milliseconds timeout = resolve_timeout(opts.timeout, s.timeout);
+  if (timeout.count() <= 0) {
+    s.fail(ErrorCode::kInvalidArgument, op,
+           "timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
+  }
+  if (!s.op_supported[static_cast<size_t>(op)]) {
+    s.fail(ErrorCode::kUnavailable, op,
+           "backend '" + s.backend_name + "' does not support '" + to_string(op) + "'");
+  }
+  Call call{std::unique_lock<std::mutex>(s.op_mutex), {}, false, opts.async_op};
+  if (s.destroyed.load()) s.fail(ErrorCode::kInvalidUsage, op, "the group was destroyed");
+  if (s.aborted.load()) {
+    std::lock_guard<std::mutex> lock(s.state_mutex);
+    s.fail(ErrorCode::kAborted, op,
+           "the group was aborted by an earlier failure (" + s.abort_reason +
+               "); destroy it and initialise it again");
+  }
+  uint64_t seq;
+  if (op == OpType::kBatchP2P) {
+    seq = s.batch_seq++;
+  } else if (peer < 0) {
+    seq = s.collective_seq++;
+  } else {
+    seq = sending ? s.send_seq[peer]++ : s.recv_seq[peer]++;
+  }
+  call.ctx.op = op;
+  call.ctx.seq = seq;
+  if (peer >= 0) {
+    // Point-to-point tags also fold in the direction (sender, receiver), so both ends agree.
+    call.ctx.tag = detail::p2p_tag(seq, sig, sending ? s.rank : peer, sending ? peer : s.rank);
+  } else {
+    detail::Fnv1a h;
+    h.mix(seq).mix(sig);
+    call.ctx.tag = static_cast<uint32_t>(h.value() ^ (h.value() >> 32));
+  }
+  call.ctx.timeout = timeout;
+  call.ctx.group_name = s.name;
+  call.ctx.rank = s.rank;
+  call.ctx.world_size = s.world_size;
+  return call;
+}
+
+// `issue(backend, ctx)` calls the backend; it owns copies of everything it refers to, because an
+// async op runs it after the caller has returned.
+template <typename Issue>
+CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
+  State& s = *state_;
+  if (call.skip) return Work::completed(call.ctx);
+  if (s.runs_inline && (call.async || s.queued.load() > 0)) {
+    // On the group's worker, after the ops queued before it. A blocking call behind async ones
+    // waits for its turn there, so ops always run in issue order.
+    auto work = std::make_shared<Work>(call.ctx);
+    s.queued.fetch_add(1);
+    State* state = &s;
+    s.queue.push([state, work, ctx = call.ctx, fn = std::decay_t<Issue>(std::forward<Issue>(issue))] {
+      if (state->aborted.load() || state->destroyed.load()) {
+        work->finish(aborted_error(*state, ctx));
+      } else {
+        try {
+          Running running(state->running);
+          WorkPtr inner = fn(*state->backend, ctx);
+          if (inner) inner->wait();
+          work->finish();
+        } catch (const Error& e) {
+          state->record_failure(ctx, e);
+          work->finish(std::current_exception());
+        } catch (const std::exception& e) {
+          Error wrapped(ErrorCode::kInternal, ctx.description() + ": " + e.what());
+          state->record_failure(ctx, wrapped);
+          work->finish(std::make_exception_ptr(wrapped));
+        }
+      }
+      state->queued.fetch_sub(1);
+    });
+    call.lock.unlock();
+    if (!call.async) work->wait();
+    return work;
+  }
+  WorkPtr work;
+  try {
+    Running running(s.running);
+    work = issue(*s.backend, call.ctx);
+  } catch (const Error& e) {
+    s.record_failure(call.ctx, e);
+    throw;
+  } catch (const std::exception& e) {
+    Error wrapped(ErrorCode::kInternal, call.ctx.description() + ": " + e.what());
+    s.record_failure(call.ctx, wrapped);
+    throw wrapped;
+  }
+  if (!work) return Work::completed(call.ctx);
+  // It completes later (a GPU op): its failure aborts the group as a synchronous one would.
+  std::weak_ptr<State> weak = state_;
+  work->on_finish([weak, ctx = call.ctx](const std::exception_ptr& error) {
+    auto state = weak.lock();
+    if (!error || !state) return;
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      state->record_failure(ctx, e);
+    } catch (...) {
+    }
+  });
+  return work;
+}
+
+using WorkPtr = CollectiveGroup::WorkPtr;
+
+WorkPtr CollectiveGroup::broadcast(TensorView tensor, const BroadcastOptions& opts) {
+  const OpType op = OpType::kBroadcast;
+  state_->check_tensor(op, tensor, "tensor");
+  state_->check_rank(op, opts.root_rank, "root rank");
+  auto call = begin(op, detail::signature(op, tensor.dtype(), tensor.numel(), opts.root_rank), opts);
+  call.skip = tensor.numel() == 0;
+  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, opts](
+                          Backend& b, const OpContext& ctx) { return b.broadcast(t, opts, ctx); });
+}
+
+WorkPtr CollectiveGroup::allreduce(TensorView tensor, const AllreduceOptions& opts) {
+  const OpType op = OpType::kAllreduce;
+  state_->check_tensor(op, tensor, "tensor");
+  state_->check_reduce_op(op, opts.reduce_op, tensor.dtype());
+  auto call = begin(op,
+                    detail::signature(op, tensor.dtype(), tensor.numel(), -1,
+                                      static_cast<int>(opts.reduce_op)),
+                    opts);
+  call.skip = tensor.numel() == 0;
+  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, opts](
+                          Backend& b, const OpContext& ctx) { return b.allreduce(t, opts, ctx); });
+}
+
+WorkPtr CollectiveGroup::reduce(TensorView tensor, const ReduceOptions& opts) {
+  const OpType op = OpType::kReduce;
+  state_->check_tensor(op, tensor, "tensor");
+  state_->check_rank(op, opts.root_rank, "root rank");
+  state_->check_reduce_op(op, opts.reduce_op, tensor.dtype());
+  auto call = begin(op,
+                    detail::signature(op, tensor.dtype(), tensor.numel(), opts.root_rank,
+                                      static_cast<int>(opts.reduce_op)),
+                    opts);
+  call.skip = tensor.numel() == 0;
+  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, opts](
+                          Backend& b, const OpContext& ctx) { return b.reduce(t, opts, ctx); });
+}
+
+WorkPtr CollectiveGroup::allgather(const std::vector<TensorView>& output_list, TensorView input,
+                                   const AllgatherOptions& opts) {
+  const OpType op = OpType::kAllgather;
+  state_->check_tensor(op, input, "input");
+  state_->check_list(op, output_list, input, "output", "input");
+  auto call = begin(op, detail::signature(op, input.dtype(), input.numel()), opts);
+  call.skip = input.numel() == 0;
+  return submit(call, [outs = std::vector<std::vector<TensorView>>{output_list},
+                       in = std::vector<TensorView>{std::move(input)},
+                       opts](Backend& b, const OpContext& ctx) {
+    return b.allgather(outs, in, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::allgather(TensorView output, TensorView input,
+                                   const AllgatherOptions& opts) {
+  const OpType op = OpType::kAllgather;
+  State& s = *state_;
+  s.check_tensor(op, input, "input");
+  s.check_tensor(op, output, "output");
+  s.check_same_dtype(op, output, "output", input, "input");
+  if (output.numel() != input.numel() * s.world_size) {
+    s.fail(ErrorCode::kInvalidArgument, op,
+           "output has " + std::to_string(output.numel()) + " elements, expected world size " +
+               std::to_string(s.world_size) + " x input's " + std::to_string(input.numel()));
+  }
+  // In place when the input is this rank's block of the output; else they must not overlap.
+  const TensorView mine = output.slice(s.rank * input.numel(), input.numel());
+  if (mine.data() != input.data()) s.check_disjoint(op, output, "output", input, "input");
+  auto call = begin(op, detail::signature(op, input.dtype(), input.numel()), opts);
+  call.skip = input.numel() == 0;
+  return submit(call, [out = std::move(output), in = std::move(input), opts](
+                          Backend& b, const OpContext& ctx) {
+    return b.allgather_into(out, in, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::allgatherv(TensorView output, TensorView input,
+                                    const std::vector<int64_t>& counts,
+                                    const AllgathervOptions& opts) {
+  const OpType op = OpType::kAllgatherv;
+  State& s = *state_;
+  s.check_tensor(op, input, "input");
+  s.check_tensor(op, output, "output");
+  s.check_same_dtype(op, output, "output", input, "input");
+  s.check_counts(op, counts, "counts", output.numel(), "output");
+  if (input.numel() != counts[s.rank]) {
+    s.fail(ErrorCode::kInvalidArgument, op,
+           "input has " + std::to_string(input.numel()) + " elements, counts[" +
+               std::to_string(s.rank) + "] says " + std::to_string(counts[s.rank]));
+  }
+  int64_t offset = 0;
+  for (int r = 0; r < s.rank; ++r) offset += counts[r];
+  const TensorView mine = output.slice(offset, input.numel());
+  if (mine.data() != input.data()) s.check_disjoint(op, output, "output", input, "input");
+  auto call = begin(op, detail::signature(op, input.dtype(), output.numel(), hash_of(counts)), opts);
+  call.skip = output.numel() == 0;
+  return submit(call, [out = std::move(output), in = std::move(input), counts, opts](
+                          Backend& b, const OpContext& ctx) {
+    return b.allgatherv(out, in, counts, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::reduce_scatter(TensorView output, const std::vector<TensorView>& input_list,
+                                        const ReduceScatterOptions& opts) {
+  const OpType op = OpType::kReduceScatter;
+  state_->check_tensor(op, output, "output");
+  state_->check_reduce_op(op, opts.reduce_op, output.dtype());
+  state_->check_list(op, input_list, output, "input", "output");
+  auto call = begin(op,
+                    detail::signature(op, output.dtype(), output.numel(), -1,
+                                      static_cast<int>(opts.reduce_op)),
+                    opts);
+  call.skip = output.numel() == 0;
+  return submit(call, [out = std::vector<TensorView>{std::move(output)},
+                       ins = std::vector<std::vector<TensorView>>{input_list},
+                       opts](Backend& b, const OpContext& ctx) {
+    return b.reduce_scatter(out, ins, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::reduce_scatter(TensorView output, TensorView input,
+                                        const ReduceScatterOptions& opts) {
+  const OpType op = OpType::kReduceScatter;
+  State& s = *state_;
+  s.check_tensor(op, input, "input");
+  s.check_tensor(op, output, "output");
+  s.check_same_dtype(op, input, "input", output, "output");
+  s.check_reduce_op(op, opts.reduce_op, output.dtype());
+  if (input.numel() != output.numel() * s.world_size) {
+    s.fail(ErrorCode::kInvalidArgument, op,
+           "input has " + std::to_string(input.numel()) + " elements, expected world size " +
+               std::to_string(s.world_size) + " x output's " + std::to_string(output.numel()));
+  }
+  // In place when the output is this rank's block of the input; else they must not overlap.
+  const TensorView mine = input.slice(s.rank * output.numel(), output.numel());
+  if (mine.data() != output.data()) s.check_disjoint(op, output, "output", input, "input");
+  auto call = begin(op,
+                    detail::signature(op, output.dtype(), output.numel(), -1,
+                                      static_cast<int>(opts.reduce_op)),
+                    opts);
+  call.skip = output.numel() == 0;
+  return submit(call, [out = std::move(output), in = std::move(input), opts](
+                          Backend& b, const OpContext& ctx) {
+    return b.reduce_scatter_from(out, in, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::alltoall(const std::vector<TensorView>& output_list,
+                                  const std::vector<TensorView>& input_list,
+                                  const AlltoallOptions& opts) {
+  const OpType op = OpType::kAlltoall;
+  State& s = *state_;
+  s.check_usable(op);
+  if (static_cast<int>(input_list.size()) != s.world_size) {
+    s.fail(ErrorCode::kInvalidArgument, op,
+           "input list has " + std::to_string(input_list.size()) +
+               " tensors, expected one per rank (" + std::to_string(s.world_size) + ")");
+  }
+  s.check_tensor(op, input_list[0], "input 0");
+  s.check_list(op, input_list, input_list[0], "input", "input 0");
+  s.check_list(op, output_list, input_list[0], "output", "input 0");
+  const int64_t n = input_list[0].numel();
+  auto call = begin(op, detail::signature(op, input_list[0].dtype(), n), opts);
+  call.skip = n == 0;
+  return submit(call, [outs = output_list, ins = input_list, opts](Backend& b,
+                                                                   const OpContext& ctx) {
+    return b.alltoall(outs, ins, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::alltoall(TensorView output, TensorView input, const AlltoallOptions& opts) {
+  const OpType op = OpType::kAlltoall;
+  State& s = *state_;
+  s.check_tensor(op, input, "input");
+  s.check_tensor(op, output, "output");
+  s.check_same_dtype(op, output, "output", input, "input");
+  if (input.numel() != output.numel() || input.numel() % s.world_size != 0) {
+    s.fail(ErrorCode::kInvalidArgument, op,
+           "input has " + std::to_string(input.numel()) + " elements and output " +
+               std::to_string(output.numel()) + ": both must hold world size (" +
+               std::to_string(s.world_size) + ") equal blocks");
+  }
+  s.check_disjoint(op, output, "output", input, "input");
+  const int64_t block = input.numel() / s.world_size;
+  auto call = begin(op, detail::signature(op, input.dtype(), block), opts);
+  call.skip = block == 0;
+  return submit(call, [out = std::move(output), in = std::move(input),
+                       counts = std::vector<int64_t>(s.world_size, block),
+                       opts](Backend& b, const OpContext& ctx) {
+    return b.alltoall_base(out, in, counts, counts, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::alltoallv(TensorView output, TensorView input,
+                                   const std::vector<int64_t>& output_counts,
+                                   const std::vector<int64_t>& input_counts,
+                                   const AlltoallOptions& opts) {
+  const OpType op = OpType::kAlltoallv;
+  State& s = *state_;
+  s.check_tensor(op, input, "input");
+  s.check_tensor(op, output, "output");
+  s.check_same_dtype(op, output, "output", input, "input");
+  s.check_counts(op, input_counts, "input counts", input.numel(), "input");
+  s.check_counts(op, output_counts, "output counts", output.numel(), "output");
+  s.check_disjoint(op, output, "output", input, "input");
+  // Counts differ from rank to rank, so the signature has none; each message's size is part of
+  // its own tag, so blocks of different sizes never meet.
+  auto call = begin(op, detail::signature(op, input.dtype(), 0), opts);
+  return submit(call, [out = std::move(output), in = std::move(input), output_counts,
+                       input_counts, opts](Backend& b, const OpContext& ctx) {
+    return b.alltoall_base(out, in, output_counts, input_counts, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::gather(const std::vector<TensorView>& output_list, TensorView input,
+                                const GatherOptions& opts) {
+  const OpType op = OpType::kGather;
+  State& s = *state_;
+  s.check_tensor(op, input, "input");
+  s.check_rank(op, opts.root_rank, "root rank");
+  const bool root = s.rank == opts.root_rank;
+  if (root) s.check_list(op, output_list, input, "output", "input");
+  auto call = begin(op, detail::signature(op, input.dtype(), input.numel(), opts.root_rank), opts);
+  call.skip = input.numel() == 0;
+  return submit(call, [outs = root ? output_list : std::vector<TensorView>{},
+                       in = std::move(input), opts](Backend& b, const OpContext& ctx) {
+    return b.gather(outs, in, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::gather(TensorView output, TensorView input, const GatherOptions& opts) {
+  const OpType op = OpType::kGather;
+  State& s = *state_;
+  s.check_tensor(op, input, "input");
+  s.check_rank(op, opts.root_rank, "root rank");
+  std::vector<TensorView> outs;
+  if (s.rank == opts.root_rank) {
+    s.check_tensor(op, output, "output");
+    s.check_same_dtype(op, output, "output", input, "input");
+    if (output.numel() != input.numel() * s.world_size) {
+      s.fail(ErrorCode::kInvalidArgument, op,
+             "output has " + std::to_string(output.numel()) + " elements, expected world size " +
+                 std::to_string(s.world_size) + " x input's " + std::to_string(input.numel()));
+    }
+    const TensorView mine = output.slice(s.rank * input.numel(), input.numel());
+    if (mine.data() != input.data()) s.check_disjoint(op, output, "output", input, "input");
+    for (int r = 0; r < s.world_size; ++r) outs.push_back(block(output, r, input));
+  }
+  return gather(outs, std::move(input), opts);
+}
+
+WorkPtr CollectiveGroup::scatter(TensorView output, const std::vector<TensorView>& input_list,
+                                 const ScatterOptions& opts) {
+  const OpType op = OpType::kScatter;
+  State& s = *state_;
+  s.check_tensor(op, output, "output");
+  s.check_rank(op, opts.root_rank, "root rank");
+  const bool root = s.rank == opts.root_rank;
+  if (root) s.check_list(op, input_list, output, "input", "output");
+  auto call =
+      begin(op, detail::signature(op, output.dtype(), output.numel(), opts.root_rank), opts);
+  call.skip = output.numel() == 0;
+  return submit(call, [out = std::move(output), ins = root ? input_list : std::vector<TensorView>{},
+                       opts](Backend& b, const OpContext& ctx) {
+    return b.scatter(out, ins, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::scatter(TensorView output, TensorView input, const ScatterOptions& opts) {
+  const OpType op = OpType::kScatter;
+  State& s = *state_;
+  s.check_tensor(op, output, "output");
+  s.check_rank(op, opts.root_rank, "root rank");
+  std::vector<TensorView> ins;
+  if (s.rank == opts.root_rank) {
+    s.check_tensor(op, input, "input");
+    s.check_same_dtype(op, input, "input", output, "output");
+    if (input.numel() != output.numel() * s.world_size) {
+      s.fail(ErrorCode::kInvalidArgument, op,
+             "input has " + std::to_string(input.numel()) + " elements, expected world size " +
+                 std::to_string(s.world_size) + " x output's " + std::to_string(output.numel()));
+    }
+    const TensorView mine = input.slice(s.rank * output.numel(), output.numel());
+    if (mine.data() != output.data()) s.check_disjoint(op, output, "output", input, "input");
+    for (int r = 0; r < s.world_size; ++r) ins.push_back(block(input, r, output));
+  }
+  return scatter(std::move(output), ins, opts);
+}
+
+WorkPtr CollectiveGroup::barrier(const BarrierOptions& opts) {
+  const OpType op = OpType::kBarrier;
+  state_->check_usable(op);
+  auto call = begin(op, detail::signature(op, DType::kUInt8, 0), opts);
+  return submit(call, [opts](Backend& b, const OpContext& ctx) { return b.barrier(opts, ctx); });
+}
+
+WorkPtr CollectiveGroup::send(TensorView tensor, int dst_rank, const SendOptions& opts) {
+  const OpType op = OpType::kSend;
+  state_->check_tensor(op, tensor, "tensor");
+  state_->check_rank(op, dst_rank, "destination rank", /*allow_self=*/false);
+  auto call = begin(op, detail::signature(OpType::kSend, tensor.dtype(), tensor.numel()), opts,
+                    dst_rank, /*sending=*/true);
+  call.skip = tensor.numel() == 0;
+  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, dst_rank, opts](
+                          Backend& b, const OpContext& ctx) {
+    return b.send(t, dst_rank, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::recv(TensorView tensor, int src_rank, const RecvOptions& opts) {
+  const OpType op = OpType::kRecv;
+  state_->check_tensor(op, tensor, "tensor");
+  state_->check_rank(op, src_rank, "source rank", /*allow_self=*/false);
+  // The signature matches the sender's, so a send meets exactly the recv of its size and dtype.
+  auto call = begin(op, detail::signature(OpType::kSend, tensor.dtype(), tensor.numel()), opts,
+                    src_rank, /*sending=*/false);
+  call.skip = tensor.numel() == 0;
+  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, src_rank, opts](
+                          Backend& b, const OpContext& ctx) {
+    return b.recv(t, src_rank, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::batch_isend_irecv(const std::vector<P2POp>& ops,
+                                           const BatchP2POptions& opts) {
+  const OpType op = OpType::kBatchP2P;
+  State& s = *state_;
+  s.check_usable(op);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const bool sending = ops[i].kind == P2POp::Kind::kSend;
+    const std::string what = std::string(sending ? "send " : "recv ") + std::to_string(i);
+    s.check_tensor(op, ops[i].tensor, (what + "'s tensor").c_str());
+    s.check_rank(op, ops[i].peer, (what + "'s " + (sending ? "destination" : "source") + " rank").c_str(),
+                 /*allow_self=*/false);
+    if (ops[i].peer_device_index < 0) {
+      s.fail(ErrorCode::kInvalidArgument, op,
+             what + "'s peer device index " + std::to_string(ops[i].peer_device_index) +
+                 " is negative");
+    }
+  }
+  auto call = begin(op, 0, opts);
+  // Each message is numbered as a plain send or recv would be, so it meets either form.
+  std::vector<P2PRequest> requests;
+  for (const P2POp& p : ops) {
+    const bool sending = p.kind == P2POp::Kind::kSend;
+    P2PRequest r;
+    r.kind = p.kind;
+    r.tensor = p.tensor;
+    r.peer = p.peer;
+    r.peer_device_index = p.peer_device_index;
+    r.seq = sending ? s.send_seq[p.peer]++ : s.recv_seq[p.peer]++;
+    r.tag = detail::p2p_tag(r.seq, detail::signature(OpType::kSend, p.tensor.dtype(), p.tensor.numel()),
+                            sending ? s.rank : p.peer, sending ? p.peer : s.rank);
+    if (r.tensor.numel() != 0) requests.push_back(std::move(r));
+  }
+  call.skip = requests.empty();
+  return submit(call, [requests = std::move(requests), opts](Backend& b, const OpContext& ctx) {
+    return b.batch_p2p(requests, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::allreduce_multigpu(const std::vector<TensorView>& tensors,
+                                            const AllreduceOptions& opts) {
+  const OpType op = OpType::kAllreduce;
+  state_->check_device_list(op, tensors, "tensor");
+  state_->check_reduce_op(op, opts.reduce_op, tensors[0].dtype());
+  auto call = begin(op,
+                    detail::signature(op, tensors[0].dtype(), tensors[0].numel(),
+                                      static_cast<int>(tensors.size()),
+                                      static_cast<int>(opts.reduce_op)),
+                    opts);
+  call.skip = tensors[0].numel() == 0;
+  return submit(call, [tensors, opts](Backend& b, const OpContext& ctx) {
+    return b.allreduce(tensors, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::reduce_multigpu(const std::vector<TensorView>& tensors,
+                                         const ReduceOptions& opts) {
+  const OpType op = OpType::kReduce;
+  state_->check_rooted_list(op, tensors, opts.root_rank, opts.root_tensor);
+  state_->check_reduce_op(op, opts.reduce_op, tensors[0].dtype());
+  auto call = begin(op,
+                    detail::signature(op, tensors[0].dtype(), tensors[0].numel(),
+                                      pair_of(opts.root_rank, opts.root_tensor),
+                                      static_cast<int>(opts.reduce_op)),
+                    opts);
+  call.skip = tensors[0].numel() == 0;
+  return submit(call, [tensors, opts](Backend& b, const OpContext& ctx) {
+    return b.reduce(tensors, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::broadcast_multigpu(const std::vector<TensorView>& tensors,
+                                            const BroadcastOptions& opts) {
+  const OpType op = OpType::kBroadcast;
+  state_->check_rooted_list(op, tensors, opts.root_rank, opts.root_tensor);
+  auto call = begin(op,
+                    detail::signature(op, tensors[0].dtype(), tensors[0].numel(),
+                                      pair_of(opts.root_rank, opts.root_tensor)),
+                    opts);
+  call.skip = tensors[0].numel() == 0;
+  return submit(call, [tensors, opts](Backend& b, const OpContext& ctx) {
+    return b.broadcast(tensors, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::allgather_multigpu(const std::vector<std::vector<TensorView>>& output_lists,
+                                            const std::vector<TensorView>& inputs,
+                                            const AllgatherOptions& opts) {
+  const OpType op = OpType::kAllgather;
+  State& s = *state_;
+  s.check_device_list(op, inputs, "input");
+  s.check_lists(op, output_lists, inputs, static_cast<size_t>(s.world_size) * inputs.size(),
+                "output list", "its device's input");
+  auto call = begin(op,
+                    detail::signature(op, inputs[0].dtype(), inputs[0].numel(),
+                                      static_cast<int>(inputs.size())),
+                    opts);
+  call.skip = inputs[0].numel() == 0;
+  return submit(call, [output_lists, inputs, opts](Backend& b, const OpContext& ctx) {
+    return b.allgather(output_lists, inputs, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::reduce_scatter_multigpu(
+    const std::vector<TensorView>& outputs,
+    const std::vector<std::vector<TensorView>>& input_lists, const ReduceScatterOptions& opts) {
+  const OpType op = OpType::kReduceScatter;
+  State& s = *state_;
+  s.check_device_list(op, outputs, "output");
+  s.check_reduce_op(op, opts.reduce_op, outputs[0].dtype());
+  s.check_lists(op, input_lists, outputs, static_cast<size_t>(s.world_size) * outputs.size(),
+                "input list", "its device's output");
+  auto call = begin(op,
+                    detail::signature(op, outputs[0].dtype(), outputs[0].numel(),
+                                      static_cast<int>(outputs.size()),
+                                      static_cast<int>(opts.reduce_op)),
+                    opts);
+  call.skip = outputs[0].numel() == 0;
+  return submit(call, [outputs, input_lists, opts](Backend& b, const OpContext& ctx) {
+    return b.reduce_scatter(outputs, input_lists, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t n_elements,
+                                       const SendOptions& opts) {
+  TensorView view = state_->check_p2p_multigpu(OpType::kSend, tensor, dst_rank, n_elements,
+                                               opts.dst_device_index);
+  // Sender and receiver mix the same pair of device indexes: (sender's, receiver's).
+  auto call = begin(OpType::kSend,
+                    detail::signature(OpType::kSend, view.dtype(), view.numel(),
+                                      pair_of(tensor.device().index, opts.dst_device_index), 1),
+                    opts, dst_rank, /*sending=*/true);
+  call.skip = view.numel() == 0;
+  return submit(call, [t = std::vector<TensorView>{std::move(view)}, dst_rank, opts](
+                          Backend& b, const OpContext& ctx) {
+    return b.send(t, dst_rank, opts, ctx);
+  });
+}
+
+WorkPtr CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t n_elements,
+                                       const RecvOptions& opts) {
+  TensorView view = state_->check_p2p_multigpu(OpType::kRecv, tensor, src_rank, n_elements,
+                                               opts.src_device_index);
+  auto call = begin(OpType::kRecv,
+                    detail::signature(OpType::kSend, view.dtype(), view.numel(),
+                                      pair_of(opts.src_device_index, tensor.device().index), 1),
+                    opts, src_rank, /*sending=*/false);
+  call.skip = view.numel() == 0;
+  return submit(call, [t = std::vector<TensorView>{std::move(view)}, src_rank, opts](
+                          Backend& b, const OpContext& ctx) {
+    return b.recv(t, src_rank, opts, ctx);
+  });
+}
+
+void CollectiveGroup::State::drain() {
+  if (queued.load() == 0) return;
+  // A marker behind everything queued so far: once it has run, they all have.
+  OpContext ctx;
+  ctx.op = OpType::kBarrier;
+  ctx.group_name = name;
+  ctx.rank = rank;
+  ctx.world_size = world_size;
+  auto marker = std::make_shared<Work>(ctx);
+  {
+    std::lock_guard<std::mutex> lock(op_mutex);
+    queued.fetch_add(1);
+    queue.push([this, marker] {
+      marker->finish();
+      queued.fetch_sub(1);
+    });
+  }
+  marker->wait();
+}
+
+void CollectiveGroup::synchronize(Device device) {
+  State& s = *state_;
+  if (s.destroyed.load()) {
+    throw Error(ErrorCode::kInvalidUsage, "synchronize on " + describe() + ": the group was destroyed");
+  }
+  if (!s.device_supported[static_cast<size_t>(device.type)]) {
+    throw Error(ErrorCode::kInvalidArgument, "synchronize on " + describe() + ": " +
+                                                 device.str() + " is not a device of backend '" +
+                                                 s.backend_name + "'");
+  }
+  s.drain();
+  std::lock_guard<std::mutex> lock(s.op_mutex);
+  if (s.backend) s.backend->synchronize(device);
+}
+
+}  // namespace tutti

@@ -1,0 +1,108 @@
+// CollectiveGroup's private state, and the checks every op runs before any I/O (internal).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <bitset>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "op_queue.h"
+#include "tutti/backend.h"
+#include "tutti/collective_group.h"
+#include "tutti/error.h"
+#include "tutti/store.h"
+
+namespace tutti {
+
+struct CollectiveGroup::State {
+  // Who this group is; fixed at creation.
+  std::shared_ptr<const std::string> name;
+  int rank = 0;
+  int world_size = 1;
+  std::string backend_name;
+  std::chrono::milliseconds timeout{30000};
+  std::vector<int> global_ranks;
+  std::vector<std::string> hosts;
+  std::vector<long> pids;
+
+  std::shared_ptr<Store> store;  // the store the group met through
+  std::string scope;             // this incarnation's key prefix in store
+  bool owns_store = false;       // opened from a URL by this group
+  std::string instance;          // names OS resources (see BackendContext)
+
+  // What the backend supports, read once at creation so validation never touches it.
+  std::array<bool, 2> device_supported{};  // by DeviceType
+  std::bitset<kOpTypeCount> op_supported;
+  int max_devices = 1;
+  bool runs_inline = true;
+
+  std::atomic<bool> destroyed{false};
+  std::atomic<bool> aborted{false};
+  mutable std::mutex state_mutex;  // guards abort_reason and the backend pointer
+  std::string abort_reason;        // non-empty once aborted
+  std::shared_ptr<Backend> backend;
+
+  // Issuing: seq numbers, inline ops, pushes to the queue.
+  std::mutex op_mutex;
+  uint64_t collective_seq = 0;
+  uint64_t batch_seq = 0;
+  uint64_t split_count = 0;
+  std::map<int, uint64_t> send_seq;  // per destination rank
+  std::map<int, uint64_t> recv_seq;  // per source rank
+  std::atomic<int> queued{0};        // async ops pushed and not yet finished
+  std::atomic<int> running{0};       // ops inside the backend right now
+  detail::OpQueue queue;
+
+  std::string describe() const;
+  std::shared_ptr<Backend> current_backend() const;
+  // Marks the group aborted (the first reason stays) and tells the backend. From any thread.
+  void abort(const std::string& reason);
+  // An op's failure: aborts the group for the codes that leave it in an unknown state.
+  void record_failure(const OpContext& ctx, const Error& e);
+  // Waits until every async op queued so far has finished.
+  void drain();
+
+  // The checks (validation.cc). Each throws Error naming op, group and value.
+  [[noreturn]] void fail(ErrorCode code, OpType op, const std::string& what) const;
+  void check_usable(OpType op) const;
+  void check_tensor(OpType op, const TensorView& t, const char* what) const;
+  void check_rank(OpType op, int value, const char* what, bool allow_self = true) const;
+  void check_reduce_op(OpType op, ReduceOp reduce_op, DType dtype) const;
+  void check_like(OpType op, const TensorView& t, const TensorView& ref, const std::string& what,
+                  const char* ref_name) const;
+  // A list of one tensor per rank ("output list"), each ("output 3") like ref.
+  void check_list(OpType op, const std::vector<TensorView>& list, const TensorView& ref,
+                  const char* item_name, const char* ref_name) const;
+  void check_same_dtype(OpType op, const TensorView& a, const char* a_name, const TensorView& b,
+                        const char* b_name) const;
+  void check_counts(OpType op, const std::vector<int64_t>& counts, const char* what,
+                    int64_t total, const char* total_name) const;
+  void check_device_list(OpType op, const std::vector<TensorView>& tensors,
+                         const char* what) const;
+  void check_rooted_list(OpType op, const std::vector<TensorView>& tensors, int root_rank,
+                         int root_tensor) const;
+  void check_lists(OpType op, const std::vector<std::vector<TensorView>>& lists,
+                   const std::vector<TensorView>& refs, size_t count, const char* list_name,
+                   const char* ref_name) const;
+  void check_disjoint(OpType op, const TensorView& a, const char* a_name, const TensorView& b,
+                      const char* b_name) const;
+  TensorView check_p2p_multigpu(OpType op, const TensorView& tensor, int peer,
+                                int64_t n_elements, int peer_device) const;
+};
+
+namespace detail {
+
+// A 64-bit hash of an op's signature: ranks that call mismatched ops get different tags.
+uint64_t signature(OpType op, DType dtype, int64_t count, int64_t root = -1, int reduce_op = -1);
+
+// The tag of point-to-point message `seq` from rank src to rank dst of signature `sig`.
+uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst);
+
+}  // namespace detail
+}  // namespace tutti

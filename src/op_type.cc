@@ -1,0 +1,46 @@
+#include "tutti/op_type.h"
+
+namespace tutti {
+
+const char* to_string(OpType op) noexcept {
+  switch (op) {
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kReduce: return "reduce";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kReduceScatter: return "reduce_scatter";
+    case OpType::kBarrier: return "barrier";
+    case OpType::kSend: return "send";
+    case OpType::kRecv: return "recv";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kAlltoallv: return "alltoallv";
+    case OpType::kAllgatherv: return "allgatherv";
+    case OpType::kGather: return "gather";
+    case OpType::kScatter: return "scatter";
+    case OpType::kBatchP2P: return "batch_isend_irecv";
+    case OpType::kCount: break;
+  }
+  return "unknown";
+}
+
+std::string OpContext::description() const {
+  return std::string(to_string(op)) + " #" + std::to_string(seq) + " on group '" +
+         (group_name ? *group_name : std::string("?")) + "' (rank " + std::to_string(rank) + "/" +
+         std::to_string(world_size) + ")";
+}
+
+std::chrono::steady_clock::time_point OpContext::deadline() const {
+  return deadline_after(timeout);
+}
+
+std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  if (timeout.count() <= 0) return now;
+  // Compare in the clock's own unit: the milliseconds that are left before its maximum.
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
+  if (timeout >= room) return Clock::time_point::max();
+  return now + timeout;
+}
+
+}  // namespace tutti

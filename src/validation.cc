@@ -1,0 +1,239 @@
+// The checks CollectiveGroup runs before any I/O: each names op, group, rank and the offending
+// value, and leaves the group as it was.
+#include <algorithm>
+
+#include "group_state.h"
+#include "group_util.h"
+
+namespace tutti {
+
+std::string CollectiveGroup::State::describe() const {
+  return "group '" + *name + "' (rank " + std::to_string(rank) + "/" +
+         std::to_string(world_size) + ")";
+}
+
+void CollectiveGroup::State::fail(ErrorCode code, OpType op, const std::string& what) const {
+  throw Error(code, std::string(to_string(op)) + " on " + describe() + ": " + what);
+}
+
+void CollectiveGroup::State::check_usable(OpType op) const {
+  if (destroyed.load()) fail(ErrorCode::kInvalidUsage, op, "the group was destroyed");
+}
+
+void CollectiveGroup::State::check_tensor(OpType op, const TensorView& t, const char* what) const {
+  check_usable(op);
+  if (!device_supported[static_cast<size_t>(t.device().type)]) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(what) + " is on " + t.device().str() + ", which backend '" + backend_name +
+             "' does not support");
+  }
+}
+
+void CollectiveGroup::State::check_rank(OpType op, int value, const char* what,
+                                        bool allow_self) const {
+  if (value < 0 || value >= world_size) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(what) + " " + std::to_string(value) + " is outside [0, " +
+             std::to_string(world_size) + ")");
+  }
+  if (!allow_self && value == rank) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(what) + " " + std::to_string(value) + " is this rank itself");
+  }
+}
+
+void CollectiveGroup::State::check_reduce_op(OpType op, ReduceOp reduce_op, DType dtype) const {
+  if (reduce_op == ReduceOp::kAvg && !is_floating(dtype)) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string("reduce op avg is only defined for floating dtypes, got ") + to_string(dtype));
+  }
+}
+
+void CollectiveGroup::State::check_like(OpType op, const TensorView& t, const TensorView& ref,
+                                        const std::string& what, const char* ref_name) const {
+  if (t.dtype() != ref.dtype()) {
+    fail(ErrorCode::kInvalidArgument, op,
+         what + " has dtype " + to_string(t.dtype()) + ", " + ref_name + " has " +
+             to_string(ref.dtype()));
+  }
+  if (t.shape() != ref.shape()) {
+    fail(ErrorCode::kInvalidArgument, op, what + " is " + t.str() + ", " + ref_name + " is " + ref.str());
+  }
+  if (t.device() != ref.device()) {
+    fail(ErrorCode::kInvalidArgument, op,
+         what + " is on " + t.device().str() + ", " + ref_name + " on " + ref.device().str());
+  }
+}
+
+// A list of one tensor per rank, each shaped, typed and placed like ref.
+void CollectiveGroup::State::check_list(OpType op, const std::vector<TensorView>& list,
+                                        const TensorView& ref, const char* item_name,
+                                        const char* ref_name) const {
+  if (static_cast<int>(list.size()) != world_size) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(item_name) + " list has " + std::to_string(list.size()) +
+             " tensors, expected one per rank (" + std::to_string(world_size) + ")");
+  }
+  for (size_t r = 0; r < list.size(); ++r) {
+    check_like(op, list[r], ref, std::string(item_name) + " " + std::to_string(r), ref_name);
+  }
+}
+
+void CollectiveGroup::State::check_same_dtype(OpType op, const TensorView& a, const char* a_name,
+                                              const TensorView& b, const char* b_name) const {
+  if (a.dtype() != b.dtype()) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(a_name) + " has dtype " + to_string(a.dtype()) + ", " + b_name + " has " +
+             to_string(b.dtype()));
+  }
+  if (a.device() != b.device()) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(a_name) + " is on " + a.device().str() + ", " + b_name + " on " +
+             b.device().str());
+  }
+}
+
+// Per-rank element counts: world_size of them, none negative, summing to `total`.
+void CollectiveGroup::State::check_counts(OpType op, const std::vector<int64_t>& counts,
+                                          const char* what, int64_t total,
+                                          const char* total_name) const {
+  if (static_cast<int>(counts.size()) != world_size) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(what) + " has " + std::to_string(counts.size()) +
+             " entries, expected one per rank (" + std::to_string(world_size) + ")");
+  }
+  int64_t sum = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] < 0) {
+      fail(ErrorCode::kInvalidArgument, op,
+           std::string(what) + "[" + std::to_string(r) + "] is negative: " +
+               std::to_string(counts[r]));
+    }
+    sum += counts[r];
+  }
+  if (sum != total) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(what) + " add up to " + std::to_string(sum) + " elements, " + total_name +
+             " has " + std::to_string(total));
+  }
+}
+
+void CollectiveGroup::State::check_device_list(OpType op, const std::vector<TensorView>& tensors,
+                                               const char* what) const {
+  if (tensors.empty()) fail(ErrorCode::kInvalidArgument, op, std::string(what) + " list is empty");
+  if (static_cast<int>(tensors.size()) > max_devices) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "backend '" + backend_name + "' takes at most " + std::to_string(max_devices) +
+             " tensor(s) per op, got a list of " + std::to_string(tensors.size()));
+  }
+  for (size_t d = 0; d < tensors.size(); ++d) {
+    const std::string item = std::string(what) + " " + std::to_string(d);
+    check_tensor(op, tensors[d], item.c_str());
+    if (d > 0) {
+      if (tensors[d].dtype() != tensors[0].dtype() || tensors[d].shape() != tensors[0].shape()) {
+        fail(ErrorCode::kInvalidArgument, op,
+             item + " is " + tensors[d].str() + ", " + what + " 0 is " + tensors[0].str() +
+                 ": a list holds one shape and dtype");
+      }
+    }
+    for (size_t e = 0; e < d; ++e) {
+      if (tensors[e].device() == tensors[d].device()) {
+        fail(ErrorCode::kInvalidArgument, op,
+             std::string(what) + "s " + std::to_string(e) + " and " + std::to_string(d) +
+                 " are both on " + tensors[d].device().str() + ": one tensor per device");
+      }
+    }
+  }
+}
+
+// A device list with a root: the list rules, a root rank in range, a root tensor in the list.
+void CollectiveGroup::State::check_rooted_list(OpType op, const std::vector<TensorView>& tensors,
+                                               int root_rank, int root_tensor) const {
+  check_device_list(op, tensors, "tensor");
+  check_rank(op, root_rank, "root rank");
+  if (root_tensor < 0 || root_tensor >= static_cast<int>(tensors.size())) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "root tensor " + std::to_string(root_tensor) + " is outside [0, " +
+             std::to_string(tensors.size()) + ")");
+  }
+}
+
+// lists[d] holds `count` tensors shaped, typed and placed like refs[d].
+void CollectiveGroup::State::check_lists(OpType op,
+                                         const std::vector<std::vector<TensorView>>& lists,
+                                         const std::vector<TensorView>& refs, size_t count,
+                                         const char* list_name, const char* ref_name) const {
+  if (lists.size() != refs.size()) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(list_name) + " has " + std::to_string(lists.size()) + " lists for " +
+             std::to_string(refs.size()) + " devices");
+  }
+  for (size_t d = 0; d < lists.size(); ++d) {
+    if (lists[d].size() != count) {
+      fail(ErrorCode::kInvalidArgument, op,
+           std::string(list_name) + " " + std::to_string(d) + " has " +
+               std::to_string(lists[d].size()) + " tensors, expected world size x devices = " +
+               std::to_string(count));
+    }
+    for (size_t k = 0; k < lists[d].size(); ++k) {
+      check_like(op, lists[d][k], refs[d],
+                 std::string(list_name) + " " + std::to_string(d) + "[" + std::to_string(k) + "]",
+                 ref_name);
+    }
+  }
+}
+
+// Ops that read one buffer while writing the other refuse buffers that overlap.
+void CollectiveGroup::State::check_disjoint(OpType op, const TensorView& a, const char* a_name,
+                                            const TensorView& b, const char* b_name) const {
+  if (a.nbytes() == 0 || b.nbytes() == 0 || a.device() != b.device()) return;
+  const auto* a0 = static_cast<const char*>(a.data());
+  const auto* b0 = static_cast<const char*>(b.data());
+  if (a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes()) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(a_name) + " and " + b_name + " overlap: this op cannot run in place");
+  }
+}
+
+// The checks send_multigpu and recv_multigpu share; returns the view of the first n_elements
+// (0: all) that travels.
+TensorView CollectiveGroup::State::check_p2p_multigpu(OpType op, const TensorView& tensor,
+                                                      int peer, int64_t n_elements,
+                                                      int peer_device) const {
+  const bool sending = op == OpType::kSend;
+  check_tensor(op, tensor, "tensor");
+  check_rank(op, peer, sending ? "destination rank" : "source rank", /*allow_self=*/false);
+  if (n_elements < 0 || n_elements > tensor.numel()) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "n_elements " + std::to_string(n_elements) + " is outside [0, " +
+             std::to_string(tensor.numel()) + "]");
+  }
+  if (peer_device < 0) {
+    fail(ErrorCode::kInvalidArgument, op,
+         std::string(sending ? "destination" : "source") + " device index " +
+             std::to_string(peer_device) + " is negative");
+  }
+  return n_elements == 0 ? tensor
+                         : TensorView(tensor.data(), tensor.dtype(), {n_elements}, tensor.device());
+}
+
+namespace detail {
+
+uint64_t signature(OpType op, DType dtype, int64_t count, int64_t root, int reduce_op) {
+  return Fnv1a()
+      .mix(static_cast<uint64_t>(op))
+      .mix(static_cast<uint64_t>(dtype))
+      .mix(static_cast<uint64_t>(count))
+      .mix(static_cast<uint64_t>(root))
+      .mix(static_cast<uint64_t>(reduce_op))
+      .value();
+}
+
+uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst) {
+  Fnv1a h;
+  h.mix(seq).mix(sig).mix(static_cast<uint64_t>(src)).mix(static_cast<uint64_t>(dst));
+  return static_cast<uint32_t>(h.value() ^ (h.value() >> 32));
+}
+
+}  // namespace detail
+}  // namespace tutti
