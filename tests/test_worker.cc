@@ -1,5 +1,5 @@
 // A rank of a multi-process test, started by run_workers (test_util.cc):
-//   tutti_test_worker <scenario> <rank> <world_size> <store_url> [timeout_ms]
+//   tutti_test_worker <scenario> <rank> <world_size> <store_url> [timeout_ms [backend]]
 // Exits 0 when every check of the scenario held, 1 with a message on stderr otherwise.
 #include <chrono>
 #include <cstdio>
@@ -8,6 +8,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tutti/tutti.h"
@@ -22,6 +23,7 @@ struct Args {
   int world = 1;
   std::string store_url;
   std::chrono::milliseconds timeout{30000};
+  std::string backend = "gloo";
 };
 
 void require(bool ok, const std::string& what) {
@@ -166,13 +168,16 @@ void scenario_mismatch(const Args& a) {
   // Rank 0 reduces 10 elements, rank 1 reduces 12: both must fail, neither may terminate.
   init_collective_group(a.world, a.rank, "gloo", "mismatch", options(a));
   std::vector<float> v(a.rank == 0 ? 10 : 12, 1.0f);
-  // The first rank to time out makes Gloo close its connections, so the other may see that
-  // (kIoError) before its own timeout: either way an Error naming the op, never a terminate.
+  // The first rank to time out aborts the group and resets its connections, so the other may
+  // see that (kRemoteError, or kIoError) before its own timeout: either way an Error naming the
+  // op, never a terminate.
   try {
     allreduce(v, "mismatch");
     throw std::runtime_error("mismatched allreduce succeeded");
   } catch (const Error& e) {
-    require(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kIoError, e.what());
+    require(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kIoError ||
+                e.code() == ErrorCode::kRemoteError,
+            e.what());
     require(std::string(e.what()).find("allreduce #0 on group 'mismatch'") != std::string::npos,
             e.what());
   }
@@ -291,6 +296,77 @@ void scenario_env_backend(const Args&) {
   std::printf("rank %d: failed after %.0f ms naming rank %s\n", rank, ms_since(start), crash);
 }
 
+// World 3. Ranks 0 and 1 run an allreduce that rank 2 never joins (op timeout 20 s); another
+// thread of rank 0 destroys the group 300 ms in. Rank 0's op must end with kAborted, rank 1's
+// with an error naming rank 0 (gloo: or rank 2, which passes the abort on), both long before
+// the timeout. Then every rank initialises the
+// group again under the same name and an allreduce works.
+void scenario_abort_mid_op(const Args& a) {
+  require(a.world == 3, "the abort_mid_op scenario runs with 3 ranks");
+  const std::string name = "abortee";
+  auto store = open_store(a.store_url, std::chrono::seconds(30));
+  init_collective_group(3, a.rank, a.backend, name, options(a));
+  std::vector<int32_t> v(100000, a.rank + 1);
+  allreduce(v, name);
+  require(v[0] == 6, "first allreduce");
+  AllreduceOptions slow;
+  slow.timeout = std::chrono::seconds(20);
+  if (a.rank == 0) {
+    auto group = get_group(name);
+    std::string error;
+    ErrorCode code = ErrorCode::kInternal;
+    double op_ms = 0;
+    std::thread op([&] {
+      const auto start = Clock::now();
+      try {
+        group->allreduce(v, slow);
+      } catch (const Error& e) {
+        error = e.what();
+        code = e.code();
+      }
+      op_ms = ms_since(start);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto start = Clock::now();
+    destroy_collective_group(name);
+    const double destroy_ms = ms_since(start);
+    op.join();
+    std::printf("rank 0: destroy took %.1f ms; the op ended after %.1f ms: %s\n", destroy_ms,
+                op_ms, error.c_str());
+    require(code == ErrorCode::kAborted, "the op ended with kAborted: " + error);
+    require(op_ms < 300 + 2000, "the op ended promptly after destroy");
+  } else if (a.rank == 1) {
+    const auto start = Clock::now();
+    try {
+      allreduce(v, name, ReduceOp::kSum);  // the group's timeout: 20 s below
+      throw std::runtime_error("allreduce succeeded without rank 2");
+    } catch (const Error& e) {
+      const double ms = ms_since(start);
+      std::printf("rank 1: failed after %.1f ms: %s\n", ms, e.what());
+      require(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kIoError,
+              std::string("remote or I/O error: ") + e.what());
+      // shm names rank 0; gloo the rank whose connection reset: 0, or 2 passing the abort on.
+      const std::string what = e.what();
+      require(what.find("rank 0") != std::string::npos ||
+                  (a.backend == "gloo" && what.find("rank 2") != std::string::npos),
+              "names the rank: " + what);
+      require(ms < 5000, "failed long before the 20 s timeout");
+    }
+    destroy_collective_group(name);
+  } else {
+    store->wait({"phase2/1"});  // rank 1's op has failed: rank 2 never joined it
+    destroy_collective_group(name);
+  }
+  // Again, under the same name.
+  store->set("phase2/" + std::to_string(a.rank), "1");
+  store->wait({"phase2/0", "phase2/1", "phase2/2"});
+  init_collective_group(3, a.rank, a.backend, name, options(a));
+  std::vector<int32_t> w(1000, a.rank + 1);
+  allreduce(w, name);
+  require(w[999] == 6, "allreduce after re-creating the group");
+  destroy_collective_group(name);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -310,6 +386,7 @@ int main(int argc, char** argv) {
       {"exit_without_destroy", scenario_exit_without_destroy},
       {"claim", scenario_claim},
       {"wrong_world", scenario_wrong_world},
+      {"abort_mid_op", scenario_abort_mid_op},
   };
   const std::string scenario = argc >= 2 ? argv[1] : "";
   Args a;
@@ -328,6 +405,7 @@ int main(int argc, char** argv) {
     a.world = std::atoi(argv[3]);
     a.store_url = argv[4];
     if (argc > 5) a.timeout = std::chrono::milliseconds(std::atoi(argv[5]));
+    if (argc > 6) a.backend = argv[6];
   } else {
     std::fprintf(stderr, "unknown scenario '%s'\n", scenario.c_str());
     return 2;

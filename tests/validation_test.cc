@@ -146,5 +146,45 @@ TEST_F(TwoRankValidation, DevicesAndReduceOps) {
   ExpectStillUsable();
 }
 
+TEST_F(TwoRankValidation, NewOpsCheckCountsListsAndOverlap) {
+  CollectiveGroup& g = *groups_[0];
+  std::vector<float> a(4), b(4), c(5), out(8), in(8), odd(7), odd_out(7);
+  EXPECT_TUTTI_ERROR(g.alltoall(std::vector<TensorView>{a}, {a, b}), ErrorCode::kInvalidArgument, "alltoall on group",
+                     "output list has 1 tensors");
+  EXPECT_TUTTI_ERROR(g.alltoall({a, b}, {a, c}), ErrorCode::kInvalidArgument,
+                     "input 1 is float32[5] on cpu, input 0 is float32[4] on cpu");
+  EXPECT_TUTTI_ERROR(g.alltoall(TensorView(odd_out), TensorView(odd)), ErrorCode::kInvalidArgument,
+                     "input has 7 elements and output 7: both must hold world size (2) equal blocks");
+  EXPECT_TUTTI_ERROR(g.alltoall(TensorView(in.data(), 8), TensorView(in.data() + 2, 4)),
+                     ErrorCode::kInvalidArgument, "input has 4 elements and output 8");
+  EXPECT_TUTTI_ERROR(g.alltoall(TensorView(in.data(), 4), TensorView(in.data() + 2, 4)),
+                     ErrorCode::kInvalidArgument, "output and input overlap");
+  EXPECT_TUTTI_ERROR(g.alltoallv(TensorView(out), TensorView(in), {4, 4}, {9, -1}),
+                     ErrorCode::kInvalidArgument, "alltoallv on group",
+                     "input counts[1] is negative: -1");
+  EXPECT_TUTTI_ERROR(g.alltoallv(TensorView(out), TensorView(in), {4, 4}, {4, 3}),
+                     ErrorCode::kInvalidArgument, "input counts add up to 7 elements, input has 8");
+  EXPECT_TUTTI_ERROR(g.alltoallv(TensorView(out), TensorView(in), {8}, {4, 4}),
+                     ErrorCode::kInvalidArgument, "output counts has 1 entries, expected one per rank (2)");
+  EXPECT_TUTTI_ERROR(g.allgatherv(TensorView(out), TensorView(a), {3, 5}),
+                     ErrorCode::kInvalidArgument, "allgatherv on group",
+                     "input has 4 elements, counts[0] says 3");
+  EXPECT_TUTTI_ERROR(g.allgatherv(TensorView(out), TensorView(a), {4, 5}),
+                     ErrorCode::kInvalidArgument, "counts add up to 9 elements, output has 8");
+  GatherOptions go;
+  go.root_rank = 3;
+  EXPECT_TUTTI_ERROR(g.gather({a, b}, a, go), ErrorCode::kInvalidArgument, "gather on group",
+                     "root rank 3 is outside [0, 2)");
+  EXPECT_TUTTI_ERROR(g.gather(std::vector<TensorView>{a}, a), ErrorCode::kInvalidArgument, "output list has 1 tensors");
+  EXPECT_TUTTI_ERROR(g.gather(TensorView(c), TensorView(a)), ErrorCode::kInvalidArgument,
+                     "output has 5 elements, expected world size 2 x input's 4");
+  EXPECT_TUTTI_ERROR(g.scatter(a, {a, c}), ErrorCode::kInvalidArgument, "scatter on group",
+                     "input 1 is float32[5] on cpu, output is float32[4] on cpu");
+  std::vector<double> doubles(8);
+  EXPECT_TUTTI_ERROR(g.scatter(TensorView(a), TensorView(doubles)), ErrorCode::kInvalidArgument,
+                     "input has dtype float64, output has float32");
+  ExpectStillUsable();
+}
+
 }  // namespace
 }  // namespace tutti::testing

@@ -1,0 +1,141 @@
+// abort() and destroy() from another thread while an op runs: the op ends at once with kAborted,
+// the peers learn of it, and the group can be created again. Bounds here are "long before the
+// op's own timeout" (seconds against 20-30 s), never a speed target: benchmarks measure speed.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+class Abort : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Abort, AbortFromAnotherThreadEndsARunningOp) {
+  // Rank 1 never joins: rank 0's op would wait 30 s.
+  auto groups = create_groups(2, GetParam(), unique_name("abort"), milliseconds(30000));
+  std::vector<float> v(1 << 16, 1.0f);
+  double ended_ms = 0;
+  std::thread op([&] {
+    const auto start = Clock::now();
+    EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kAborted, "allreduce #0",
+                       "the test says stop");
+    ended_ms = ms_since(start);
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  groups[0]->abort("the test says stop");
+  op.join();
+  EXPECT_LT(ended_ms, 200 + 2000);
+  EXPECT_TRUE(groups[0]->is_aborted());
+  EXPECT_TUTTI_ERROR(groups[0]->barrier(), ErrorCode::kAborted, "the test says stop");
+}
+
+TEST_P(Abort, QueuedOpsEndWithTheAbort) {
+  auto groups = create_groups(2, GetParam(), unique_name("abort-q"), milliseconds(30000));
+  std::vector<std::vector<int32_t>> bufs(4, std::vector<int32_t>(100, 1));
+  AllreduceOptions o;
+  o.async_op = true;
+  std::vector<std::shared_ptr<Work>> works;
+  for (auto& b : bufs) works.push_back(groups[0]->allreduce(b, o));
+  std::this_thread::sleep_for(milliseconds(100));
+  const auto start = Clock::now();
+  groups[0]->abort("stop them all");
+  for (auto& w : works) {
+    EXPECT_TUTTI_ERROR(w->wait(), ErrorCode::kAborted, "stop them all");
+  }
+  EXPECT_LT(ms_since(start), 2000);
+}
+
+// The peers of an aborted rank that wait in the same op end too, naming a rank: shm names the
+// rank that aborted (the abort word); gloo the rank whose connection reset, which is the rank
+// that aborted or rank 2, which passed the abort on (every rank resets its connections).
+TEST_P(Abort, PeersInTheOpLearnOfIt) {
+  auto groups = create_groups(3, GetParam(), unique_name("abort-peer"), milliseconds(30000));
+  std::thread rank1([&] {
+    std::vector<float> v(1 << 16, 1.0f);
+    const auto start = Clock::now();
+    try {
+      groups[1]->allreduce(v);
+      ADD_FAILURE() << "rank 1's allreduce succeeded without rank 2";
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kIoError)
+          << e.what();
+      const std::string what = e.what();
+      if (GetParam() == "shm") {
+        EXPECT_NE(what.find("rank 0 aborted the group: enough"), std::string::npos) << what;
+      } else {
+        EXPECT_TRUE(what.find("rank 0") != std::string::npos ||
+                    what.find("rank 2") != std::string::npos)
+            << what;
+      }
+    }
+    EXPECT_LT(ms_since(start), 5000);
+  });
+  std::thread rank0([&] {
+    std::vector<float> v(1 << 16, 1.0f);
+    EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kAborted, "enough");
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  groups[0]->abort("enough");
+  rank0.join();
+  rank1.join();
+}
+
+TEST_P(Abort, DestroyFromAnotherThreadReturnsPromptly) {
+  auto groups = create_groups(2, GetParam(), unique_name("abort-destroy"), milliseconds(30000));
+  std::vector<float> v(1 << 16, 1.0f);
+  std::thread op([&] {
+    EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kAborted, "destroyed");
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  const auto start = Clock::now();
+  groups[0]->destroy();
+  EXPECT_LT(ms_since(start), 2000);
+  op.join();
+  EXPECT_TUTTI_ERROR(groups[0]->barrier(), ErrorCode::kInvalidUsage, "destroyed");
+}
+
+// The named-group form, then the same name again.
+TEST_P(Abort, ANamedGroupAbortsAndIsCreatedAgain) {
+  const std::string name = unique_name("named-abort");
+  EXPECT_FALSE(abort_collective_group(name, "nothing there"));
+  init_collective_group(1, 0, GetParam(), name);
+  EXPECT_TRUE(abort_collective_group(name, "by name"));
+  std::vector<int32_t> v(3, 2);
+  EXPECT_TUTTI_ERROR(allreduce(v, name), ErrorCode::kAborted, "by name");
+  destroy_collective_group(name);
+  init_collective_group(1, 0, GetParam(), name);
+  allreduce(v, name);
+  EXPECT_EQ(v[0], 2);
+  destroy_collective_group(name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Abort, ::testing::Values("gloo", "shm"),
+                         [](const auto& info) { return info.param; });
+
+// Real processes: destroy mid-op on rank 0, its peer fails naming it, then everyone re-creates
+// the group under the same name (see scenario_abort_mid_op).
+class AbortProcesses : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AbortProcesses, DestroyMidOpThenCreateAgain) {
+  TempDir dir;
+  auto results = run_workers("abort_mid_op", 3, "file://" + dir.path() + "/store",
+                             milliseconds(60000), {"20000", GetParam()});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, AbortProcesses, ::testing::Values("gloo", "shm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace tutti::testing
