@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "deadline.h"
 #include "store_util.h"
 
 namespace tutti {
@@ -151,7 +152,7 @@ std::string FileStore::compare_set(const std::string& key, const std::string& ex
 }
 
 void FileStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = detail::deadline_after(timeout);
   auto pause = std::chrono::microseconds(50);
   while (true) {
     std::vector<std::string> missing;

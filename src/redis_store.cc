@@ -4,6 +4,7 @@
 #include <mutex>
 #include <thread>
 
+#include "deadline.h"
 #include "store_util.h"
 #include "tutti/error.h"
 
@@ -35,7 +36,10 @@ struct ReplyDeleter {
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
+// A socket timeout for one command: a day at most (hiredis turns it into int milliseconds;
+// commands are short, waits poll).
 timeval to_timeval(std::chrono::milliseconds ms) {
+  ms = std::clamp(ms, std::chrono::milliseconds(1), std::chrono::milliseconds(24 * 3600 * 1000));
   timeval tv;
   tv.tv_sec = static_cast<time_t>(ms.count() / 1000);
   tv.tv_usec = static_cast<suseconds_t>((ms.count() % 1000) * 1000);
@@ -57,7 +61,7 @@ struct RedisStore::Impl {
   std::string where() const { return "RedisStore " + host + ":" + std::to_string(port); }
 
   void connect(std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = detail::deadline_after(timeout);
     auto pause = std::chrono::milliseconds(10);
     std::string last = "no attempt";
     while (true) {
@@ -154,7 +158,7 @@ std::string RedisStore::compare_set(const std::string& key, const std::string& e
 }
 
 void RedisStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = detail::deadline_after(timeout);
   auto pause = std::chrono::microseconds(200);
   while (true) {
     if (check(keys)) return;
