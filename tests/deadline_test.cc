@@ -1,10 +1,10 @@
 // Saturating deadlines (src/deadline.h): a timeout too long for the clock means "never".
+#include "deadline.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <limits>
-
-#include "deadline.h"
 
 namespace tutti::detail {
 namespace {
@@ -46,7 +46,8 @@ TEST(DeadlineAfter, HugeTimeoutsSaturate) {
 
 TEST(DeadlineAfter, OtherClocksAndTimesBeforeTheEpoch) {
   const system_clock::time_point before_epoch(-hours(1));
-  EXPECT_EQ(deadline_after<system_clock>(hours(2), before_epoch), system_clock::time_point(hours(1)));
+  EXPECT_EQ(deadline_after<system_clock>(hours(2), before_epoch),
+            system_clock::time_point(hours(1)));
   EXPECT_EQ(deadline_after<system_clock>(milliseconds::max(), system_clock::now()),
             system_clock::time_point::max());
 }

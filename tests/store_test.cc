@@ -116,6 +116,26 @@ TEST_P(StoreTest, WaitReturnsWhenAnotherClientSets) {
   EXPECT_TRUE(waiter->check({"late"}));
 }
 
+TEST_P(StoreTest, HugeTimeoutsMeanNoDeadline) {
+  // milliseconds::max() used to overflow `now + timeout` into the past: waits ended at once.
+  auto waiter = client();
+  auto setter = client();
+  waiter->set_timeout(milliseconds::max());
+  setter->set("present", "1");
+  EXPECT_EQ(waiter->get("present"), "1");
+  waiter->wait({"present"});
+  EXPECT_EQ(waiter->add("n", 2), 2);
+  std::thread t([&] {
+    std::this_thread::sleep_for(milliseconds(20));  // the waits below must really block first
+    setter->set("late", "1");
+    setter->set("later", "2");
+  });
+  waiter->wait({"late"}, milliseconds::max());
+  waiter->wait({"later"}, milliseconds::max() / 3);
+  EXPECT_EQ(waiter->get("later"), "2");
+  t.join();
+}
+
 TEST_P(StoreTest, WaitTimeoutListsOnlyMissingKeys) {
   auto s = client();
   s->set("here", "1");
