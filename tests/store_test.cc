@@ -29,6 +29,11 @@ class RedisServer {
     static RedisServer server;
     return server;
   }
+  // A second server that requires a password.
+  static RedisServer& with_password(const std::string& password) {
+    static RedisServer server({"--requirepass", password});
+    return server;
+  }
   bool available() const { return pid_ > 0; }
   uint16_t port() const { return port_; }
   const std::string& why_not() const { return why_not_; }
@@ -42,7 +47,7 @@ class RedisServer {
   }
 
  private:
-  RedisServer() {
+  explicit RedisServer(const std::vector<std::string>& extra = {}) {
     if (::access("/usr/bin/redis-server", X_OK) != 0) {
       why_not_ = "redis-server is not installed (apt-get install redis-server)";
       return;
@@ -52,6 +57,7 @@ class RedisServer {
     std::vector<std::string> args = {"/usr/bin/redis-server", "--port", port, "--bind",
                                      "127.0.0.1", "--save", "", "--appendonly", "no",
                                      "--daemonize", "no", "--loglevel", "warning"};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -305,6 +311,50 @@ TEST(OpenStore, RedisUrl) {
   EXPECT_FALSE(other_db->check({"k"}));
   EXPECT_TUTTI_ERROR(open_store(base + "?colour=red"), ErrorCode::kInvalidArgument, "colour");
   EXPECT_TUTTI_ERROR(open_store(base + "/x"), ErrorCode::kInvalidArgument, "bad db");
+}
+
+TEST(OpenStore, SecretsAndPasswordsAreNeverEchoed) {
+  const std::vector<std::string> bad_urls = {
+      "tcp://127.0.0.1:1?secret=TOPSECRET&x=1",
+      "tcp://127.0.0.1:99999?secret=TOPSECRET",
+      "tcp://127.0.0.1:1?secrte=TOPSECRET",  // misspelt: its value is not shown either
+      "redis://127.0.0.1:1?password=TOPSECRET&colour=red",
+      "redis://127.0.0.1:1/x?password=TOPSECRET",
+      "redis://user:TOPSECRET@127.0.0.1:6379",
+      "tcp://:TOPSECRET@127.0.0.1:1",
+  };
+  for (const auto& url : bad_urls) {
+    try {
+      open_store(url);
+      ADD_FAILURE() << "no error for " << url;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("TOPSECRET"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("***"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TUTTI_ERROR(open_store("tcp://127.0.0.1:1?secret=TOPSECRET&x=1"),
+                     ErrorCode::kInvalidArgument, "secret=***", "unknown parameter 'x'");
+}
+
+// A wrong or missing password is the same error whichever store refuses it (docs/errors.md).
+TEST(OpenStore, AuthenticationFailuresAreInvalidArgumentForEveryStore) {
+  TCPStoreServer tcp("127.0.0.1", 0, "right");
+  const std::string tcp_url = "tcp://127.0.0.1:" + std::to_string(tcp.port());
+  EXPECT_TUTTI_ERROR(open_store(tcp_url + "?secret=wrong", milliseconds(5000))->set("k", "v"),
+                     ErrorCode::kInvalidArgument, "secret");
+  open_store(tcp_url + "?secret=right", milliseconds(5000))->set("k", "v");
+
+  auto& redis = RedisServer::with_password("right");
+  if (!redis.available()) GTEST_SKIP() << redis.why_not();
+  const std::string redis_url = "redis://127.0.0.1:" + std::to_string(redis.port());
+  EXPECT_TUTTI_ERROR(open_store(redis_url, milliseconds(5000))->set("k", "v"),
+                     ErrorCode::kInvalidArgument, "NOAUTH", "?password=");
+  EXPECT_TUTTI_ERROR(open_store(redis_url + "?password=wrong", milliseconds(5000))->set("k", "v"),
+                     ErrorCode::kInvalidArgument, "password");
+  auto good = open_store(redis_url + "?password=right", milliseconds(5000));
+  good->set("k", "v");
+  EXPECT_EQ(good->get("k"), "v");
 }
 
 TEST(OpenStore, Urls) {
