@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -355,6 +357,67 @@ TEST(OpenStore, AuthenticationFailuresAreInvalidArgumentForEveryStore) {
   auto good = open_store(redis_url + "?password=right", milliseconds(5000));
   good->set("k", "v");
   EXPECT_EQ(good->get("k"), "v");
+}
+
+TEST(FileStoreFile, RefusesASymbolicLinkAndIsPrivate) {
+  TempDir dir;
+  const std::string target = dir.path() + "/victim";
+  { std::ofstream(target) << "precious"; }
+  const std::string link = dir.path() + "/store";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  EXPECT_TUTTI_ERROR(FileStore{link}, ErrorCode::kInvalidArgument, link, "symbolic link");
+  std::ifstream in(target);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
+
+  const std::string path = dir.path() + "/real";
+  FileStore store(path);
+  store.set("k", "v");
+  struct stat st{};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_TUTTI_ERROR(FileStore{dir.path()}, ErrorCode::kIoError, dir.path());
+  ASSERT_EQ(::mkfifo((dir.path() + "/fifo").c_str(), 0600), 0);
+  EXPECT_TUTTI_ERROR(FileStore{dir.path() + "/fifo"}, ErrorCode::kInvalidArgument,
+                     "not a regular file");
+}
+
+// Bytes this process has read through read(2) and pread(2) so far.
+long long bytes_read() {
+  std::ifstream io("/proc/self/io");
+  std::string name;
+  long long value = 0;
+  while (io >> name >> value) {
+    if (name == "rchar:") return value;
+  }
+  return -1;
+}
+
+// Review C.19: a FileStore opened again in the same process (a group re-created through one
+// file) reads only what is new, not the whole file.
+TEST(FileStoreFile, OpeningTheFileAgainReadsOnlyWhatIsNew) {
+  TempDir dir;
+  const std::string path = dir.path() + "/store";
+  FileStore first(path);
+  const std::string value(10 * 1024, 'v');
+  for (int i = 0; i < 200; ++i) first.set("key/" + std::to_string(i), value);  // 2 MB of log
+  first.set("last", "1");
+  const long long before = bytes_read();
+  FileStore again(path);
+  EXPECT_EQ(again.get("last"), "1");
+  EXPECT_EQ(again.get("key/7"), value);
+  EXPECT_LT(bytes_read() - before, 256 * 1024) << "bytes read to open the file again";
+  // What another process appends still arrives.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    FileStore(path).set("late", "2");
+    ::_exit(0);
+  }
+  int status = -1;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(first.get("late"), "2");
+  EXPECT_EQ(again.get("late"), "2");
 }
 
 TEST(OpenStore, Urls) {
