@@ -495,38 +495,87 @@ TEST(TCPStoreUrl, OpenStoreParses) {
 namespace tutti::testing {
 namespace {
 
+// A tutti-store process started with extra arguments, serving on a free port until stop().
+class TuttiStoreProcess {
+ public:
+  explicit TuttiStoreProcess(const std::vector<std::string>& extra = {}) {
+    int out[2];
+    if (::pipe(out) != 0) throw std::runtime_error("pipe failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    std::vector<std::string> args = {TUTTI_STORE_PROGRAM, "--host", "127.0.0.1", "--port", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(out[1]);
+    out_ = out[0];
+    if (rc != 0) throw std::runtime_error("posix_spawn failed");
+    std::string line;
+    char c;
+    while (::read(out_, &c, 1) == 1 && c != '\n') line.push_back(c);
+    const std::string prefix = "tutti-store listening on 127.0.0.1:";
+    if (line.rfind(prefix, 0) != 0) throw std::runtime_error("tutti-store said: " + line);
+    port_ = static_cast<uint16_t>(std::stoi(line.substr(prefix.size())));
+  }
+  ~TuttiStoreProcess() {
+    if (pid_ > 0) stop();
+  }
+  uint16_t port() const { return port_; }
+  // SIGTERM, then the exit status.
+  int stop() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    ::close(out_);
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  uint16_t port_ = 0;
+};
+
 TEST(TuttiStoreProgram, ServesUntilSignalled) {
-  int out[2];
-  ASSERT_EQ(::pipe(out), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_addclose(&actions, out[0]);
-  std::vector<std::string> args = {TUTTI_STORE_PROGRAM, "--host", "127.0.0.1", "--port", "0"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(out[1]);
-  std::string line;
-  char c;
-  while (::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
-  const std::string prefix = "tutti-store listening on 127.0.0.1:";
-  ASSERT_EQ(line.rfind(prefix, 0), 0u) << line;
-  const auto port = static_cast<uint16_t>(std::stoi(line.substr(prefix.size())));
+  TuttiStoreProcess store;
   {
-    TCPStore a("127.0.0.1", port), b("127.0.0.1", port);
+    TCPStore a("127.0.0.1", store.port()), b("127.0.0.1", store.port());
     a.set("k", "v");
     EXPECT_EQ(b.get("k"), "v");
     EXPECT_EQ(b.add("n", 2), 2);
   }
-  ::kill(pid, SIGTERM);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ::close(out[0]);
+  const int status = store.stop();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST(TuttiStoreProgram, FlagsSetTheConnectionCapAndIdleTimeout) {
+  TuttiStoreProcess store({"--max-connections", "1", "--idle-timeout", "1"});
+  TCPStore first("127.0.0.1", store.port());
+  first.set("k", "v");  // holds the one connection allowed
+  RawClient extra(store.port());
+  EXPECT_TRUE(extra.closed_at_once());
+  // The second gets in once the first's connection has been idle for a second.
+  TCPStoreOptions o;
+  o.timeout = milliseconds(20000);
+  TCPStore second("127.0.0.1", store.port(), o);
+  EXPECT_EQ(second.get("k"), "v");
+  const int status = store.stop();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST(TuttiStoreProgram, RejectsBadLimits) {
+  for (const char* flag : {"--max-connections", "--idle-timeout"}) {
+    const WorkerResult r =
+        run_command({TUTTI_STORE_PROGRAM, flag, "-1"}, std::chrono::milliseconds(10000));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(flag), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace
