@@ -239,11 +239,10 @@ struct TCPStore::Impl {
     if (!transfer_read(prefix, hello_deadline, error)) {
       if (foreign_suspect && Clock::now() < deadline &&
           error.find("timed out") != std::string::npos) {
+        const std::string grace = std::to_string(kForeignListenerGrace.count());
         throw Error(ErrorCode::kUnavailable,
-                    where() +
-                        ": the program listening there is not a tutti store (no handshake "
-                        "within " +
-                        std::to_string(kForeignListenerGrace.count()) + " s)" + hosting_note());
+                    where() + ": the program listening there does not answer as a tutti store "
+                              "(no handshake within " + grace + " s)" + hosting_note());
       }
       error = "handshake: " + error;
       return false;
