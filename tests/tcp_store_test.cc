@@ -48,7 +48,10 @@ class RawClient {
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
   ~RawClient() { ::close(fd_); }
-  void send(const std::string& bytes) { (void)!::write(fd_, bytes.data(), bytes.size()); }
+  // Never raises SIGPIPE: the server may close the connection while bytes are still going.
+  void send(const std::string& bytes) {
+    (void)!::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  }
   // True when the server closes the connection before sending anything (within 5 s).
   bool closed_at_once() {
     char c;
