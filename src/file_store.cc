@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <thread>
 
+#include "deadline.h"
 #include "store_util.h"
 
 namespace tutti {
@@ -29,10 +32,39 @@ void put_u32(std::string& out, uint32_t v) { out.append(reinterpret_cast<const c
 
 }  // namespace
 
+namespace detail {
+struct FileStoreLog {
+  std::mutex mutex;  // the threads of this process; flock(2) keeps other processes out
+  std::map<std::string, std::string> cache;
+  int64_t offset = 0;  // how far into the file `cache` has been replayed
+};
+}  // namespace detail
+
+namespace {
+// The logs of the files open in this process, by device and inode, so that a FileStore opened
+// again (a group re-created through the same file) starts where the others got to instead of
+// replaying the whole file.
+std::shared_ptr<detail::FileStoreLog> shared_log(const struct stat& st) {
+  static std::mutex mutex;
+  static auto* logs = new std::map<std::pair<dev_t, ino_t>, std::weak_ptr<detail::FileStoreLog>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = (*logs)[{st.st_dev, st.st_ino}];
+  auto log = slot.lock();
+  if (!log) {
+    log = std::make_shared<detail::FileStoreLog>();
+    slot = log;
+  }
+  for (auto it = logs->begin(); it != logs->end();) {  // forget files no longer open
+    it = it->second.expired() ? logs->erase(it) : std::next(it);
+  }
+  return log;
+}
+}  // namespace
+
 // Holds the process-local mutex (threads) and the file lock (processes) for one operation.
 class FileStore::Locked {
  public:
-  explicit Locked(FileStore& store) : store_(store), guard_(store.mutex_) {
+  explicit Locked(FileStore& store) : store_(store), guard_(store.log_->mutex) {
     while (::flock(store_.fd_, LOCK_EX) != 0) {
       if (errno != EINTR) throw_io(store_.path_, "flock");
     }
@@ -47,8 +79,27 @@ class FileStore::Locked {
 
 FileStore::FileStore(std::string path, std::chrono::milliseconds timeout)
     : Store(timeout), path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // Never through a symbolic link: one planted at the path would send the store's records into
+  // whatever file it names. Readable by its owner only: the records hold the ranks' addresses.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd_ < 0 && errno == ELOOP) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "FileStore '" + path_ + "': is a symbolic link; refusing to follow it (give the "
+                "path of the file itself)");
+  }
   if (fd_ < 0) throw_io(path_, "open");
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    errno = error;
+    throw_io(path_, "fstat");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw Error(ErrorCode::kInvalidArgument, "FileStore '" + path_ + "': is not a regular file");
+  }
+  log_ = shared_log(st);
 }
 
 FileStore::~FileStore() {
@@ -58,11 +109,11 @@ FileStore::~FileStore() {
 void FileStore::refresh_locked() {
   struct stat st;
   if (::fstat(fd_, &st) != 0) throw_io(path_, "fstat");
-  if (st.st_size <= offset_) return;
-  std::string buf(static_cast<size_t>(st.st_size - offset_), '\0');
+  if (st.st_size <= log_->offset) return;
+  std::string buf(static_cast<size_t>(st.st_size - log_->offset), '\0');
   size_t got = 0;
   while (got < buf.size()) {
-    const ssize_t n = ::pread(fd_, buf.data() + got, buf.size() - got, offset_ + got);
+    const ssize_t n = ::pread(fd_, buf.data() + got, buf.size() - got, log_->offset + got);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) throw_io(path_, "read");
     got += static_cast<size_t>(n);
@@ -86,16 +137,16 @@ void FileStore::refresh_locked() {
       break;
     }
     if (kind == kSet) {
-      cache_[key] = buf.substr(pos, vlen);
+      log_->cache[key] = buf.substr(pos, vlen);
     } else if (kind == kDelete) {
-      cache_.erase(key);
+      log_->cache.erase(key);
     } else {
       throw Error(ErrorCode::kIoError, "FileStore '" + path_ + "': corrupt record at offset " +
-                                           std::to_string(offset_ + start));
+                                           std::to_string(log_->offset + start));
     }
     pos += vlen;
   }
-  offset_ += static_cast<int64_t>(pos);
+  log_->offset += static_cast<int64_t>(pos);
 }
 
 void FileStore::append_locked(char kind, const std::string& key, const std::string& value) {
@@ -124,15 +175,16 @@ void FileStore::set(const std::string& key, const std::string& value) {
 std::string FileStore::get(const std::string& key) {
   wait({key}, timeout());
   Locked lock(*this);
-  auto it = cache_.find(key);
-  if (it == cache_.end()) throw detail::store_timeout("FileStore", timeout(), {key});
+  auto it = log_->cache.find(key);
+  if (it == log_->cache.end()) throw detail::store_timeout("FileStore", timeout(), {key});
   return it->second;
 }
 
 int64_t FileStore::add(const std::string& key, int64_t delta) {
   Locked lock(*this);
-  auto it = cache_.find(key);
-  const int64_t value = (it == cache_.end() ? 0 : detail::parse_counter(key, it->second)) + delta;
+  const auto& cache = log_->cache;
+  auto it = cache.find(key);
+  const int64_t value = (it == cache.end() ? 0 : detail::parse_counter(key, it->second)) + delta;
   append_locked(kSet, key, std::to_string(value));
   return value;
 }
@@ -140,8 +192,8 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
 std::string FileStore::compare_set(const std::string& key, const std::string& expected,
                                    const std::string& desired) {
   Locked lock(*this);
-  auto it = cache_.find(key);
-  if (it == cache_.end()) {
+  auto it = log_->cache.find(key);
+  if (it == log_->cache.end()) {
     if (!expected.empty()) return expected;
   } else if (it->second != expected) {
     return it->second;
@@ -151,14 +203,14 @@ std::string FileStore::compare_set(const std::string& key, const std::string& ex
 }
 
 void FileStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = detail::deadline_after(timeout);
   auto pause = std::chrono::microseconds(50);
   while (true) {
     std::vector<std::string> missing;
     {
       Locked lock(*this);
       for (const auto& key : keys) {
-        if (cache_.count(key) == 0) missing.push_back(key);
+        if (log_->cache.count(key) == 0) missing.push_back(key);
       }
     }
     if (missing.empty()) return;
@@ -172,19 +224,20 @@ void FileStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
 
 bool FileStore::check(const std::vector<std::string>& keys) {
   Locked lock(*this);
-  return std::all_of(keys.begin(), keys.end(), [&](const auto& k) { return cache_.count(k) > 0; });
+  return std::all_of(keys.begin(), keys.end(),
+                     [&](const auto& k) { return log_->cache.count(k) > 0; });
 }
 
 bool FileStore::delete_key(const std::string& key) {
   Locked lock(*this);
-  if (cache_.count(key) == 0) return false;
+  if (log_->cache.count(key) == 0) return false;
   append_locked(kDelete, key, "");
   return true;
 }
 
 int64_t FileStore::num_keys() {
   Locked lock(*this);
-  return static_cast<int64_t>(cache_.size());
+  return static_cast<int64_t>(log_->cache.size());
 }
 
 }  // namespace tutti

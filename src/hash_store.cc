@@ -1,5 +1,6 @@
 #include "tutti/hash_store.h"
 
+#include "deadline.h"
 #include "store_util.h"
 
 namespace tutti {
@@ -60,7 +61,8 @@ void HashStore::wait(const std::vector<std::string>& keys, std::chrono::millisec
     }
     return true;
   };
-  if (changed_.wait_for(lock, timeout, all_present)) return;
+  // wait_until on a saturated deadline: wait_for(milliseconds::max()) would overflow.
+  if (changed_.wait_until(lock, detail::deadline_after(timeout), all_present)) return;
   std::vector<std::string> missing;
   for (const auto& key : keys) {
     if (map_.count(key) == 0) missing.push_back(key);

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <thread>
 
+#include "deadline.h"
 #include "store_util.h"
 #include "tutti/error.h"
 
@@ -35,7 +36,10 @@ struct ReplyDeleter {
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
+// A socket timeout for one command: a day at most (hiredis turns it into int milliseconds;
+// commands are short, waits poll).
 timeval to_timeval(std::chrono::milliseconds ms) {
+  ms = std::clamp(ms, std::chrono::milliseconds(1), std::chrono::milliseconds(24 * 3600 * 1000));
   timeval tv;
   tv.tv_sec = static_cast<time_t>(ms.count() / 1000);
   tv.tv_usec = static_cast<suseconds_t>((ms.count() % 1000) * 1000);
@@ -57,7 +61,7 @@ struct RedisStore::Impl {
   std::string where() const { return "RedisStore " + host + ":" + std::to_string(port); }
 
   void connect(std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = detail::deadline_after(timeout);
     auto pause = std::chrono::milliseconds(10);
     std::string last = "no attempt";
     while (true) {
@@ -73,12 +77,28 @@ struct RedisStore::Impl {
       pause = std::min(pause * 2, std::chrono::milliseconds(500));
     }
     redisSetTimeout(ctx, to_timeval(timeout));
-    if (!options.password.empty()) command_locked({"AUTH", options.password}, "AUTH");
-    if (options.db != 0) command_locked({"SELECT", std::to_string(options.db)}, "SELECT");
+    try {
+      if (!options.password.empty()) command_locked({"AUTH", options.password}, "AUTH");
+      if (options.db != 0) command_locked({"SELECT", std::to_string(options.db)}, "SELECT");
+    } catch (const Error&) {
+      // Not usable as it is: the next call connects (and authenticates) again.
+      if (ctx) redisFree(ctx);
+      ctx = nullptr;
+      throw;
+    }
+  }
+
+  // Redis's answers to a missing or wrong password (AUTH, or any command before it).
+  static bool is_auth_error(const std::string& text) {
+    for (const char* prefix : {"NOAUTH", "WRONGPASS", "ERR invalid password", "ERR AUTH"}) {
+      if (text.rfind(prefix, 0) == 0) return true;
+    }
+    return false;
   }
 
   // Runs one command; a transport failure drops the connection (the next call reconnects) and
-  // throws kIoError/kTimeout; a Redis error reply throws kInvalidUsage with Redis's words.
+  // throws kIoError/kTimeout; a missing or wrong password throws kInvalidArgument; another Redis
+  // error reply throws kInvalidUsage with Redis's words.
   Reply command_locked(const std::vector<std::string>& args, const std::string& what) {
     std::vector<const char*> argv;
     std::vector<size_t> lens;
@@ -97,8 +117,15 @@ struct RedisStore::Impl {
                   where() + ": " + what + " failed: " + err);
     }
     if (reply->type == REDIS_REPLY_ERROR) {
-      throw Error(ErrorCode::kInvalidUsage,
-                  where() + ": " + what + ": " + std::string(reply->str, reply->len));
+      const std::string text(reply->str, reply->len);
+      if (is_auth_error(text)) {
+        // As the TCP store's refused secret: the value given is wrong, and trying again with it
+        // cannot help.
+        throw Error(ErrorCode::kInvalidArgument,
+                    where() + ": " + what + ": the server refused the password (" + text +
+                        "); give the right one with ?password=");
+      }
+      throw Error(ErrorCode::kInvalidUsage, where() + ": " + what + ": " + text);
     }
     return reply;
   }
@@ -154,7 +181,7 @@ std::string RedisStore::compare_set(const std::string& key, const std::string& e
 }
 
 void RedisStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = detail::deadline_after(timeout);
   auto pause = std::chrono::microseconds(200);
   while (true) {
     if (check(keys)) return;

@@ -17,6 +17,33 @@ namespace tutti {
 Store::~Store() = default;
 
 namespace detail {
+std::string redact_url(const std::string& url) {
+  std::string out = url;
+  const auto scheme_end = out.find("://");
+  if (scheme_end != std::string::npos) {
+    // user:password@ in the authority
+    const size_t start = scheme_end + 3;
+    const size_t end = std::min(out.find_first_of("/?#", start), out.size());
+    const auto at = out.rfind('@', end == 0 ? 0 : end - 1);
+    if (at != std::string::npos && at >= start) out.replace(start, at - start, "***");
+  }
+  const auto q = out.find('?');
+  if (q == std::string::npos) return out;
+  std::string query;
+  size_t pos = q + 1;
+  while (pos <= out.size()) {
+    const auto amp = std::min(out.find('&', pos), out.size());
+    std::string item = out.substr(pos, amp - pos);
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    // Only values known to be harmless are shown: an unknown key may be a misspelt secret.
+    if (eq != std::string::npos && key != "prefix") item = key + "=***";
+    query += (query.empty() ? "" : "&") + item;
+    pos = amp + 1;
+  }
+  return out.substr(0, q + 1) + query;
+}
+
 int64_t parse_counter(const std::string& key, const std::string& value) {
   try {
     size_t used = 0;
@@ -38,7 +65,8 @@ std::pair<std::string, std::string> split_query(const std::string& rest) {
   return {rest.substr(0, q), rest.substr(q + 1)};
 }
 
-// "k=v&k2=v2": the values of the allowed keys; any other key is an error naming it.
+// "k=v&k2=v2": the values of the allowed keys; any other key is an error naming it (not its
+// value: it may be a misspelt secret). `url` is the URL as errors show it (redacted).
 std::map<std::string, std::string> parse_params(const std::string& url, const std::string& query,
                                                 const std::vector<std::string>& allowed) {
   std::map<std::string, std::string> values;
@@ -55,7 +83,7 @@ std::map<std::string, std::string> parse_params(const std::string& url, const st
         std::string expected;
         for (const auto& k : allowed) expected += (expected.empty() ? "" : " or ") + k + "=";
         throw Error(ErrorCode::kInvalidArgument, "store URL '" + url + "': unknown parameter '" +
-                                                     item + "' (expected " + expected + ")");
+                                                     key + "' (expected " + expected + ")");
       }
       values[key] = item.substr(eq + 1);
     }
@@ -65,10 +93,17 @@ std::map<std::string, std::string> parse_params(const std::string& url, const st
   return values;
 }
 
-// "host:port" (a trailing '/' allowed); IPv6 hosts come in brackets: "[::1]:29500".
+// "host:port" (a trailing '/' allowed); IPv6 hosts come in brackets: "[::1]:29500". `url` is
+// the URL as errors show it (redacted).
 void parse_host_port(const std::string& url, std::string authority, std::string& host,
                      uint16_t& port) {
   if (!authority.empty() && authority.back() == '/') authority.pop_back();
+  if (authority.find('@') != std::string::npos) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "store URL '" + url +
+                    "': credentials in the address are not supported; give them with ?secret= "
+                    "(tcp://) or ?password= (redis://)");
+  }
   size_t colon;
   if (!authority.empty() && authority[0] == '[') {
     const auto close = authority.find(']');
@@ -98,15 +133,17 @@ void parse_host_port(const std::string& url, std::string authority, std::string&
 
 }  // namespace
 
-std::shared_ptr<Store> open_store(const std::string& url, std::chrono::milliseconds timeout,
+std::shared_ptr<Store> open_store(const std::string& full_url, std::chrono::milliseconds timeout,
                                   bool host) {
-  const auto scheme_end = url.find("://");
+  // Errors show the URL without its secrets.
+  const std::string url = detail::redact_url(full_url);
+  const auto scheme_end = full_url.find("://");
   if (scheme_end == std::string::npos) {
     throw Error(ErrorCode::kInvalidArgument,
                 "store URL '" + url + "' has no scheme (expected tcp://HOST:PORT, file:///PATH or hash://)");
   }
-  const std::string scheme = url.substr(0, scheme_end);
-  const std::string rest = url.substr(scheme_end + 3);
+  const std::string scheme = full_url.substr(0, scheme_end);
+  const std::string rest = full_url.substr(scheme_end + 3);
   if (scheme == "file") {
     if (rest.empty() || rest[0] != '/') {
       throw Error(ErrorCode::kInvalidArgument,

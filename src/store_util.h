@@ -19,6 +19,11 @@ inline Error store_timeout(const char* store, std::chrono::milliseconds timeout,
                                         " ms waiting for key(s) " + list);
 }
 
+// The URL as messages may show it: every query value but prefix= (secret=, password=, and any
+// unknown key, which may be a misspelt one) and any user:password@ in the address replaced by
+// "***".
+std::string redact_url(const std::string& url);
+
 // Parses a value written by add(); throws kInvalidUsage naming the key otherwise.
 int64_t parse_counter(const std::string& key, const std::string& value);
 

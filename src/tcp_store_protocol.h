@@ -1,10 +1,18 @@
-// The TCP store's wire protocol, version 1 (internal; shared by server and client).
+// The TCP store's wire protocol, version 2 (internal; shared by server and client).
 //
 // Handshake, on connect:
-//   server -> client: magic u32, version u16, nonce [16 bytes]
+//   server -> client: magic u32, version u16, then (version 2) server id [8 bytes], idle
+//                     timeout ms u32 (0: none), largest message u32, nonce [16 bytes]
 //   client -> server: magic u32, version u16, proof [32 bytes] = HMAC-SHA-256(secret, nonce)
 //                     (zeros without a secret)
 //   server -> client: status u8 (kOk, or kDenied and the connection closes)
+// The server id is random per server instance: a client that reconnects learns whether it
+// reached the same server (its keys are there) or a new one. The idle timeout lets a client
+// reconnect before the server would close its idle connection; the largest message lets it
+// refuse a value the server would not take, instead of sending it to be cut off. A client reads
+// magic and version first, so it can name another version (or a listener that is no tutti store
+// at all) at once.
+//
 // Then requests and responses, each framed as: body length u32, body. A request body is a
 // command u8 and its fields; a response body is a status u8 and its fields. Strings are a u32
 // length and the bytes. Integers are little-endian. Every length and count received is checked
@@ -19,27 +27,35 @@
 namespace tutti::detail::tcp_store {
 
 constexpr uint32_t kMagic = 0x54545554;  // "TUTT" on the wire
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
+constexpr size_t kServerIdBytes = 8;
 constexpr size_t kNonceBytes = 16;
 constexpr size_t kProofBytes = 32;
-constexpr size_t kServerHelloBytes = 4 + 2 + kNonceBytes;
+constexpr size_t kHelloPrefixBytes = 4 + 2;  // magic, version: every version starts so
+constexpr size_t kServerHelloBytes = kHelloPrefixBytes + kServerIdBytes + 4 + 4 + kNonceBytes;
 constexpr size_t kClientHelloBytes = 4 + 2 + kProofBytes;
 
 constexpr uint32_t kMaxKeyBytes = 64 * 1024;
 constexpr uint32_t kMaxValueBytes = 64 * 1024 * 1024;
 constexpr uint32_t kMaxKeysPerRequest = 64 * 1024;
 constexpr uint32_t kMaxBodyBytes = kMaxValueBytes + 2 * kMaxKeyBytes + 64;
+// Message bodies arrive in pieces of at most this, and are allocated as they arrive.
+constexpr size_t kReadChunkBytes = 64 * 1024;
+// set_on_close registrations one connection may hold.
+constexpr size_t kMaxOnCloseKeys = 1024;
 
 enum class Command : uint8_t {
-  kSet = 1,         // key, value                 -> kOk
-  kGet = 2,         // key                        -> kOk value | kNotFound
-  kAdd = 3,         // key, delta i64             -> kOk i64 | kError message
-  kCompareSet = 4,  // key, expected, desired     -> kOk value
-  kWait = 5,        // timeout_ms i64, n u32, keys -> kOk | kTimeout (when it passes)
-  kCheck = 6,       // n u32, keys                -> kOk u8
-  kDelete = 7,      // key                        -> kOk u8 (existed)
-  kNumKeys = 8,     //                            -> kOk i64
-  kPing = 9,        //                            -> kOk
+  kSet = 1,          // key, value                 -> kOk
+  kGet = 2,          // key                        -> kOk value | kNotFound
+  kAdd = 3,          // key, delta i64             -> kOk i64 | kError message
+  kCompareSet = 4,   // key, expected, desired     -> kOk value
+  kWait = 5,         // timeout_ms i64, n u32, keys -> kOk | kTimeout (when it passes)
+  kCheck = 6,        // n u32, keys                -> kOk u8
+  kDelete = 7,       // key                        -> kOk u8 (existed)
+  kNumKeys = 8,      //                            -> kOk i64
+  kPing = 9,         //                            -> kOk
+  kSetOnClose = 10,  // key, value                 -> kOk | kError message; the server sets key
+                     // to value when this connection closes, and no longer times it out as idle
 };
 
 enum class Status : uint8_t { kOk = 0, kNotFound = 1, kTimeout = 2, kError = 3, kDenied = 4 };

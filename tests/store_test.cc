@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -29,6 +31,11 @@ class RedisServer {
     static RedisServer server;
     return server;
   }
+  // A second server that requires a password.
+  static RedisServer& with_password(const std::string& password) {
+    static RedisServer server({"--requirepass", password});
+    return server;
+  }
   bool available() const { return pid_ > 0; }
   uint16_t port() const { return port_; }
   const std::string& why_not() const { return why_not_; }
@@ -42,7 +49,7 @@ class RedisServer {
   }
 
  private:
-  RedisServer() {
+  explicit RedisServer(const std::vector<std::string>& extra = {}) {
     if (::access("/usr/bin/redis-server", X_OK) != 0) {
       why_not_ = "redis-server is not installed (apt-get install redis-server)";
       return;
@@ -52,6 +59,7 @@ class RedisServer {
     std::vector<std::string> args = {"/usr/bin/redis-server", "--port", port, "--bind",
                                      "127.0.0.1", "--save", "", "--appendonly", "no",
                                      "--daemonize", "no", "--loglevel", "warning"};
+    args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -114,6 +122,26 @@ TEST_P(StoreTest, WaitReturnsWhenAnotherClientSets) {
   waiter->wait({"late"}, milliseconds(10000));
   t.join();
   EXPECT_TRUE(waiter->check({"late"}));
+}
+
+TEST_P(StoreTest, HugeTimeoutsMeanNoDeadline) {
+  // milliseconds::max() used to overflow `now + timeout` into the past: waits ended at once.
+  auto waiter = client();
+  auto setter = client();
+  waiter->set_timeout(milliseconds::max());
+  setter->set("present", "1");
+  EXPECT_EQ(waiter->get("present"), "1");
+  waiter->wait({"present"});
+  EXPECT_EQ(waiter->add("n", 2), 2);
+  std::thread t([&] {
+    std::this_thread::sleep_for(milliseconds(20));  // the waits below must really block first
+    setter->set("late", "1");
+    setter->set("later", "2");
+  });
+  waiter->wait({"late"}, milliseconds::max());
+  waiter->wait({"later"}, milliseconds::max() / 3);
+  EXPECT_EQ(waiter->get("later"), "2");
+  t.join();
 }
 
 TEST_P(StoreTest, WaitTimeoutListsOnlyMissingKeys) {
@@ -285,6 +313,111 @@ TEST(OpenStore, RedisUrl) {
   EXPECT_FALSE(other_db->check({"k"}));
   EXPECT_TUTTI_ERROR(open_store(base + "?colour=red"), ErrorCode::kInvalidArgument, "colour");
   EXPECT_TUTTI_ERROR(open_store(base + "/x"), ErrorCode::kInvalidArgument, "bad db");
+}
+
+TEST(OpenStore, SecretsAndPasswordsAreNeverEchoed) {
+  const std::vector<std::string> bad_urls = {
+      "tcp://127.0.0.1:1?secret=TOPSECRET&x=1",
+      "tcp://127.0.0.1:99999?secret=TOPSECRET",
+      "tcp://127.0.0.1:1?secrte=TOPSECRET",  // misspelt: its value is not shown either
+      "redis://127.0.0.1:1?password=TOPSECRET&colour=red",
+      "redis://127.0.0.1:1/x?password=TOPSECRET",
+      "redis://user:TOPSECRET@127.0.0.1:6379",
+      "tcp://:TOPSECRET@127.0.0.1:1",
+  };
+  for (const auto& url : bad_urls) {
+    try {
+      open_store(url);
+      ADD_FAILURE() << "no error for " << url;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("TOPSECRET"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("***"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TUTTI_ERROR(open_store("tcp://127.0.0.1:1?secret=TOPSECRET&x=1"),
+                     ErrorCode::kInvalidArgument, "secret=***", "unknown parameter 'x'");
+}
+
+// A wrong or missing password is the same error whichever store refuses it (docs/errors.md).
+TEST(OpenStore, AuthenticationFailuresAreInvalidArgumentForEveryStore) {
+  TCPStoreServer tcp("127.0.0.1", 0, "right");
+  const std::string tcp_url = "tcp://127.0.0.1:" + std::to_string(tcp.port());
+  EXPECT_TUTTI_ERROR(open_store(tcp_url + "?secret=wrong", milliseconds(5000))->set("k", "v"),
+                     ErrorCode::kInvalidArgument, "secret");
+  open_store(tcp_url + "?secret=right", milliseconds(5000))->set("k", "v");
+
+  auto& redis = RedisServer::with_password("right");
+  if (!redis.available()) GTEST_SKIP() << redis.why_not();
+  const std::string redis_url = "redis://127.0.0.1:" + std::to_string(redis.port());
+  EXPECT_TUTTI_ERROR(open_store(redis_url, milliseconds(5000))->set("k", "v"),
+                     ErrorCode::kInvalidArgument, "NOAUTH", "?password=");
+  EXPECT_TUTTI_ERROR(open_store(redis_url + "?password=wrong", milliseconds(5000))->set("k", "v"),
+                     ErrorCode::kInvalidArgument, "password");
+  auto good = open_store(redis_url + "?password=right", milliseconds(5000));
+  good->set("k", "v");
+  EXPECT_EQ(good->get("k"), "v");
+}
+
+TEST(FileStoreFile, RefusesASymbolicLinkAndIsPrivate) {
+  TempDir dir;
+  const std::string target = dir.path() + "/victim";
+  { std::ofstream(target) << "precious"; }
+  const std::string link = dir.path() + "/store";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  EXPECT_TUTTI_ERROR(FileStore{link}, ErrorCode::kInvalidArgument, link, "symbolic link");
+  std::ifstream in(target);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
+
+  const std::string path = dir.path() + "/real";
+  FileStore store(path);
+  store.set("k", "v");
+  struct stat st{};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_TUTTI_ERROR(FileStore{dir.path()}, ErrorCode::kIoError, dir.path());
+  ASSERT_EQ(::mkfifo((dir.path() + "/fifo").c_str(), 0600), 0);
+  EXPECT_TUTTI_ERROR(FileStore{dir.path() + "/fifo"}, ErrorCode::kInvalidArgument,
+                     "not a regular file");
+}
+
+// Bytes this process has read through read(2) and pread(2) so far.
+long long bytes_read() {
+  std::ifstream io("/proc/self/io");
+  std::string name;
+  long long value = 0;
+  while (io >> name >> value) {
+    if (name == "rchar:") return value;
+  }
+  return -1;
+}
+
+// Review C.19: a FileStore opened again in the same process (a group re-created through one
+// file) reads only what is new, not the whole file.
+TEST(FileStoreFile, OpeningTheFileAgainReadsOnlyWhatIsNew) {
+  TempDir dir;
+  const std::string path = dir.path() + "/store";
+  FileStore first(path);
+  const std::string value(10 * 1024, 'v');
+  for (int i = 0; i < 200; ++i) first.set("key/" + std::to_string(i), value);  // 2 MB of log
+  first.set("last", "1");
+  const long long before = bytes_read();
+  FileStore again(path);
+  EXPECT_EQ(again.get("last"), "1");
+  EXPECT_EQ(again.get("key/7"), value);
+  EXPECT_LT(bytes_read() - before, 256 * 1024) << "bytes read to open the file again";
+  // What another process appends still arrives.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    FileStore(path).set("late", "2");
+    ::_exit(0);
+  }
+  int status = -1;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(first.get("late"), "2");
+  EXPECT_EQ(again.get("late"), "2");
 }
 
 TEST(OpenStore, Urls) {

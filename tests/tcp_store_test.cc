@@ -1,8 +1,11 @@
 // The TCP store's server survives broken, hostile and slow clients, and keeps serving a good
 // client through each; secrets, hosting and URLs.
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -10,6 +13,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -22,11 +26,17 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// Protocol version 2's server hello: magic, version, server id, idle timeout, largest message,
+// nonce.
+constexpr size_t kServerHelloBytes = 4 + 2 + 8 + 4 + 4 + 16;
+
 // A raw socket to the server, for sending what no real client would.
 class RawClient {
  public:
-  explicit RawClient(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+  explicit RawClient(uint16_t port) : RawClient(::socket(AF_INET, SOCK_STREAM, 0), port) {}
+  // Connects a socket made earlier.
+  RawClient(int fd, uint16_t port) {
+    fd_ = fd;
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
@@ -38,7 +48,15 @@ class RawClient {
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
   ~RawClient() { ::close(fd_); }
-  void send(const std::string& bytes) { (void)!::write(fd_, bytes.data(), bytes.size()); }
+  // Never raises SIGPIPE: the server may close the connection while bytes are still going.
+  void send(const std::string& bytes) {
+    (void)!::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  }
+  // True when the server closes the connection before sending anything (within 5 s).
+  bool closed_at_once() {
+    char c;
+    return ::read(fd_, &c, 1) == 0;
+  }
   // Reads until the server closes (returns true) or 5 s pass (false).
   bool closed_by_server() {
     char buf[4096];
@@ -50,14 +68,24 @@ class RawClient {
   }
   // The server's hello followed by a well-formed client hello without a secret.
   void handshake() {
-    char hello[22];
-    ASSERT_EQ(::read(fd_, hello, sizeof(hello)), 22);
+    char hello[kServerHelloBytes];
+    ASSERT_TRUE(read_exactly(hello, sizeof(hello)));
     std::string mine(4 + 2 + 32, '\0');
     std::memcpy(mine.data(), hello, 6);  // echo magic and version
     send(mine);
     char status = 1;
     ASSERT_EQ(::read(fd_, &status, 1), 1);
     ASSERT_EQ(status, 0);
+  }
+  // Reads exactly n bytes; false on end of file, error or the 5 s receive timeout.
+  bool read_exactly(char* out, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::read(fd_, out + got, n - got);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
   }
   int fd() const { return fd_; }
 
@@ -159,6 +187,240 @@ TEST_F(TCPStoreRobustness, IdleClientInALongWaitIsLegitimate) {
   t.join();
 }
 
+// --- The server's limits: descriptors, connections, idleness, memory. ---
+
+// A framed request: length, then body.
+std::string framed(const std::string& body) {
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  return std::string(reinterpret_cast<const char*>(&n), 4) + body;
+}
+
+// A wait request for one key, as the protocol spells it.
+std::string wait_request(const std::string& key, int64_t timeout_ms) {
+  std::string body(1, '\x05');
+  body.append(reinterpret_cast<const char*>(&timeout_ms), 8);
+  const uint32_t count = 1, klen = static_cast<uint32_t>(key.size());
+  body.append(reinterpret_cast<const char*>(&count), 4);
+  body.append(reinterpret_cast<const char*>(&klen), 4);
+  return framed(body + key);
+}
+
+long rss_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+int open_fds() {
+  int n = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  while (dirent* e = ::readdir(dir)) n += e->d_name[0] != '.';
+  ::closedir(dir);
+  return n - 1;  // the directory's own descriptor
+}
+
+// Polls pred for up to 10 s; true once it holds.
+bool eventually(const std::function<bool()>& pred) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return true;
+}
+
+// Sends this process's stderr to a file while it lives.
+class CapturedStderr {
+ public:
+  explicit CapturedStderr(std::string path) : path_(std::move(path)) {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ::dup2(fd, 2);
+    ::close(fd);
+  }
+  ~CapturedStderr() { restore(); }
+  // Restores stderr and returns what was written meanwhile.
+  std::string restore() {
+    if (saved_ >= 0) {
+      std::fflush(stderr);
+      ::dup2(saved_, 2);
+      ::close(saved_);
+      saved_ = -1;
+    }
+    std::ifstream in(path_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  std::string path_;
+  int saved_ = -1;
+};
+
+size_t count_lines_with(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = text.find(needle); pos != std::string::npos; pos = text.find(needle, pos + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+TEST(TCPStoreServerLimits, OutOfDescriptorsPausesAcceptingAndWarnsOnce) {
+  TCPStoreServer server("127.0.0.1", 0);
+  TempDir dir;
+  CapturedStderr captured(dir.path() + "/stderr");
+  // Sockets made while descriptors are plenty; connected once the server has but 5 left, so
+  // that connections wait in its queue while accept() fails with EMFILE.
+  std::vector<int> sockets(40);
+  for (auto& fd : sockets) fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = static_cast<rlim_t>(open_fds() + 5);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<std::unique_ptr<RawClient>> clients;
+  for (int fd : sockets) clients.push_back(std::make_unique<RawClient>(fd, server.port()));
+  const bool failed = eventually([&] { return server.stats().accept_errors > 0; });
+  // One second of it: a server that retried at once would fail hundreds of thousands of times
+  // and use a whole core.
+  const uint64_t errors_before = server.stats().accept_errors;
+  const double cpu_before = cpu_seconds();
+  std::this_thread::sleep_for(milliseconds(1000));
+  const uint64_t errors_in_a_second = server.stats().accept_errors - errors_before;
+  const double cpu_in_a_second = cpu_seconds() - cpu_before;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  const std::string log = captured.restore();
+  ASSERT_TRUE(failed) << "accept() never failed";
+  EXPECT_LE(errors_in_a_second, 20u);
+  EXPECT_LT(cpu_in_a_second, 0.5);
+  EXPECT_EQ(count_lines_with(log, "accept failed"), 1u) << log;
+  EXPECT_NE(log.find("Too many open files"), std::string::npos) << log;
+  // Descriptors back: the queued connections are served, and so is a new client.
+  clients.clear();
+  TCPStoreOptions o;
+  o.timeout = milliseconds(10000);
+  TCPStore good("127.0.0.1", server.port(), o);
+  good.set("k", "v");
+  EXPECT_EQ(good.get("k"), "v");
+}
+
+TEST(TCPStoreServerLimits, ConnectionCapClosesTheExtraConnectionAtOnce) {
+  TCPStoreServerOptions options;
+  options.max_connections = 3;
+  TCPStoreServer server("127.0.0.1", 0, options);
+  std::vector<std::unique_ptr<TCPStore>> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.push_back(std::make_unique<TCPStore>("127.0.0.1", server.port()));
+    clients.back()->set("k" + std::to_string(i), "v");
+  }
+  RawClient extra(server.port());
+  EXPECT_TRUE(extra.closed_at_once());
+  EXPECT_GE(server.stats().refused_connections, 1u);
+  EXPECT_EQ(server.stats().connections, 3u);
+  TCPStoreOptions quick;
+  quick.timeout = milliseconds(500);
+  EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", server.port(), quick).get("k0"), ErrorCode::kTimeout,
+                     "could not connect");
+  clients.pop_back();  // a place frees; a client retrying gets it
+  TCPStore late("127.0.0.1", server.port());
+  EXPECT_EQ(late.get("k0"), "v");
+}
+
+TEST(TCPStoreServerLimits, IdleConnectionsAreClosedWaitingOnesAreNot) {
+  TCPStoreServerOptions options;
+  options.idle_timeout = milliseconds(300);
+  TCPStoreServer server("127.0.0.1", 0, options);
+  RawClient idle(server.port());
+  idle.handshake();
+  RawClient waiter(server.port());
+  waiter.handshake();
+  waiter.send(wait_request("late", 20000));
+  ASSERT_TRUE(eventually([&] { return server.stats().waiting == 1; }));
+  EXPECT_TRUE(idle.closed_by_server());
+  EXPECT_GE(server.stats().idle_closed, 1u);
+  std::this_thread::sleep_for(milliseconds(900));  // three idle timeouts: a wait is not idle
+  TCPStore setter("127.0.0.1", server.port());
+  setter.set("late", "now");
+  char response[5];
+  ASSERT_TRUE(waiter.read_exactly(response, 5));  // length 1, status kOk
+  EXPECT_EQ(response[4], 0);
+}
+
+TEST(TCPStoreServerLimits, AnIdleClientReconnectsByItself) {
+  TCPStoreServerOptions options;
+  options.idle_timeout = milliseconds(200);
+  TCPStoreServer server("127.0.0.1", 0, options);
+  TCPStore client("127.0.0.1", server.port());
+  client.set("a", "1");
+  ASSERT_TRUE(eventually([&] { return server.stats().idle_closed >= 1; }));
+  EXPECT_EQ(client.get("a"), "1");
+  EXPECT_EQ(client.add("n", 1), 1);  // not repeatable, so sent only on a fresh connection
+}
+
+TEST(TCPStoreServerLimits, HeaderOnlyConnectionsHoldNoMemory) {
+  TCPStoreServer server("127.0.0.1", 0);
+  const long rss_before = rss_kib();
+  std::vector<std::unique_ptr<RawClient>> clients;
+  for (int i = 0; i < 12; ++i) {
+    clients.push_back(std::make_unique<RawClient>(server.port()));
+    clients.back()->handshake();
+    const uint32_t claimed = 64 * 1024 * 1024;
+    clients.back()->send(std::string(reinterpret_cast<const char*>(&claimed), 4) + "partial");
+  }
+  // Each connection has its 7 bytes and room for the next piece, no more.
+  constexpr size_t kPiece = 64 * 1024;
+  ASSERT_TRUE(eventually([&] { return server.stats().buffered_bytes >= 12 * kPiece; }))
+      << server.stats().buffered_bytes;
+  EXPECT_LE(server.stats().buffered_bytes, 12 * (kPiece + 7));
+  EXPECT_LT(rss_kib() - rss_before, 64 * 1024) << "KiB more resident memory";
+  TCPStore good("127.0.0.1", server.port());
+  good.set("still", "served");
+  EXPECT_EQ(good.get("still"), "served");
+  clients.clear();
+  EXPECT_TRUE(eventually([&] { return server.stats().buffered_bytes == 0; }));
+}
+
+TEST(TCPStoreServerLimits, TotalCapClosesTheConnectionThatWouldPassIt) {
+  TCPStoreServerOptions options;
+  options.max_buffered_bytes = 1024 * 1024;
+  TCPStoreServer server("127.0.0.1", 0, options);
+  const uint32_t claimed = 4 * 1024 * 1024;
+  const std::string header(reinterpret_cast<const char*>(&claimed), 4);
+  RawClient a(server.port()), b(server.port());
+  a.handshake();
+  b.handshake();
+  a.send(header + std::string(600 * 1024, 'a'));
+  ASSERT_TRUE(eventually([&] { return server.stats().buffered_bytes >= 600 * 1024; }));
+  b.send(header + std::string(600 * 1024, 'b'));
+  EXPECT_TRUE(b.closed_by_server());
+  EXPECT_LE(server.stats().buffered_bytes, options.max_buffered_bytes);
+  TCPStore good("127.0.0.1", server.port());
+  good.set("small", "fits");
+  EXPECT_EQ(good.get("small"), "fits");
+}
+
+TEST(TCPStoreServerLimits, ClientRefusesWhatTheServerWouldNotTake) {
+  TCPStoreServerOptions options;
+  options.max_message_bytes = 1024;
+  TCPStoreServer server("127.0.0.1", 0, options);
+  TCPStore client("127.0.0.1", server.port());
+  EXPECT_TUTTI_ERROR(client.set("big", std::string(4096, 'x')), ErrorCode::kInvalidArgument,
+                     "set 'big'", "more than the server takes", "1024");
+  client.set("small", "ok");  // the connection is still good
+  EXPECT_EQ(client.get("small"), "ok");
+  EXPECT_TUTTI_ERROR(client.set(std::string(70000, 'k'), "v"), ErrorCode::kInvalidArgument,
+                     "key of 70000 bytes");
+}
+
 TEST(TCPStoreSecret, WrongOrMissingSecretIsRefusedRightOneServed) {
   TCPStoreServer server("127.0.0.1", 0, "s3cret");
   TCPStoreOptions right;
@@ -169,11 +431,11 @@ TEST(TCPStoreSecret, WrongOrMissingSecretIsRefusedRightOneServed) {
   wrong.secret = "guess";
   wrong.timeout = milliseconds(2000);
   EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", server.port(), wrong).get("k"),
-                     ErrorCode::kRemoteError, "refused", "secret");
+                     ErrorCode::kInvalidArgument, "refused", "secret");
   TCPStoreOptions none;
   none.timeout = milliseconds(2000);
   EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", server.port(), none).set("x", "y"),
-                     ErrorCode::kRemoteError, "refused");
+                     ErrorCode::kInvalidArgument, "refused");
   EXPECT_EQ(good.get("k"), "v");
   EXPECT_FALSE(good.check({"x"}));
 }
@@ -236,38 +498,87 @@ TEST(TCPStoreUrl, OpenStoreParses) {
 namespace tutti::testing {
 namespace {
 
+// A tutti-store process started with extra arguments, serving on a free port until stop().
+class TuttiStoreProcess {
+ public:
+  explicit TuttiStoreProcess(const std::vector<std::string>& extra = {}) {
+    int out[2];
+    if (::pipe(out) != 0) throw std::runtime_error("pipe failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    std::vector<std::string> args = {TUTTI_STORE_PROGRAM, "--host", "127.0.0.1", "--port", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(out[1]);
+    out_ = out[0];
+    if (rc != 0) throw std::runtime_error("posix_spawn failed");
+    std::string line;
+    char c;
+    while (::read(out_, &c, 1) == 1 && c != '\n') line.push_back(c);
+    const std::string prefix = "tutti-store listening on 127.0.0.1:";
+    if (line.rfind(prefix, 0) != 0) throw std::runtime_error("tutti-store said: " + line);
+    port_ = static_cast<uint16_t>(std::stoi(line.substr(prefix.size())));
+  }
+  ~TuttiStoreProcess() {
+    if (pid_ > 0) stop();
+  }
+  uint16_t port() const { return port_; }
+  // SIGTERM, then the exit status.
+  int stop() {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    ::close(out_);
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  uint16_t port_ = 0;
+};
+
 TEST(TuttiStoreProgram, ServesUntilSignalled) {
-  int out[2];
-  ASSERT_EQ(::pipe(out), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_addclose(&actions, out[0]);
-  std::vector<std::string> args = {TUTTI_STORE_PROGRAM, "--host", "127.0.0.1", "--port", "0"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(out[1]);
-  std::string line;
-  char c;
-  while (::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
-  const std::string prefix = "tutti-store listening on 127.0.0.1:";
-  ASSERT_EQ(line.rfind(prefix, 0), 0u) << line;
-  const auto port = static_cast<uint16_t>(std::stoi(line.substr(prefix.size())));
+  TuttiStoreProcess store;
   {
-    TCPStore a("127.0.0.1", port), b("127.0.0.1", port);
+    TCPStore a("127.0.0.1", store.port()), b("127.0.0.1", store.port());
     a.set("k", "v");
     EXPECT_EQ(b.get("k"), "v");
     EXPECT_EQ(b.add("n", 2), 2);
   }
-  ::kill(pid, SIGTERM);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ::close(out[0]);
+  const int status = store.stop();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST(TuttiStoreProgram, FlagsSetTheConnectionCapAndIdleTimeout) {
+  TuttiStoreProcess store({"--max-connections", "1", "--idle-timeout", "1"});
+  TCPStore first("127.0.0.1", store.port());
+  first.set("k", "v");  // holds the one connection allowed
+  RawClient extra(store.port());
+  EXPECT_TRUE(extra.closed_at_once());
+  // The second gets in once the first's connection has been idle for a second.
+  TCPStoreOptions o;
+  o.timeout = milliseconds(20000);
+  TCPStore second("127.0.0.1", store.port(), o);
+  EXPECT_EQ(second.get("k"), "v");
+  const int status = store.stop();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST(TuttiStoreProgram, RejectsBadLimits) {
+  for (const char* flag : {"--max-connections", "--idle-timeout"}) {
+    const WorkerResult r =
+        run_command({TUTTI_STORE_PROGRAM, flag, "-1"}, std::chrono::milliseconds(10000));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(flag), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace

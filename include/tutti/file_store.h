@@ -3,19 +3,25 @@
 // The file is an append-only log of records guarded by flock(2); every process replays what
 // others appended. Thread-safe within a process, and safe across processes. Waits poll the file
 // with a short back-off until their deadline. The file is never deleted by the store: use a
-// fresh path per job (or let the launcher pick one).
+// fresh path per job (or let the launcher pick one). It is created readable and writable by its
+// owner only (0600), and never opened through a symbolic link. FileStores of one file in one
+// process share what they replayed: opening the file again reads only what is new.
 #pragma once
 
-#include <map>
-#include <mutex>
+#include <memory>
 
 #include "tutti/store.h"
 
 namespace tutti {
 
+namespace detail {
+struct FileStoreLog;  // what has been replayed of one file, shared within the process
+}  // namespace detail
+
 class TUTTI_API FileStore : public Store {
  public:
-  // Throws Error(kIoError) naming the path when the file cannot be opened or created.
+  // Throws Error(kIoError) naming the path when the file cannot be opened or created, and
+  // kInvalidArgument when the path is a symbolic link or not a regular file.
   explicit FileStore(std::string path, std::chrono::milliseconds timeout = kDefaultTimeout);
   ~FileStore() override;
 
@@ -39,9 +45,7 @@ class TUTTI_API FileStore : public Store {
 
   std::string path_;
   int fd_ = -1;
-  std::mutex mutex_;
-  std::map<std::string, std::string> cache_;
-  int64_t offset_ = 0;  // how far into the log cache_ has been replayed
+  std::shared_ptr<detail::FileStoreLog> log_;
 };
 
 }  // namespace tutti

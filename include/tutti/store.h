@@ -1,11 +1,12 @@
 // Store: the key-value rendezvous through which the ranks of a group find each other.
 //
 // Implementations: HashStore (one process), FileStore (one host or a shared file system),
-// PrefixStore (a namespace inside another store); TCP and Redis stores come with the
-// rendezvous issue. All implementations are safe to call from several threads at once.
+// TCPStore (the default: hosted by rank 0 or tutti-store), RedisStore, PrefixStore (a namespace
+// inside another store). All implementations are safe to call from several threads at once.
 //
 // Values are byte strings (std::string holds any bytes). Every blocking call has a deadline:
-// `get` and `wait` throw Error(kTimeout) naming the missing keys when it passes.
+// `get` and `wait` throw Error(kTimeout) naming the missing keys when it passes. A timeout too
+// long for the clock (std::chrono::milliseconds::max()) means no deadline.
 #pragma once
 
 #include <chrono>
