@@ -137,11 +137,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
 
   const detail::StoreChoice choice =
       prefixed(ctx, [&] { return detail::resolve_store(options, world_size, rank); });
-  detail::JoinRecord mine;
-  mine.world_size = world_size;
-  mine.backend = requested;
-  mine.host = detail::host_identity();
-  mine.pid = static_cast<long>(::getpid());
+  const detail::JoinRecord mine = detail::JoinRecord::mine(world_size, requested);
   const detail::Membership m = prefixed(ctx, [&] {
     return detail::meet(*choice.store, detail::group_base(choice.job_id, name), world_size, rank,
                         mine, options.timeout);
@@ -164,8 +160,17 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->store = choice.store;
   s->owns_store = choice.owned;
   s->scope = m.scope;
+  s->join_record = mine.encode();
   s->instance = detail::escape_name(choice.job_id.empty() ? "nojob" : choice.job_id) + "." +
                 detail::escape_name(name) + "." + std::to_string(m.incarnation);
+  if (auto* tcp = dynamic_cast<TCPStore*>(s->store.get()); tcp != nullptr && s->owns_store) {
+    // The host learns of this rank's departure even if the process dies (see leave_store).
+    try {
+      tcp->set_on_close(s->scope + "/left/" + std::to_string(rank), "closed");
+    } catch (const Error& e) {
+      TUTTI_LOG_DEBUG("{}: no departure notice: {}", s->describe(), e.what());
+    }
+  }
   attach_backend(*s, info, backend_context(*s), ctx);
   TUTTI_LOG_INFO("joined {} with backend '{}' (incarnation {}) in {:.1f} ms", s->describe(),
                  info.name, m.incarnation,
@@ -226,11 +231,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
 
   // The members meet through the parent's store (no new server), checking that they agree on
   // the list of ranks.
-  detail::JoinRecord mine;
-  mine.world_size = sub_world;
-  mine.backend = requested + " ranks " + listed;
-  mine.host = s.hosts[s.rank];
-  mine.pid = s.pids[s.rank];
+  const detail::JoinRecord mine = detail::JoinRecord::mine(sub_world, requested + " ranks " + listed);
   const std::string base = s.scope + "/split/" + std::to_string(n);
   const detail::Membership m = prefixed(sub_ctx, [&] {
     return detail::meet(*s.store, base, sub_world, sub_rank, mine, timeout);
@@ -254,6 +255,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->store = s.store;
   sub->owns_store = false;  // the parent's: it leaves the store, the subgroup only uses it
   sub->scope = m.scope;
+  sub->join_record = mine.encode();
   sub->instance = s.instance + ".s" + std::to_string(n);
   BackendContext bctx = backend_context(*sub);
   if (info.name == s.backend_name) bctx.parent = s.backend.get();
@@ -332,19 +334,29 @@ void CollectiveGroup::destroy() noexcept {
 
 void CollectiveGroup::leave_store() {
   State& s = *state_;
+  const detail::JoinRecord mine = detail::JoinRecord::decode(s.join_record);
+  detail::forget_join(mine);
   auto* tcp = dynamic_cast<TCPStore*>(s.store.get());
   if (s.owns_store && tcp != nullptr && s.world_size > 1) {
     // Best effort and brief: a host that is already gone must not hold destroy up.
     tcp->set_timeout(std::chrono::milliseconds(2000));
     try {
+      detail::leave(*tcp, s.scope, s.rank, mine);
       tcp->set(s.scope + "/left/" + std::to_string(s.rank), "1");
-      if (tcp->is_hosting()) {
+      // An aborted group's peers may be gone or stuck: the host does not wait for them.
+      if (tcp->is_hosting() && !s.aborted.load()) {
         std::vector<std::string> keys;
         for (int r = 0; r < s.world_size; ++r) keys.push_back(s.scope + "/left/" + std::to_string(r));
         tcp->wait(keys, kHostLingerTimeout);
       }
     } catch (const Error& e) {
       TUTTI_LOG_DEBUG("{}: leaving the store: {}", describe(), e.what());
+    }
+  } else if (s.store && !s.aborted.load()) {
+    try {
+      detail::leave(*s.store, s.scope, s.rank, mine);
+    } catch (const Error& e) {
+      TUTTI_LOG_DEBUG("{}: giving the claim back: {}", describe(), e.what());
     }
   }
   s.store.reset();

@@ -35,6 +35,7 @@ struct CollectiveGroup::State {
   std::string scope;             // this incarnation's key prefix in store
   bool owns_store = false;       // opened from a URL by this group
   std::string instance;          // names OS resources (see BackendContext)
+  std::string join_record;       // this rank's claim in the store (given back at destroy)
 
   // What the backend supports, read once at creation so validation never touches it.
   std::array<bool, 2> device_supported{};  // by DeviceType

@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 
 namespace tutti::detail {
 
@@ -16,6 +18,19 @@ std::string host_identity() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot_id);
   return std::string(name) + "/" + boot_id;
+}
+
+uint64_t process_start_time(long pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto paren = text.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 > text.size()) return 0;
+  std::istringstream fields(text.substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && (fields >> field); ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
 }
 
 }  // namespace tutti::detail

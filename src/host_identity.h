@@ -1,6 +1,7 @@
 // Which machine this process runs on (internal, shared by the core and the CPU backends).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "tutti/export.h"
@@ -11,5 +12,10 @@ namespace tutti::detail {
 // (and so can share memory); a host name alone can repeat across machines or containers.
 // TUTTI_HOST_ID, when set, replaces it (containers sharing a kernel but not /dev/shm).
 TUTTI_API std::string host_identity();
+
+// When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat), as this
+// host's /proc shows it; 0 when no such process is visible. A pid and its start time name one
+// process: a pid reused later has a later start time.
+TUTTI_API uint64_t process_start_time(long pid);
 
 }  // namespace tutti::detail

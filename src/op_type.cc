@@ -1,5 +1,7 @@
 #include "tutti/op_type.h"
 
+#include "deadline.h"
+
 namespace tutti {
 
 const char* to_string(OpType op) noexcept {
@@ -34,13 +36,7 @@ std::chrono::steady_clock::time_point OpContext::deadline() const {
 }
 
 std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
-  const auto now = Clock::now();
-  if (timeout.count() <= 0) return now;
-  // Compare in the clock's own unit: the milliseconds that are left before its maximum.
-  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
-  if (timeout >= room) return Clock::time_point::max();
-  return now + timeout;
+  return detail::deadline_after(timeout);
 }
 
 }  // namespace tutti

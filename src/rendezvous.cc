@@ -1,10 +1,19 @@
 #include "rendezvous.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
+#include <mutex>
+#include <random>
+#include <set>
 #include <sstream>
+#include <thread>
 
+#include "deadline.h"
 #include "group_util.h"
+#include "host_identity.h"
 #include "tutti/env.h"
 #include "tutti/error.h"
 #include "tutti/hash_store.h"
@@ -12,20 +21,39 @@
 
 namespace tutti::detail {
 
+JoinRecord JoinRecord::mine(int world_size, const std::string& backend) {
+  JoinRecord r;
+  r.world_size = world_size;
+  r.backend = backend;
+  r.host = host_identity();
+  r.pid = static_cast<long>(::getpid());
+  r.start = process_start_time(r.pid);
+  std::random_device rd;
+  r.nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return r;
+}
+
 std::string JoinRecord::encode() const {
-  return std::to_string(world_size) + "\n" + backend + "\n" + host + "\n" + std::to_string(pid);
+  return std::to_string(world_size) + "\n" + backend + "\n" + host + "\n" + std::to_string(pid) +
+         "\n" + std::to_string(start) + "\n" + std::to_string(nonce) + (left ? "\nleft" : "");
 }
 
 JoinRecord JoinRecord::decode(const std::string& text) {
   JoinRecord r;
   std::istringstream in(text);
-  std::string ws, pid;
+  std::string ws, pid, start, nonce, left;
   std::getline(in, ws);
   std::getline(in, r.backend);
   std::getline(in, r.host);
   std::getline(in, pid);
+  std::getline(in, start);
+  std::getline(in, nonce);
+  std::getline(in, left);
+  r.left = left == "left";
   r.world_size = std::atoi(ws.c_str());
   r.pid = std::atol(pid.c_str());
+  r.start = std::strtoull(start.c_str(), nullptr, 10);
+  r.nonce = std::strtoull(nonce.c_str(), nullptr, 10);
   return r;
 }
 
@@ -81,83 +109,348 @@ std::string group_base(const std::string& job_id, const std::string& name) {
          "group/" + escape_name(name);
 }
 
-Membership meet(Store& store, const std::string& base, int world_size, int rank,
-                const JoinRecord& mine, std::chrono::milliseconds timeout) {
-  // Incarnation: every init of this name through this store takes the next join number, and
-  // world_size consecutive joins form one incarnation, so keys of a destroyed incarnation are
-  // never read by the next one.
-  const int64_t join = store.add(base + "/joins", 1);
-  Membership m;
-  m.incarnation = (join - 1) / world_size;
-  m.scope = base + "/" + std::to_string(m.incarnation);
-  m.ranks.resize(world_size);
-  m.ranks[rank] = mine;
+namespace {
 
-  const std::string my_key = m.scope + "/rank/" + std::to_string(rank);
-  const std::string claimed = store.compare_set(my_key, "", mine.encode());
-  if (claimed != mine.encode()) {
-    const JoinRecord other = JoinRecord::decode(claimed);
-    throw Error(ErrorCode::kInvalidUsage,
-                "rank " + std::to_string(rank) + " is already claimed by process " +
-                    std::to_string(other.pid) + " on host '" + other.host +
-                    "': two processes were given the same rank");
+using Clock = std::chrono::steady_clock;
+
+// An incarnation's state: "formed <world size>" once every rank arrived, or "failed\n<code>\n
+// <rank>\n<why>" once a rank gave up on it; none while it forms.
+std::string formed(int world_size) { return "formed " + std::to_string(world_size); }
+
+struct State {
+  bool formed = false;
+  int world_size = 0;  // formed: how many ranks it has
+  bool failed = false;
+  ErrorCode code = ErrorCode::kTimeout;  // failed: how the rank that gave up failed
+  int rank = 0;
+  std::string why;
+};
+
+std::optional<State> read_state(Store& store, const std::string& scope) {
+  const std::string key = scope + "/state";
+  if (!store.check({key})) return std::nullopt;
+  const std::string text = store.get(key);
+  State st;
+  if (text.rfind("formed ", 0) == 0) {
+    st.formed = true;
+    st.world_size = std::atoi(text.c_str() + 7);
+    return st;
+  }
+  std::istringstream in(text);
+  std::string tag, code, rank;
+  std::getline(in, tag);
+  std::getline(in, code);
+  std::getline(in, rank);
+  std::getline(in, st.why, '\0');
+  st.failed = true;
+  st.code = static_cast<ErrorCode>(std::atoi(code.c_str()));
+  st.rank = std::atoi(rank.c_str());
+  return st;
+}
+
+std::string scope_of(const std::string& base, int64_t incarnation) {
+  return base + "/" + std::to_string(incarnation);
+}
+
+std::string rank_key(const std::string& scope, int rank) {
+  return scope + "/rank/" + std::to_string(rank);
+}
+
+std::string describe(const JoinRecord& r) {
+  return "process " + std::to_string(r.pid) + " on host '" + r.host + "'";
+}
+
+// The joins of this process whose groups live (or are being made): a claim by this process
+// that is not among them is left from an earlier group of the same name.
+struct LiveJoins {
+  std::mutex mutex;
+  std::set<uint64_t> nonces;
+};
+
+LiveJoins& live_joins() {
+  static auto* joins = new LiveJoins();  // leaked: groups may be destroyed at exit
+  return *joins;
+}
+
+// Another join that is certainly alive now: a live group of this very process (ranks as
+// threads), or a process of this host whose pid and start time still match.
+bool live_elsewhere(const JoinRecord& other, const JoinRecord& mine) {
+  if (other.left || other.host != mine.host) return false;
+  if (other.pid == mine.pid) {
+    if (other.nonce == mine.nonce) return false;
+    std::lock_guard<std::mutex> lock(live_joins().mutex);
+    return live_joins().nonces.count(other.nonce) != 0;
+  }
+  return other.start != 0 && process_start_time(other.pid) == other.start;
+}
+
+// Doubling pauses between looks at the store, 1 ms to 200 ms.
+class Backoff {
+ public:
+  std::chrono::milliseconds next(Clock::time_point deadline) {
+    const auto left = time_left(deadline);
+    const auto pause = std::max(std::chrono::milliseconds(1), std::min(pause_, left));
+    pause_ = std::min(pause_ * 2, std::chrono::milliseconds(200));
+    return pause;
   }
 
-  // Meet: every other rank's record, each checked as soon as it arrives.
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(m.scope + "/rank/" + std::to_string(r));
-  const auto deadline = deadline_after(timeout);
-  std::vector<bool> seen(world_size, false);
-  seen[rank] = true;
-  int missing_count = world_size - 1;
-  auto pause = std::chrono::milliseconds(1);
-  while (missing_count > 0) {
-    int first_missing = -1;
-    for (int r = 0; r < world_size; ++r) {
-      if (seen[r]) continue;
-      if (!store.check({keys[r]})) {
-        if (first_missing < 0) first_missing = r;
+ private:
+  std::chrono::milliseconds pause_{1};
+};
+
+// Sleeps in the store until `key` exists, or `pause` passes.
+void nap_on(Store& store, const std::string& key, std::chrono::milliseconds pause) {
+  try {
+    store.wait({key}, pause);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kTimeout) throw;
+  }
+}
+
+int64_t read_incarnation(Store& store, const std::string& base) {
+  return std::atoll(store.get(base + "/current").c_str());
+}
+
+class Meeting {
+ public:
+  Meeting(Store& store, const std::string& base, int world_size, int rank, const JoinRecord& mine,
+          std::chrono::milliseconds timeout)
+      : store_(store),
+        base_(base),
+        world_size_(world_size),
+        rank_(rank),
+        mine_(mine),
+        me_(mine.encode()),
+        timeout_(timeout),
+        deadline_(deadline_after(timeout)) {}
+
+  Membership run() {
+    if (rank_ == 0) {
+      // Rank 0 numbers the incarnations: a number only this call holds, so its claim is free.
+      incarnation_ = store_.add(base_ + "/incarnations", 1);
+      store_.set(rank_key(scope_of(base_, incarnation_), 0), me_);
+      store_.set(base_ + "/current", std::to_string(incarnation_));
+      claimed_ = true;
+      if (auto m = gather()) return *m;
+      throw Error(ErrorCode::kInternal, "rank 0 lost its own incarnation");
+    }
+    while (true) {
+      join_current();
+      if (auto m = gather()) return *m;  // else a newer incarnation began: join that one
+    }
+  }
+
+ private:
+  // Rank > 0: claims this rank in the incarnation rank 0 forms now.
+  void join_current() {
+    Backoff backoff;
+    while (true) {
+      while (!store_.check({base_ + "/current"})) {
+        if (Clock::now() >= deadline_) {
+          timed_out("rank 0 has not started the group (it numbers each incarnation): missing "
+                    "rank(s) 0");
+        }
+        nap_on(store_, base_ + "/current", backoff.next(deadline_));
+      }
+      incarnation_ = read_incarnation(store_, base_);
+      const std::string scope = scope_of(base_, incarnation_);
+      const std::string claimed = store_.compare_set(rank_key(scope, rank_), "", me_);
+      if (claimed == me_) {
+        claimed_ = true;
+        const auto st = read_state(store_, scope);
+        // Still forming, or it formed as this rank claimed (a formed incarnation's slots below
+        // its world size are never free: they hold a member's record, marked when it left).
+        if (!st || (st->formed && rank_ < st->world_size)) return;
+        give_back();  // an earlier init's (or a failed one): rank 0 starts the next
+        wait_for_next(st->failed ? "rank " + std::to_string(st->rank) + " gave up on incarnation " +
+                                       std::to_string(incarnation_) + " (" + st->why +
+                                       ") and rank 0 has not started the next"
+                                 : "incarnation " + std::to_string(incarnation_) +
+                                       " formed without this rank (an earlier init's) and rank 0 "
+                                       "has not started the next: missing rank(s) 0");
         continue;
       }
-      const JoinRecord other = JoinRecord::decode(store.get(keys[r]));
-      if (other.world_size != world_size) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "rank " + std::to_string(r) + " joined with world size " +
-                        std::to_string(other.world_size) + ", this rank with " +
-                        std::to_string(world_size));
+      const JoinRecord other = JoinRecord::decode(claimed);
+      if (live_elsewhere(other, mine_)) {
+        throw Error(ErrorCode::kInvalidUsage,
+                    "rank " + std::to_string(rank_) + " is already claimed by " +
+                        describe(other) + ": two processes were given the same rank");
       }
-      if (other.backend != mine.backend) {
-        throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(r) +
-                                                     " joined with backend '" + other.backend +
-                                                     "', this rank with '" + mine.backend + "'");
-      }
-      m.ranks[r] = other;
-      seen[r] = true;
-      --missing_count;
+      // A claim of an earlier init (its process gone or done, or on another host): wait for
+      // the incarnation rank 0 starts now.
+      wait_for_next("rank " + std::to_string(rank_) + " of incarnation " +
+                    std::to_string(incarnation_) + " is claimed by " + describe(other) +
+                    " and rank 0 has not started a new incarnation (two processes given rank " +
+                    std::to_string(rank_) + ", or one left from an earlier attempt)");
     }
-    if (missing_count == 0) break;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      std::string missing;
-      for (int r = 0; r < world_size; ++r) {
-        if (!seen[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-      throw Error(ErrorCode::kTimeout,
-                  "timed out after " + std::to_string(timeout.count()) + " ms: " +
-                      std::to_string(world_size - missing_count) + " of " +
-                      std::to_string(world_size) + " ranks arrived; missing rank(s) " + missing);
-    }
-    // Sleep in the store until the first missing rank arrives (or a short while passes).
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    try {
-      store.wait({keys[first_missing]},
-                 std::max(std::chrono::milliseconds(1), std::min(pause, left)));
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kTimeout) throw;
-    }
-    pause = std::min(pause * 2, std::chrono::milliseconds(200));
   }
-  return m;
+
+  // Waits until rank 0 makes another incarnation current.
+  void wait_for_next(const std::string& why) {
+    const int64_t seen = incarnation_;
+    Backoff backoff;
+    while (read_incarnation(store_, base_) == seen) {
+      if (Clock::now() >= deadline_) timed_out(why);
+      std::this_thread::sleep_for(backoff.next(deadline_));
+    }
+  }
+
+  // Waits for every rank's record in the claimed incarnation, checking each as it arrives.
+  // Empty when rank 0 began a newer incarnation meanwhile (the claim is given back).
+  std::optional<Membership> gather() {
+    const std::string scope = scope_of(base_, incarnation_);
+    Membership m;
+    m.incarnation = incarnation_;
+    m.scope = scope;
+    m.ranks.resize(world_size_);
+    m.ranks[rank_] = mine_;
+    std::vector<bool> seen(world_size_, false);
+    seen[rank_] = true;
+    int missing = world_size_ - 1;
+    Backoff backoff;
+    try {
+      while (missing > 0) {
+        int first_missing = -1;
+        for (int r = 0; r < world_size_; ++r) {
+          if (seen[r]) continue;
+          const std::string key = rank_key(scope, r);
+          const std::string value = store_.check({key}) ? store_.get(key) : std::string();
+          if (value.empty()) {  // not here yet, or given back
+            if (first_missing < 0) first_missing = r;
+            continue;
+          }
+          check_agrees(r, JoinRecord::decode(value));
+          m.ranks[r] = JoinRecord::decode(value);
+          seen[r] = true;
+          --missing;
+        }
+        if (missing == 0) break;
+        if (const auto st = read_state(store_, scope); st && st->failed) {
+          // Another rank gave up on this incarnation. One that timed out: a later rank waits for
+          // rank 0's next try; anything else (a disagreement) fails every rank, saying why.
+          const std::string why = "rank " + std::to_string(st->rank) + " gave up on incarnation " +
+                                  std::to_string(incarnation_) + ": " + st->why;
+          if (st->code == ErrorCode::kTimeout && rank_ != 0) {
+            give_back();
+            return std::nullopt;
+          }
+          throw Error(st->code, why);
+        }
+        const int64_t current = read_incarnation(store_, base_);
+        if (current != incarnation_) {
+          if (rank_ != 0) {
+            give_back();
+            return std::nullopt;
+          }
+          const std::string other = store_.get(rank_key(scope_of(base_, current), 0));
+          fail(ErrorCode::kInvalidUsage,
+               "rank 0 is already claimed by " + describe(JoinRecord::decode(other)) +
+                   ", which started incarnation " + std::to_string(current) +
+                   " while this process formed incarnation " + std::to_string(incarnation_) +
+                   ": two processes were given rank 0");
+        }
+        if (Clock::now() >= deadline_) {
+          std::string names;
+          for (int r = 0; r < world_size_; ++r) {
+            if (!seen[r]) names += (names.empty() ? "" : ", ") + std::to_string(r);
+          }
+          fail(ErrorCode::kTimeout, std::to_string(world_size_ - missing) + " of " +
+                                        std::to_string(world_size_) +
+                                        " ranks arrived; missing rank(s) " + names);
+        }
+        nap_on(store_, rank_key(scope, first_missing), backoff.next(deadline_));
+      }
+    } catch (const Error&) {
+      give_back();
+      throw;
+    }
+    // Formed: no later init joins it again.
+    store_.compare_set(scope + "/state", "", formed(world_size_));
+    return m;
+  }
+
+  void check_agrees(int r, const JoinRecord& other) {
+    if (other.world_size != world_size_) {
+      fail(ErrorCode::kInvalidArgument, "rank " + std::to_string(r) + " joined with world size " +
+                                            std::to_string(other.world_size) +
+                                            ", this rank with " + std::to_string(world_size_));
+    }
+    if (other.backend != mine_.backend) {
+      fail(ErrorCode::kInvalidArgument, "rank " + std::to_string(r) + " joined with backend '" +
+                                            other.backend + "', this rank with '" +
+                                            mine_.backend + "'");
+    }
+  }
+
+  // Gives up on the incarnation: marks it failed, so no later init joins it.
+  [[noreturn]] void fail(ErrorCode code, const std::string& what) {
+    if (claimed_) {
+      try {
+        store_.compare_set(scope_of(base_, incarnation_) + "/state", "",
+                           "failed\n" + std::to_string(static_cast<int>(code)) + "\n" +
+                               std::to_string(rank_) + "\n" + what);
+      } catch (const Error&) {
+        // The store is gone too: the error below says what matters.
+      }
+    }
+    if (code == ErrorCode::kTimeout) timed_out(what);
+    throw Error(code, what);
+  }
+
+  [[noreturn]] void timed_out(const std::string& what) {
+    throw Error(ErrorCode::kTimeout,
+                "timed out after " + std::to_string(timeout_.count()) + " ms: " + what);
+  }
+
+  // Takes this rank's claim back, so its record cannot be mistaken for a live one.
+  void give_back() {
+    if (!claimed_) return;
+    claimed_ = false;
+    try {
+      store_.compare_set(rank_key(scope_of(base_, incarnation_), rank_), me_, "");
+    } catch (const Error&) {
+      // Best effort: the record names a process that is gone or a nonce no one else has.
+    }
+  }
+
+  Store& store_;
+  const std::string base_;
+  const int world_size_;
+  const int rank_;
+  const JoinRecord& mine_;
+  const std::string me_;
+  const std::chrono::milliseconds timeout_;
+  const Clock::time_point deadline_;
+  int64_t incarnation_ = 0;
+  bool claimed_ = false;
+};
+
+}  // namespace
+
+Membership meet(Store& store, const std::string& base, int world_size, int rank,
+                const JoinRecord& mine, std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard<std::mutex> lock(live_joins().mutex);
+    live_joins().nonces.insert(mine.nonce);
+  }
+  try {
+    return Meeting(store, base, world_size, rank, mine, timeout).run();
+  } catch (...) {
+    forget_join(mine);
+    throw;
+  }
+}
+
+void leave(Store& store, const std::string& scope, int rank, const JoinRecord& mine) {
+  forget_join(mine);
+  JoinRecord gone = mine;
+  gone.left = true;
+  store.compare_set(rank_key(scope, rank), mine.encode(), gone.encode());
+}
+
+void forget_join(const JoinRecord& mine) {
+  std::lock_guard<std::mutex> lock(live_joins().mutex);
+  live_joins().nonces.erase(mine.nonce);
 }
 
 }  // namespace tutti::detail

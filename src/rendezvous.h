@@ -1,8 +1,13 @@
 // Rendezvous: how the ranks of a group find each other through a store (internal to the core).
 //
-// Each rank joins an incarnation of the group name, claims its rank there with a record (world
-// size, backend, host, pid), and waits for every other rank's record, checking each as it
-// arrives, so that ranks disagreeing on world size or backend fail fast.
+// Each init of a group name forms an incarnation, numbered by rank 0: rank 0 takes the next
+// number from a counter and publishes it as the current one; the other ranks join the current
+// incarnation, claim their rank there with a record (world size, backend, host, pid), and every
+// rank waits for every other rank's record, checking each as it arrives, so that ranks that
+// disagree on world size or backend fail fast. An incarnation that formed, or that failed (a rank
+// timed out or disagreed), is never joined again: a rank arriving there waits for rank 0 to start
+// the next one. A rank that fails gives its claim back. So a failed init, a world-size change or
+// a crash never stops a later init of the same name on a long-lived store from forming.
 #pragma once
 
 #include <chrono>
@@ -22,6 +27,12 @@ struct JoinRecord {
   std::string backend;  // as asked for ("auto" stays "auto")
   std::string host;     // host_identity()
   long pid = 0;
+  uint64_t start = 0;   // the process's start time (process_start_time)
+  uint64_t nonce = 0;   // random: tells two joins of one process apart (ranks as threads)
+  bool left = false;    // the rank's group was destroyed: the record names no live member
+
+  // A record for this process (host, pid, start time, a fresh nonce).
+  static JoinRecord mine(int world_size, const std::string& backend);
 
   std::string encode() const;
   static JoinRecord decode(const std::string& text);
@@ -49,11 +60,17 @@ StoreChoice resolve_store(const GroupOptions& options, int world_size, int rank)
 // The store key every incarnation of group `name` of job `job_id` lives under.
 std::string group_base(const std::string& job_id, const std::string& name);
 
-// Joins `base`'s next incarnation as `rank` and waits up to `timeout` for the other ranks.
-// Throws kTimeout naming the missing ranks, kInvalidArgument for a rank that disagrees on world
-// size or backend, kInvalidUsage for a rank claimed by another process. Messages are not
-// prefixed with the group: the caller does that.
+// Joins the incarnation of `base` that rank 0 forms (rank 0: forms the next one) as `rank`, and
+// waits up to `timeout` for the other ranks. Throws kTimeout naming the missing ranks,
+// kInvalidArgument for a rank that disagrees on world size or backend, kInvalidUsage for a rank
+// that another live process claimed. Messages are not prefixed with the group: the caller does
+// that.
 Membership meet(Store& store, const std::string& base, int world_size, int rank,
                 const JoinRecord& mine, std::chrono::milliseconds timeout);
+
+// What a rank's group does when destroyed: marks its record as left (so it is never taken for
+// a live member) and forgets the join. May throw the store's errors; forget_join alone never.
+void leave(Store& store, const std::string& scope, int rank, const JoinRecord& mine);
+void forget_join(const JoinRecord& mine);
 
 }  // namespace tutti::detail

@@ -24,59 +24,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// A real redis-server on a free loopback port for this test process, stopped at exit.
-class RedisServer {
- public:
-  static RedisServer& instance() {
-    static RedisServer server;
-    return server;
-  }
-  // A second server that requires a password.
-  static RedisServer& with_password(const std::string& password) {
-    static RedisServer server({"--requirepass", password});
-    return server;
-  }
-  bool available() const { return pid_ > 0; }
-  uint16_t port() const { return port_; }
-  const std::string& why_not() const { return why_not_; }
-
-  ~RedisServer() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-    }
-  }
-
- private:
-  explicit RedisServer(const std::vector<std::string>& extra = {}) {
-    if (::access("/usr/bin/redis-server", X_OK) != 0) {
-      why_not_ = "redis-server is not installed (apt-get install redis-server)";
-      return;
-    }
-    port_ = free_port();
-    const std::string port = std::to_string(port_);
-    std::vector<std::string> args = {"/usr/bin/redis-server", "--port", port, "--bind",
-                                     "127.0.0.1", "--save", "", "--appendonly", "no",
-                                     "--daemonize", "no", "--loglevel", "warning"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-    if (pid_ <= 0) why_not_ = "could not start redis-server";
-  }
-
-  pid_t pid_ = -1;
-  uint16_t port_ = 0;
-  std::string why_not_;
-};
-
-
 struct StoreFactory {
   std::string name;
   // Each call returns a client of the same underlying store (a new connection where the store

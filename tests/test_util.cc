@@ -184,4 +184,46 @@ WorkerResult run_command(const std::vector<std::string>& argv, std::chrono::mill
 
 uint16_t free_port() { return TCPStoreServer("127.0.0.1", 0).port(); }
 
+RedisServer& RedisServer::instance() {
+  static RedisServer server;
+  return server;
+}
+
+RedisServer& RedisServer::with_password(const std::string& password) {
+  static RedisServer server({"--requirepass", password});
+  return server;
+}
+
+RedisServer::~RedisServer() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+  }
+}
+
+RedisServer::RedisServer(const std::vector<std::string>& extra) {
+  if (::access("/usr/bin/redis-server", X_OK) != 0) {
+    why_not_ = "redis-server is not installed (apt-get install redis-server)";
+    return;
+  }
+  port_ = free_port();
+  const std::string port = std::to_string(port_);
+  std::vector<std::string> args = {"/usr/bin/redis-server", "--port", port, "--bind",
+                                   "127.0.0.1", "--save", "", "--appendonly", "no",
+                                   "--daemonize", "no", "--loglevel", "warning"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  pid_ = pid;
+  if (pid_ <= 0) why_not_ = "could not start redis-server";
+}
+
 }  // namespace tutti::testing

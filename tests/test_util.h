@@ -68,6 +68,24 @@ std::vector<WorkerResult> run_processes(const std::vector<std::string>& argv,
 // A TCP port that was free a moment ago (for tests of launchers that take a fixed port).
 uint16_t free_port();
 
+// A real redis-server on a free loopback port for this test process, stopped at exit.
+class RedisServer {
+ public:
+  static RedisServer& instance();
+  // A second server that requires a password.
+  static RedisServer& with_password(const std::string& password);
+  bool available() const { return pid_ > 0; }
+  uint16_t port() const { return port_; }
+  const std::string& why_not() const { return why_not_; }
+  ~RedisServer();
+
+ private:
+  explicit RedisServer(const std::vector<std::string>& extra = {});
+  int pid_ = -1;
+  uint16_t port_ = 0;
+  std::string why_not_;
+};
+
 // Expects fn to throw tutti::Error with the given code and a message containing every needle.
 #define EXPECT_TUTTI_ERROR(stmt, error_code, ...)                                         \
   do {                                                                                    \

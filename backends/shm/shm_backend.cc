@@ -9,11 +9,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "group_util.h"
+#include "host_identity.h"
 #include "logging.h"
 #include "shm_internal.h"
 #include "shm_layout.h"
@@ -34,21 +33,6 @@ size_t env_size(const char* name, size_t fallback, size_t min_value = 4096) {
 }
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-// When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat); 0 if
-// it is not visible here.
-uint64_t process_start(long pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto paren = text.rfind(')');  // the command name may hold spaces and parentheses
-  if (paren == std::string::npos) return 0;
-  std::istringstream fields(text.substr(paren + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && (fields >> field); ++i) {
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -95,7 +79,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   staging_ = base + staging_off;
   mailboxes_ = base + mail_off;
   const long pid = static_cast<long>(::getpid());
-  slots_[rank_].start.store(process_start(pid));
+  slots_[rank_].start.store(detail::process_start_time(pid));
   slots_[rank_].pid.store(pid);
   // Once every rank has said who it is: a handle on each peer's process, so that its death is
   // noticed at once. Only where its pid and start time match what this host's /proc says, so
@@ -109,7 +93,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
     const long peer = static_cast<long>(slots_[r].pid.load());
     const int fd = peer > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, peer, 0)) : -1;
     if (fd < 0) continue;
-    if (process_start(peer) != slots_[r].start.load()) {
+    if (detail::process_start_time(peer) != slots_[r].start.load()) {
       ::close(fd);
       continue;
     }
