@@ -129,9 +129,10 @@ NcclBackend::~NcclBackend() {
       }
     }
   }
-  for (auto& p : pending_) {
-    for (auto e : p.done) cudaEventDestroy(e);
-  }
+}
+
+NcclBackend::Events::~Events() {
+  for (cudaEvent_t x : e) cudaEventDestroy(x);
 }
 
 void NcclBackend::check_failed(const OpContext& ctx) {
@@ -331,11 +332,11 @@ void NcclBackend::launch(Comms& c, const OpOptions& opts, const OpContext& ctx, 
     DeviceGuard guard(c.devices[i]);
     cudaEvent_t done;
     cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    p.done->e.push_back(done);  // destroyed with p.done, also when a call below throws
     cuda_check(cudaEventRecord(done, c.streams[i]), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(caller(i), done, 0), "cudaStreamWaitEvent");
-    p.done.push_back(done);
   }
-  std::vector<cudaEvent_t> done = p.done;
+  const std::shared_ptr<Events> done = p.done;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending_.push_back(std::move(p));
@@ -346,7 +347,7 @@ void NcclBackend::launch(Comms& c, const OpOptions& opts, const OpContext& ctx, 
   for (size_t i = 0; i < k; ++i) {
     while (true) {
       check_failed(ctx);
-      const cudaError_t e = cudaEventQuery(done[i]);
+      const cudaError_t e = cudaEventQuery(done->e[i]);
       if (e == cudaSuccess) break;
       if (e != cudaErrorNotReady) cuda_check(e, "cudaEventQuery");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -569,9 +570,9 @@ void NcclBackend::watchdog_loop() {
     while (!pending_.empty() && why.empty()) {
       Pending& p = pending_.front();
       bool all_done = true;
-      for (size_t i = 0; i < p.done.size(); ++i) {
+      for (size_t i = 0; i < p.done->e.size(); ++i) {
         cudaSetDevice(p.devices[i]);
-        const cudaError_t e = cudaEventQuery(p.done[i]);
+        const cudaError_t e = cudaEventQuery(p.done->e[i]);
         if (e == cudaErrorNotReady) {
           all_done = false;
         } else if (e != cudaSuccess) {
@@ -585,7 +586,6 @@ void NcclBackend::watchdog_loop() {
         }
         break;  // ops complete in order: later ones are not done either
       }
-      for (auto e : p.done) cudaEventDestroy(e);
       pending_.pop_front();
     }
     if (why.empty()) {

@@ -74,9 +74,18 @@ class NcclBackend : public Backend {
     int nranks = 0;
     int first_rank = 0;  // NCCL rank of devices[0]
   };
+  // An op's completion events, one per device, shared by the watchdog's entry and a blocking
+  // caller: the last holder destroys them (CUDA forbids using a destroyed event).
+  struct Events {
+    std::vector<cudaEvent_t> e;
+    Events() = default;
+    Events(const Events&) = delete;
+    Events& operator=(const Events&) = delete;
+    ~Events();
+  };
   // An enqueued op the watchdog waits for.
   struct Pending {
-    std::vector<cudaEvent_t> done;  // one per device
+    std::shared_ptr<Events> done = std::make_shared<Events>();
     std::vector<int> devices;
     std::chrono::steady_clock::time_point deadline;
     std::string description;
