@@ -118,7 +118,7 @@ TEST_F(NcclGpu, MultiGpuApiWithOneDevice) {
   in.upload(host.data());
   group_->allreduce_multigpu({in.view(DType::kFloat32, n)});
   group_->allgather_multigpu({{out.view(DType::kFloat32, n)}}, {in.view(DType::kFloat32, n)});
-  synchronize(Device::cuda(0), group_->name()) ;
+  group_->synchronize(Device::cuda(0));
   out.download(back.data());
   EXPECT_EQ(back, host);
 }
