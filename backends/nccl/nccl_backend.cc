@@ -57,8 +57,9 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 }  // namespace
 
-// While the op thread calls into NCCL the watchdog must not free the communicators under it:
-// it records the failure, and the op thread aborts them here, on its way out.
+// While the op thread calls into NCCL the watchdog must not free the communicators under it: a
+// failure found meanwhile is only recorded, and the op thread wakes the watchdog on its way out
+// so that it aborts them then.
 class NcclBackend::InNccl {
  public:
   InNccl(NcclBackend& b, const OpContext& ctx) : b_(b) {
@@ -72,9 +73,12 @@ class NcclBackend::InNccl {
     b_.in_nccl_ = true;
   }
   ~InNccl() {
-    std::lock_guard<std::mutex> lock(b_.mutex_);
-    b_.in_nccl_ = false;
-    if (!b_.failure_.empty() && !b_.aborted_) b_.abort_comms_locked();
+    {
+      std::lock_guard<std::mutex> lock(b_.mutex_);
+      b_.in_nccl_ = false;
+      if (b_.failure_.empty() || b_.aborted_) return;
+    }
+    b_.wake_.notify_all();
   }
 
  private:
@@ -102,13 +106,18 @@ NcclBackend::~NcclBackend() {
   }
   wake_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
-  const bool aborted = aborted_;
+  // After a failure, what the watchdog has not aborted yet is aborted here; otherwise each
+  // communicator is finalized (bounded), then destroyed.
+  const bool failed = !failure_.empty();
   for (auto* map : {&collective_, &p2p_}) {
     for (auto& [key, c] : *map) {
       for (size_t i = 0; i < c->comms.size(); ++i) {
         DeviceGuard guard(c->devices[i]);
         if (c->comms[i] == nullptr) continue;
-        if (aborted) continue;  // aborted by the watchdog already
+        if (failed) {
+          api_.CommAbort(c->comms[i]);
+          continue;
+        }
         // Finalize waits for the communicator's outstanding work; bounded, then abort.
         ncclResult_t state = api_.CommFinalize(c->comms[i]);
         const auto deadline = Clock::now() + std::chrono::seconds(10);
@@ -540,32 +549,46 @@ void NcclBackend::synchronize(Device device) {
   cudaEventDestroy(mark);
 }
 
+// Records the first failure; the watchdog aborts the communicators.
 void NcclBackend::fail_all(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!failure_.empty()) return;
-  failure_ = why;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.empty()) return;
+    failure_ = why;
+  }
   TUTTI_LOG_ERROR("nccl: aborting communicators: {}", why);
-  if (!in_nccl_) abort_comms_locked();
+  wake_.notify_all();
 }
 
-void NcclBackend::abort_comms_locked() {
+std::vector<ncclComm_t> NcclBackend::take_comms_locked() {
   aborted_ = true;
+  std::vector<ncclComm_t> taken;
   for (auto* map : {&collective_, &p2p_}) {
     for (auto& [key, c] : *map) {
-      for (size_t i = 0; i < c->comms.size(); ++i) {
-        if (c->comms[i] == nullptr) continue;
-        api_.CommAbort(c->comms[i]);
-        c->comms[i] = nullptr;
+      for (ncclComm_t& comm : c->comms) {
+        if (comm != nullptr) taken.push_back(comm);
+        comm = nullptr;
       }
     }
   }
+  return taken;
 }
 
 void NcclBackend::watchdog_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    wake_.wait_for(lock, pending_.empty() ? std::chrono::milliseconds(200)
-                                          : std::chrono::milliseconds(2));
+    // Aborts once the op thread is out of NCCL, and without holding the lock: NCCL's abort may
+    // wait for a stuck stream (NVIDIA/nccl#829), and every tutti call needs the lock.
+    if (!failure_.empty() && !aborted_ && !in_nccl_) {
+      const std::vector<ncclComm_t> comms = take_comms_locked();
+      lock.unlock();
+      for (ncclComm_t comm : comms) api_.CommAbort(comm);
+      lock.lock();
+      continue;
+    }
+    wake_.wait_for(lock, !failure_.empty() || pending_.empty() ? std::chrono::milliseconds(200)
+                                                               : std::chrono::milliseconds(2));
+    if (!failure_.empty()) continue;
     std::string why;
     while (!pending_.empty() && why.empty()) {
       Pending& p = pending_.front();
@@ -602,10 +625,9 @@ void NcclBackend::watchdog_loop() {
         }
       }
     }
-    if (!why.empty() && failure_.empty()) {
-      lock.unlock();
-      fail_all(why);
-      lock.lock();
+    if (!why.empty()) {
+      failure_ = why;
+      TUTTI_LOG_ERROR("nccl: aborting communicators: {}", why);
     }
   }
 }

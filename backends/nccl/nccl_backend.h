@@ -104,7 +104,7 @@ class NcclBackend : public Backend {
   void check_nccl(ncclResult_t r, ncclComm_t comm, const OpContext& ctx, const char* what);
   void wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx);
   void fail_all(const std::string& why);
-  void abort_comms_locked();
+  std::vector<ncclComm_t> take_comms_locked();  // marks them aborted; the caller aborts them
   void watchdog_loop();
   class InNccl;  // marks the op thread inside NCCL calls (the watchdog then defers the abort)
 
@@ -117,12 +117,12 @@ class NcclBackend : public Backend {
   std::map<std::string, std::unique_ptr<Comms>> p2p_;         // by pair key
   int collective_count_ = 0;                                  // communicators made so far
 
-  std::mutex mutex_;  // guards pending_, failure_, stop_; the comms' abort
+  std::mutex mutex_;  // guards pending_, failure_, aborted_, in_nccl_, stop_, the comms' handles
   std::condition_variable wake_;
   std::deque<Pending> pending_;
   std::string failure_;  // non-empty once failed
   bool aborted_ = false;  // the communicators were aborted (their handles are gone)
-  bool in_nccl_ = false;  // the op thread is calling into NCCL: it aborts on its way out
+  bool in_nccl_ = false;  // the op thread is calling into NCCL: the watchdog's abort waits
   bool stop_ = false;
   std::thread watchdog_;
 };
