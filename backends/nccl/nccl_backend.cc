@@ -307,52 +307,54 @@ void* NcclBackend::scratch(Comms& c, size_t i, size_t bytes) {
 
 template <typename Issue>
 void NcclBackend::launch(Comms& c, const OpOptions& opts, const OpContext& ctx, Issue&& issue) {
-  InNccl section(*this, ctx);
   const size_t k = c.devices.size();
-  if (opts.stream != nullptr && k > 1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                ctx.description() + ": an explicit stream belongs to one device; a list of " +
-                    std::to_string(k) + " uses each device's default stream");
-  }
   auto caller = [&](size_t) {
     return opts.stream != nullptr ? static_cast<cudaStream_t>(opts.stream) : cudaStream_t{};
   };
-  // Ordered after the caller's work.
-  for (size_t i = 0; i < k; ++i) {
-    DeviceGuard guard(c.devices[i]);
-    cudaEvent_t ready;
-    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventRecord(ready, caller(i)), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(c.streams[i], ready, 0), "cudaStreamWaitEvent");
-    cudaEventDestroy(ready);  // released once the wait is done
-  }
-  issue(/*phase=*/0);  // copies that must precede the op
-  if (k > 1) check_nccl(api_.GroupStart(), nullptr, ctx, "ncclGroupStart");
-  issue(/*phase=*/1);  // the NCCL calls
-  if (k > 1) check_nccl(api_.GroupEnd(), nullptr, ctx, "ncclGroupEnd");
-  wait_enqueued(c.comms, ctx);
-  issue(/*phase=*/2);  // copies that follow the op
-  // The caller's stream waits for the op; the watchdog watches it against the timeout.
-  Pending p;
-  p.devices = c.devices;
-  p.deadline = Clock::now() + ctx.timeout;
-  p.description = ctx.description();
-  for (size_t i = 0; i < k; ++i) {
-    DeviceGuard guard(c.devices[i]);
-    cudaEvent_t done;
-    cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    p.done->e.push_back(done);  // destroyed with p.done, also when a call below throws
-    cuda_check(cudaEventRecord(done, c.streams[i]), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(caller(i), done, 0), "cudaStreamWaitEvent");
-  }
-  const std::shared_ptr<Events> done = p.done;
+  std::shared_ptr<Events> done;
   {
+    InNccl section(*this, ctx);
+    if (opts.stream != nullptr && k > 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  ctx.description() + ": an explicit stream belongs to one device; a list of " +
+                      std::to_string(k) + " uses each device's default stream");
+    }
+    // Ordered after the caller's work.
+    for (size_t i = 0; i < k; ++i) {
+      DeviceGuard guard(c.devices[i]);
+      cudaEvent_t ready;
+      cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+      cuda_check(cudaEventRecord(ready, caller(i)), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(c.streams[i], ready, 0), "cudaStreamWaitEvent");
+      cudaEventDestroy(ready);  // released once the wait is done
+    }
+    issue(/*phase=*/0);  // copies that must precede the op
+    if (k > 1) check_nccl(api_.GroupStart(), nullptr, ctx, "ncclGroupStart");
+    issue(/*phase=*/1);  // the NCCL calls
+    if (k > 1) check_nccl(api_.GroupEnd(), nullptr, ctx, "ncclGroupEnd");
+    wait_enqueued(c.comms, ctx);
+    issue(/*phase=*/2);  // copies that follow the op
+    // The caller's stream waits for the op; the watchdog watches it against the timeout.
+    Pending p;
+    p.devices = c.devices;
+    p.deadline = Clock::now() + ctx.timeout;
+    p.description = ctx.description();
+    for (size_t i = 0; i < k; ++i) {
+      DeviceGuard guard(c.devices[i]);
+      cudaEvent_t event;
+      cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+      p.done->e.push_back(event);  // destroyed with p.done, also when a call below throws
+      cuda_check(cudaEventRecord(event, c.streams[i]), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(caller(i), event, 0), "cudaStreamWaitEvent");
+    }
+    done = p.done;
     std::lock_guard<std::mutex> lock(mutex_);
     pending_.push_back(std::move(p));
   }
   wake_.notify_all();
   if (!opts.blocking) return;
-  // Blocking: wait on the host, never past the deadline (the watchdog aborts at it).
+  // Blocking: wait on the host, out of NCCL (so that the watchdog keeps checking its
+  // asynchronous errors meanwhile), never past the deadline (the watchdog aborts at it).
   for (size_t i = 0; i < k; ++i) {
     while (true) {
       check_failed(ctx);
@@ -611,7 +613,9 @@ void NcclBackend::watchdog_loop() {
       }
       pending_.pop_front();
     }
-    if (why.empty()) {
+    // NCCL's asynchronous errors, never while the op thread is inside NCCL: a communicator is
+    // not thread-safe, ncclCommGetAsyncError included (NCCL 2.28 frees its group job unlocked).
+    if (why.empty() && !in_nccl_) {
       for (auto* map : {&collective_, &p2p_}) {
         for (auto& [key, c] : *map) {
           for (ncclComm_t comm : c->comms) {
