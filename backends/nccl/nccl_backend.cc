@@ -622,8 +622,12 @@ void NcclBackend::watchdog_loop() {
             ncclResult_t state = ncclSuccess;
             if (comm != nullptr && api_.CommGetAsyncError(comm, &state) == ncclSuccess &&
                 state != ncclSuccess && state != ncclInProgress) {
-              why = std::string("NCCL reported an asynchronous error: ") +
-                    api_.GetErrorString(state);
+              // Named after the oldest op still pending: the one that hangs on the error.
+              const char* last = api_.GetLastError(comm);
+              why = (pending_.empty() ? std::string("with no op pending")
+                                      : pending_.front().description + " failed") +
+                    ": NCCL reported an asynchronous error: " + api_.GetErrorString(state) +
+                    (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : "");
             }
           }
         }
