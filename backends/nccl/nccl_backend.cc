@@ -551,6 +551,24 @@ void NcclBackend::synchronize(Device device) {
   cudaEventDestroy(mark);
 }
 
+// Destroy calls this first: work still pending is aborted rather than waited for (finalizing
+// a communicator whose op hangs took 10 s each); with nothing pending, the destructor
+// finalizes the communicators as usual.
+void NcclBackend::abort() {
+  std::string pending;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.empty()) return;
+    if (in_nccl_) pending = "an op";
+    for (const Pending& p : pending_) {
+      for (cudaEvent_t e : p.done->e) {
+        if (pending.empty() && cudaEventQuery(e) == cudaErrorNotReady) pending = p.description;
+      }
+    }
+  }
+  if (!pending.empty()) fail_all(pending + " was still pending when the group was aborted or destroyed");
+}
+
 // Records the first failure; the watchdog aborts the communicators.
 void NcclBackend::fail_all(const std::string& why) {
   {

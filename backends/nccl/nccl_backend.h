@@ -62,6 +62,8 @@ class NcclBackend : public Backend {
   void recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions& opts,
             const OpContext& ctx) override;
   void synchronize(Device device) override;
+  // Aborts the communicators when an op is still pending (otherwise destruction finalizes them).
+  void abort() override;
 
  private:
   // The communicators of one device list, with a stream and a grow-only scratch buffer each.
