@@ -347,6 +347,7 @@ struct Pending {
   Op op;
 };
 thread_local int t_group_depth = 0;
+thread_local ncclResult_t t_group_error = ncclSuccess;  // a call in the group failed
 thread_local std::vector<Pending> t_group_ops;
 thread_local std::vector<std::shared_ptr<Comm>> t_group_inits;
 
@@ -409,8 +410,17 @@ ncclResult_t end_group(std::vector<Pending> ops, std::vector<std::shared_ptr<Com
   return ncclInProgress;
 }
 
-// Checks an op's arguments as NCCL would, then collects it (in a group) or issues it.
+ncclResult_t check_and_enqueue(ncclComm_t handle, Op op, const char* call);
+
+// Checks an op's arguments as NCCL would, then collects it (in a group) or issues it. As in
+// NCCL, a call that fails inside a group fails the whole group: its end issues nothing.
 ncclResult_t enqueue(ncclComm_t handle, Op op, const char* call) {
+  const ncclResult_t r = check_and_enqueue(handle, op, call);
+  if (r != ncclSuccess && r != ncclInProgress && t_group_depth > 0) t_group_error = r;
+  return r;
+}
+
+ncclResult_t check_and_enqueue(ncclComm_t handle, Op op, const char* call) {
   auto c = find(handle);
   if (c == nullptr) return error(ncclInvalidArgument, std::string(call) + ": invalid communicator");
   Entered entered(*c, call);
@@ -696,7 +706,14 @@ ncclResult_t ncclGroupStart() {
 ncclResult_t ncclGroupEnd() {
   if (t_group_depth == 0) return error(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--t_group_depth > 0) return ncclSuccess;
-  return end_group(std::move(t_group_ops), std::move(t_group_inits));
+  std::vector<Pending> ops = std::move(t_group_ops);
+  std::vector<std::shared_ptr<Comm>> inits = std::move(t_group_inits);
+  t_group_ops.clear();
+  t_group_inits.clear();
+  const ncclResult_t failed = t_group_error;
+  t_group_error = ncclSuccess;
+  if (failed != ncclSuccess) return failed;  // nothing of the group is issued
+  return end_group(std::move(ops), std::move(inits));
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
