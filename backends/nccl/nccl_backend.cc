@@ -34,6 +34,31 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+// An NCCL group that always ends: a throw between ncclGroupStart and ncclGroupEnd would leave
+// this thread's later NCCL calls, an abort included, queued in a group that never ends.
+class NcclGroup {
+ public:
+  explicit NcclGroup(const NcclApi& api) : api_(api) {}
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  ~NcclGroup() {
+    if (open_) api_.GroupEnd();
+  }
+  ncclResult_t start() {
+    const ncclResult_t r = api_.GroupStart();
+    open_ = r == ncclSuccess;
+    return r;
+  }
+  ncclResult_t end() {
+    open_ = false;
+    return api_.GroupEnd();
+  }
+
+ private:
+  const NcclApi& api_;
+  bool open_ = false;
+};
+
 std::string pci_bus_id(int device) {
   char id[64] = {0};
   if (cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess) {
@@ -220,14 +245,15 @@ void NcclBackend::init_comms(Comms& c, const std::string& prefix, bool make_id,
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // bounded by our own deadline below
-  if (k > 1) check_nccl(api_.GroupStart(), nullptr, ctx, "ncclGroupStart");
+  NcclGroup group(api_);
+  if (k > 1) check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
   for (size_t i = 0; i < k; ++i) {
     DeviceGuard guard(c.devices[i]);
     check_nccl(api_.CommInitRankConfig(&c.comms[i], c.nranks, id,
                                        c.first_rank + static_cast<int>(i), &config),
                c.comms[i], ctx, "ncclCommInitRankConfig");
   }
-  if (k > 1) check_nccl(api_.GroupEnd(), nullptr, ctx, "ncclGroupEnd");
+  if (k > 1) check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
   OpContext init = ctx;
   init.timeout = timeout_;
   wait_enqueued(c.comms, init);
@@ -329,9 +355,10 @@ void NcclBackend::launch(Comms& c, const OpOptions& opts, const OpContext& ctx, 
       cudaEventDestroy(ready);  // released once the wait is done
     }
     issue(/*phase=*/0);  // copies that must precede the op
-    if (k > 1) check_nccl(api_.GroupStart(), nullptr, ctx, "ncclGroupStart");
+    NcclGroup group(api_);
+    if (k > 1) check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
     issue(/*phase=*/1);  // the NCCL calls
-    if (k > 1) check_nccl(api_.GroupEnd(), nullptr, ctx, "ncclGroupEnd");
+    if (k > 1) check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
     wait_enqueued(c.comms, ctx);
     issue(/*phase=*/2);  // copies that follow the op
     // The caller's stream waits for the op; the watchdog watches it against the timeout.
