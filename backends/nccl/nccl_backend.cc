@@ -193,30 +193,44 @@ void NcclBackend::check_nccl(ncclResult_t r, ncclComm_t comm, const OpContext& c
   }
 }
 
-// Non-blocking communicators may answer ncclInProgress: poll until each is done, bounded.
-void NcclBackend::wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx) {
+// Non-blocking communicators may answer ncclInProgress: polls them all until each is done,
+// bounded. The first error wins, so that a communicator that failed is not hidden behind one
+// that waits for it in vain.
+void NcclBackend::wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx,
+                                const char* what) {
   const auto deadline = Clock::now() + ctx.timeout;
-  for (ncclComm_t comm : comms) {
-    ncclResult_t state = ncclInProgress;
-    while (true) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!failure_.empty()) {
-          throw Error(ErrorCode::kAborted, ctx.description() +
-                                               ": the NCCL communicators were aborted: " + failure_);
-        }
+  std::vector<bool> done(comms.size(), false);
+  size_t left = comms.size();
+  for (int polls = 0;; ++polls) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_.empty()) {
+        throw Error(ErrorCode::kAborted, ctx.description() +
+                                             ": the NCCL communicators were aborted: " + failure_);
       }
-      api_.CommGetAsyncError(comm, &state);
-      if (state != ncclInProgress) break;
-      if (Clock::now() > deadline) {
-        const std::string why = ctx.description() + " was still being set up after " +
-                                std::to_string(ctx.timeout.count()) + " ms";
-        fail_all(why);
-        throw Error(ErrorCode::kTimeout, why + " (waiting for the other ranks)");
-      }
-      std::this_thread::yield();
     }
-    check_nccl(state, comm, ctx, "enqueue");
+    for (size_t i = 0; i < comms.size(); ++i) {
+      if (done[i]) continue;
+      ncclResult_t state = ncclInProgress;
+      api_.CommGetAsyncError(comms[i], &state);
+      if (state == ncclInProgress) continue;
+      check_nccl(state, comms[i], ctx, what);
+      done[i] = true;
+      --left;
+    }
+    if (left == 0) return;
+    if (Clock::now() > deadline) {
+      const std::string why = ctx.description() + " was still being set up after " +
+                              std::to_string(ctx.timeout.count()) + " ms";
+      fail_all(why);
+      throw Error(ErrorCode::kTimeout, why + " (waiting for the other ranks)");
+    }
+    // An enqueue takes microseconds, an init up to seconds: spin briefly, then sleep.
+    if (polls < 200) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 }
 
@@ -239,24 +253,42 @@ void NcclBackend::init_comms(Comms& c, const std::string& prefix, bool make_id,
   c.streams.assign(k, nullptr);
   c.scratch.assign(k, nullptr);
   c.scratch_bytes.assign(k, 0);
-  for (size_t i = 0; i < k; ++i) {
-    DeviceGuard guard(c.devices[i]);
-    cuda_check(cudaStreamCreateWithFlags(&c.streams[i], cudaStreamNonBlocking), "cudaStreamCreate");
+  try {
+    for (size_t i = 0; i < k; ++i) {
+      DeviceGuard guard(c.devices[i]);
+      cuda_check(cudaStreamCreateWithFlags(&c.streams[i], cudaStreamNonBlocking),
+                 "cudaStreamCreate");
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // bounded by our own deadline below
+    {
+      NcclGroup group(api_);
+      if (k > 1) check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
+      for (size_t i = 0; i < k; ++i) {
+        DeviceGuard guard(c.devices[i]);
+        check_nccl(api_.CommInitRankConfig(&c.comms[i], c.nranks, id,
+                                           c.first_rank + static_cast<int>(i), &config),
+                   c.comms[i], ctx, "ncclCommInitRankConfig");
+      }
+      if (k > 1) check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
+    }
+    OpContext init = ctx;
+    init.timeout = timeout_;
+    wait_enqueued(c.comms, init, "ncclCommInitRankConfig");
+  } catch (...) {
+    // Nothing of communicators that did not come up may stay: NCCL's init would go on, holding
+    // sockets and memory (NCCL's docs abort a communicator whose init timed out). They are not
+    // in the maps yet, so the watchdog never sees them.
+    for (ncclComm_t& comm : c.comms) {
+      if (comm != nullptr) api_.CommAbort(comm);
+      comm = nullptr;
+    }
+    for (cudaStream_t& s : c.streams) {
+      if (s != nullptr) cudaStreamDestroy(s);
+      s = nullptr;
+    }
+    throw;
   }
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // bounded by our own deadline below
-  NcclGroup group(api_);
-  if (k > 1) check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
-  for (size_t i = 0; i < k; ++i) {
-    DeviceGuard guard(c.devices[i]);
-    check_nccl(api_.CommInitRankConfig(&c.comms[i], c.nranks, id,
-                                       c.first_rank + static_cast<int>(i), &config),
-               c.comms[i], ctx, "ncclCommInitRankConfig");
-  }
-  if (k > 1) check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
-  OpContext init = ctx;
-  init.timeout = timeout_;
-  wait_enqueued(c.comms, init);
 }
 
 NcclBackend::Comms& NcclBackend::collective_comms(const std::vector<TensorView>& tensors,
@@ -359,7 +391,7 @@ void NcclBackend::launch(Comms& c, const OpOptions& opts, const OpContext& ctx, 
     if (k > 1) check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
     issue(/*phase=*/1);  // the NCCL calls
     if (k > 1) check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
-    wait_enqueued(c.comms, ctx);
+    wait_enqueued(c.comms, ctx, "enqueue");
     issue(/*phase=*/2);  // copies that follow the op
     // The caller's stream waits for the op; the watchdog watches it against the timeout.
     Pending p;

@@ -104,7 +104,7 @@ class NcclBackend : public Backend {
   void* scratch(Comms& c, size_t i, size_t bytes);
   void check_failed(const OpContext& ctx);
   void check_nccl(ncclResult_t r, ncclComm_t comm, const OpContext& ctx, const char* what);
-  void wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx);
+  void wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx, const char* what);
   void fail_all(const std::string& why);
   std::vector<ncclComm_t> take_comms_locked();  // marks them aborted; the caller aborts them
   void watchdog_loop();
