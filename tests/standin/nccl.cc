@@ -21,8 +21,9 @@
 //                                  ncclInProgress (default 2)
 //   TUTTI_STANDIN_NCCL_ASYNC_ERROR "N" or "N:R": the N-th op (from 0) run on a communicator of
 //                                  NCCL rank R (any rank if omitted) sets the asynchronous error
-//                                  ncclRemoteError and hangs until the communicator is aborted,
-//                                  as a lost peer does; once per process
+//                                  ncclRemoteError (the delay above after its enqueue completed)
+//                                  and hangs until the communicator is aborted, as a lost peer
+//                                  does; once per process
 //   TUTTI_STANDIN_NCCL_INIT_ERROR  "R": initialising NCCL rank R fails with ncclSystemError,
 //                                  once per process
 //   TUTTI_STANDIN_TAG              names this job's shared-memory segments
@@ -295,6 +296,13 @@ void run_task(void* arg) {
     const auto [error_op, error_rank] = lib().async_error;
     if (static_cast<int64_t>(index) == error_op && (error_rank < 0 || error_rank == c.rank) &&
         !g_async_error_fired.exchange(true)) {
+      // As on a GPU, the error comes while the op runs: a while after its enqueue completed.
+      std::unique_lock<std::mutex> lock(c.m);
+      while (c.state == ncclInProgress && !c.aborted.load()) {
+        c.cv.wait_for(lock, std::chrono::milliseconds(10));
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(lib().delay_ms));
       c.fail(ncclRemoteError, "injected asynchronous error (TUTTI_STANDIN_NCCL_ASYNC_ERROR) at op " +
                                   std::to_string(index) + " on rank " + std::to_string(c.rank));
       // A lost peer: the op never finishes on its own.
