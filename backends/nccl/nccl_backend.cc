@@ -586,28 +586,39 @@ void NcclBackend::recv(const std::vector<TensorView>& tensors, int src_rank,
 }
 
 void NcclBackend::synchronize(Device device) {
-  // Waits for the device's default stream (which every op's completion was ordered before),
-  // never past the group's timeout.
+  // Waits for the device's legacy default stream, which every op without an explicit stream
+  // made wait for it, and for the group's own streams on the device, which cover ops given an
+  // explicit (non-blocking) stream; never past the group's timeout.
   DeviceGuard guard(device.index);
-  cudaEvent_t mark;
-  cuda_check(cudaEventCreateWithFlags(&mark, cudaEventDisableTiming), "cudaEventCreate");
-  cuda_check(cudaEventRecord(mark, cudaStream_t{}), "cudaEventRecord");
-  const auto deadline = Clock::now() + timeout_;
-  while (true) {
-    const cudaError_t e = cudaEventQuery(mark);
-    if (e == cudaSuccess) break;
-    if (e != cudaErrorNotReady) {
-      cudaEventDestroy(mark);
-      cuda_check(e, "cudaEventQuery");
+  std::vector<cudaStream_t> streams = {cudaStream_t{}};
+  for (auto* map : {&collective_, &p2p_}) {
+    for (auto& [key, c] : *map) {
+      for (size_t i = 0; i < c->streams.size(); ++i) {
+        if (c->devices[i] == device.index) streams.push_back(c->streams[i]);
+      }
     }
-    if (Clock::now() > deadline) {
-      cudaEventDestroy(mark);
-      throw Error(ErrorCode::kTimeout, "nccl: synchronize(" + device.str() + ") timed out after " +
-                                           std::to_string(timeout_.count()) + " ms");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-  cudaEventDestroy(mark);
+  Events marks;
+  for (cudaStream_t stream : streams) {
+    cudaEvent_t mark;
+    cuda_check(cudaEventCreateWithFlags(&mark, cudaEventDisableTiming), "cudaEventCreate");
+    marks.e.push_back(mark);
+    cuda_check(cudaEventRecord(mark, stream), "cudaEventRecord");
+  }
+  const auto deadline = Clock::now() + timeout_;
+  for (cudaEvent_t mark : marks.e) {
+    while (true) {
+      const cudaError_t e = cudaEventQuery(mark);
+      if (e == cudaSuccess) break;
+      if (e != cudaErrorNotReady) cuda_check(e, "cudaEventQuery");
+      if (Clock::now() > deadline) {
+        throw Error(ErrorCode::kTimeout, "nccl: synchronize(" + device.str() +
+                                             ") timed out after " +
+                                             std::to_string(timeout_.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 }
 
 // Destroy calls this first: work still pending is aborted rather than waited for (finalizing
