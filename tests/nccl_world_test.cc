@@ -2,7 +2,8 @@
 // collective with every dtype and reduce op (values checked against reference.h, computed
 // independently), the single-tensor and the multi-GPU list forms, contiguous and separate
 // output and input lists, point-to-point between every rank's devices, an op ordered after a
-// delayed caller stream, a message larger than any internal chunk, and barrier. Rank r drives
+// delayed caller stream, synchronize covering an op on an explicit stream, a message larger
+// than any internal chunk, and barrier. Rank r drives
 // GPUs r x devices ... r x devices + devices - 1.
 //
 // Runs on real GPUs (label "gpu", skipping without world x devices of them) and on the stand-in
@@ -50,7 +51,10 @@ class Rank {
     // Larger than any chunk an implementation moves at once (the stand-in's channels: 64 KiB).
     allreduce(DType::kFloat32, ReduceOp::kSum, 100003);
     if (world_ > 1) send_recv();
-    if (k_ == 1) ordered_after_a_delayed_stream();
+    if (k_ == 1) {
+      ordered_after_a_delayed_stream();
+      synchronize_waits_for_an_explicit_stream();
+    }
     g_->barrier();
   }
 
@@ -285,6 +289,27 @@ class Rank {
                   where("allreduce after a delayed caller stream", 0));
     cudaStreamDestroy(s);
     cudaFreeHost(host);
+  }
+
+  // An op on an explicit (non-blocking) stream, held back 100 ms: synchronize(device) must wait
+  // for it, although the device's default stream never waited for that stream.
+  void synchronize_waits_for_an_explicit_stream() {
+    const DType dtype = DType::kInt64;
+    const int64_t n = 4096;
+    DeviceBuffer buf(global(0), n * 8);
+    buf.fill(dtype, n, [&](int64_t i) { return input_value(ReduceOp::kSum, dtype, global(0), nranks(), i); });
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    cudaLaunchHostFunc(
+        s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }, nullptr);
+    AllreduceOptions o;
+    o.stream = s;
+    g_->allreduce(buf.view(dtype, n), o);
+    g_->synchronize(Device::cuda(global(0)));
+    expect_values(dtype, buf.read(dtype, n),
+                  [&](int64_t i) { return expected_reduction(ReduceOp::kSum, dtype, nranks(), i); },
+                  where("allreduce on an explicit stream, after synchronize", 0));
+    cudaStreamDestroy(s);
   }
 
   std::shared_ptr<CollectiveGroup> g_;
