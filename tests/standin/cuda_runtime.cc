@@ -5,7 +5,8 @@
 // - Devices: TUTTI_STANDIN_DEVICES of them (default 4; 0 means none, as on a machine without a
 //   GPU), each with a stable PCI bus id. The current device is per thread, 0 at first.
 // - Memory: device memory is host memory. cudaFree and cudaFreeHost first wait for all work
-//   queued on the device (CUDA: they "may perform implicit synchronization").
+//   queued on the device (CUDA: they "may perform implicit synchronization"); cudaFreeAsync
+//   frees in stream order.
 // - Streams: each stream is a worker thread that runs its queued work in order. Handle 0 (and
 //   cudaStreamLegacy, cudaStreamPerThread) is the device's legacy default stream, which
 //   synchronises with the device's blocking streams; cudaStreamNonBlocking streams do not.
@@ -238,14 +239,14 @@ cudaError_t release(void* ptr, bool pinned) {
   return cudaSuccess;
 }
 
-cudaError_t allocate(void** ptr, size_t bytes, bool pinned) {
+cudaError_t allocate(void** ptr, size_t bytes, int device, bool pinned) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
   const size_t rounded = (bytes + 255) / 256 * 256 + 256;
   void* p = std::aligned_alloc(256, rounded);
   if (p == nullptr) return cudaErrorMemoryAllocation;
   Runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.m);
-  r.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, current_device, pinned};
+  r.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, device, pinned};
   *ptr = p;
   return cudaSuccess;
 }
@@ -328,11 +329,40 @@ const char* cudaGetErrorString(cudaError_t e) {
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (rt().devices == 0) return cudaErrorNoDevice;
-  return allocate(ptr, bytes, false);
+  return allocate(ptr, bytes, current_device, false);
 }
 cudaError_t cudaFree(void* ptr) { return release(ptr, false); }
-cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return allocate(ptr, bytes, true); }
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  return allocate(ptr, bytes, current_device, true);
+}
 cudaError_t cudaFreeHost(void* ptr) { return release(ptr, true); }
+
+// Stream-ordered: the memory (of the stream's device) is usable by work queued on the stream
+// from now on, and cudaFreeAsync frees it once the stream reaches the free.
+cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t stream) {
+  auto s = find_stream(stream);
+  if (s == nullptr) return bad_handle("cudaMallocAsync");
+  return allocate(ptr, bytes, s->device, false);
+}
+
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  auto s = find_stream(stream);
+  if (s == nullptr) return bad_handle("cudaFreeAsync");
+  {
+    Runtime& r = rt();
+    std::lock_guard<std::mutex> lock(r.m);
+    auto it = r.allocations.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == r.allocations.end() || it->second.pinned) return cudaErrorInvalidValue;
+  }
+  enqueue(s, [ptr] {
+    {
+      std::lock_guard<std::mutex> lock(rt().m);
+      rt().allocations.erase(reinterpret_cast<uintptr_t>(ptr));
+    }
+    std::free(ptr);
+  });
+  return cudaSuccess;
+}
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* ptr) {
   if (attr == nullptr) return cudaErrorInvalidValue;
