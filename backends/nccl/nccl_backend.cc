@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "host_identity.h"
 #include "logging.h"
@@ -27,6 +28,11 @@ class DeviceGuard {
   explicit DeviceGuard(int device) {
     cudaGetDevice(&previous_);
     if (device != previous_) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  // For destructors, which must not throw: a failed switch shows in the calls that follow.
+  DeviceGuard(int device, std::nothrow_t) {
+    cudaGetDevice(&previous_);
+    if (device != previous_) cudaSetDevice(device);
   }
   ~DeviceGuard() { cudaSetDevice(previous_); }
 
@@ -137,7 +143,7 @@ NcclBackend::~NcclBackend() {
   for (auto* map : {&collective_, &p2p_}) {
     for (auto& [key, c] : *map) {
       for (size_t i = 0; i < c->comms.size(); ++i) {
-        DeviceGuard guard(c->devices[i]);
+        DeviceGuard guard(c->devices[i], std::nothrow);
         if (c->comms[i] == nullptr) continue;
         if (failed) {
           api_.CommAbort(c->comms[i]);
@@ -157,8 +163,9 @@ NcclBackend::~NcclBackend() {
         }
       }
       for (size_t i = 0; i < c->streams.size(); ++i) {
-        DeviceGuard guard(c->devices[i]);
-        if (c->scratch[i] != nullptr) cudaFree(c->scratch[i]);
+        DeviceGuard guard(c->devices[i], std::nothrow);
+        // Stream-ordered: after the stream's last use of it, without waiting on the host.
+        if (c->scratch[i] != nullptr) cudaFreeAsync(c->scratch[i], c->streams[i]);
         cudaStreamDestroy(c->streams[i]);
       }
     }
@@ -349,15 +356,20 @@ NcclBackend::Comms& NcclBackend::p2p_comms(int device, int peer_rank, int peer_d
   return *p2p_.emplace(key, std::move(c)).first->second;
 }
 
+// Grows the scratch buffer in stream order on the communicator's stream: the old one is freed
+// once the ops queued there are done with it, and nothing waits on the host (a
+// cudaStreamSynchronize and a cudaFree, which may synchronise the whole device, could wait
+// without bound before the op even had a deadline).
 void* NcclBackend::scratch(Comms& c, size_t i, size_t bytes) {
   if (c.scratch_bytes[i] < bytes) {
     DeviceGuard guard(c.devices[i]);
     if (c.scratch[i] != nullptr) {
-      cuda_check(cudaStreamSynchronize(c.streams[i]), "cudaStreamSynchronize");
-      cudaFree(c.scratch[i]);
+      cuda_check(cudaFreeAsync(c.scratch[i], c.streams[i]), "cudaFreeAsync");
     }
     c.scratch[i] = nullptr;
-    cuda_check(cudaMalloc(&c.scratch[i], bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes");
+    c.scratch_bytes[i] = 0;
+    cuda_check(cudaMallocAsync(&c.scratch[i], bytes, c.streams[i]),
+               "cudaMallocAsync of " + std::to_string(bytes) + " bytes");
     c.scratch_bytes[i] = bytes;
   }
   return c.scratch[i];
