@@ -118,14 +118,23 @@ void stuck_op(Rank& me) {
   me.destroy_and_rejoin(g);
 }
 
-// Each rank's caller stream is held by a host function; op #0, queued behind it, passes its
+// Each rank's caller stream is held by a host function; op #1, queued behind it, passes its
 // 500 ms timeout. The watchdog's abort may itself wait for that stream (NCCL's does when
-// nranks > 1), yet the next call must learn of the failure while the stream is still held.
+// nranks > 1), yet the next call, an allgather into separate outputs that needs a larger
+// scratch buffer than op #0 did, must learn of the failure while the stream is still held.
 std::atomic<bool> g_released{false};
 
 void stuck_stream(Rank& me) {
   auto g = me.join();
   DeviceBuffer buf(me.device(), 1024);
+  DeviceBuffer out0(me.device(), 1024), out1(me.device(), 1024);
+  auto allgather = [&](int64_t n, const AllgatherOptions& o) {
+    g->allgather({out0.view(DType::kFloat32, n), out1.view(DType::kFloat32, n)},
+                 buf.view(DType::kFloat32, n), o);
+  };
+  AllgatherOptions small;
+  small.blocking = true;
+  allgather(16, small);
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   g_released = false;
@@ -145,10 +154,10 @@ void stuck_stream(Rank& me) {
   o.stream = s;
   o.timeout = milliseconds(500);
   g->allreduce(buf.view(DType::kFloat32, 256), o);  // returns once enqueued
-  AllreduceOptions blocking;
-  blocking.blocking = true;
-  expect_error([&] { g->allreduce(buf.view(DType::kFloat32, 256), blocking); },
-               {ErrorCode::kAborted}, {"allreduce #0", "did not complete within its timeout"});
+  AllgatherOptions larger;
+  larger.blocking = true;
+  expect_error([&] { allgather(256, larger); }, {ErrorCode::kAborted},
+               {"allreduce #1", "did not complete within its timeout"});
   EXPECT_FALSE(g_released.load()) << "the failure was reported only once the stream was released";
   g_released = true;
   timer.join();
