@@ -301,6 +301,7 @@ void NcclBackend::init_comms(Comms& c, const std::string& prefix, bool make_id,
 NcclBackend::Comms& NcclBackend::collective_comms(const std::vector<TensorView>& tensors,
                                                   const OpContext& ctx) {
   const std::string key = device_list_key(tensors);
+  last_collective_ = key;
   if (auto it = collective_.find(key); it != collective_.end()) return *it->second;
   auto c = std::make_unique<Comms>();
   for (const auto& t : tensors) c->devices.push_back(t.device().index);
@@ -553,19 +554,34 @@ void NcclBackend::reduce_scatter(const std::vector<TensorView>& outputs,
 }
 
 void NcclBackend::barrier(const BarrierOptions& opts, const OpContext& ctx) {
-  // NCCL has no barrier: a one-element allreduce on this process's current GPU, waited for.
-  int device = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  TensorView probe(reinterpret_cast<void*>(16), DType::kUInt8, {1}, Device::cuda(device));
-  Comms& c = collective_comms({probe}, ctx);
-  void* one = scratch(c, 0, 16);
+  // NCCL has no barrier: a one-element allreduce, waited for, over the devices of the last
+  // collective (the same communicator on every rank, which all ran the same collectives), or
+  // over this process's current GPU before any. Not simply the current GPU: a rank whose
+  // current GPU changed would make a communicator that its peers never make.
+  std::vector<TensorView> probes;
+  if (auto it = collective_.find(last_collective_); it != collective_.end()) {
+    for (int d : it->second->devices) {
+      probes.emplace_back(reinterpret_cast<void*>(16), DType::kUInt8, std::vector<int64_t>{1},
+                          Device::cuda(d));
+    }
+  } else {
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    probes.emplace_back(reinterpret_cast<void*>(16), DType::kUInt8, std::vector<int64_t>{1},
+                        Device::cuda(device));
+  }
+  Comms& c = collective_comms(probes, ctx);
+  std::vector<void*> one(c.devices.size());
+  for (size_t i = 0; i < one.size(); ++i) one[i] = scratch(c, i, 16);
   BarrierOptions blocking = opts;
   blocking.blocking = true;
   launch(c, blocking, ctx, [&](int phase) {
     if (phase != 1) return;
-    DeviceGuard guard(c.devices[0]);
-    check_nccl(api_.AllReduce(one, one, 1, ncclUint8, ncclMax, c.comms[0], c.streams[0]),
-               c.comms[0], ctx, "ncclAllReduce (barrier)");
+    for (size_t i = 0; i < one.size(); ++i) {
+      DeviceGuard guard(c.devices[i]);
+      check_nccl(api_.AllReduce(one[i], one[i], 1, ncclUint8, ncclMax, c.comms[i], c.streams[i]),
+                 c.comms[i], ctx, "ncclAllReduce (barrier)");
+    }
   });
 }
 

@@ -118,6 +118,7 @@ class NcclBackend : public Backend {
   std::map<std::string, std::unique_ptr<Comms>> collective_;  // by device-list key
   std::map<std::string, std::unique_ptr<Comms>> p2p_;         // by pair key
   int collective_count_ = 0;                                  // communicators made so far
+  std::string last_collective_;  // the device-list key of the last collective (for barrier)
 
   std::mutex mutex_;  // guards pending_, failure_, aborted_, in_nccl_, stop_, the comms' handles
   std::condition_variable wake_;
