@@ -55,6 +55,9 @@ class Rank {
       ordered_after_a_delayed_stream();
       synchronize_waits_for_an_explicit_stream();
     }
+    // Barrier follows the devices of the last collective, whatever GPU is current: here rank
+    // 0's current GPU is another rank's, the other ranks' their own.
+    if (rank_ == 0) cudaSetDevice(k_ % nranks());
     g_->barrier();
   }
 
