@@ -12,7 +12,10 @@
 // returns once enqueued. A watchdog thread polls every pending op's completion event against
 // its timeout and every communicator's asynchronous error; on either it aborts the
 // communicators (ncclCommAbort), and every later call fails with kAborted naming the op that
-// hung. Threads: the group calls one op at a time; the watchdog runs beside it.
+// hung or failed. Threads: the group calls one op at a time; the watchdog runs beside it, never
+// calls into NCCL while the op thread is inside it (communicators are not thread-safe), and
+// aborts without holding the lock (NCCL's abort may wait for a stuck stream). abort() may come
+// from any thread.
 #pragma once
 
 #include <cuda_runtime_api.h>
