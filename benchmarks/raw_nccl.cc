@@ -6,14 +6,20 @@
 #include <cstring>
 #include <string>
 
+#include "nccl_api.h"
 #include "nccl_types.h"
 #include "tutti/error.h"
 
 namespace tutti::bench {
 namespace {
+// NCCL is loaded at run time, as the backend loads it (libnccl.so.2 or TUTTI_NCCL_LIBRARY), so
+// tutti-bench starts without NCCL and builds where only NCCL's header is installed.
+const nccl_backend::NcclApi& nccl() { return nccl_backend::nccl_api(); }
+
 void check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) {
-    throw Error(ErrorCode::kInternal, std::string("raw nccl: ") + what + ": " + ncclGetErrorString(r));
+    throw Error(ErrorCode::kInternal,
+                std::string("raw nccl: ") + what + ": " + nccl().GetErrorString(r));
   }
 }
 }  // namespace
@@ -37,18 +43,20 @@ RawNccl::RawNccl(std::shared_ptr<Store> store, int rank, int world_size, const C
   cudaSetDevice(device);
   ncclUniqueId id;
   if (rank == 0) {
-    check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    check(nccl().GetUniqueId(&id), "ncclGetUniqueId");
     store->set("id", std::string(id.internal, sizeof(id.internal)));
   } else {
     const std::string bytes = store->get("id");
     std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
   }
-  check(ncclCommInitRank(&impl_->comm, world_size, id, rank), "ncclCommInitRank");
+  ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;  // blocking, as ncclCommInitRank
+  check(nccl().CommInitRankConfig(&impl_->comm, world_size, id, rank, &blocking),
+        "ncclCommInitRankConfig");
   cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking);
 }
 
 RawNccl::~RawNccl() {
-  if (impl_->comm) ncclCommDestroy(impl_->comm);
+  if (impl_->comm) nccl().CommDestroy(impl_->comm);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
@@ -60,19 +68,19 @@ void RawNccl::run(void* in, void* out, void*, int64_t per_rank, bool in_place) {
   const ncclRedOp_t op = nccl_backend::to_nccl(m.config.redop, m.config.dtype);
   char* o = static_cast<char*>(out);
   switch (m.config.op) {
-    case BenchOp::kAllreduce: check(ncclAllReduce(o, o, n, dt, op, m.comm, m.stream), "allreduce"); break;
+    case BenchOp::kAllreduce: check(nccl().AllReduce(o, o, n, dt, op, m.comm, m.stream), "allreduce"); break;
     case BenchOp::kBroadcast:
-      check(ncclBroadcast(o, o, n, dt, m.config.root, m.comm, m.stream), "broadcast");
+      check(nccl().Broadcast(o, o, n, dt, m.config.root, m.comm, m.stream), "broadcast");
       break;
     case BenchOp::kReduce:
-      check(ncclReduce(o, o, n, dt, op, m.config.root, m.comm, m.stream), "reduce");
+      check(nccl().Reduce(o, o, n, dt, op, m.config.root, m.comm, m.stream), "reduce");
       break;
     case BenchOp::kAllgather:
-      check(ncclAllGather(in_place ? o + m.rank * bytes : in, o, n, dt, m.comm, m.stream),
+      check(nccl().AllGather(in_place ? o + m.rank * bytes : in, o, n, dt, m.comm, m.stream),
             "allgather");
       break;
     case BenchOp::kReduceScatter:
-      check(ncclReduceScatter(in_place ? o : in, in_place ? o + m.rank * bytes : o, n, dt, op,
+      check(nccl().ReduceScatter(in_place ? o : in, in_place ? o + m.rank * bytes : o, n, dt, op,
                               m.comm, m.stream),
             "reduce_scatter");
       break;
@@ -80,18 +88,18 @@ void RawNccl::run(void* in, void* out, void*, int64_t per_rank, bool in_place) {
       if (m.rank <= 1) {
         const int peer = 1 - m.rank;
         if (m.rank == 0) {
-          check(ncclSend(in, n, dt, peer, m.comm, m.stream), "send");
+          check(nccl().Send(in, n, dt, peer, m.comm, m.stream), "send");
           cudaStreamSynchronize(m.stream);
-          check(ncclRecv(o, n, dt, peer, m.comm, m.stream), "recv");
+          check(nccl().Recv(o, n, dt, peer, m.comm, m.stream), "recv");
         } else {
-          check(ncclRecv(o, n, dt, peer, m.comm, m.stream), "recv");
+          check(nccl().Recv(o, n, dt, peer, m.comm, m.stream), "recv");
           cudaStreamSynchronize(m.stream);
-          check(ncclSend(in, n, dt, peer, m.comm, m.stream), "send");
+          check(nccl().Send(in, n, dt, peer, m.comm, m.stream), "send");
         }
       }
       break;
     case BenchOp::kBarrier:
-      check(ncclAllReduce(o, o, 1, ncclUint8, ncclMax, m.comm, m.stream), "barrier");
+      check(nccl().AllReduce(o, o, 1, ncclUint8, ncclMax, m.comm, m.stream), "barrier");
       break;
   }
   cudaStreamSynchronize(m.stream);

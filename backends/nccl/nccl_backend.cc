@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "host_identity.h"
 #include "logging.h"
@@ -28,10 +29,40 @@ class DeviceGuard {
     cudaGetDevice(&previous_);
     if (device != previous_) cuda_check(cudaSetDevice(device), "cudaSetDevice");
   }
+  // For destructors, which must not throw: a failed switch shows in the calls that follow.
+  DeviceGuard(int device, std::nothrow_t) {
+    cudaGetDevice(&previous_);
+    if (device != previous_) cudaSetDevice(device);
+  }
   ~DeviceGuard() { cudaSetDevice(previous_); }
 
  private:
   int previous_ = 0;
+};
+
+// An NCCL group that always ends: a throw between ncclGroupStart and ncclGroupEnd would leave
+// this thread's later NCCL calls, an abort included, queued in a group that never ends.
+class NcclGroup {
+ public:
+  explicit NcclGroup(const NcclApi& api) : api_(api) {}
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  ~NcclGroup() {
+    if (open_) api_.GroupEnd();
+  }
+  ncclResult_t start() {
+    const ncclResult_t r = api_.GroupStart();
+    open_ = r == ncclSuccess;
+    return r;
+  }
+  ncclResult_t end() {
+    open_ = false;
+    return api_.GroupEnd();
+  }
+
+ private:
+  const NcclApi& api_;
+  bool open_ = false;
 };
 
 std::string pci_bus_id(int device) {
@@ -57,8 +88,9 @@ std::vector<std::string> split_string(const std::string& s, char sep) {
 
 }  // namespace
 
-// While the op thread calls into NCCL the watchdog must not free the communicators under it:
-// it records the failure, and the op thread aborts them here, on its way out.
+// While the op thread calls into NCCL the watchdog must not free the communicators under it: a
+// failure found meanwhile is only recorded, and the op thread wakes the watchdog on its way out
+// so that it aborts them then.
 class NcclBackend::InNccl {
  public:
   InNccl(NcclBackend& b, const OpContext& ctx) : b_(b) {
@@ -72,9 +104,12 @@ class NcclBackend::InNccl {
     b_.in_nccl_ = true;
   }
   ~InNccl() {
-    std::lock_guard<std::mutex> lock(b_.mutex_);
-    b_.in_nccl_ = false;
-    if (!b_.failure_.empty() && !b_.aborted_) b_.abort_comms_locked();
+    {
+      std::lock_guard<std::mutex> lock(b_.mutex_);
+      b_.in_nccl_ = false;
+      if (b_.failure_.empty() || b_.aborted_) return;
+    }
+    b_.wake_.notify_all();
   }
 
  private:
@@ -96,19 +131,25 @@ NcclBackend::NcclBackend(const BackendContext& ctx)
 }
 
 NcclBackend::~NcclBackend() {
+  abort_if_pending();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   wake_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
-  const bool aborted = aborted_;
+  // After a failure, what the watchdog has not aborted yet is aborted here; otherwise each
+  // communicator is finalized (bounded), then destroyed.
+  const bool failed = !failure_.empty();
   for (auto* map : {&collective_, &p2p_}) {
     for (auto& [key, c] : *map) {
       for (size_t i = 0; i < c->comms.size(); ++i) {
-        DeviceGuard guard(c->devices[i]);
+        DeviceGuard guard(c->devices[i], std::nothrow);
         if (c->comms[i] == nullptr) continue;
-        if (aborted) continue;  // aborted by the watchdog already
+        if (failed) {
+          api_.CommAbort(c->comms[i]);
+          continue;
+        }
         // Finalize waits for the communicator's outstanding work; bounded, then abort.
         ncclResult_t state = api_.CommFinalize(c->comms[i]);
         const auto deadline = Clock::now() + std::chrono::seconds(10);
@@ -123,15 +164,17 @@ NcclBackend::~NcclBackend() {
         }
       }
       for (size_t i = 0; i < c->streams.size(); ++i) {
-        DeviceGuard guard(c->devices[i]);
-        if (c->scratch[i] != nullptr) cudaFree(c->scratch[i]);
+        DeviceGuard guard(c->devices[i], std::nothrow);
+        // Stream-ordered: after the stream's last use of it, without waiting on the host.
+        if (c->scratch[i] != nullptr) cudaFreeAsync(c->scratch[i], c->streams[i]);
         cudaStreamDestroy(c->streams[i]);
       }
     }
   }
-  for (auto& p : pending_) {
-    for (auto e : p.done) cudaEventDestroy(e);
-  }
+}
+
+NcclBackend::Events::~Events() {
+  for (cudaEvent_t x : e) cudaEventDestroy(x);
 }
 
 void NcclBackend::check_failed(const OpContext& ctx) {
@@ -158,30 +201,44 @@ void NcclBackend::check_nccl(ncclResult_t r, ncclComm_t comm, const OpContext& c
   }
 }
 
-// Non-blocking communicators may answer ncclInProgress: poll until each is done, bounded.
-void NcclBackend::wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx) {
+// Non-blocking communicators may answer ncclInProgress: polls them all until each is done,
+// bounded. The first error wins, so that a communicator that failed is not hidden behind one
+// that waits for it in vain.
+void NcclBackend::wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx,
+                                const char* what) {
   const auto deadline = Clock::now() + ctx.timeout;
-  for (ncclComm_t comm : comms) {
-    ncclResult_t state = ncclInProgress;
-    while (true) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!failure_.empty()) {
-          throw Error(ErrorCode::kAborted, ctx.description() +
-                                               ": the NCCL communicators were aborted: " + failure_);
-        }
+  std::vector<bool> done(comms.size(), false);
+  size_t left = comms.size();
+  for (int polls = 0;; ++polls) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_.empty()) {
+        throw Error(ErrorCode::kAborted, ctx.description() +
+                                             ": the NCCL communicators were aborted: " + failure_);
       }
-      api_.CommGetAsyncError(comm, &state);
-      if (state != ncclInProgress) break;
-      if (Clock::now() > deadline) {
-        const std::string why = ctx.description() + " was still being set up after " +
-                                std::to_string(ctx.timeout.count()) + " ms";
-        fail_all(why);
-        throw Error(ErrorCode::kTimeout, why + " (waiting for the other ranks)");
-      }
-      std::this_thread::yield();
     }
-    check_nccl(state, comm, ctx, "enqueue");
+    for (size_t i = 0; i < comms.size(); ++i) {
+      if (done[i]) continue;
+      ncclResult_t state = ncclInProgress;
+      api_.CommGetAsyncError(comms[i], &state);
+      if (state == ncclInProgress) continue;
+      check_nccl(state, comms[i], ctx, what);
+      done[i] = true;
+      --left;
+    }
+    if (left == 0) return;
+    if (Clock::now() > deadline) {
+      const std::string why = ctx.description() + " was still being set up after " +
+                              std::to_string(ctx.timeout.count()) + " ms";
+      fail_all(why);
+      throw Error(ErrorCode::kTimeout, why + " (waiting for the other ranks)");
+    }
+    // An enqueue takes microseconds, an init up to seconds: spin briefly, then sleep.
+    if (polls < 200) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 }
 
@@ -204,28 +261,48 @@ void NcclBackend::init_comms(Comms& c, const std::string& prefix, bool make_id,
   c.streams.assign(k, nullptr);
   c.scratch.assign(k, nullptr);
   c.scratch_bytes.assign(k, 0);
-  for (size_t i = 0; i < k; ++i) {
-    DeviceGuard guard(c.devices[i]);
-    cuda_check(cudaStreamCreateWithFlags(&c.streams[i], cudaStreamNonBlocking), "cudaStreamCreate");
+  try {
+    for (size_t i = 0; i < k; ++i) {
+      DeviceGuard guard(c.devices[i]);
+      cuda_check(cudaStreamCreateWithFlags(&c.streams[i], cudaStreamNonBlocking),
+                 "cudaStreamCreate");
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // bounded by our own deadline below
+    {
+      NcclGroup group(api_);
+      if (k > 1) check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
+      for (size_t i = 0; i < k; ++i) {
+        DeviceGuard guard(c.devices[i]);
+        check_nccl(api_.CommInitRankConfig(&c.comms[i], c.nranks, id,
+                                           c.first_rank + static_cast<int>(i), &config),
+                   c.comms[i], ctx, "ncclCommInitRankConfig");
+      }
+      if (k > 1) check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
+    }
+    OpContext init = ctx;
+    init.timeout = timeout_;
+    wait_enqueued(c.comms, init, "ncclCommInitRankConfig");
+  } catch (...) {
+    // Nothing of communicators that did not come up may stay: NCCL's init would go on, holding
+    // sockets and memory (NCCL's docs abort a communicator whose init timed out). They are not
+    // in the maps yet, so the watchdog never sees them.
+    for (ncclComm_t& comm : c.comms) {
+      if (comm != nullptr) api_.CommAbort(comm);
+      comm = nullptr;
+    }
+    for (cudaStream_t& s : c.streams) {
+      if (s != nullptr) cudaStreamDestroy(s);
+      s = nullptr;
+    }
+    throw;
   }
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // bounded by our own deadline below
-  if (k > 1) check_nccl(api_.GroupStart(), nullptr, ctx, "ncclGroupStart");
-  for (size_t i = 0; i < k; ++i) {
-    DeviceGuard guard(c.devices[i]);
-    check_nccl(api_.CommInitRankConfig(&c.comms[i], c.nranks, id,
-                                       c.first_rank + static_cast<int>(i), &config),
-               c.comms[i], ctx, "ncclCommInitRankConfig");
-  }
-  if (k > 1) check_nccl(api_.GroupEnd(), nullptr, ctx, "ncclGroupEnd");
-  OpContext init = ctx;
-  init.timeout = timeout_;
-  wait_enqueued(c.comms, init);
 }
 
 NcclBackend::Comms& NcclBackend::collective_comms(const std::vector<TensorView>& tensors,
                                                   const OpContext& ctx) {
   const std::string key = device_list_key(tensors);
+  last_collective_ = key;
   if (auto it = collective_.find(key); it != collective_.end()) return *it->second;
   auto c = std::make_unique<Comms>();
   for (const auto& t : tensors) c->devices.push_back(t.device().index);
@@ -281,15 +358,20 @@ NcclBackend::Comms& NcclBackend::p2p_comms(int device, int peer_rank, int peer_d
   return *p2p_.emplace(key, std::move(c)).first->second;
 }
 
+// Grows the scratch buffer in stream order on the communicator's stream: the old one is freed
+// once the ops queued there are done with it, and nothing waits on the host (a
+// cudaStreamSynchronize and a cudaFree, which may synchronise the whole device, could wait
+// without bound before the op even had a deadline).
 void* NcclBackend::scratch(Comms& c, size_t i, size_t bytes) {
   if (c.scratch_bytes[i] < bytes) {
     DeviceGuard guard(c.devices[i]);
     if (c.scratch[i] != nullptr) {
-      cuda_check(cudaStreamSynchronize(c.streams[i]), "cudaStreamSynchronize");
-      cudaFree(c.scratch[i]);
+      cuda_check(cudaFreeAsync(c.scratch[i], c.streams[i]), "cudaFreeAsync");
     }
     c.scratch[i] = nullptr;
-    cuda_check(cudaMalloc(&c.scratch[i], bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes");
+    c.scratch_bytes[i] = 0;
+    cuda_check(cudaMallocAsync(&c.scratch[i], bytes, c.streams[i]),
+               "cudaMallocAsync of " + std::to_string(bytes) + " bytes");
     c.scratch_bytes[i] = bytes;
   }
   return c.scratch[i];
@@ -297,56 +379,59 @@ void* NcclBackend::scratch(Comms& c, size_t i, size_t bytes) {
 
 template <typename Issue>
 void NcclBackend::launch(Comms& c, const OpOptions& opts, const OpContext& ctx, Issue&& issue) {
-  InNccl section(*this, ctx);
   const size_t k = c.devices.size();
-  if (opts.stream != nullptr && k > 1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                ctx.description() + ": an explicit stream belongs to one device; a list of " +
-                    std::to_string(k) + " uses each device's default stream");
-  }
   auto caller = [&](size_t) {
     return opts.stream != nullptr ? static_cast<cudaStream_t>(opts.stream) : cudaStream_t{};
   };
-  // Ordered after the caller's work.
-  for (size_t i = 0; i < k; ++i) {
-    DeviceGuard guard(c.devices[i]);
-    cudaEvent_t ready;
-    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventRecord(ready, caller(i)), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(c.streams[i], ready, 0), "cudaStreamWaitEvent");
-    cudaEventDestroy(ready);  // released once the wait is done
-  }
-  issue(/*phase=*/0);  // copies that must precede the op
-  if (k > 1) check_nccl(api_.GroupStart(), nullptr, ctx, "ncclGroupStart");
-  issue(/*phase=*/1);  // the NCCL calls
-  if (k > 1) check_nccl(api_.GroupEnd(), nullptr, ctx, "ncclGroupEnd");
-  wait_enqueued(c.comms, ctx);
-  issue(/*phase=*/2);  // copies that follow the op
-  // The caller's stream waits for the op; the watchdog watches it against the timeout.
-  Pending p;
-  p.devices = c.devices;
-  p.deadline = Clock::now() + ctx.timeout;
-  p.description = ctx.description();
-  for (size_t i = 0; i < k; ++i) {
-    DeviceGuard guard(c.devices[i]);
-    cudaEvent_t done;
-    cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventRecord(done, c.streams[i]), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(caller(i), done, 0), "cudaStreamWaitEvent");
-    p.done.push_back(done);
-  }
-  std::vector<cudaEvent_t> done = p.done;
+  std::shared_ptr<Events> done;
   {
+    InNccl section(*this, ctx);
+    if (opts.stream != nullptr && k > 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  ctx.description() + ": an explicit stream belongs to one device; a list of " +
+                      std::to_string(k) + " uses each device's default stream");
+    }
+    // Ordered after the caller's work.
+    for (size_t i = 0; i < k; ++i) {
+      DeviceGuard guard(c.devices[i]);
+      cudaEvent_t ready;
+      cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+      cuda_check(cudaEventRecord(ready, caller(i)), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(c.streams[i], ready, 0), "cudaStreamWaitEvent");
+      cudaEventDestroy(ready);  // released once the wait is done
+    }
+    issue(/*phase=*/0);  // copies that must precede the op
+    NcclGroup group(api_);
+    if (k > 1) check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
+    issue(/*phase=*/1);  // the NCCL calls
+    if (k > 1) check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
+    wait_enqueued(c.comms, ctx, "enqueue");
+    issue(/*phase=*/2);  // copies that follow the op
+    // The caller's stream waits for the op; the watchdog watches it against the timeout.
+    Pending p;
+    p.devices = c.devices;
+    p.deadline = Clock::now() + ctx.timeout;
+    p.description = ctx.description();
+    for (size_t i = 0; i < k; ++i) {
+      DeviceGuard guard(c.devices[i]);
+      cudaEvent_t event;
+      cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+      p.done->e.push_back(event);  // destroyed with p.done, also when a call below throws
+      cuda_check(cudaEventRecord(event, c.streams[i]), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(caller(i), event, 0), "cudaStreamWaitEvent");
+    }
+    done = p.done;
     std::lock_guard<std::mutex> lock(mutex_);
     pending_.push_back(std::move(p));
   }
   wake_.notify_all();
   if (!opts.blocking) return;
-  // Blocking: wait on the host, never past the deadline (the watchdog aborts at it).
+  // Blocking: wait on the host, out of NCCL (so that the watchdog keeps checking its
+  // asynchronous errors meanwhile), never past the deadline (the watchdog aborts at it).
   for (size_t i = 0; i < k; ++i) {
     while (true) {
       check_failed(ctx);
-      const cudaError_t e = cudaEventQuery(done[i]);
+      const cudaError_t e = cudaEventQuery(done->e[i]);
       if (e == cudaSuccess) break;
       if (e != cudaErrorNotReady) cuda_check(e, "cudaEventQuery");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -475,19 +560,34 @@ Backend::WorkPtr NcclBackend::reduce_scatter(const std::vector<TensorView>& outp
 }
 
 Backend::WorkPtr NcclBackend::barrier(const BarrierOptions& opts, const OpContext& ctx) {
-  // NCCL has no barrier: a one-element allreduce on this process's current GPU, waited for.
-  int device = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  TensorView probe(reinterpret_cast<void*>(16), DType::kUInt8, {1}, Device::cuda(device));
-  Comms& c = collective_comms({probe}, ctx);
-  void* one = scratch(c, 0, 16);
+  // NCCL has no barrier: a one-element allreduce, waited for, over the devices of the last
+  // collective (the same communicator on every rank, which all ran the same collectives), or
+  // over this process's current GPU before any. Not simply the current GPU: a rank whose
+  // current GPU changed would make a communicator that its peers never make.
+  std::vector<TensorView> probes;
+  if (auto it = collective_.find(last_collective_); it != collective_.end()) {
+    for (int d : it->second->devices) {
+      probes.emplace_back(reinterpret_cast<void*>(16), DType::kUInt8, std::vector<int64_t>{1},
+                          Device::cuda(d));
+    }
+  } else {
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    probes.emplace_back(reinterpret_cast<void*>(16), DType::kUInt8, std::vector<int64_t>{1},
+                        Device::cuda(device));
+  }
+  Comms& c = collective_comms(probes, ctx);
+  std::vector<void*> one(c.devices.size());
+  for (size_t i = 0; i < one.size(); ++i) one[i] = scratch(c, i, 16);
   BarrierOptions blocking = opts;
   blocking.blocking = true;
   launch(c, blocking, ctx, [&](int phase) {
     if (phase != 1) return;
-    DeviceGuard guard(c.devices[0]);
-    check_nccl(api_.AllReduce(one, one, 1, ncclUint8, ncclMax, c.comms[0], c.streams[0]),
-               c.comms[0], ctx, "ncclAllReduce (barrier)");
+    for (size_t i = 0; i < one.size(); ++i) {
+      DeviceGuard guard(c.devices[i]);
+      check_nccl(api_.AllReduce(one[i], one[i], 1, ncclUint8, ncclMax, c.comms[i], c.streams[i]),
+                 c.comms[i], ctx, "ncclAllReduce (barrier)");
+    }
   });
   return nullptr;
 }
@@ -525,63 +625,106 @@ Backend::WorkPtr NcclBackend::recv(const std::vector<TensorView>& tensors, int s
 void NcclBackend::abort(const std::string& reason) { fail_all("aborted: " + reason); }
 
 void NcclBackend::synchronize(Device device) {
-  // Waits for the device's default stream (which every op's completion was ordered before),
-  // never past the group's timeout.
+  // Waits for the device's legacy default stream, which every op without an explicit stream
+  // made wait for it, and for the group's own streams on the device, which cover ops given an
+  // explicit (non-blocking) stream; never past the group's timeout.
   DeviceGuard guard(device.index);
-  cudaEvent_t mark;
-  cuda_check(cudaEventCreateWithFlags(&mark, cudaEventDisableTiming), "cudaEventCreate");
-  cuda_check(cudaEventRecord(mark, cudaStream_t{}), "cudaEventRecord");
-  const auto deadline = Clock::now() + timeout_;
-  while (true) {
-    const cudaError_t e = cudaEventQuery(mark);
-    if (e == cudaSuccess) break;
-    if (e != cudaErrorNotReady) {
-      cudaEventDestroy(mark);
-      cuda_check(e, "cudaEventQuery");
-    }
-    if (Clock::now() > deadline) {
-      cudaEventDestroy(mark);
-      throw Error(ErrorCode::kTimeout, "nccl: synchronize(" + device.str() + ") timed out after " +
-                                           std::to_string(timeout_.count()) + " ms");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  cudaEventDestroy(mark);
-}
-
-void NcclBackend::fail_all(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!failure_.empty()) return;
-  failure_ = why;
-  TUTTI_LOG_ERROR("nccl: aborting communicators: {}", why);
-  if (!in_nccl_) abort_comms_locked();
-}
-
-void NcclBackend::abort_comms_locked() {
-  aborted_ = true;
+  std::vector<cudaStream_t> streams = {cudaStream_t{}};
   for (auto* map : {&collective_, &p2p_}) {
     for (auto& [key, c] : *map) {
-      for (size_t i = 0; i < c->comms.size(); ++i) {
-        if (c->comms[i] == nullptr) continue;
-        api_.CommAbort(c->comms[i]);
-        c->comms[i] = nullptr;
+      for (size_t i = 0; i < c->streams.size(); ++i) {
+        if (c->devices[i] == device.index) streams.push_back(c->streams[i]);
       }
     }
   }
+  Events marks;
+  for (cudaStream_t stream : streams) {
+    cudaEvent_t mark;
+    cuda_check(cudaEventCreateWithFlags(&mark, cudaEventDisableTiming), "cudaEventCreate");
+    marks.e.push_back(mark);
+    cuda_check(cudaEventRecord(mark, stream), "cudaEventRecord");
+  }
+  const auto deadline = Clock::now() + timeout_;
+  for (cudaEvent_t mark : marks.e) {
+    while (true) {
+      const cudaError_t e = cudaEventQuery(mark);
+      if (e == cudaSuccess) break;
+      if (e != cudaErrorNotReady) cuda_check(e, "cudaEventQuery");
+      if (Clock::now() > deadline) {
+        throw Error(ErrorCode::kTimeout, "nccl: synchronize(" + device.str() +
+                                             ") timed out after " +
+                                             std::to_string(timeout_.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+// The destructor calls this first: work still pending is aborted rather than waited for
+// (finalizing a communicator whose op hangs took 10 s each); with nothing pending, the
+// communicators are finalized as usual.
+void NcclBackend::abort_if_pending() {
+  std::string pending;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.empty()) return;
+    if (in_nccl_) pending = "an op";
+    for (const Pending& p : pending_) {
+      for (cudaEvent_t e : p.done->e) {
+        if (pending.empty() && cudaEventQuery(e) == cudaErrorNotReady) pending = p.description;
+      }
+    }
+  }
+  if (!pending.empty()) fail_all(pending + " was still pending when the group was aborted or destroyed");
+}
+
+// Records the first failure; the watchdog aborts the communicators.
+void NcclBackend::fail_all(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.empty()) return;
+    failure_ = why;
+  }
+  TUTTI_LOG_ERROR("nccl: aborting communicators: {}", why);
+  wake_.notify_all();
+}
+
+std::vector<ncclComm_t> NcclBackend::take_comms_locked() {
+  aborted_ = true;
+  std::vector<ncclComm_t> taken;
+  for (auto* map : {&collective_, &p2p_}) {
+    for (auto& [key, c] : *map) {
+      for (ncclComm_t& comm : c->comms) {
+        if (comm != nullptr) taken.push_back(comm);
+        comm = nullptr;
+      }
+    }
+  }
+  return taken;
 }
 
 void NcclBackend::watchdog_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    wake_.wait_for(lock, pending_.empty() ? std::chrono::milliseconds(200)
-                                          : std::chrono::milliseconds(2));
+    // Aborts once the op thread is out of NCCL, and without holding the lock: NCCL's abort may
+    // wait for a stuck stream (NVIDIA/nccl#829), and every tutti call needs the lock.
+    if (!failure_.empty() && !aborted_ && !in_nccl_) {
+      const std::vector<ncclComm_t> comms = take_comms_locked();
+      lock.unlock();
+      for (ncclComm_t comm : comms) api_.CommAbort(comm);
+      lock.lock();
+      continue;
+    }
+    wake_.wait_for(lock, !failure_.empty() || pending_.empty() ? std::chrono::milliseconds(200)
+                                                               : std::chrono::milliseconds(2));
+    if (!failure_.empty()) continue;
     std::string why;
     while (!pending_.empty() && why.empty()) {
       Pending& p = pending_.front();
       bool all_done = true;
-      for (size_t i = 0; i < p.done.size(); ++i) {
+      for (size_t i = 0; i < p.done->e.size(); ++i) {
         cudaSetDevice(p.devices[i]);
-        const cudaError_t e = cudaEventQuery(p.done[i]);
+        const cudaError_t e = cudaEventQuery(p.done->e[i]);
         if (e == cudaErrorNotReady) {
           all_done = false;
         } else if (e != cudaSuccess) {
@@ -595,27 +738,31 @@ void NcclBackend::watchdog_loop() {
         }
         break;  // ops complete in order: later ones are not done either
       }
-      for (auto e : p.done) cudaEventDestroy(e);
       pending_.pop_front();
     }
-    if (why.empty()) {
+    // NCCL's asynchronous errors, never while the op thread is inside NCCL: a communicator is
+    // not thread-safe, ncclCommGetAsyncError included (NCCL 2.28 frees its group job unlocked).
+    if (why.empty() && !in_nccl_) {
       for (auto* map : {&collective_, &p2p_}) {
         for (auto& [key, c] : *map) {
           for (ncclComm_t comm : c->comms) {
             ncclResult_t state = ncclSuccess;
             if (comm != nullptr && api_.CommGetAsyncError(comm, &state) == ncclSuccess &&
                 state != ncclSuccess && state != ncclInProgress) {
-              why = std::string("NCCL reported an asynchronous error: ") +
-                    api_.GetErrorString(state);
+              // Named after the oldest op still pending: the one that hangs on the error.
+              const char* last = api_.GetLastError(comm);
+              why = (pending_.empty() ? std::string("with no op pending")
+                                      : pending_.front().description + " failed") +
+                    ": NCCL reported an asynchronous error: " + api_.GetErrorString(state) +
+                    (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : "");
             }
           }
         }
       }
     }
-    if (!why.empty() && failure_.empty()) {
-      lock.unlock();
-      fail_all(why);
-      lock.lock();
+    if (!why.empty()) {
+      failure_ = why;
+      TUTTI_LOG_ERROR("nccl: aborting communicators: {}", why);
     }
   }
 }

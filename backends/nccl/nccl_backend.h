@@ -12,7 +12,10 @@
 // returns once enqueued. A watchdog thread polls every pending op's completion event against
 // its timeout and every communicator's asynchronous error; on either it aborts the
 // communicators (ncclCommAbort), and every later call fails with kAborted naming the op that
-// hung. Threads: the group calls one op at a time; the watchdog runs beside it.
+// hung or failed. Threads: the group calls one op at a time; the watchdog runs beside it, never
+// calls into NCCL while the op thread is inside it (communicators are not thread-safe), and
+// aborts without holding the lock (NCCL's abort may wait for a stuck stream). abort() may come
+// from any thread.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -62,6 +65,7 @@ class NcclBackend : public Backend {
   WorkPtr recv(const std::vector<TensorView>& tensors, int src_rank, const RecvOptions& opts,
                const OpContext& ctx) override;
   void synchronize(Device device) override;
+  // Aborts the communicators (from any thread; the watchdog does the NCCL calls).
   void abort(const std::string& reason) override;
 
  private:
@@ -75,9 +79,18 @@ class NcclBackend : public Backend {
     int nranks = 0;
     int first_rank = 0;  // NCCL rank of devices[0]
   };
+  // An op's completion events, one per device, shared by the watchdog's entry and a blocking
+  // caller: the last holder destroys them (CUDA forbids using a destroyed event).
+  struct Events {
+    std::vector<cudaEvent_t> e;
+    Events() = default;
+    Events(const Events&) = delete;
+    Events& operator=(const Events&) = delete;
+    ~Events();
+  };
   // An enqueued op the watchdog waits for.
   struct Pending {
-    std::vector<cudaEvent_t> done;  // one per device
+    std::shared_ptr<Events> done = std::make_shared<Events>();
     std::vector<int> devices;
     std::chrono::steady_clock::time_point deadline;
     std::string description;
@@ -94,9 +107,11 @@ class NcclBackend : public Backend {
   void* scratch(Comms& c, size_t i, size_t bytes);
   void check_failed(const OpContext& ctx);
   void check_nccl(ncclResult_t r, ncclComm_t comm, const OpContext& ctx, const char* what);
-  void wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx);
+  void wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx, const char* what);
   void fail_all(const std::string& why);
-  void abort_comms_locked();
+  // Aborts when an op is still pending (the destructor; otherwise it finalizes).
+  void abort_if_pending();
+  std::vector<ncclComm_t> take_comms_locked();  // marks them aborted; the caller aborts them
   void watchdog_loop();
   class InNccl;  // marks the op thread inside NCCL calls (the watchdog then defers the abort)
 
@@ -108,13 +123,14 @@ class NcclBackend : public Backend {
   std::map<std::string, std::unique_ptr<Comms>> collective_;  // by device-list key
   std::map<std::string, std::unique_ptr<Comms>> p2p_;         // by pair key
   int collective_count_ = 0;                                  // communicators made so far
+  std::string last_collective_;  // the device-list key of the last collective (for barrier)
 
-  std::mutex mutex_;  // guards pending_, failure_, stop_; the comms' abort
+  std::mutex mutex_;  // guards pending_, failure_, aborted_, in_nccl_, stop_, the comms' handles
   std::condition_variable wake_;
   std::deque<Pending> pending_;
   std::string failure_;  // non-empty once failed
   bool aborted_ = false;  // the communicators were aborted (their handles are gone)
-  bool in_nccl_ = false;  // the op thread is calling into NCCL: it aborts on its way out
+  bool in_nccl_ = false;  // the op thread is calling into NCCL: the watchdog's abort waits
   bool stop_ = false;
   std::thread watchdog_;
 };
