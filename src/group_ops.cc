@@ -31,7 +31,7 @@ TensorView block(const TensorView& buffer, int r, const TensorView& like) {
 
 // One hash of a list of counts, for signatures.
 int64_t hash_of(const std::vector<int64_t>& counts) {
-  detail::Fnv1a h;
+  detail::WordMix h;
   for (int64_t c : counts) h.mix(static_cast<uint64_t>(c));
   return static_cast<int64_t>(h.value());
 }
@@ -49,15 +49,13 @@ std::exception_ptr aborted_error(const CollectiveGroup::State& s, const OpContex
                 "); destroy it and initialise it again"));
 }
 
-// Counts an op as running inside the backend for as long as it lives.
-class Running {
- public:
-  explicit Running(std::atomic<int>& n) : n_(n) { n_.fetch_add(1); }
-  ~Running() { n_.fetch_sub(1); }
-
- private:
-  std::atomic<int>& n_;
-};
+// A list of one tensor, moved in (an initializer list would copy its shape).
+std::vector<TensorView> one(TensorView t) {
+  std::vector<TensorView> list;
+  list.reserve(1);
+  list.push_back(std::move(t));
+  return list;
+}
 
 }  // namespace
 
@@ -104,9 +102,7 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, uint64_t sig, const OpOp
     // Point-to-point tags also fold in the direction (sender, receiver), so both ends agree.
     call.ctx.tag = detail::p2p_tag(seq, sig, sending ? s.rank : peer, sending ? peer : s.rank);
   } else {
-    detail::Fnv1a h;
-    h.mix(seq).mix(sig);
-    call.ctx.tag = static_cast<uint32_t>(h.value() ^ (h.value() >> 32));
+    call.ctx.tag = detail::collective_tag(seq, sig);
   }
   call.ctx.timeout = timeout;
   call.ctx.group_name = s.name;
@@ -132,7 +128,6 @@ CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
         work->finish(aborted_error(*state, ctx));
       } else {
         try {
-          Running running(state->running);
           WorkPtr inner = fn(*state->backend, ctx);
           if (inner) inner->wait();
           work->finish();
@@ -153,7 +148,6 @@ CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
   }
   WorkPtr work;
   try {
-    Running running(s.running);
     work = issue(*s.backend, call.ctx);
   } catch (const Error& e) {
     s.record_failure(call.ctx, e);
@@ -187,7 +181,7 @@ WorkPtr CollectiveGroup::broadcast(TensorView tensor, const BroadcastOptions& op
   state_->check_rank(op, opts.root_rank, "root rank");
   auto call = begin(op, detail::signature(op, tensor.dtype(), tensor.numel(), opts.root_rank), opts);
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, opts](
+  return submit(call, [t = one(std::move(tensor)), opts](
                           Backend& b, const OpContext& ctx) { return b.broadcast(t, opts, ctx); });
 }
 
@@ -200,7 +194,7 @@ WorkPtr CollectiveGroup::allreduce(TensorView tensor, const AllreduceOptions& op
                                       static_cast<int>(opts.reduce_op)),
                     opts);
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, opts](
+  return submit(call, [t = one(std::move(tensor)), opts](
                           Backend& b, const OpContext& ctx) { return b.allreduce(t, opts, ctx); });
 }
 
@@ -214,7 +208,7 @@ WorkPtr CollectiveGroup::reduce(TensorView tensor, const ReduceOptions& opts) {
                                       static_cast<int>(opts.reduce_op)),
                     opts);
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, opts](
+  return submit(call, [t = one(std::move(tensor)), opts](
                           Backend& b, const OpContext& ctx) { return b.reduce(t, opts, ctx); });
 }
 
@@ -226,7 +220,7 @@ WorkPtr CollectiveGroup::allgather(const std::vector<TensorView>& output_list, T
   auto call = begin(op, detail::signature(op, input.dtype(), input.numel()), opts);
   call.skip = input.numel() == 0;
   return submit(call, [outs = std::vector<std::vector<TensorView>>{output_list},
-                       in = std::vector<TensorView>{std::move(input)},
+                       in = one(std::move(input)),
                        opts](Backend& b, const OpContext& ctx) {
     return b.allgather(outs, in, opts, ctx);
   });
@@ -292,7 +286,7 @@ WorkPtr CollectiveGroup::reduce_scatter(TensorView output, const std::vector<Ten
                                       static_cast<int>(opts.reduce_op)),
                     opts);
   call.skip = output.numel() == 0;
-  return submit(call, [out = std::vector<TensorView>{std::move(output)},
+  return submit(call, [out = one(std::move(output)),
                        ins = std::vector<std::vector<TensorView>>{input_list},
                        opts](Backend& b, const OpContext& ctx) {
     return b.reduce_scatter(out, ins, opts, ctx);
@@ -482,7 +476,7 @@ WorkPtr CollectiveGroup::send(TensorView tensor, int dst_rank, const SendOptions
   auto call = begin(op, detail::signature(OpType::kSend, tensor.dtype(), tensor.numel()), opts,
                     dst_rank, /*sending=*/true);
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, dst_rank, opts](
+  return submit(call, [t = one(std::move(tensor)), dst_rank, opts](
                           Backend& b, const OpContext& ctx) {
     return b.send(t, dst_rank, opts, ctx);
   });
@@ -496,7 +490,7 @@ WorkPtr CollectiveGroup::recv(TensorView tensor, int src_rank, const RecvOptions
   auto call = begin(op, detail::signature(OpType::kSend, tensor.dtype(), tensor.numel()), opts,
                     src_rank, /*sending=*/false);
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, src_rank, opts](
+  return submit(call, [t = one(std::move(tensor)), src_rank, opts](
                           Backend& b, const OpContext& ctx) {
     return b.recv(t, src_rank, opts, ctx);
   });
@@ -634,7 +628,7 @@ WorkPtr CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t 
                                       pair_of(tensor.device().index, opts.dst_device_index), 1),
                     opts, dst_rank, /*sending=*/true);
   call.skip = view.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(view)}, dst_rank, opts](
+  return submit(call, [t = one(std::move(view)), dst_rank, opts](
                           Backend& b, const OpContext& ctx) {
     return b.send(t, dst_rank, opts, ctx);
   });
@@ -649,7 +643,7 @@ WorkPtr CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t 
                                       pair_of(opts.src_device_index, tensor.device().index), 1),
                     opts, src_rank, /*sending=*/false);
   call.skip = view.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(view)}, src_rank, opts](
+  return submit(call, [t = one(std::move(view)), src_rank, opts](
                           Backend& b, const OpContext& ctx) {
     return b.recv(t, src_rank, opts, ctx);
   });

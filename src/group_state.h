@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "group_util.h"
 #include "op_queue.h"
 #include "tutti/backend.h"
 #include "tutti/collective_group.h"
@@ -57,7 +58,6 @@ struct CollectiveGroup::State {
   std::map<int, uint64_t> send_seq;  // per destination rank
   std::map<int, uint64_t> recv_seq;  // per source rank
   std::atomic<int> queued{0};        // async ops pushed and not yet finished
-  std::atomic<int> running{0};       // ops inside the backend right now
   detail::OpQueue queue;
 
   std::string describe() const;
@@ -100,10 +100,31 @@ struct CollectiveGroup::State {
 namespace detail {
 
 // A 64-bit hash of an op's signature: ranks that call mismatched ops get different tags.
-uint64_t signature(OpType op, DType dtype, int64_t count, int64_t root = -1, int reduce_op = -1);
+inline uint64_t signature(OpType op, DType dtype, int64_t count, int64_t root = -1,
+                          int reduce_op = -1) {
+  return WordMix()
+      .mix(static_cast<uint64_t>(op))
+      .mix(static_cast<uint64_t>(dtype))
+      .mix(static_cast<uint64_t>(count))
+      .mix(static_cast<uint64_t>(root))
+      .mix(static_cast<uint64_t>(reduce_op))
+      .value();
+}
 
 // The tag of point-to-point message `seq` from rank src to rank dst of signature `sig`.
-uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst);
+inline uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst) {
+  return WordMix()
+      .mix(seq)
+      .mix(sig)
+      .mix(static_cast<uint64_t>(src))
+      .mix(static_cast<uint64_t>(dst))
+      .folded();
+}
+
+// The tag of collective `seq` of signature `sig`.
+inline uint32_t collective_tag(uint64_t seq, uint64_t sig) {
+  return WordMix().mix(seq).mix(sig).folded();
+}
 
 }  // namespace detail
 }  // namespace tutti

@@ -199,7 +199,7 @@ void ShmBackend::end_op(const Op& op) {
   // A peer that aborted inside this op (its own waits ended) fails it here too, so that no rank
   // returns a result another rank gave up on.
   throw_if_stopped(op.ctx, op.seq);
-  completed_ops_.store(op.seq);
+  completed_ops_.store(op.seq, std::memory_order_release);
 }
 
 char* ShmBackend::stage(int rank, int half) const {
