@@ -65,11 +65,13 @@ struct BackendContext {
 
 // One message of a batch_p2p, as the group hands it to the backend: seq and tag follow the
 // plain send/recv numbering (per peer and direction), so a batched send meets a plain recv.
+// peer_device_index (like SendOptions::dst_device_index and RecvOptions::src_device_index) is
+// kPeerDevice when the caller named no device (single-tensor send/recv, P2POp::send/recv).
 struct P2PRequest {
   P2POp::Kind kind = P2POp::Kind::kSend;
   TensorView tensor;
   int peer = 0;
-  int peer_device_index = 0;
+  int peer_device_index = kPeerDevice;
   uint64_t seq = 0;
   uint32_t tag = 0;
 };
