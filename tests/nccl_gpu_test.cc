@@ -1,5 +1,7 @@
 // The NCCL backend on a real GPU (ctest label "gpu"): every collective at world size 1, the
-// multi-GPU API with one device, stream ordering against the caller's stream, a stuck stream
+// multi-GPU API with one device, stream ordering against the caller's stream, the Work of an op
+// (complete only once its stream has run it, async ops through the group API, a stuck op's Work
+// ending with kTimeout, abort from another thread ending a pending Work), a stuck stream
 // aborting the group, and two processes on one GPU refused. Each test skips, saying why, where
 // no GPU or no NCCL is visible.
 #include <cuda_runtime_api.h>
@@ -156,6 +158,167 @@ TEST_F(NcclGpu, OrderedAfterTheCallersStream) {
   cudaStreamDestroy(s);
   cudaFreeHost(host);
   cudaFreeHost(back);
+}
+
+// At one rank alltoall, allgatherv, gather and scatter are the own block's copy: this checks
+// their plumbing (single buffers and lists) for every dtype; nccl_world_test checks the values
+// at world sizes 2 and 4.
+TEST_F(NcclGpu, TheOpsBuiltOnSendAndRecvAtWorldSizeOne) {
+  const int64_t n = 517;
+  for (DType dtype : kDTypes) {
+    SCOPED_TRACE(to_string(dtype));
+    const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+    std::vector<uint64_t> host(bytes / 8 + 1), back(bytes / 8 + 1);
+    for (int64_t i = 0; i < n; ++i) write_value(dtype, host.data(), i, input_value(ReduceOp::kMax, dtype, 0, 1, i));
+    DeviceBuffer in(bytes), out(bytes);
+    in.upload(host.data());
+    auto expect_copied = [&](const char* what) {
+      group_->synchronize(Device::cuda(0));
+      out.download(back.data());
+      EXPECT_EQ(std::memcmp(back.data(), host.data(), bytes), 0) << what;
+      cudaMemset(out.ptr, 0, bytes);
+    };
+    const TensorView i = in.view(dtype, n), o = out.view(dtype, n);
+    group_->alltoall(o, i);
+    expect_copied("alltoall");
+    group_->alltoall(std::vector<TensorView>{o}, std::vector<TensorView>{i});
+    expect_copied("alltoall, lists");
+    group_->alltoallv(o, i, {n}, {n});
+    expect_copied("alltoallv");
+    group_->allgatherv(o, i, {n});
+    expect_copied("allgatherv");
+    group_->gather(o, i);
+    expect_copied("gather");
+    group_->gather(std::vector<TensorView>{o}, i);
+    expect_copied("gather, list");
+    group_->scatter(o, i);
+    expect_copied("scatter");
+    group_->scatter(o, std::vector<TensorView>{i});
+    expect_copied("scatter, list");
+  }
+}
+
+// The caller's stream is held 300 ms: the op's Work is not complete before then, a short wait
+// says so without harming the group, and wait() returns once the stream has run the op.
+TEST_F(NcclGpu, AWorkCompletesOnlyOnceItsStreamRanTheOp) {
+  const int64_t n = 4096;
+  DeviceBuffer buf(n * 4);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
+  AllreduceOptions o;
+  o.stream = s;
+  auto work = group_->allreduce(buf.view(DType::kFloat32, n), o);
+  ASSERT_NE(work, nullptr);
+  EXPECT_FALSE(work->is_completed());
+  EXPECT_EQ(work->exception(), nullptr);
+  try {
+    work->wait(milliseconds(20));
+    ADD_FAILURE() << "a 20 ms wait returned before the stream released the op";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("still running"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(group_->is_aborted());
+  work->wait();
+  EXPECT_TRUE(work->is_completed());
+  EXPECT_TRUE(work->is_success());
+  // async_op gives the same (NCCL ops always return once enqueued), and blocking waits first.
+  DeviceBuffer out(n * 4);  // before the pause: it synchronises the device
+  cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
+  AllgatherOptions async;
+  async.stream = s;
+  async.async_op = true;
+  auto gathered = group_->allgather(out.view(DType::kFloat32, n), buf.view(DType::kFloat32, n), async);
+  EXPECT_FALSE(gathered->is_completed());
+  AllreduceOptions blocking;
+  blocking.stream = s;
+  blocking.blocking = true;
+  EXPECT_TRUE(group_->allreduce(buf.view(DType::kFloat32, n), blocking)->is_completed());
+  EXPECT_TRUE(gathered->is_completed()) << "ran after an op that has finished on the same stream";
+  cudaStreamDestroy(s);
+}
+
+std::atomic<bool> g_held{false};
+
+// A caller stream held by a host function until g_held is cleared (or 10 s have passed).
+cudaStream_t held_stream() {
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  g_held = true;
+  cudaLaunchHostFunc(
+      s,
+      [](void*) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (g_held && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(milliseconds(1));
+        }
+      },
+      nullptr);
+  return s;
+}
+
+// The Work of an op that cannot finish within its 300 ms timeout ends with kTimeout naming the
+// op, while the stream is still held; the group is aborted.
+TEST_F(NcclGpu, TheWorkOfAStuckOpEndsWithTimeoutNamingIt) {
+  DeviceBuffer buf(1024);
+  cudaStream_t s = held_stream();
+  AllreduceOptions o;
+  o.stream = s;
+  o.timeout = milliseconds(300);
+  const auto start = std::chrono::steady_clock::now();
+  auto work = group_->allreduce(buf.view(DType::kFloat32, 256), o);
+  try {
+    work->wait();
+    ADD_FAILURE() << "the Work of a stuck op succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allreduce #0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("did not complete within its timeout"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  EXPECT_TRUE(g_held.load()) << "the Work ended only once the stream was released";
+  EXPECT_TRUE(group_->is_aborted());
+  g_held = false;
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+}
+
+// abort() from another thread ends a pending Work with kAborted naming the op and the reason,
+// long before its 20 s timeout, and every later op too.
+TEST_F(NcclGpu, AbortFromAnotherThreadEndsAPendingWork) {
+  DeviceBuffer buf(1024);
+  cudaStream_t s = held_stream();
+  AllreduceOptions o;
+  o.stream = s;
+  auto work = group_->allreduce(buf.view(DType::kFloat32, 256), o);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    group_->abort("the test says stop");
+  });
+  try {
+    work->wait();
+    ADD_FAILURE() << "the Work of an aborted op succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allreduce #0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the test says stop"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_TRUE(g_held.load());
+  aborter.join();
+  try {
+    group_->allreduce(buf.view(DType::kFloat32, 256));
+    ADD_FAILURE() << "an op after abort ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the test says stop"), std::string::npos) << e.what();
+  }
+  g_held = false;
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
 }
 
 std::atomic<bool> g_release{false};
