@@ -1,4 +1,4 @@
-// The NCCL backend on a real GPU (ctest label "gpu"): every collective at world size 1, the
+// The NCCL backend on a real GPU (ctest label "gpu"): every op at world size 1, the
 // multi-GPU API with one device, stream ordering against the caller's stream, the Work of an op
 // (complete only once its stream has run it, async ops through the group API, a stuck op's Work
 // ending with kTimeout, abort from another thread ending a pending Work), a stuck stream
@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "reference.h"
@@ -71,10 +72,11 @@ const DType kDTypes[] = {DType::kBool,    DType::kInt8,    DType::kUInt8,  DType
                          DType::kUInt32,  DType::kInt64,   DType::kUInt64, DType::kFloat16,
                          DType::kBFloat16, DType::kFloat32, DType::kFloat64};
 
-// At one rank NCCL copies (allgather, reduce_scatter) or does nothing (in-place allreduce,
-// reduce, broadcast): this checks the plumbing of every op and dtype, not arithmetic, which
-// one GPU cannot show (NCCL refuses two ranks on one GPU). nccl_world_test checks the values at
-// world sizes 2 and 4 with several GPUs per process (on the stand-in in CI).
+// At one rank NCCL copies (allgather, reduce_scatter; alltoall, allgatherv, gather and scatter
+// copy the own block) or does nothing (in-place allreduce, reduce, broadcast): this checks the
+// plumbing of every op and dtype, not arithmetic, which one GPU cannot show (NCCL refuses two
+// ranks on one GPU). nccl_world_test checks the values at world sizes 2 and 4 with several GPUs
+// per process (on the stand-in in CI).
 TEST_F(NcclGpu, EveryCollectiveAtWorldSizeOne) {
   const int64_t n = 1003;
   for (DType dtype : kDTypes) {
@@ -115,6 +117,24 @@ TEST_F(NcclGpu, EveryCollectiveAtWorldSizeOne) {
     group_->allgather(std::vector<TensorView>{out.view(dtype, n)}, in.view(dtype, n));
     group_->synchronize(Device::cuda(0));
     expect_input(out, "allgather, list form");
+    // The ops built on grouped sends and receives: at one rank, the own block's copy.
+    const TensorView i = in.view(dtype, n), o = out.view(dtype, n);
+    const std::vector<std::pair<const char*, std::function<void()>>> copies = {
+        {"alltoall", [&] { group_->alltoall(o, i); }},
+        {"alltoall, lists", [&] { group_->alltoall(std::vector<TensorView>{o}, std::vector<TensorView>{i}); }},
+        {"alltoallv", [&] { group_->alltoallv(o, i, {n}, {n}); }},
+        {"allgatherv", [&] { group_->allgatherv(o, i, {n}); }},
+        {"gather", [&] { group_->gather(o, i); }},
+        {"gather, list", [&] { group_->gather(std::vector<TensorView>{o}, i); }},
+        {"scatter", [&] { group_->scatter(o, i); }},
+        {"scatter, list", [&] { group_->scatter(o, std::vector<TensorView>{i}); }},
+    };
+    for (const auto& [what, op] : copies) {
+      cudaMemset(out.ptr, 0, bytes);
+      op();
+      group_->synchronize(Device::cuda(0));
+      expect_input(out, what);
+    }
   }
   group_->barrier();
 }
@@ -158,44 +178,6 @@ TEST_F(NcclGpu, OrderedAfterTheCallersStream) {
   cudaStreamDestroy(s);
   cudaFreeHost(host);
   cudaFreeHost(back);
-}
-
-// At one rank alltoall, allgatherv, gather and scatter are the own block's copy: this checks
-// their plumbing (single buffers and lists) for every dtype; nccl_world_test checks the values
-// at world sizes 2 and 4.
-TEST_F(NcclGpu, TheOpsBuiltOnSendAndRecvAtWorldSizeOne) {
-  const int64_t n = 517;
-  for (DType dtype : kDTypes) {
-    SCOPED_TRACE(to_string(dtype));
-    const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
-    std::vector<uint64_t> host(bytes / 8 + 1), back(bytes / 8 + 1);
-    for (int64_t i = 0; i < n; ++i) write_value(dtype, host.data(), i, input_value(ReduceOp::kMax, dtype, 0, 1, i));
-    DeviceBuffer in(bytes), out(bytes);
-    in.upload(host.data());
-    auto expect_copied = [&](const char* what) {
-      group_->synchronize(Device::cuda(0));
-      out.download(back.data());
-      EXPECT_EQ(std::memcmp(back.data(), host.data(), bytes), 0) << what;
-      cudaMemset(out.ptr, 0, bytes);
-    };
-    const TensorView i = in.view(dtype, n), o = out.view(dtype, n);
-    group_->alltoall(o, i);
-    expect_copied("alltoall");
-    group_->alltoall(std::vector<TensorView>{o}, std::vector<TensorView>{i});
-    expect_copied("alltoall, lists");
-    group_->alltoallv(o, i, {n}, {n});
-    expect_copied("alltoallv");
-    group_->allgatherv(o, i, {n});
-    expect_copied("allgatherv");
-    group_->gather(o, i);
-    expect_copied("gather");
-    group_->gather(std::vector<TensorView>{o}, i);
-    expect_copied("gather, list");
-    group_->scatter(o, i);
-    expect_copied("scatter");
-    group_->scatter(o, std::vector<TensorView>{i});
-    expect_copied("scatter, list");
-  }
 }
 
 // The caller's stream is held 300 ms: the op's Work is not complete before then, a short wait

@@ -593,7 +593,8 @@ void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
               // Named after the oldest op still pending: the one that hangs on the error.
               const char* last = api_.GetLastError(comm);
               if (!pending_.empty()) culprit = pending_.front().work;
-              why = (culprit ? culprit->description() + " failed" : std::string("with no op pending")) +
+              why = (culprit ? culprit->description() + " failed"
+                             : std::string("with no op pending")) +
                     ": NCCL reported an asynchronous error: " + api_.GetErrorString(state) +
                     (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : "");
             }

@@ -11,7 +11,6 @@
 // communicator would also be unusable for a batch that some ranks do not join: it is made
 // collectively, by every rank of the group.
 #include <algorithm>
-#include <set>
 
 #include "nccl_api.h"
 #include "nccl_backend.h"
@@ -148,7 +147,8 @@ Backend::WorkPtr NcclBackend::batch_p2p(const std::vector<P2PRequest>& requests,
   const std::vector<Comms*> comms = pair_comms(std::move(pairs), ctx);
   std::vector<Lane> lanes;
   for (Comms* c : comms) {
-    const bool listed = std::any_of(lanes.begin(), lanes.end(), [&](const Lane& l) { return l.c == c; });
+    const bool listed =
+        std::any_of(lanes.begin(), lanes.end(), [&](const Lane& l) { return l.c == c; });
     if (!listed) lanes.push_back({c, 0});
   }
   return launch(lanes, opts, ctx, [&](Phase phase) {

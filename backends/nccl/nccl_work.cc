@@ -23,7 +23,8 @@ cudaEvent_t EventPool::take(int device) {
   cudaEvent_t e = nullptr;
   const cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
   if (r != cudaSuccess) {
-    throw Error(ErrorCode::kInternal, std::string("nccl: cudaEventCreate: ") + cudaGetErrorString(r));
+    throw Error(ErrorCode::kInternal,
+                std::string("nccl: cudaEventCreate: ") + cudaGetErrorString(r));
   }
   return e;
 }
