@@ -149,8 +149,9 @@ class TUTTI_API Backend {
 
   // Called on the members of a subgroup being split from a group of the same backend, with the
   // subgroup's context (ctx.parent is this backend). Returns the subgroup's backend when this
-  // backend can derive it cheaply (NCCL: ncclCommSplit), or null to have it made by the
-  // registered factory (the default).
+  // backend can derive it cheaply from what only the members do, or null to have it made by the
+  // registered factory (the default). Non-members are not called, so a split that needs every
+  // parent rank (NCCL's ncclCommSplit) cannot be made here; the NCCL backend keeps the default.
   virtual std::unique_ptr<Backend> split(const BackendContext& ctx);
 
   // Ends every op of this backend, running or future, with an error, promptly (well within
