@@ -476,9 +476,12 @@ WorkPtr CollectiveGroup::send(TensorView tensor, int dst_rank, const SendOptions
   auto call = begin(op, detail::signature(OpType::kSend, tensor.dtype(), tensor.numel()), opts,
                     dst_rank, /*sending=*/true);
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = one(std::move(tensor)), dst_rank, opts](
-                          Backend& b, const OpContext& ctx) {
-    return b.send(t, dst_rank, opts, ctx);
+  // The peer's device is whichever its matching recv uses (dst_device_index is for the
+  // multi-device form).
+  SendOptions o = opts;
+  o.dst_device_index = kPeerDevice;
+  return submit(call, [t = one(std::move(tensor)), dst_rank, o](Backend& b, const OpContext& ctx) {
+    return b.send(t, dst_rank, o, ctx);
   });
 }
 
@@ -490,9 +493,10 @@ WorkPtr CollectiveGroup::recv(TensorView tensor, int src_rank, const RecvOptions
   auto call = begin(op, detail::signature(OpType::kSend, tensor.dtype(), tensor.numel()), opts,
                     src_rank, /*sending=*/false);
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = one(std::move(tensor)), src_rank, opts](
-                          Backend& b, const OpContext& ctx) {
-    return b.recv(t, src_rank, opts, ctx);
+  RecvOptions o = opts;
+  o.src_device_index = kPeerDevice;
+  return submit(call, [t = one(std::move(tensor)), src_rank, o](Backend& b, const OpContext& ctx) {
+    return b.recv(t, src_rank, o, ctx);
   });
 }
 
@@ -507,10 +511,10 @@ WorkPtr CollectiveGroup::batch_isend_irecv(const std::vector<P2POp>& ops,
     s.check_tensor(op, ops[i].tensor, (what + "'s tensor").c_str());
     s.check_rank(op, ops[i].peer, (what + "'s " + (sending ? "destination" : "source") + " rank").c_str(),
                  /*allow_self=*/false);
-    if (ops[i].peer_device_index < 0) {
+    if (ops[i].peer_device_index < 0 && ops[i].peer_device_index != kPeerDevice) {
       s.fail(ErrorCode::kInvalidArgument, op,
              what + "'s peer device index " + std::to_string(ops[i].peer_device_index) +
-                 " is negative");
+                 " is negative (kPeerDevice, -1, means the peer's own choice)");
     }
   }
   auto call = begin(op, 0, opts);
