@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "tutti/export.h"
+#include "tutti/error.h"
 #include "tutti/store.h"
 #include "tutti/tensor_ref.h"
 #include "tutti/tensor_view.h"
@@ -100,7 +101,7 @@ class TUTTI_API Received {
 // dies. Movable, not copyable.
 class TUTTI_API Borrowed {
  public:
-  Borrowed() = default;
+  Borrowed();
   Borrowed(Borrowed&&) noexcept;
   Borrowed& operator=(Borrowed&&) noexcept;
   Borrowed(const Borrowed&) = delete;
