@@ -151,6 +151,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->name = std::make_shared<const std::string>(name);
   s->rank = rank;
   s->world_size = world_size;
+  s->creator_pid = static_cast<long>(::getpid());
   s->backend_name = info.name;
   s->timeout = options.timeout;
   s->global_ranks.resize(world_size);
@@ -182,6 +183,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
                                                         const SplitOptions& options) {
   State& s = *state_;
   const std::string ctx = "split of " + s.describe();
+  if (s.forked()) throw Error(ErrorCode::kInvalidUsage, ctx + ": " + s.forked_message());
   if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
   if (ranks.empty()) throw Error(ErrorCode::kInvalidArgument, ctx + ": the list of ranks is empty");
   std::vector<bool> seen(s.world_size, false);
@@ -245,6 +247,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->name = std::make_shared<const std::string>(name);
   sub->rank = sub_rank;
   sub->world_size = sub_world;
+  sub->creator_pid = static_cast<long>(::getpid());
   sub->backend_name = info.name;
   sub->timeout = timeout;
   for (int r : ranks) {
@@ -298,6 +301,8 @@ void CollectiveGroup::State::record_failure(const OpContext&, const Error& e) {
 }
 
 void CollectiveGroup::abort(const std::string& reason) {
+  // A forked child must not reach the parent's connections or segment (see destroy).
+  if (state_->forked()) return;
   if (state_->destroyed.load() && !state_->current_backend()) return;
   TUTTI_LOG_WARN("{}: abort: {}", describe(), reason);
   state_->abort(reason);
@@ -306,6 +311,14 @@ void CollectiveGroup::abort(const std::string& reason) {
 void CollectiveGroup::destroy() noexcept {
   State& s = *state_;
   if (s.destroyed.exchange(true)) return;
+  if (s.forked()) {
+    // In a forked child everything the group holds is the parent's: its threads exist only
+    // there (joining them would wait forever), closing its Gloo pairs would take the parent's
+    // sockets out of their shared epoll set, and leaving the segment or the store would tell the
+    // parent's peers that it left. The child leaves it all be: the state is kept, never freed.
+    static_cast<void>(new std::shared_ptr<State>(state_));
+    return;
+  }
   try {
     // An op running in another thread, or queued, ends now (kAborted) instead of at its
     // timeout.

@@ -73,6 +73,8 @@ struct CollectiveGroup::Call {
 CollectiveGroup::Call CollectiveGroup::begin(OpType op, uint64_t sig, const OpOptions& opts,
                                              int peer, bool sending) {
   State& s = *state_;
+  // Before the op lock: in a forked child it may be held forever by a thread of the parent.
+  if (s.forked()) s.fail(ErrorCode::kInvalidUsage, op, s.forked_message());
   const std::chrono::milliseconds timeout = resolve_timeout(opts.timeout, s.timeout);
   if (timeout.count() <= 0) {
     s.fail(ErrorCode::kInvalidArgument, op,
@@ -677,6 +679,9 @@ void CollectiveGroup::State::drain() {
 
 void CollectiveGroup::synchronize(Device device) {
   State& s = *state_;
+  if (s.forked()) {
+    throw Error(ErrorCode::kInvalidUsage, "synchronize on " + describe() + ": " + s.forked_message());
+  }
   if (s.destroyed.load()) {
     throw Error(ErrorCode::kInvalidUsage, "synchronize on " + describe() + ": the group was destroyed");
   }

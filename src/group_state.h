@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fork_watch.h"
 #include "op_queue.h"
 #include "tutti/backend.h"
 #include "tutti/collective_group.h"
@@ -43,6 +44,12 @@ struct CollectiveGroup::State {
   int max_devices = 1;
   bool runs_inline = true;
 
+  // The process that created the group (see fork_watch.h): in a forked child the group is
+  // the parent's, and refused.
+  uint64_t fork_generation = detail::fork_generation();
+  long creator_pid = 0;
+  bool forked() const { return fork_generation != detail::fork_generation(); }
+
   std::atomic<bool> destroyed{false};
   std::atomic<bool> aborted{false};
   mutable std::mutex state_mutex;  // guards abort_reason and the backend pointer
@@ -72,6 +79,7 @@ struct CollectiveGroup::State {
   // The checks (validation.cc). Each throws Error naming op, group and value.
   [[noreturn]] void fail(ErrorCode code, OpType op, const std::string& what) const;
   void check_usable(OpType op) const;
+  std::string forked_message() const;
   void check_tensor(OpType op, const TensorView& t, const char* what) const;
   void check_rank(OpType op, int value, const char* what, bool allow_self = true) const;
   void check_reduce_op(OpType op, ReduceOp reduce_op, DType dtype) const;

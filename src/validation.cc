@@ -17,7 +17,14 @@ void CollectiveGroup::State::fail(ErrorCode code, OpType op, const std::string& 
 }
 
 void CollectiveGroup::State::check_usable(OpType op) const {
+  if (forked()) fail(ErrorCode::kInvalidUsage, op, forked_message());
   if (destroyed.load()) fail(ErrorCode::kInvalidUsage, op, "the group was destroyed");
+}
+
+std::string CollectiveGroup::State::forked_message() const {
+  return "the group belongs to the parent process (pid " + std::to_string(creator_pid) +
+         "), this is a forked child; fork before creating groups, or create new ones in the "
+         "child";
 }
 
 void CollectiveGroup::State::check_tensor(OpType op, const TensorView& t, const char* what) const {

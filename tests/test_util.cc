@@ -150,6 +150,15 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
                                       std::chrono::milliseconds limit,
                                       const std::vector<std::string>& extra,
                                       const std::vector<int>& ranks_to_start) {
+  return run_workers_of(TUTTI_TEST_WORKER, scenario, world_size, store_url, limit, extra,
+                        ranks_to_start);
+}
+
+std::vector<WorkerResult> run_workers_of(const std::string& program, const std::string& scenario,
+                                         int world_size, const std::string& store_url,
+                                         std::chrono::milliseconds limit,
+                                         const std::vector<std::string>& extra,
+                                         const std::vector<int>& ranks_to_start) {
   std::vector<int> ranks = ranks_to_start;
   if (ranks.empty()) {
     for (int r = 0; r < world_size; ++r) ranks.push_back(r);
@@ -157,7 +166,7 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
   std::vector<std::vector<std::string>> argvs;
   std::vector<std::string> labels;
   for (int rank : ranks) {
-    std::vector<std::string> args = {TUTTI_TEST_WORKER, scenario, std::to_string(rank),
+    std::vector<std::string> args = {program, scenario, std::to_string(rank),
                                      std::to_string(world_size), store_url};
     args.insert(args.end(), extra.begin(), extra.end());
     argvs.push_back(std::move(args));

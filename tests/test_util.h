@@ -54,6 +54,13 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
                                       const std::vector<std::string>& extra = {},
                                       const std::vector<int>& ranks = {});
 
+// run_workers for another worker program taking the same arguments (e.g. TUTTI_FAULT_WORKER).
+std::vector<WorkerResult> run_workers_of(const std::string& program, const std::string& scenario,
+                                         int world_size, const std::string& store_url,
+                                         std::chrono::milliseconds limit,
+                                         const std::vector<std::string>& extra = {},
+                                         const std::vector<int>& ranks = {});
+
 // Runs a command line to completion (at most `limit`), returning its exit status and output.
 // `env` adds "NAME=value" entries to this process's environment for the child.
 WorkerResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds limit,

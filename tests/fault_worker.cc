@@ -1,0 +1,205 @@
+// A rank of a fault-injection scenario (tests/fault_test.cc), started as a real process:
+//   tutti_fault_worker <scenario> <rank> <world_size> <store_url> [key=value...]
+// Keys: backend (gloo), timeout (ms, the group's), name (the group's), and what a scenario reads.
+// Exits 0 when every check of the scenario held, 1 with a message on stderr otherwise. Lines
+// "FIGURE <what> <value>" report measurements to the test (and to docs/RELIABILITY.md).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tutti/tutti.h"
+
+using namespace tutti;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+struct Args {
+  std::string scenario;
+  int rank = 0;
+  int world = 1;
+  std::string store_url;
+  std::map<std::string, std::string> kv;
+
+  std::string get(const std::string& key, const std::string& fallback = "") const {
+    auto it = kv.find(key);
+    return it == kv.end() ? fallback : it->second;
+  }
+  long num(const std::string& key, long fallback) const {
+    auto it = kv.find(key);
+    return it == kv.end() ? fallback : std::atol(it->second.c_str());
+  }
+  std::string backend() const { return get("backend", "gloo"); }
+  std::string name() const { return get("name", "faulty"); }
+  milliseconds timeout() const { return milliseconds(num("timeout", 10000)); }
+  GroupOptions options() const {
+    GroupOptions o;
+    o.store_url = store_url;
+    o.timeout = timeout();
+    return o;
+  }
+};
+
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("check failed: " + what);
+}
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Runs fn, which must throw a tutti::Error with one of `codes` and every needle in its message.
+Error expect_error(const std::function<void()>& fn, std::vector<ErrorCode> codes,
+                   const std::vector<std::string>& needles) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    bool code_ok = false;
+    for (ErrorCode c : codes) code_ok |= e.code() == c;
+    require(code_ok, std::string("unexpected error code ") + to_string(e.code()) + ": " + what);
+    for (const auto& n : needles) {
+      require(what.find(n) != std::string::npos, "message lacks '" + n + "': " + what);
+    }
+    std::fprintf(stderr, "expected error: %s\n", what.c_str());
+    return e;
+  }
+  throw std::runtime_error("expected a tutti::Error, the call succeeded");
+}
+
+// Waits for a child process at most `limit`; its exit code, 128 + signal, or -1 on overrun
+// (then it is killed).
+int wait_child(pid_t pid, milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// fork (A.1, A.2, A.3): rank 0 forks while its peer waits in an allreduce. The child's ops fail
+// with kInvalidUsage before any I/O, its destroy and its exit return at once, and it may create
+// groups of its own; the parent's groups keep working with the right data, through several
+// children (one destroys the inherited group, one leaves it to the exit hook).
+// ---------------------------------------------------------------------------------------------
+int child_of_fork(bool destroy_first) {
+  ::alarm(10);  // a hang in the child shows as SIGALRM, not as a stuck test
+  try {
+    const std::string name = "forked";
+    std::vector<float> v(1000, 100.0f);
+    expect_error([&] { allreduce(v, name); }, {ErrorCode::kInvalidUsage},
+                 {"allreduce on group 'forked' (rank 0/2)", "belongs to the parent process",
+                  "fork before creating groups"});
+    expect_error([&] { get_group(name)->barrier(); }, {ErrorCode::kInvalidUsage},
+                 {"belongs to the parent process"});
+    // A group of the child's own works.
+    init_collective_group(1, 0, "gloo", "child-own");
+    std::vector<int32_t> w(4, 7);
+    allreduce(w, "child-own");
+    require(w[0] == 7, "the child's own group");
+    destroy_collective_group("child-own");
+    if (destroy_first) {
+      const auto start = Clock::now();
+      destroy_collective_group(name);
+      require(ms_since(start) < 1000, "the child's destroy returned at once");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child FAILED: %s\n", e.what());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  std::fflush(stderr);
+  std::exit(0);  // through the exit hook, which must skip the parent's resources
+}
+
+void scenario_fork(const Args& a) {
+  require(a.world == 2, "fork runs with 2 ranks");
+  const std::string name = "forked";
+  auto store = open_store(a.store_url, milliseconds(30000));
+  init_collective_group(2, a.rank, a.backend(), name, a.options());
+  for (int round = 0; round < 3; ++round) {
+    const std::string phase = "round" + std::to_string(round);
+    std::vector<float> v(1000, static_cast<float>(a.rank + 1 + 10 * round));
+    const float want = static_cast<float>(3 + 20 * round);
+    if (a.rank == 1) {
+      // Waits in the allreduce while rank 0's child tries to take part in it.
+      store->set(phase + "/rank1-calls", "1");
+      allreduce(v, name);
+    } else {
+      store->wait({phase + "/rank1-calls"});
+      std::this_thread::sleep_for(milliseconds(50));  // rank 1 is inside its allreduce
+      const pid_t pid = ::fork();
+      require(pid >= 0, "fork");
+      if (pid == 0) child_of_fork(/*destroy_first=*/round % 2 == 0);
+      const int status = wait_child(pid, milliseconds(15000));
+      require(status == 0, "the child ended with status " + std::to_string(status) +
+                               " (142: SIGALRM, a hang; -1: overran)");
+      allreduce(v, name);
+    }
+    for (float x : v) require(x == want, "allreduce after a fork: " + std::to_string(x));
+  }
+  // More ops after the children are gone: the parent's connections and segment are intact.
+  for (int i = 0; i < 20; ++i) {
+    std::vector<int64_t> w(70000, a.rank + i);
+    allreduce(w, name);
+    for (int64_t x : {w[0], w[69999]}) require(x == 2 * i + 1, "allreduce after the children");
+  }
+  destroy_collective_group(name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::map<std::string, void (*)(const Args&)> scenarios = {
+      {"fork", scenario_fork},
+  };
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [key=value...]\n",
+                 argv[0]);
+    return 2;
+  }
+  Args a;
+  a.scenario = argv[1];
+  a.rank = std::atoi(argv[2]);
+  a.world = std::atoi(argv[3]);
+  a.store_url = argv[4];
+  for (int i = 5; i < argc; ++i) {
+    const char* eq = std::strchr(argv[i], '=');
+    if (eq == nullptr) {
+      std::fprintf(stderr, "argument '%s' is not key=value\n", argv[i]);
+      return 2;
+    }
+    a.kv[std::string(argv[i], static_cast<size_t>(eq - argv[i]))] = eq + 1;
+  }
+  auto it = scenarios.find(a.scenario);
+  if (it == scenarios.end()) {
+    std::fprintf(stderr, "unknown scenario '%s'\n", a.scenario.c_str());
+    return 2;
+  }
+  try {
+    it->second(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d FAILED: %s\n", a.rank, e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "rank %d OK\n", a.rank);
+  return 0;
+}
