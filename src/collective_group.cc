@@ -13,6 +13,7 @@
 #include "group_util.h"
 #include "host_identity.h"
 #include "logging.h"
+#include "op_check.h"
 #include "rendezvous.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"
@@ -107,6 +108,8 @@ std::string CollectiveGroup::describe() const { return state_->describe(); }
 
 bool CollectiveGroup::is_aborted() const { return state_->aborted.load(); }
 
+void CollectiveGroup::issue_from_this_thread() { state_->take_thread(); }
+
 std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int rank,
                                                          std::string_view backend,
                                                          std::string_view group_name,
@@ -162,6 +165,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->owns_store = choice.owned;
   s->scope = m.scope;
   s->join_record = mine.encode();
+  s->check_ops = options.check_ops || detail::check_ops_from_env();
+  s->take_thread();
   s->instance = detail::escape_name(choice.job_id.empty() ? "nojob" : choice.job_id) + "." +
                 detail::escape_name(name) + "." + std::to_string(m.incarnation);
   if (auto* tcp = dynamic_cast<TCPStore*>(s->store.get()); tcp != nullptr && s->owns_store) {
@@ -259,6 +264,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->owns_store = false;  // the parent's: it leaves the store, the subgroup only uses it
   sub->scope = m.scope;
   sub->join_record = mine.encode();
+  sub->check_ops = s.check_ops;
+  sub->take_thread();
   sub->instance = s.instance + ".s" + std::to_string(n);
   BackendContext bctx = backend_context(*sub);
   if (info.name == s.backend_name) bctx.parent = s.backend.get();

@@ -50,6 +50,13 @@ struct CollectiveGroup::State {
   long creator_pid = 0;
   bool forked() const { return fork_generation != detail::fork_generation(); }
 
+  // The thread that issues the group's ops (see collective_group.h, "Threads"): a token that
+  // expires when that thread ends, and its serial number for the fast path.
+  std::mutex owner_mutex;
+  std::weak_ptr<const void> owner;
+  std::atomic<uint64_t> owner_serial{0};
+  bool check_ops = false;  // compare fingerprints before each collective (op_check.h)
+
   std::atomic<bool> destroyed{false};
   std::atomic<bool> aborted{false};
   mutable std::mutex state_mutex;  // guards abort_reason and the backend pointer
@@ -79,6 +86,11 @@ struct CollectiveGroup::State {
   // The checks (validation.cc). Each throws Error naming op, group and value.
   [[noreturn]] void fail(ErrorCode code, OpType op, const std::string& what) const;
   void check_usable(OpType op) const;
+  // Fails unless the calling thread issues this group's ops (taking them over when the thread
+  // that did has ended).
+  void check_thread(OpType op);
+  // Makes the calling thread the one that issues this group's ops.
+  void take_thread();
   std::string forked_message() const;
   void check_tensor(OpType op, const TensorView& t, const char* what) const;
   void check_rank(OpType op, int value, const char* what, bool allow_self = true) const;
@@ -106,9 +118,6 @@ struct CollectiveGroup::State {
 };
 
 namespace detail {
-
-// A 64-bit hash of an op's signature: ranks that call mismatched ops get different tags.
-uint64_t signature(OpType op, DType dtype, int64_t count, int64_t root = -1, int reduce_op = -1);
 
 // The tag of point-to-point message `seq` from rank src to rank dst of signature `sig`.
 uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst);

@@ -45,6 +45,13 @@ TEST_P(Faults, AForkedChildLeavesTheParentsGroupsAlone) {
                     milliseconds(60000), {backend(), "timeout=10000"}));
 }
 
+// A.4: two threads issuing same-signature ops on one group never swap their data.
+TEST_P(Faults, TwoThreadsOnOneGroupNeverMixTheirData) {
+  TempDir dir;
+  expect_all_ok(run("threads", 2, "file://" + dir.path() + "/store", milliseconds(60000),
+                    {backend(), "timeout=10000"}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("gloo", "shm"),
                          [](const auto& info) { return info.param; });
 

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -165,11 +166,100 @@ void scenario_fork(const Args& a) {
   destroy_collective_group(name);
 }
 
+// ---------------------------------------------------------------------------------------------
+// threads (A.4): two threads each issue 200 same-signature allreduces on one group at once.
+// Thread t of rank r contributes 1000 t + r + 1, so each thread knows its right sum; a result
+// that is anything else is another thread's data. Errors are fine, wrong data is not.
+// ---------------------------------------------------------------------------------------------
+struct ThreadTally {
+  int right = 0, wrong = 0, refused = 0, other = 0;
+};
+
+ThreadTally hammer(CollectiveGroup& g, int t, int world, int iterations, bool take_over) {
+  ThreadTally tally;
+  if (take_over) g.issue_from_this_thread();
+  const int32_t want = 1000 * t * world + world * (world + 1) / 2;
+  for (int i = 0; i < iterations; ++i) {
+    std::vector<int32_t> v(256, 1000 * t + g.rank() + 1);
+    try {
+      g.allreduce(v);
+      bool ok = true;
+      for (int32_t x : v) ok &= x == want;
+      (ok ? tally.right : tally.wrong)++;
+    } catch (const Error& e) {
+      (e.code() == ErrorCode::kInvalidUsage ? tally.refused : tally.other)++;
+    }
+  }
+  return tally;
+}
+
+void scenario_threads(const Args& a) {
+  const std::string name = a.name();
+  init_collective_group(a.world, a.rank, a.backend(), name, a.options());
+  auto g = get_group(name);
+  const int n = static_cast<int>(a.num("iterations", 200));
+  // 1. Two threads at once on a group the main thread created: both are refused, never mixed.
+  {
+    ThreadTally t0, t1;
+    std::thread x([&] { t0 = hammer(*g, 0, a.world, n, false); });
+    std::thread y([&] { t1 = hammer(*g, 1, a.world, n, false); });
+    x.join();
+    y.join();
+    std::printf("FIGURE threads-%s two-threads right=%d wrong=%d refused=%d other=%d\n",
+                a.backend().c_str(), t0.right + t1.right, t0.wrong + t1.wrong,
+                t0.refused + t1.refused, t0.other + t1.other);
+    require(t0.wrong + t1.wrong == 0, "no thread got another thread's data");
+    require(t0.other + t1.other == 0, "refusals only (kInvalidUsage), no failed op");
+  }
+  // 2. One thread takes the group over while the other keeps trying: the first gets every
+  //    result right, the second is refused every time. Once the first has ended, a single
+  //    thread takes the group over by issuing an op.
+  {
+    ThreadTally t0, t1, t2;
+    std::atomic<int> step{0};
+    std::thread x([&] {
+      g->issue_from_this_thread();
+      step = 1;
+      t0 = hammer(*g, 0, a.world, n, false);
+      while (step != 2) std::this_thread::sleep_for(milliseconds(1));  // y is done
+    });
+    while (step != 1) std::this_thread::sleep_for(milliseconds(1));
+    std::thread y([&] {
+      t1 = hammer(*g, 1, a.world, n, false);
+      step = 2;
+    });
+    x.join();
+    y.join();
+    std::thread z([&] { t2 = hammer(*g, 1, a.world, n / 4, false); });
+    z.join();
+    std::printf("FIGURE threads-%s takeover x=%d/%d/%d/%d y=%d/%d/%d/%d z=%d/%d/%d/%d "
+                "(right/wrong/refused/other)\n",
+                a.backend().c_str(), t0.right, t0.wrong, t0.refused, t0.other, t1.right,
+                t1.wrong, t1.refused, t1.other, t2.right, t2.wrong, t2.refused, t2.other);
+    require(t0.right == n, "the thread that took the group over: all right");
+    require(t1.refused == n, "the other thread: refused while x held the group");
+    require(t2.right == n / 4, "the thread that came after: all right");
+  }
+  // 3. Async ops from one thread stay fine.
+  {
+    g->issue_from_this_thread();
+    std::vector<std::vector<int32_t>> bufs(50, std::vector<int32_t>(300, a.rank + 1));
+    std::vector<std::shared_ptr<Work>> works;
+    AllreduceOptions o;
+    o.async_op = true;
+    for (auto& b : bufs) works.push_back(g->allreduce(b, o));
+    for (auto& w : works) w->wait();
+    for (auto& b : bufs) require(b[299] == a.world * (a.world + 1) / 2, "async allreduce");
+  }
+  destroy_collective_group(name);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::map<std::string, void (*)(const Args&)> scenarios = {
       {"fork", scenario_fork},
+      {"threads", scenario_threads},
   };
   if (argc < 5) {
     std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [key=value...]\n",
