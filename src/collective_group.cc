@@ -295,7 +295,7 @@ void CollectiveGroup::State::abort(const std::string& reason) {
   }
 }
 
-void CollectiveGroup::State::record_failure(const OpContext&, const Error& e) {
+void CollectiveGroup::State::record_failure(const OpContext& ctx, const Error& e) {
   if (!aborts_group(e.code())) return;
   bool first = false;
   {
@@ -303,8 +303,16 @@ void CollectiveGroup::State::record_failure(const OpContext&, const Error& e) {
     first = abort_reason.empty();
   }
   // The message already names the op and the group.
-  if (first) TUTTI_LOG_ERROR("aborting {}: {}", describe(), e.what());
-  abort(e.what());
+  if (first) TUTTI_LOG_ERROR("{}; aborting the group", e.what());
+  // The reason goes into messages that name the group (and, through the backend, other ranks'
+  // messages that name theirs): it names the op, not the group again.
+  std::string reason = e.what();
+  const std::string prefix = ctx.description() + ": ";
+  if (reason.compare(0, prefix.size(), prefix) == 0) {
+    reason = std::string(to_string(ctx.op)) + " #" + std::to_string(ctx.seq) + " failed: " +
+             reason.substr(prefix.size());
+  }
+  abort(reason);
 }
 
 void CollectiveGroup::abort(const std::string& reason) {
