@@ -169,6 +169,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->take_thread();
   s->instance = detail::escape_name(choice.job_id.empty() ? "nojob" : choice.job_id) + "." +
                 detail::escape_name(name) + "." + std::to_string(m.incarnation);
+  s->recorder = detail::FlightRecorder::create({name, s->instance, rank, world_size, info.name});
   if (auto* tcp = dynamic_cast<TCPStore*>(s->store.get()); tcp != nullptr && s->owns_store) {
     // The host learns of this rank's departure even if the process dies (see leave_store).
     try {
@@ -267,6 +268,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->check_ops = s.check_ops;
   sub->take_thread();
   sub->instance = s.instance + ".s" + std::to_string(n);
+  sub->recorder =
+      detail::FlightRecorder::create({name, sub->instance, sub_rank, sub_world, info.name});
   BackendContext bctx = backend_context(*sub);
   if (info.name == s.backend_name) bctx.parent = s.backend.get();
   attach_backend(*sub, info, std::move(bctx), sub_ctx);
@@ -281,18 +284,24 @@ std::shared_ptr<Backend> CollectiveGroup::State::current_backend() const {
 
 void CollectiveGroup::State::abort(const std::string& reason) {
   std::shared_ptr<Backend> b;
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(state_mutex);
-    if (abort_reason.empty()) abort_reason = reason;
+    first = abort_reason.empty();
+    if (first) abort_reason = reason;
     aborted.store(true);
     b = backend;
   }
-  if (!b) return;
-  try {
-    b->abort(reason);
-  } catch (const std::exception& e) {
-    TUTTI_LOG_WARN("aborting {}: {}", describe(), e.what());
+  if (b) {
+    try {
+      b->abort(reason);
+    } catch (const std::exception& e) {
+      TUTTI_LOG_WARN("aborting {}: {}", describe(), e.what());
+    }
   }
+  // After the backend's abort: ops that it ended are on record as failed by the time of the
+  // dump more often (the dump never waits for them).
+  if (first && recorder) recorder->dump("aborted: " + reason);
 }
 
 void CollectiveGroup::State::record_failure(const OpContext& ctx, const Error& e) {

@@ -61,6 +61,33 @@ std::exception_ptr aborted_error(const CollectiveGroup::State& s, const OpContex
                 "); destroy it and initialise it again"));
 }
 
+// The flight recorder's view of an op (see flight_recorder.h); no-ops when it is off.
+void note_start(const CollectiveGroup::State& s, uint64_t record) {
+  if (s.recorder) s.recorder->start(record);
+}
+
+void note_finish(const CollectiveGroup::State& s, uint64_t record, const char* error = nullptr) {
+  if (!s.recorder) return;
+  if (error == nullptr) {
+    s.recorder->finish(record, nullptr);
+  } else {
+    const std::string text = error;
+    s.recorder->finish(record, &text);
+  }
+}
+
+const char* what_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    static thread_local std::string text;
+    text = e.what();
+    return text.c_str();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 // Counts an op as running inside the backend for as long as it lives.
 class Running {
  public:
@@ -81,6 +108,7 @@ struct CollectiveGroup::Call {
   bool skip = false;   // zero elements: nothing to move
   bool async = false;
   bool p2p = false;    // a send, a recv or a batch of them
+  uint64_t record = 0;  // its entry in the flight recorder
   // Set when the ranks compare their ops' fingerprints before each collective.
   std::optional<detail::Fingerprint> fingerprint;
 };
@@ -137,6 +165,7 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
   if (s.check_ops && !call.p2p && s.runs_inline && s.world_size > 1) {
     call.fingerprint = detail::fingerprint(seq, sig, shape);
   }
+  if (s.recorder) call.record = s.recorder->issue(call.ctx, peer);
   return call;
 }
 
@@ -148,7 +177,10 @@ CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
     // Nothing to move. A CPU collective still meets its peers, as a barrier under the op's own
     // tag, so that a rank alone in calling it with no elements fails as any mismatch does
     // instead of returning at once; messages and GPU ops complete at once.
-    if (call.p2p || !state_->runs_inline) return Work::completed(call.ctx);
+    if (call.p2p || !state_->runs_inline) {
+      note_finish(*state_, call.record);
+      return Work::completed(call.ctx);
+    }
     return run(call, [](Backend& b, const OpContext& ctx) {
       return b.barrier(BarrierOptions{}, ctx);
     });
@@ -166,21 +198,27 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
     s.queued.fetch_add(1);
     State* state = &s;
     s.queue.push([state, work, ctx = call.ctx, fingerprint = call.fingerprint,
-                  fn = std::decay_t<Issue>(std::forward<Issue>(issue))] {
+                  record = call.record, fn = std::decay_t<Issue>(std::forward<Issue>(issue))] {
       if (state->aborted.load() || state->destroyed.load()) {
-        work->finish(aborted_error(*state, ctx));
+        auto error = aborted_error(*state, ctx);
+        note_finish(*state, record, what_of(error));
+        work->finish(error);
       } else {
+        note_start(*state, record);
         try {
           Running running(state->running);
           if (fingerprint) detail::check_fingerprints(*state->backend, ctx, *fingerprint);
           WorkPtr inner = fn(*state->backend, ctx);
           if (inner) inner->wait();
+          note_finish(*state, record);
           work->finish();
         } catch (const Error& e) {
+          note_finish(*state, record, e.what());
           state->record_failure(ctx, e);
           work->finish(std::current_exception());
         } catch (const std::exception& e) {
           Error wrapped(ErrorCode::kInternal, ctx.description() + ": " + e.what());
+          note_finish(*state, record, wrapped.what());
           state->record_failure(ctx, wrapped);
           work->finish(std::make_exception_ptr(wrapped));
         }
@@ -192,24 +230,32 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
     return work;
   }
   WorkPtr work;
+  note_start(s, call.record);
   try {
     Running running(s.running);
     if (call.fingerprint) detail::check_fingerprints(*s.backend, call.ctx, *call.fingerprint);
     work = issue(*s.backend, call.ctx);
   } catch (const Error& e) {
+    note_finish(s, call.record, e.what());
     s.record_failure(call.ctx, e);
     throw;
   } catch (const std::exception& e) {
     Error wrapped(ErrorCode::kInternal, call.ctx.description() + ": " + e.what());
+    note_finish(s, call.record, wrapped.what());
     s.record_failure(call.ctx, wrapped);
     throw wrapped;
   }
-  if (!work) return Work::completed(call.ctx);
+  if (!work) {
+    note_finish(s, call.record);
+    return Work::completed(call.ctx);
+  }
   // It completes later (a GPU op): its failure aborts the group as a synchronous one would.
   std::weak_ptr<State> weak = state_;
-  work->on_finish([weak, ctx = call.ctx](const std::exception_ptr& error) {
+  work->on_finish([weak, ctx = call.ctx, record = call.record](const std::exception_ptr& error) {
     auto state = weak.lock();
-    if (!error || !state) return;
+    if (!state) return;
+    note_finish(*state, record, error ? what_of(error) : nullptr);
+    if (!error) return;
     try {
       std::rethrow_exception(error);
     } catch (const Error& e) {

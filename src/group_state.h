@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "flight_recorder.h"
 #include "fork_watch.h"
 #include "op_queue.h"
 #include "tutti/backend.h"
@@ -56,6 +57,7 @@ struct CollectiveGroup::State {
   std::weak_ptr<const void> owner;
   std::atomic<uint64_t> owner_serial{0};
   bool check_ops = false;  // compare fingerprints before each collective (op_check.h)
+  std::shared_ptr<detail::FlightRecorder> recorder;  // null when turned off
 
   std::atomic<bool> destroyed{false};
   std::atomic<bool> aborted{false};

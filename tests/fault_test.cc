@@ -52,6 +52,24 @@ TEST_P(Faults, TwoThreadsOnOneGroupNeverMixTheirData) {
                     {backend(), "timeout=10000"}));
 }
 
+// The flight recorder: ranks 0 and 1 time out in allreduce #5 (their aborts dump), rank 2 never
+// called it (SIGUSR1 dumps it); tutti-flight names rank 2 as behind, on allreduce #5.
+TEST_P(Faults, TheFlightRecorderShowsWhichRankIsBehind) {
+  TempDir dir;
+  expect_all_ok(run("flight", 3, "file://" + dir.path() + "/store", milliseconds(60000),
+                    {backend(), "timeout=1000", "dir=" + dir.path() + "/flight"}));
+  WorkerResult merged = run_command({TUTTI_FLIGHT, dir.path() + "/flight"}, milliseconds(10000));
+  EXPECT_EQ(merged.exit_code, 0) << merged.output;
+  EXPECT_NE(merged.output.find("rank 2 is behind: ranks 0, 1 reached allreduce #5 "
+                               "(allreduce float32[1000] sum)"),
+            std::string::npos)
+      << merged.output;
+  EXPECT_NE(merged.output.find("rank 2 has not issued it (its last collective: allreduce #4"),
+            std::string::npos)
+      << merged.output;
+  std::printf("%s", merged.output.c_str());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("gloo", "shm"),
                          [](const auto& info) { return info.param; });
 

@@ -3,6 +3,7 @@
 // Keys: backend (gloo), timeout (ms, the group's), name (the group's), and what a scenario reads.
 // Exits 0 when every check of the scenario held, 1 with a message on stderr otherwise. Lines
 // "FIGURE <what> <value>" report measurements to the test (and to docs/RELIABILITY.md).
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -254,12 +255,66 @@ void scenario_threads(const Args& a) {
   destroy_collective_group(name);
 }
 
+// ---------------------------------------------------------------------------------------------
+// flight: the flight recorder. Five allreduces, then rank 2 stops taking part: it asks for a
+// dump on demand (SIGUSR1) while ranks 0 and 1 time out in allreduce #5, which dumps theirs.
+// The test then runs tutti-flight over the directory.
+// ---------------------------------------------------------------------------------------------
+std::vector<std::string> files_in(const std::string& dir, const std::string& needle) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.find(needle) != std::string::npos) out.push_back(dir + "/" + name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+void scenario_flight(const Args& a) {
+  require(a.world == 3, "flight runs with 3 ranks");
+  const std::string dir = a.get("dir");
+  ::setenv("TUTTI_FLIGHT_RECORDER_DIR", dir.c_str(), 1);
+  const std::string name = a.name();
+  auto store = open_store(a.store_url, milliseconds(30000));
+  init_collective_group(3, a.rank, a.backend(), name, a.options());
+  for (int i = 0; i < 5; ++i) {
+    std::vector<float> v(1000, 1.0f);
+    allreduce(v, name);
+    require(v[0] == 3.0f, "allreduce");
+  }
+  if (a.rank == 2) {
+    ::raise(SIGUSR1);
+    const auto start = Clock::now();
+    std::vector<std::string> mine;
+    while (ms_since(start) < 5000 && (mine = files_in(dir, ".rank2.txt")).empty()) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    require(!mine.empty(), "SIGUSR1 wrote rank 2's dump");
+    std::printf("FIGURE flight-%s signal dump after %.1f ms\n", a.backend().c_str(),
+                ms_since(start));
+    store->wait({"timed-out/0", "timed-out/1"});
+  } else {
+    std::vector<float> v(1000, 1.0f);
+    expect_error([&] { allreduce(v, name); },
+                 {ErrorCode::kTimeout, ErrorCode::kRemoteError, ErrorCode::kIoError},
+                 {"allreduce #5"});
+    // The abort dumped this rank's record.
+    require(!files_in(dir, ".rank" + std::to_string(a.rank) + ".txt").empty(),
+            "the abort wrote this rank's dump");
+    store->set("timed-out/" + std::to_string(a.rank), "1");
+  }
+  destroy_collective_group(name);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::map<std::string, void (*)(const Args&)> scenarios = {
       {"fork", scenario_fork},
       {"threads", scenario_threads},
+      {"flight", scenario_flight},
   };
   if (argc < 5) {
     std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [key=value...]\n",
