@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -308,6 +309,110 @@ void scenario_flight(const Args& a) {
   destroy_collective_group(name);
 }
 
+// ---------------------------------------------------------------------------------------------
+// crash (world 3): every rank loops allreduces of `size` int32; a few ops in, rank 2 dies in the
+// middle of one (how = kill: SIGKILL, term: SIGTERM, exit: exit(1) from another thread, abort:
+// abort()). The survivors must fail with an error naming a rank within `bound` ms of the death
+// (not at the 20 s op timeout), never be killed (SIGPIPE included: it is at its default here,
+// as tutti-run leaves it), then re-create the group under the same name with a restarted
+// rank 2 (which rank 0 starts) and get the right sum.
+// ---------------------------------------------------------------------------------------------
+int64_t wall_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void die(const std::string& how) {
+  if (how == "kill") ::raise(SIGKILL);
+  if (how == "term") ::raise(SIGTERM);
+  if (how == "exit") std::exit(1);
+  std::abort();
+}
+
+// Rank 2 of the group again, after the crash.
+void scenario_rejoin(const Args& a) {
+  init_collective_group(a.world, a.rank, a.backend(), a.name(), a.options());
+  std::vector<int32_t> v(1000, a.rank + 1);
+  allreduce(v, a.name());
+  require(v[999] == a.world * (a.world + 1) / 2, "allreduce after re-creating the group");
+  destroy_collective_group(a.name());
+}
+
+void scenario_crash(const Args& a) {
+  require(a.world == 3, "crash runs with 3 ranks");
+  ::signal(SIGPIPE, SIG_DFL);  // what tutti-run gives its ranks
+  const std::string name = a.name(), how = a.get("how", "kill");
+  const int64_t size = a.num("size", 262144);
+  const double bound = static_cast<double>(a.num("bound", 2000));
+  auto store = open_store(a.store_url, milliseconds(30000));
+  init_collective_group(3, a.rank, a.backend(), name, a.options());
+  auto group = get_group(name);
+  if (a.rank == 2) {
+    std::thread([&a, how] {
+      std::this_thread::sleep_for(milliseconds(20 + ::getpid() % 7));
+      auto mine = open_store(a.store_url, milliseconds(5000));
+      mine->set("dying_us", std::to_string(wall_us()));
+      die(how);
+    }).detach();
+  }
+  std::vector<int32_t> v(static_cast<size_t>(size));
+  int done = 0;
+  while (true) {
+    std::fill(v.begin(), v.end(), a.rank + 1);
+    try {
+      group->allreduce(v);
+    } catch (const Error& e) {
+      const int64_t failed_us = wall_us();
+      if (a.rank == 2) {
+        // exit(1): the exit hook destroyed the group under this op. Wait for the end.
+        while (true) ::pause();
+      }
+      const std::string what = e.what();
+      std::fprintf(stderr, "rank %d: %s: %s\n", a.rank, to_string(e.code()), what.c_str());
+      require(e.code() == ErrorCode::kIoError || e.code() == ErrorCode::kRemoteError,
+              "an I/O or remote error");
+      require(what.find("allreduce #") != std::string::npos, "names the op");
+      require(what.find("rank 2") != std::string::npos ||
+                  what.find("rank " + std::to_string(1 - a.rank)) != std::string::npos,
+              "names the dead rank, or the survivor that passed its death on");
+      const double ms = (failed_us - std::stoll(store->get("dying_us"))) / 1000.0;
+      std::printf("FIGURE crash %s %s rank %d error_after_ms=%.1f code=%s after %d ops: %s\n",
+                  a.backend().c_str(), how.c_str(), a.rank, ms, to_string(e.code()), done,
+                  what.c_str());
+      require(ms < bound, "failed within " + std::to_string(static_cast<int>(bound)) +
+                              " ms of the death, not at the op timeout");
+      break;
+    }
+    for (int32_t x : {v.front(), v.back()}) require(x == 6, "allreduce sum " + std::to_string(x));
+    ++done;
+    require(done < 100000, "rank 2 never died");
+  }
+  destroy_collective_group(name);
+  // The same name again, with rank 2 restarted.
+  pid_t replacement = -1;
+  if (a.rank == 0) {
+    std::vector<std::string> args = {"/proc/self/exe", "rejoin", "2", "3", a.store_url};
+    for (const auto& [k, val] : a.kv) args.push_back(k + "=" + val);
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    replacement = ::fork();
+    if (replacement == 0) {
+      ::execv("/proc/self/exe", argv.data());
+      std::_Exit(127);
+    }
+  }
+  const auto start = Clock::now();
+  scenario_rejoin(a);
+  std::printf("FIGURE crash %s %s rank %d recreated_ms=%.1f\n", a.backend().c_str(), how.c_str(),
+              a.rank, ms_since(start));
+  if (a.rank == 0) {
+    const int status = wait_child(replacement, milliseconds(30000));
+    require(status == 0, "the restarted rank 2 ended with status " + std::to_string(status));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -315,6 +420,8 @@ int main(int argc, char** argv) {
       {"fork", scenario_fork},
       {"threads", scenario_threads},
       {"flight", scenario_flight},
+      {"crash", scenario_crash},
+      {"rejoin", scenario_rejoin},
   };
   if (argc < 5) {
     std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [key=value...]\n",
