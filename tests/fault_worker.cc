@@ -46,7 +46,9 @@ struct Args {
   }
   std::string backend() const { return get("backend", "gloo"); }
   std::string name() const { return get("name", "faulty"); }
-  milliseconds timeout() const { return milliseconds(num("timeout", 10000)); }
+  milliseconds timeout() const {
+    return get("timeout") == "max" ? milliseconds::max() : milliseconds(num("timeout", 10000));
+  }
   GroupOptions options() const {
     GroupOptions o;
     o.store_url = store_url;
@@ -413,6 +415,265 @@ void scenario_crash(const Args& a) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// cycles: init, allreduce, destroy, `cycles` times under one name through one store. From the
+// `warm`-th cycle on, this process's open fds and threads stay exactly flat, and its resident
+// memory within `rss_slack_kb`.
+// ---------------------------------------------------------------------------------------------
+struct Usage {
+  int fds = 0, threads = 0;
+  long rss_kb = 0;
+};
+
+int entries_in(const char* dir) {
+  int n = 0;
+  if (DIR* d = ::opendir(dir)) {
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+Usage usage() {
+  Usage u;
+  u.fds = entries_in("/proc/self/fd") - 1;  // the directory being read
+  u.threads = entries_in("/proc/self/task");
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  u.rss_kb = resident * (::sysconf(_SC_PAGESIZE) / 1024);
+  return u;
+}
+
+void scenario_cycles(const Args& a) {
+  const std::string name = a.name();
+  const int cycles = static_cast<int>(a.num("cycles", 1000));
+  const int warm = static_cast<int>(a.num("warm", 100));
+  const long slack = a.num("rss_slack_kb", 8192);
+  GroupOptions o = a.options();
+  o.job_id = a.get("job");
+  Usage base;
+  const auto start = Clock::now();
+  auto warm_at = start;
+  for (int c = 0; c < cycles; ++c) {
+    if (c == warm) {
+      base = usage();
+      warm_at = Clock::now();
+    }
+    init_collective_group(a.world, a.rank, a.backend(), name, o);
+    std::vector<int32_t> v(100, a.rank + 1 + c);
+    allreduce(v, name);
+    const int32_t want = a.world * (a.world + 1) / 2 + a.world * c;
+    require(v[0] == want && v[99] == want, "allreduce in cycle " + std::to_string(c));
+    destroy_collective_group(name);
+  }
+  const Usage end = usage();
+  const double per_cycle = ms_since(warm_at) / std::max(1, cycles - warm);
+  std::printf("FIGURE cycles %s %s rank %d: %d cycles, %.2f ms each; fds %d -> %d, threads %d "
+              "-> %d, rss %ld -> %ld kB\n",
+              a.backend().c_str(), a.get("store_kind").c_str(), a.rank, cycles, per_cycle,
+              base.fds, end.fds, base.threads, end.threads, base.rss_kb, end.rss_kb);
+  // The store server closes its side of a departed client's connection on its own thread, so
+  // the count at one instant may be off by a socket or two; a leak grows with the cycles.
+  require(end.fds <= base.fds + 2, "open fds stay flat");
+  require(end.threads == base.threads, "threads stay flat");
+  require(end.rss_kb - base.rss_kb < slack, "resident memory stays flat");
+}
+
+// ---------------------------------------------------------------------------------------------
+// mismatch (world 2, no op check): rank 1 calls another count, dtype, op or root than rank 0,
+// or skips a broadcast. Both fail with a named error within timeout + 2 s, never with rank 0's
+// and rank 1's data mixed; the group is destroyed and created again under its name for the next
+// case.
+// ---------------------------------------------------------------------------------------------
+void scenario_mismatch(const Args& a) {
+  require(a.world == 2, "mismatch runs with 2 ranks");
+  const std::string name = a.name();
+  auto store = open_store(a.store_url, milliseconds(30000));
+  const std::vector<std::string> kinds = {"count", "dtype", "op", "root", "skip"};
+  const bool odd = a.rank == 1;
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    const std::string& kind = kinds[k];
+    init_collective_group(2, a.rank, a.backend(), name, a.options());
+    auto g = get_group(name);
+    std::vector<float> f(odd && kind == "count" ? 12 : 10, static_cast<float>(a.rank + 1));
+    std::vector<int32_t> i32(10, a.rank + 1);
+    const auto start = Clock::now();
+    try {
+      if (kind == "count") {
+        g->allreduce(f);
+      } else if (kind == "dtype") {
+        if (odd) g->allreduce(i32); else g->allreduce(f);
+      } else if (kind == "op") {
+        if (odd) g->broadcast(f); else g->allreduce(f);
+      } else if (kind == "root") {
+        BroadcastOptions o;
+        o.root_rank = odd ? 1 : 0;
+        g->broadcast(f, o);
+      } else {
+        // Rank 0: allreduce, broadcast, allreduce; rank 1 skips the broadcast.
+        g->allreduce(f);
+        for (float x : f) require(x == 3.0f, "the allreduce before the skip");
+        std::fill(f.begin(), f.end(), static_cast<float>(a.rank + 1));
+        if (!odd) g->broadcast(f);
+        g->allreduce(f);
+      }
+      throw std::runtime_error(kind + ": the mismatched op returned OK");
+    } catch (const Error& e) {
+      const double ms = ms_since(start);
+      const std::string what = e.what();
+      std::printf("FIGURE mismatch %s %s rank %d error_after_ms=%.0f code=%s: %s\n",
+                  a.backend().c_str(), kind.c_str(), a.rank, ms, to_string(e.code()),
+                  what.c_str());
+      require(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kRemoteError ||
+                  e.code() == ErrorCode::kIoError,
+              kind + ": a timeout, remote or I/O error");
+      require(what.find(" on group '" + name + "'") != std::string::npos, "names the group");
+      require(ms < a.timeout().count() + 2000.0, kind + ": within the timeout + 2 s");
+    }
+    // Nothing of the other rank's arrived in this rank's buffers.
+    for (float x : f) require(x == static_cast<float>(a.rank + 1) || x == 3.0f, "no mixed data");
+    destroy_collective_group(name);
+    const std::string phase = "mismatch/" + std::to_string(k);
+    store->set(phase + "/" + std::to_string(a.rank), "1");
+    store->wait({phase + "/0", phase + "/1"});
+  }
+  // And the group works again.
+  init_collective_group(2, a.rank, a.backend(), name, a.options());
+  std::vector<int64_t> v(5, a.rank + 1);
+  allreduce(v, name);
+  require(v[4] == 3, "allreduce after the mismatches");
+  destroy_collective_group(name);
+}
+
+// ---------------------------------------------------------------------------------------------
+// delay (world 2, timeout 1 s): rank 1 comes `delay` ms late to an allreduce. Under the
+// timeout both get the right sum; over it rank 0 fails with kTimeout at the timeout and rank 1,
+// late, fails too (never returns OK for an op rank 0 gave up on).
+// ---------------------------------------------------------------------------------------------
+void scenario_delay(const Args& a) {
+  require(a.world == 2, "delay runs with 2 ranks");
+  const long delay = a.num("delay", 300);
+  const std::string name = a.name();
+  init_collective_group(2, a.rank, a.backend(), name, a.options());
+  std::vector<float> v(1000, static_cast<float>(a.rank + 1));
+  if (a.rank == 1) std::this_thread::sleep_for(milliseconds(delay));
+  const auto start = Clock::now();
+  const bool late = delay > a.timeout().count();
+  try {
+    allreduce(v, name);
+    std::printf("FIGURE delay %s %ld ms rank %d: OK after %.0f ms\n", a.backend().c_str(), delay,
+                a.rank, ms_since(start));
+    require(!late, "an allreduce that its peer gave up on returned OK");
+    for (float x : v) require(x == 3.0f, "allreduce sum");
+  } catch (const Error& e) {
+    const double ms = ms_since(start);
+    std::printf("FIGURE delay %s %ld ms rank %d: %s after %.0f ms: %s\n", a.backend().c_str(),
+                delay, a.rank, to_string(e.code()), ms, e.what());
+    require(late, std::string("failed although the delay was under the timeout: ") + e.what());
+    if (a.rank == 0) {
+      require(e.code() == ErrorCode::kTimeout, "rank 0 times out");
+      require(ms >= a.timeout().count() - 5 && ms < a.timeout().count() + 1000,
+              "at the timeout");
+    } else {
+      require(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kAborted ||
+                  e.code() == ErrorCode::kIoError,
+              "rank 1 learns its peer gave up");
+    }
+    for (float x : v) require(x == static_cast<float>(a.rank + 1), "the buffer is untouched");
+  }
+  destroy_collective_group(name);
+}
+
+// ---------------------------------------------------------------------------------------------
+// timeouts: an op timeout of 1 ms with the peer 50 ms late fails with kTimeout at once; a group
+// and an op timeout of milliseconds::max() work (no overflow), and a peer's death under them is
+// still found by the transport.
+// ---------------------------------------------------------------------------------------------
+void scenario_timeouts(const Args& a) {
+  require(a.world == 2, "timeouts runs with 2 ranks");
+  const std::string name = a.name();
+  auto store = open_store(a.store_url, milliseconds(30000));
+  GroupOptions o = a.options();
+  o.timeout = milliseconds::max();
+  init_collective_group(2, a.rank, a.backend(), name, o);
+  auto g = get_group(name);
+  std::vector<int32_t> v(100, a.rank + 1);
+  AllreduceOptions forever;
+  forever.timeout = milliseconds::max();
+  g->allreduce(v, forever);
+  require(v[0] == 3, "allreduce with a timeout of milliseconds::max()");
+  std::fill(v.begin(), v.end(), a.rank + 1);
+  g->allreduce(v);  // the group's timeout: milliseconds::max()
+  require(v[0] == 3, "allreduce with a group timeout of milliseconds::max()");
+  // 1 ms, the peer 50 ms late.
+  AllreduceOptions brief;
+  brief.timeout = milliseconds(1);
+  std::fill(v.begin(), v.end(), a.rank + 1);
+  if (a.rank == 1) std::this_thread::sleep_for(milliseconds(50));
+  const auto start = Clock::now();
+  try {
+    g->allreduce(v, brief);
+    require(false, "a 1 ms allreduce with the peer 50 ms late returned OK");
+  } catch (const Error& e) {
+    std::printf("FIGURE timeouts %s 1ms rank %d: %s after %.1f ms: %s\n", a.backend().c_str(),
+                a.rank, to_string(e.code()), ms_since(start), e.what());
+    if (a.rank == 0) require(e.code() == ErrorCode::kTimeout, "kTimeout");
+    require(ms_since(start) < 1000, "promptly");
+  }
+  destroy_collective_group(name);
+  store->set("brief/" + std::to_string(a.rank), "1");
+  store->wait({"brief/0", "brief/1"});
+  // milliseconds::max() and a dead peer: rank 1 dies 100 ms into rank 0's allreduce.
+  init_collective_group(2, a.rank, a.backend(), name, o);
+  if (a.rank == 1) {
+    std::this_thread::sleep_for(milliseconds(100));
+    ::raise(SIGKILL);
+  }
+  const auto t0 = Clock::now();
+  expect_error([&] { allreduce(v, name); }, {ErrorCode::kIoError, ErrorCode::kRemoteError},
+               {"rank 1"});
+  std::printf("FIGURE timeouts %s max+death rank 0: failed after %.0f ms (rank 1 died at ~100)\n",
+              a.backend().c_str(), ms_since(t0));
+  require(ms_since(t0) < 2000, "the death is found, not waited out");
+  destroy_collective_group(name);
+}
+
+// ---------------------------------------------------------------------------------------------
+// stale: one step of a job against a persistent store (file, Redis, a long-lived tutti-store)
+// under one job id and group name: step=lonely (rank 0 alone: init times out), step=crash
+// (rank 1 is SIGKILLed after init; rank 0's next op fails), step=normal (init and an allreduce
+// must work whatever earlier steps left in the store).
+// ---------------------------------------------------------------------------------------------
+void scenario_stale(const Args& a) {
+  const std::string name = a.name(), step = a.get("step", "normal");
+  GroupOptions o = a.options();
+  o.job_id = a.get("job");
+  if (step == "lonely") {
+    o.timeout = milliseconds(500);
+    expect_error([&] { init_collective_group(a.world, a.rank, a.backend(), name, o); },
+                 {ErrorCode::kTimeout}, {"init on group"});
+    return;
+  }
+  const auto start = Clock::now();
+  init_collective_group(a.world, a.rank, a.backend(), name, o);
+  std::printf("FIGURE stale %s %s %s rank %d: init %.0f ms\n", a.backend().c_str(),
+              a.get("store_kind").c_str(), step.c_str(), a.rank, ms_since(start));
+  std::vector<int32_t> v(100, a.rank + 1);
+  if (step == "crash") {
+    if (a.rank == 1) ::raise(SIGKILL);
+    std::this_thread::sleep_for(milliseconds(50));
+    expect_error([&] { allreduce(v, name); }, {ErrorCode::kIoError, ErrorCode::kRemoteError},
+                 {"rank 1"});
+  } else {
+    allreduce(v, name);
+    require(v[0] == a.world * (a.world + 1) / 2, "allreduce");
+  }
+  destroy_collective_group(name);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -422,6 +683,11 @@ int main(int argc, char** argv) {
       {"flight", scenario_flight},
       {"crash", scenario_crash},
       {"rejoin", scenario_rejoin},
+      {"cycles", scenario_cycles},
+      {"mismatch", scenario_mismatch},
+      {"delay", scenario_delay},
+      {"timeouts", scenario_timeouts},
+      {"stale", scenario_stale},
   };
   if (argc < 5) {
     std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [key=value...]\n",

@@ -235,4 +235,44 @@ RedisServer::RedisServer(const std::vector<std::string>& extra) {
   if (pid_ <= 0) why_not_ = "could not start redis-server";
 }
 
+TuttiStoreProcess::TuttiStoreProcess(const std::vector<std::string>& extra) {
+  int out[2];
+  if (::pipe(out) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
+  std::vector<std::string> args = {TUTTI_STORE_PROGRAM, "--host", "127.0.0.1", "--port", "0"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  out_ = out[0];
+  if (rc != 0) throw std::runtime_error("posix_spawn failed");
+  pid_ = pid;
+  std::string line;
+  char c;
+  while (::read(out_, &c, 1) == 1 && c != '\n') line.push_back(c);
+  const std::string prefix = "tutti-store listening on 127.0.0.1:";
+  if (line.rfind(prefix, 0) != 0) throw std::runtime_error("tutti-store said: " + line);
+  port_ = static_cast<uint16_t>(std::stoi(line.substr(prefix.size())));
+}
+
+TuttiStoreProcess::~TuttiStoreProcess() {
+  if (pid_ > 0) stop();
+}
+
+int TuttiStoreProcess::stop() {
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  ::close(out_);
+  pid_ = -1;
+  return status;
+}
+
 }  // namespace tutti::testing

@@ -93,6 +93,21 @@ class RedisServer {
   std::string why_not_;
 };
 
+// A tutti-store process serving on a free loopback port until stop() (or destruction).
+class TuttiStoreProcess {
+ public:
+  explicit TuttiStoreProcess(const std::vector<std::string>& extra = {});
+  ~TuttiStoreProcess();
+  uint16_t port() const { return port_; }
+  // SIGTERM, then the exit status.
+  int stop();
+
+ private:
+  int pid_ = -1;
+  int out_ = -1;
+  uint16_t port_ = 0;
+};
+
 // Expects fn to throw tutti::Error with the given code and a message containing every needle.
 #define EXPECT_TUTTI_ERROR(stmt, error_code, ...)                                         \
   do {                                                                                    \
