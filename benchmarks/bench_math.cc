@@ -17,15 +17,26 @@ const char* to_string(BenchOp op) {
     case BenchOp::kReduce: return "reduce";
     case BenchOp::kSendRecv: return "sendrecv";
     case BenchOp::kBarrier: return "barrier";
+    case BenchOp::kAlltoall: return "alltoall";
+    case BenchOp::kGather: return "gather";
+    case BenchOp::kScatter: return "scatter";
   }
   return "?";
+}
+
+bool is_blocked(BenchOp op) {
+  return op == BenchOp::kAllgather || op == BenchOp::kReduceScatter || op == BenchOp::kAlltoall ||
+         op == BenchOp::kGather || op == BenchOp::kScatter;
 }
 
 double bus_factor(BenchOp op, int n) {
   switch (op) {
     case BenchOp::kAllreduce: return 2.0 * (n - 1) / n;
     case BenchOp::kAllgather:
-    case BenchOp::kReduceScatter: return static_cast<double>(n - 1) / n;
+    case BenchOp::kReduceScatter:
+    case BenchOp::kAlltoall:
+    case BenchOp::kGather:
+    case BenchOp::kScatter: return static_cast<double>(n - 1) / n;
     case BenchOp::kBroadcast:
     case BenchOp::kReduce:
     case BenchOp::kSendRecv: return 1.0;
@@ -36,14 +47,14 @@ double bus_factor(BenchOp op, int n) {
 
 int64_t elements_per_rank(BenchOp op, uint64_t bytes, size_t element_size, int n) {
   uint64_t count = bytes / element_size;
-  if (op == BenchOp::kAllgather || op == BenchOp::kReduceScatter) count /= static_cast<uint64_t>(n);
+  if (is_blocked(op)) count /= static_cast<uint64_t>(n);
   if (op == BenchOp::kBarrier) count = 0;
   return op == BenchOp::kBarrier ? 0 : std::max<int64_t>(1, static_cast<int64_t>(count));
 }
 
 uint64_t message_bytes(BenchOp op, int64_t per_rank, size_t element_size, int n) {
   uint64_t bytes = static_cast<uint64_t>(per_rank) * element_size;
-  if (op == BenchOp::kAllgather || op == BenchOp::kReduceScatter) bytes *= static_cast<uint64_t>(n);
+  if (is_blocked(op)) bytes *= static_cast<uint64_t>(n);
   return bytes;
 }
 
@@ -89,7 +100,8 @@ double quantile(std::vector<double>& values, double q) {
 namespace {
 std::optional<BenchOp> parse_op(const std::string& s) {
   for (BenchOp op : {BenchOp::kAllreduce, BenchOp::kAllgather, BenchOp::kReduceScatter,
-                     BenchOp::kBroadcast, BenchOp::kReduce, BenchOp::kSendRecv, BenchOp::kBarrier}) {
+                     BenchOp::kBroadcast, BenchOp::kReduce, BenchOp::kSendRecv, BenchOp::kBarrier,
+                     BenchOp::kAlltoall, BenchOp::kGather, BenchOp::kScatter}) {
     if (s == to_string(op)) return op;
   }
   if (s == "all_reduce") return BenchOp::kAllreduce;
@@ -122,13 +134,18 @@ std::optional<std::string> parse_args(int argc, char** argv, Config& c, bool& he
       c.baseline = true;
       continue;
     }
+    if (a == "--async") {
+      c.async = true;
+      continue;
+    }
     const auto v = value();
     if (!v) return need("a value");
     if (a == "--op" || a == "-O") {
       auto op = parse_op(*v);
       if (!op) {
         return "unknown op '" + *v +
-               "' (allreduce, allgather, reduce_scatter, broadcast, reduce, sendrecv, barrier)";
+               "' (allreduce, allgather, reduce_scatter, broadcast, reduce, sendrecv, barrier, "
+               "alltoall, gather, scatter)";
       }
       c.op = *op;
     } else if (a == "--backend") {
@@ -201,6 +218,10 @@ std::optional<std::string> parse_args(int argc, char** argv, Config& c, bool& he
   if (c.redop == ReduceOp::kAvg && !is_floating(c.dtype)) {
     return std::string("-o avg needs a floating dtype, got ") + tutti::to_string(c.dtype);
   }
+  if (c.async && c.op != BenchOp::kAllreduce) {
+    return std::string("--async measures allreduce, not ") + to_string(c.op);
+  }
+  if (c.async && c.baseline) return "--async and --baseline are separate runs";
   return std::nullopt;
 }
 

@@ -10,18 +10,33 @@
 
 namespace tutti::bench {
 
-enum class BenchOp { kAllreduce, kAllgather, kReduceScatter, kBroadcast, kReduce, kSendRecv, kBarrier };
+enum class BenchOp {
+  kAllreduce,
+  kAllgather,
+  kReduceScatter,
+  kBroadcast,
+  kReduce,
+  kSendRecv,
+  kBarrier,
+  kAlltoall,
+  kGather,
+  kScatter,
+};
+
+// The ops whose nccl-tests size is the whole buffer of world_size blocks.
+bool is_blocked(BenchOp op);
 
 const char* to_string(BenchOp op);
 
 // nccl-tests' bus-bandwidth factor: busbw = algbw x factor, so that busbw is comparable to the
 // hardware's link bandwidth whatever the world size:
-//   allreduce 2(n-1)/n; allgather, reduce_scatter (n-1)/n; broadcast, reduce, sendrecv 1;
-//   barrier 0 (it moves no data).
+//   allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall, gather, scatter (n-1)/n;
+//   broadcast, reduce, sendrecv 1; barrier 0 (it moves no data).
 double bus_factor(BenchOp op, int world_size);
 
-// The per-rank element count for a message of `bytes` (nccl-tests' "size": the whole gathered
-// buffer for allgather and reduce_scatter, the one buffer otherwise), rounded down, at least 1.
+// The per-rank element count for a message of `bytes` (nccl-tests' "size": the whole buffer of
+// world_size blocks for allgather, reduce_scatter, alltoall, gather and scatter, the one buffer
+// otherwise), rounded down, at least 1.
 int64_t elements_per_rank(BenchOp op, uint64_t bytes, size_t element_size, int world_size);
 // The size that count actually moves, in bytes, and the element count printed in the table.
 uint64_t message_bytes(BenchOp op, int64_t per_rank, size_t element_size, int world_size);
@@ -53,6 +68,7 @@ struct Config {
   std::string csv;
   int ranks = 0;  // >0: start this many local ranks through tutti-run
   int corrupt_rank = -1;  // testing -c: this rank corrupts one element of its result
+  bool async = false;     // --async: measure how much of an allreduce hides behind compute
 };
 
 // Parses tutti-bench's arguments; on a bad value returns the message to print (exit code 2);

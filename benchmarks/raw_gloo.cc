@@ -1,6 +1,9 @@
 #include "raw_gloo.h"
 
 #include <gloo/allgather.h>
+#include <gloo/alltoall.h>
+#include <gloo/gather.h>
+#include <gloo/scatter.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -156,6 +159,34 @@ void RawGloo::run(void* in, void* out, void* scratch, int64_t per_rank, bool in_
         send->send(0, slot);
         send->waitSend();
       }
+      break;
+    }
+    case BenchOp::kAlltoall: {
+      ::gloo::AlltoallOptions o(m.context);
+      o.setInput(as(in), n * es * m.world);
+      o.setOutput(as(out), n * es * m.world);
+      o.setTag(tag);
+      ::gloo::alltoall(o);
+      break;
+    }
+    case BenchOp::kGather: {
+      ::gloo::GatherOptions o(m.context);
+      o.setInput(as(in), n * es);
+      if (m.rank == m.config.root) o.setOutput(as(out), n * es * m.world);
+      o.setRoot(m.config.root);
+      o.setTag(tag);
+      ::gloo::gather(o);
+      break;
+    }
+    case BenchOp::kScatter: {
+      ::gloo::ScatterOptions o(m.context);
+      std::vector<uint8_t*> blocks;
+      for (int r = 0; r < m.world; ++r) blocks.push_back(as(in) + static_cast<size_t>(r) * n * es);
+      if (m.rank == m.config.root) o.setInputs(blocks, n * es);
+      o.setOutput(as(out), n * es);
+      o.setRoot(m.config.root);
+      o.setTag(tag);
+      ::gloo::scatter(o);
       break;
     }
     case BenchOp::kReduceScatter:

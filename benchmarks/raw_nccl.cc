@@ -101,6 +101,29 @@ void RawNccl::run(void* in, void* out, void*, int64_t per_rank, bool in_place) {
     case BenchOp::kBarrier:
       check(nccl().AllReduce(o, o, 1, ncclUint8, ncclMax, m.comm, m.stream), "barrier");
       break;
+    case BenchOp::kAlltoall:
+    case BenchOp::kGather:
+    case BenchOp::kScatter: {
+      // NCCL has none of these: grouped sends and receives (a rank may send to itself).
+      const BenchOp which = m.config.op;
+      const int root = m.config.root;
+      char* from = static_cast<char*>(in);
+      check(nccl().GroupStart(), "group start");
+      for (int r = 0; r < m.world; ++r) {
+        if (which == BenchOp::kAlltoall) {
+          check(nccl().Send(from + r * bytes, n, dt, r, m.comm, m.stream), "send");
+          check(nccl().Recv(o + r * bytes, n, dt, r, m.comm, m.stream), "recv");
+        } else if (which == BenchOp::kGather) {
+          if (r == root) check(nccl().Send(from, n, dt, r, m.comm, m.stream), "send");
+          if (m.rank == root) check(nccl().Recv(o + r * bytes, n, dt, r, m.comm, m.stream), "recv");
+        } else {
+          if (m.rank == root) check(nccl().Send(from + r * bytes, n, dt, r, m.comm, m.stream), "send");
+          if (r == root) check(nccl().Recv(o, n, dt, r, m.comm, m.stream), "recv");
+        }
+      }
+      check(nccl().GroupEnd(), "group end");
+      break;
+    }
   }
   cudaStreamSynchronize(m.stream);
 }

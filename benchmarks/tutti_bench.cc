@@ -40,7 +40,8 @@ constexpr const char* kUsage = R"(usage: tutti-bench [options]
 Measures a collective over a sweep of message sizes, nccl-tests style.
 
   --op NAME        allreduce (default), allgather, reduce_scatter, broadcast, reduce,
-                   sendrecv (ping-pong between ranks 0 and 1), barrier
+                   sendrecv (ping-pong between ranks 0 and 1), barrier, alltoall, gather,
+                   scatter
   --backend NAME   auto (default: TUTTI_BACKEND, else auto = shm on one host, else gloo),
                    shm, gloo
   --ranks N        start N local ranks through tutti-run (else: the launcher's environment,
@@ -51,7 +52,7 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
   -d DTYPE         float32 (default), float16, bfloat16, float64, int8, uint8, int32, uint32,
                    int64, uint64, bool
   -o REDOP         sum (default), prod, min, max, avg
-  -r ROOT          root rank of broadcast and reduce (default 0)
+  -r ROOT          root rank of broadcast, reduce, gather and scatter (default 0)
   -w N             warm-up iterations per size (default 5)
   -n N             timed iterations per size (default 20)
   -T MS            a time budget per size instead of -n (rank 0 sizes the iterations)
@@ -59,13 +60,17 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
   --baseline       also run each size straight on the library underneath (raw Gloo for gloo
                    and shm, raw NCCL for nccl) and print tutti/raw time ratios: interleaved in
                    blocks of 5 iterations like for like, after tutti's iterations for shm
+  --async          allreduce only: also measure overlap. Per size: the op alone (t_op), a
+                   compute loop sized to take as long (t_comp), and the op issued with
+                   async_op while the caller computes, then waited for (t_both); hidden =
+                   (t_op + t_comp - t_both) / t_op, the fraction of the op the compute hid
   --json FILE      write {"config": {...}, "rows": [...]} to FILE
   --csv FILE       write the rows as CSV to FILE
   -h, --help       this text
 
-Sizes follow nccl-tests: for allgather and reduce_scatter the size is the whole gathered
-buffer. busbw = algbw x factor: allreduce 2(n-1)/n, allgather and reduce_scatter (n-1)/n,
-broadcast, reduce and sendrecv 1. Times are the median (and p99) over iterations of the slowest
+Sizes follow nccl-tests: for allgather, reduce_scatter, alltoall, gather and scatter the size is
+the whole buffer of world-size blocks. busbw = algbw x factor: allreduce 2(n-1)/n; allgather,
+reduce_scatter, alltoall, gather and scatter (n-1)/n; broadcast, reduce and sendrecv 1. Times are the median (and p99) over iterations of the slowest
 rank's time.
 )";
 
@@ -80,7 +85,25 @@ struct Row {
   double busbw = 0;
   int64_t wrong = 0;
   double baseline_us = -1;  // < 0: none
+  // --async: the compute loop alone, the op issued async while it runs then waited for, and the
+  // fraction of the op it hid (< 0: not measured).
+  double compute_us = -1;
+  double overlapped_us = -1;
+  double hidden = -1;
 };
+
+// Work for the caller while an async op runs: arithmetic on registers only, so it competes for
+// a core but not for memory bandwidth. Returns a value the compiler must keep.
+double compute(int64_t iterations) {
+  double x = 1.0, y = 0.5;
+  for (int64_t i = 0; i < iterations; ++i) {
+    x = x * 1.0000001 + 1e-9;
+    y = y * 0.9999999 + x * 1e-12;
+  }
+  return x + y;
+}
+
+volatile double g_sink = 0;
 
 // The value rank r contributes at element i, chosen so every reduction is exact in every dtype.
 double input_value(const Config& c, int r, int64_t i) {
@@ -204,10 +227,14 @@ class Bench {
 
   bool has_out_of_place() const {
     return c_.op == BenchOp::kAllgather || c_.op == BenchOp::kReduceScatter ||
-           c_.op == BenchOp::kSendRecv || c_.op == BenchOp::kBarrier;
+           c_.op == BenchOp::kSendRecv || c_.op == BenchOp::kBarrier ||
+           c_.op == BenchOp::kAlltoall || c_.op == BenchOp::kGather ||
+           c_.op == BenchOp::kScatter;
   }
   bool has_in_place() const {
-    return c_.op != BenchOp::kSendRecv && c_.op != BenchOp::kBarrier;
+    return c_.op != BenchOp::kSendRecv && c_.op != BenchOp::kBarrier &&
+           c_.op != BenchOp::kAlltoall && c_.op != BenchOp::kGather &&
+           c_.op != BenchOp::kScatter;
   }
 
   Row measure(uint64_t target_bytes, bool in_place) {
@@ -255,11 +282,49 @@ class Bench {
     row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
     row.busbw = row.algbw * bus_factor(c_.op, n_);
     if (c_.op == BenchOp::kBarrier) row.algbw = row.busbw = 0;
+    if (c_.async) measure_overlap(per_rank, in_place, row, iters);
     if (c_.check) row.wrong = check(per_rank, in_place);
     return row;
   }
 
  private:
+  // --async: t_comp, t_both and the hidden fraction (see the usage text), slowest rank per
+  // iteration as for t_op.
+  void measure_overlap(int64_t per_rank, bool in_place, Row& row, int iters) {
+    // Loop iterations per microsecond, measured here, then agreed on (the slowest rank's).
+    const auto t0 = Clock::now();
+    g_sink = compute(2000000);
+    std::vector<double> rate = {2000000 / std::max(1e-3, std::chrono::duration<double, std::micro>(
+                                                             Clock::now() - t0).count())};
+    AllreduceOptions slowest_rate;
+    slowest_rate.reduce_op = ReduceOp::kMin;
+    meta_->allreduce(TensorView(rate), slowest_rate);
+    const auto work = static_cast<int64_t>(rate[0] * row.time_us);
+    std::vector<double> alone(static_cast<size_t>(iters)), both(static_cast<size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+      const auto a = Clock::now();
+      g_sink = compute(work);
+      alone[i] = std::chrono::duration<double, std::micro>(Clock::now() - a).count();
+      const auto b = Clock::now();
+      AllreduceOptions o;
+      o.reduce_op = c_.redop;
+      o.async_op = true;
+      auto op = g_->allreduce(view(out_, per_rank), o);
+      g_sink = compute(work);
+      op->wait();
+      both[i] = std::chrono::duration<double, std::micro>(Clock::now() - b).count();
+    }
+    (void)in_place;
+    slowest(alone);
+    slowest(both);
+    row.compute_us = quantile(alone, 0.5);
+    row.overlapped_us = quantile(both, 0.5);
+    row.hidden = row.time_us > 0
+                     ? std::clamp((row.time_us + row.compute_us - row.overlapped_us) / row.time_us,
+                                  0.0, 1.0)
+                     : 0.0;
+  }
+
   void reserve(int64_t per_rank) {
     const size_t es = dtype_size(c_.dtype);
     const size_t one = static_cast<size_t>(per_rank) * es + 8;
@@ -308,9 +373,8 @@ class Bench {
 
   // Inputs for the check; also the data the timed loop runs on.
   void fill(int64_t per_rank) {
-    const int64_t total = (c_.op == BenchOp::kAllgather || c_.op == BenchOp::kReduceScatter)
-                              ? per_rank * n_
-                              : per_rank;
+    const int64_t total = (is_blocked(c_.op) && c_.op != BenchOp::kGather) ? per_rank * n_
+                                                                           : per_rank;
     for (int64_t i = 0; i < total; ++i) {
       if (c_.op == BenchOp::kAllgather) {
         if (i < per_rank) write_value(c_.dtype, in_.data(), i, input_value(c_, rank_, i));
@@ -388,6 +452,26 @@ class Bench {
       case BenchOp::kBarrier:
         g_->barrier();
         break;
+      case BenchOp::kAlltoall: {
+        AlltoallOptions o;
+        o.blocking = gpu_;
+        g_->alltoall(view(out_, per_rank * n_), view(in_, per_rank * n_), o);
+        break;
+      }
+      case BenchOp::kGather: {
+        GatherOptions o;
+        o.root_rank = c_.root;
+        o.blocking = gpu_;
+        g_->gather(view(out_, rank_ == c_.root ? per_rank * n_ : 0), view(in_, per_rank), o);
+        break;
+      }
+      case BenchOp::kScatter: {
+        ScatterOptions o;
+        o.root_rank = c_.root;
+        o.blocking = gpu_;
+        g_->scatter(view(out_, per_rank), view(in_, rank_ == c_.root ? per_rank * n_ : 0), o);
+        break;
+      }
     }
   }
 
@@ -479,6 +563,26 @@ class Bench {
         break;
       case BenchOp::kBarrier:
         break;
+      case BenchOp::kAlltoall:
+        // Block r here is rank r's block for this rank.
+        for (int r = 0; r < n_; ++r) {
+          for (int64_t i = 0; i < per_rank; ++i) {
+            expect(result, r * per_rank + i, input_value(c_, r, rank_ * per_rank + i));
+          }
+        }
+        break;
+      case BenchOp::kGather:
+        if (rank_ == c_.root) {
+          for (int r = 0; r < n_; ++r) {
+            for (int64_t i = 0; i < per_rank; ++i) expect(result, r * per_rank + i, input_value(c_, r, i));
+          }
+        }
+        break;
+      case BenchOp::kScatter:
+        for (int64_t i = 0; i < per_rank; ++i) {
+          expect(result, i, input_value(c_, c_.root, rank_ * per_rank + i));
+        }
+        break;
     }
     std::vector<int64_t> total = {wrong};
     meta_->allreduce(TensorView(total));
@@ -546,7 +650,8 @@ void write_json(const std::string& path, const Config& c, const std::string& bac
       << "\", \"root\": " << c.root << ", \"warmup\": " << c.warmup << ", \"iters\": " << c.iters
       << ", \"time_budget_ms\": " << c.time_budget_ms << ", \"check\": " << (c.check ? "true" : "false")
       << ", \"baseline\": " << (c.baseline ? "\"" + baseline + "\"" : "null")
-      << ", \"bus_factor\": " << bus_factor(c.op, world) << "},\n  \"rows\": [\n";
+      << ", \"bus_factor\": " << bus_factor(c.op, world)
+      << ", \"async\": " << (c.async ? "true" : "false") << "},\n  \"rows\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     out << "    {\"op\": \"" << to_string(c.op) << "\", \"size_bytes\": " << r.bytes
@@ -558,6 +663,10 @@ void write_json(const std::string& path, const Config& c, const std::string& bac
     if (r.baseline_us >= 0) {
       out << ", \"baseline_time_us\": " << r.baseline_us
           << ", \"ratio\": " << (r.baseline_us > 0 ? r.time_us / r.baseline_us : 0);
+    }
+    if (r.hidden >= 0) {
+      out << ", \"compute_us\": " << r.compute_us << ", \"overlapped_us\": " << r.overlapped_us
+          << ", \"hidden\": " << r.hidden;
     }
     out << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
   }
@@ -614,7 +723,9 @@ int main(int argc, char** argv) {
     auto meta = get_group(name + "-meta");
     const int world = group->world_size();
     const int rank = group->rank();
-    if ((c.op == BenchOp::kBroadcast || c.op == BenchOp::kReduce) && c.root >= world) {
+    const bool rooted = c.op == BenchOp::kBroadcast || c.op == BenchOp::kReduce ||
+                        c.op == BenchOp::kGather || c.op == BenchOp::kScatter;
+    if (rooted && c.root >= world) {
       if (rank == 0) std::fprintf(stderr, "tutti-bench: -r %d is not a rank of %d\n", c.root, world);
       return 2;
     }
@@ -692,10 +803,12 @@ int main(int argc, char** argv) {
                   "----------------- in-place -----------------");
       std::printf("# %10s %12s %8s %6s %4s  %9s %9s %7s %7s %6s   %9s %9s %7s %7s %6s%s\n", "size",
                   "count", "type", "redop", "root", "time", "p99", "algbw", "busbw", "#wrong",
-                  "time", "p99", "algbw", "busbw", "#wrong", c.baseline ? "   raw-time  ratio" : "");
+                  "time", "p99", "algbw", "busbw", "#wrong",
+                  c.baseline ? "   raw-time  ratio" : c.async ? "     t_comp    t_both hidden" : "");
       std::printf("# %10s %12s %8s %6s %4s  %9s %9s %7s %7s %6s   %9s %9s %7s %7s %6s%s\n", "(B)",
                   "(elements)", "", "", "", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)",
-                  "(GB/s)", "(GB/s)", "", c.baseline ? "       (us)  t/raw" : "");
+                  "(GB/s)", "(GB/s)", "",
+                  c.baseline ? "       (us)  t/raw" : c.async ? "       (us)      (us)    (%)" : "");
     }
     std::vector<Row> rows;
     auto cells = [&](const Row* r) {
@@ -718,10 +831,14 @@ int main(int argc, char** argv) {
         ratio = "  " + fmt_num(first.baseline_us, "%9.1f") + " " +
                 fmt_num(first.baseline_us > 0 ? first.time_us / first.baseline_us : 0, "%6.2f");
       }
+      if (first.hidden >= 0) {
+        ratio = "  " + fmt_num(first.compute_us, "%9.1f") + " " +
+                fmt_num(first.overlapped_us, "%9.1f") + " " + fmt_num(100 * first.hidden, "%6.1f");
+      }
       std::printf("  %10llu %12lld %8s %6s %4d  %s   %s%s\n",
                   static_cast<unsigned long long>(first.bytes), static_cast<long long>(first.count),
                   tutti::to_string(c.dtype), reducing ? tutti::to_string(c.redop) : "none",
-                  (c.op == BenchOp::kBroadcast || c.op == BenchOp::kReduce) ? c.root : -1,
+                  rooted ? c.root : -1,
                   cells(oop ? &*oop : nullptr).c_str(), cells(ip ? &*ip : nullptr).c_str(),
                   ratio.c_str());
       std::fflush(stdout);
@@ -737,6 +854,12 @@ int main(int argc, char** argv) {
       std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong),
                   total_wrong == 0 ? "OK" : "FAILED");
       std::printf("# Avg bus bandwidth    : %.4g GB/s\n", n_busbw ? sum_busbw / n_busbw : 0.0);
+      if (c.async) {
+        std::vector<double> hidden;
+        for (const Row& r : rows) hidden.push_back(r.hidden);
+        std::printf("# Allreduce hidden behind compute: median %.1f%% over sizes\n",
+                    100 * quantile(hidden, 0.5));
+      }
       if (!c.json.empty()) {
         write_json(c.json, c, group->backend_name(), baseline_name, world, hosts, rows);
       }

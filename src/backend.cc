@@ -26,9 +26,12 @@ namespace {
 // the op's tag (its sequence number and signature), the pair and the message's size, so it
 // meets only its match (a block of another size never meets it: it times out instead).
 uint32_t message_tag(const OpContext& ctx, int src, int dst, size_t bytes) {
-  detail::Fnv1a h;
-  h.mix(ctx.tag).mix(static_cast<uint64_t>(src)).mix(static_cast<uint64_t>(dst)).mix(bytes);
-  return static_cast<uint32_t>(h.value() ^ (h.value() >> 32));
+  return detail::WordMix()
+      .mix(ctx.tag)
+      .mix(static_cast<uint64_t>(src))
+      .mix(static_cast<uint64_t>(dst))
+      .mix(bytes)
+      .folded();
 }
 
 // The defaults below copy a rank's own block on the host: they serve CPU backends, and device

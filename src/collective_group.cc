@@ -344,10 +344,14 @@ void CollectiveGroup::destroy() noexcept {
     return;
   }
   try {
-    // An op running in another thread, or queued, ends now (kAborted) instead of at its
-    // timeout.
-    if (s.running.load() > 0 || s.queued.load() > 0) {
-      s.abort("the group was destroyed while an op was running");
+    // An op running in another thread (it holds the op lock), or queued, ends now (kAborted)
+    // instead of at its timeout.
+    {
+      std::unique_lock<std::mutex> busy(s.op_mutex, std::try_to_lock);
+      if (!busy.owns_lock() || s.queued.load() > 0) {
+        if (busy.owns_lock()) busy.unlock();
+        s.abort("the group was destroyed while an op was running");
+      }
     }
     {
       std::lock_guard<std::mutex> lock(s.op_mutex);  // no inline op runs past this point

@@ -43,7 +43,7 @@ TensorView block(const TensorView& buffer, int r, const TensorView& like) {
 
 // One hash of a list of counts, for signatures.
 uint64_t hash_of(const std::vector<int64_t>& counts) {
-  detail::Fnv1a h;
+  detail::WordMix h;
   for (int64_t c : counts) h.mix(static_cast<uint64_t>(c));
   return h.value();
 }
@@ -88,15 +88,13 @@ const char* what_of(const std::exception_ptr& error) {
   }
 }
 
-// Counts an op as running inside the backend for as long as it lives.
-class Running {
- public:
-  explicit Running(std::atomic<int>& n) : n_(n) { n_.fetch_add(1); }
-  ~Running() { n_.fetch_sub(1); }
-
- private:
-  std::atomic<int>& n_;
-};
+// A list of one tensor, moved in (an initializer list would copy its shape).
+std::vector<TensorView> one(TensorView t) {
+  std::vector<TensorView> list;
+  list.reserve(1);
+  list.push_back(std::move(t));
+  return list;
+}
 
 }  // namespace
 
@@ -154,9 +152,7 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
     // Point-to-point tags also fold in the direction (sender, receiver), so both ends agree.
     call.ctx.tag = detail::p2p_tag(seq, sig.hash(), sending ? s.rank : peer, sending ? peer : s.rank);
   } else {
-    detail::Fnv1a h;
-    h.mix(seq).mix(sig.hash());
-    call.ctx.tag = static_cast<uint32_t>(h.value() ^ (h.value() >> 32));
+    call.ctx.tag = detail::collective_tag(seq, sig.hash());
   }
   call.ctx.timeout = timeout;
   call.ctx.group_name = s.name;
@@ -206,7 +202,6 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
       } else {
         note_start(*state, record);
         try {
-          Running running(state->running);
           if (fingerprint) detail::check_fingerprints(*state->backend, ctx, *fingerprint);
           WorkPtr inner = fn(*state->backend, ctx);
           if (inner) inner->wait();
@@ -232,7 +227,6 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
   WorkPtr work;
   note_start(s, call.record);
   try {
-    Running running(s.running);
     if (call.fingerprint) detail::check_fingerprints(*s.backend, call.ctx, *call.fingerprint);
     work = issue(*s.backend, call.ctx);
   } catch (const Error& e) {
@@ -274,7 +268,7 @@ WorkPtr CollectiveGroup::broadcast(TensorView tensor, const BroadcastOptions& op
   state_->check_rank(op, opts.root_rank, "root rank");
   auto call = begin(op, signature_of(op, tensor, opts.root_rank), opts, &tensor.shape());
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, opts](
+  return submit(call, [t = one(std::move(tensor)), opts](
                           Backend& b, const OpContext& ctx) { return b.broadcast(t, opts, ctx); });
 }
 
@@ -285,7 +279,7 @@ WorkPtr CollectiveGroup::allreduce(TensorView tensor, const AllreduceOptions& op
   auto call = begin(op, signature_of(op, tensor, -1, static_cast<int>(opts.reduce_op)), opts,
                     &tensor.shape());
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, opts](
+  return submit(call, [t = one(std::move(tensor)), opts](
                           Backend& b, const OpContext& ctx) { return b.allreduce(t, opts, ctx); });
 }
 
@@ -297,7 +291,7 @@ WorkPtr CollectiveGroup::reduce(TensorView tensor, const ReduceOptions& opts) {
   auto call = begin(op, signature_of(op, tensor, opts.root_rank, static_cast<int>(opts.reduce_op)),
                     opts, &tensor.shape());
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, opts](
+  return submit(call, [t = one(std::move(tensor)), opts](
                           Backend& b, const OpContext& ctx) { return b.reduce(t, opts, ctx); });
 }
 
@@ -309,7 +303,7 @@ WorkPtr CollectiveGroup::allgather(const std::vector<TensorView>& output_list, T
   auto call = begin(op, signature_of(op, input), opts, &input.shape());
   call.skip = input.numel() == 0;
   return submit(call, [outs = std::vector<std::vector<TensorView>>{output_list},
-                       in = std::vector<TensorView>{std::move(input)},
+                       in = one(std::move(input)),
                        opts](Backend& b, const OpContext& ctx) {
     return b.allgather(outs, in, opts, ctx);
   });
@@ -375,7 +369,7 @@ WorkPtr CollectiveGroup::reduce_scatter(TensorView output, const std::vector<Ten
   auto call = begin(op, signature_of(op, output, -1, static_cast<int>(opts.reduce_op)), opts,
                     &output.shape());
   call.skip = output.numel() == 0;
-  return submit(call, [out = std::vector<TensorView>{std::move(output)},
+  return submit(call, [out = one(std::move(output)),
                        ins = std::vector<std::vector<TensorView>>{input_list},
                        opts](Backend& b, const OpContext& ctx) {
     return b.reduce_scatter(out, ins, opts, ctx);
@@ -568,9 +562,12 @@ WorkPtr CollectiveGroup::send(TensorView tensor, int dst_rank, const SendOptions
   auto call = begin(op, signature_of(OpType::kSend, tensor), opts, nullptr, dst_rank,
                     /*sending=*/true);
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, dst_rank, opts](
-                          Backend& b, const OpContext& ctx) {
-    return b.send(t, dst_rank, opts, ctx);
+  // The peer's device is whichever its matching recv uses (dst_device_index is for the
+  // multi-device form).
+  SendOptions o = opts;
+  o.dst_device_index = kPeerDevice;
+  return submit(call, [t = one(std::move(tensor)), dst_rank, o](Backend& b, const OpContext& ctx) {
+    return b.send(t, dst_rank, o, ctx);
   });
 }
 
@@ -582,9 +579,10 @@ WorkPtr CollectiveGroup::recv(TensorView tensor, int src_rank, const RecvOptions
   auto call = begin(op, signature_of(OpType::kSend, tensor), opts, nullptr, src_rank,
                     /*sending=*/false);
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(tensor)}, src_rank, opts](
-                          Backend& b, const OpContext& ctx) {
-    return b.recv(t, src_rank, opts, ctx);
+  RecvOptions o = opts;
+  o.src_device_index = kPeerDevice;
+  return submit(call, [t = one(std::move(tensor)), src_rank, o](Backend& b, const OpContext& ctx) {
+    return b.recv(t, src_rank, o, ctx);
   });
 }
 
@@ -599,10 +597,10 @@ WorkPtr CollectiveGroup::batch_isend_irecv(const std::vector<P2POp>& ops,
     s.check_tensor(op, ops[i].tensor, (what + "'s tensor").c_str());
     s.check_rank(op, ops[i].peer, (what + "'s " + (sending ? "destination" : "source") + " rank").c_str(),
                  /*allow_self=*/false);
-    if (ops[i].peer_device_index < 0) {
+    if (ops[i].peer_device_index < 0 && ops[i].peer_device_index != kPeerDevice) {
       s.fail(ErrorCode::kInvalidArgument, op,
              what + "'s peer device index " + std::to_string(ops[i].peer_device_index) +
-                 " is negative");
+                 " is negative (kPeerDevice, -1, means the peer's own choice)");
     }
   }
   if (ops.empty()) {
@@ -725,7 +723,7 @@ WorkPtr CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t 
   sig.layout = pair_of(tensor.device().index, opts.dst_device_index);
   auto call = begin(OpType::kSend, sig, opts, nullptr, dst_rank, /*sending=*/true);
   call.skip = view.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(view)}, dst_rank, opts](
+  return submit(call, [t = one(std::move(view)), dst_rank, opts](
                           Backend& b, const OpContext& ctx) {
     return b.send(t, dst_rank, opts, ctx);
   });
@@ -739,7 +737,7 @@ WorkPtr CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t 
   sig.layout = pair_of(opts.src_device_index, tensor.device().index);
   auto call = begin(OpType::kRecv, sig, opts, nullptr, src_rank, /*sending=*/false);
   call.skip = view.numel() == 0;
-  return submit(call, [t = std::vector<TensorView>{std::move(view)}, src_rank, opts](
+  return submit(call, [t = one(std::move(view)), src_rank, opts](
                           Backend& b, const OpContext& ctx) {
     return b.recv(t, src_rank, opts, ctx);
   });

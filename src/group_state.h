@@ -14,6 +14,7 @@
 
 #include "flight_recorder.h"
 #include "fork_watch.h"
+#include "group_util.h"
 #include "op_queue.h"
 #include "tutti/backend.h"
 #include "tutti/collective_group.h"
@@ -73,7 +74,6 @@ struct CollectiveGroup::State {
   std::map<int, uint64_t> send_seq;  // per destination rank
   std::map<int, uint64_t> recv_seq;  // per source rank
   std::atomic<int> queued{0};        // async ops pushed and not yet finished
-  std::atomic<int> running{0};       // ops inside the backend right now
   detail::OpQueue queue;
 
   std::string describe() const;
@@ -122,7 +122,19 @@ struct CollectiveGroup::State {
 namespace detail {
 
 // The tag of point-to-point message `seq` from rank src to rank dst of signature `sig`.
-uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst);
+inline uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst) {
+  return WordMix()
+      .mix(seq)
+      .mix(sig)
+      .mix(static_cast<uint64_t>(src))
+      .mix(static_cast<uint64_t>(dst))
+      .folded();
+}
+
+// The tag of collective `seq` of signature `sig`.
+inline uint32_t collective_tag(uint64_t seq, uint64_t sig) {
+  return WordMix().mix(seq).mix(sig).folded();
+}
 
 }  // namespace detail
 }  // namespace tutti

@@ -11,7 +11,7 @@ namespace tutti::detail {
 // key, a file name or a shared-memory segment name ("a/b" -> "a%2Fb").
 std::string escape_name(std::string_view name);
 
-// 64-bit FNV-1a, for deriving op tags; mix() folds more values in.
+// 64-bit FNV-1a, byte by byte (for names); mix() folds more values in.
 class Fnv1a {
  public:
   Fnv1a& mix(uint64_t value) {
@@ -25,6 +25,24 @@ class Fnv1a {
 
  private:
   uint64_t hash_ = 0xcbf29ce484222325ull;
+};
+
+// Folds 64-bit words into a hash, a word at a time (splitmix64's finaliser): cheap enough for
+// every op, and every input bit reaches every output bit.
+class WordMix {
+ public:
+  WordMix& mix(uint64_t v) {
+    uint64_t z = (hash_ ^ v) + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    hash_ = z ^ (z >> 31);
+    return *this;
+  }
+  uint64_t value() const { return hash_; }
+  uint32_t folded() const { return static_cast<uint32_t>(hash_ ^ (hash_ >> 32)); }
+
+ private:
+  uint64_t hash_ = 0x6a09e667f3bcc909ull;
 };
 
 }  // namespace tutti::detail

@@ -1,21 +1,21 @@
-// Which machine this process runs on (internal, shared by the core and the CPU backends).
+// Which machine this process runs on (internal, shared by the core and the CPU backends; each
+// library that uses it links its own copy, from tutti_util: it is no part of libtutti's ABI).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "tutti/export.h"
 
 namespace tutti::detail {
 
 // "<hostname>/<boot id>": equal for two processes exactly when they share a running kernel
 // (and so can share memory); a host name alone can repeat across machines or containers.
 // TUTTI_HOST_ID, when set, replaces it (containers sharing a kernel but not /dev/shm).
-TUTTI_API std::string host_identity();
+std::string host_identity();
 
 // When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat), as this
 // host's /proc shows it; 0 when no such process is visible. A pid and its start time name one
 // process: a pid reused later has a later start time.
-TUTTI_API uint64_t process_start_time(long pid);
+uint64_t process_start_time(long pid);
 
 }  // namespace tutti::detail

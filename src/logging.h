@@ -1,4 +1,5 @@
-// tutti's logger (internal; used by the core and the backends, never by users).
+// tutti's logger (internal; used by the core and the backends, never by users; each library
+// links its own copy from tutti_util, so no spdlog type crosses a library boundary).
 //
 // The level comes from TUTTI_LOG_LEVEL (trace, debug, info, warn, error, critical, off;
 // default warn). Output goes to stderr. Thread-safe.
@@ -6,11 +7,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "tutti/export.h"
 
 namespace tutti::detail {
 
-TUTTI_API spdlog::logger& logger();
+spdlog::logger& logger();
 
 }  // namespace tutti::detail
 

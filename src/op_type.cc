@@ -41,7 +41,7 @@ std::string OpSignature::str() const {
 }
 
 uint64_t OpSignature::hash() const {
-  return detail::Fnv1a()
+  return detail::WordMix()
       .mix(static_cast<uint64_t>(op))
       .mix(static_cast<uint64_t>(dtype))
       .mix(static_cast<uint64_t>(count))

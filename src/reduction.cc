@@ -5,8 +5,11 @@
 #include <cstring>
 
 // Every kernel is built twice, for x86-64-v3 (AVX2, FMA, F16C) and for the baseline, and the
-// loader picks the best one the CPU runs (GCC function multiversioning).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// loader picks the best one the CPU runs (GCC function multiversioning). Not under
+// ThreadSanitizer: the loader runs the instrumented resolvers before TSan is initialised, and
+// the process dies before main.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define TUTTI_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define TUTTI_MULTIVERSION

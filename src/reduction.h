@@ -1,11 +1,10 @@
 // Element-wise reduction kernels for every dtype and reduce op (internal, shared by the CPU
-// backends). float16 and bfloat16 reduce through float32 and round once per step. Kernels are
+// backends; each library links its own copy, from tutti_util). float16 and bfloat16 reduce through float32 and round once per step. Kernels are
 // vectorised, with AVX2/F16C versions chosen at load time where the CPU has them.
 #pragma once
 
 #include <cstddef>
 
-#include "tutti/export.h"
 #include "tutti/types.h"
 
 namespace tutti::detail {
@@ -15,14 +14,14 @@ namespace tutti::detail {
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 
 // Never null for a valid (dtype, op) pair; kAvg on a non-floating dtype returns null.
-TUTTI_API ReduceFn reduce_function(DType dtype, ReduceOp op) noexcept;
+ReduceFn reduce_function(DType dtype, ReduceOp op) noexcept;
 
 // out = inputs[0] (op) inputs[1] (op) ... (op) inputs[count-1], element-wise, in L1-sized blocks.
 // out may be one of the inputs only if it is inputs[0].
-TUTTI_API void reduce_many(ReduceFn fn, void* out, const void* const* inputs, int count, size_t n,
-                           size_t element_size) noexcept;
+void reduce_many(ReduceFn fn, void* out, const void* const* inputs, int count, size_t n,
+                 size_t element_size) noexcept;
 
 // data[i] /= divisor, for floating dtypes.
-TUTTI_API void scale_average(void* data, DType dtype, size_t n, int divisor) noexcept;
+void scale_average(void* data, DType dtype, size_t n, int divisor) noexcept;
 
 }  // namespace tutti::detail

@@ -268,13 +268,4 @@ TensorView CollectiveGroup::State::check_p2p_multigpu(OpType op, const TensorVie
                          : TensorView(tensor.data(), tensor.dtype(), {n_elements}, tensor.device());
 }
 
-namespace detail {
-
-uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst) {
-  Fnv1a h;
-  h.mix(seq).mix(sig).mix(static_cast<uint64_t>(src)).mix(static_cast<uint64_t>(dst));
-  return static_cast<uint32_t>(h.value() ^ (h.value() >> 32));
-}
-
-}  // namespace detail
 }  // namespace tutti

@@ -8,12 +8,21 @@ namespace tutti {
 
 Work::Work(OpContext ctx) : ctx_(std::move(ctx)) {}
 
-Work::~Work() = default;
+Work::~Work() { delete sync_.load(std::memory_order_acquire); }
 
 std::shared_ptr<Work> Work::completed(OpContext ctx) {
   auto work = std::make_shared<Work>(std::move(ctx));
   work->done_.store(true, std::memory_order_release);
   return work;
+}
+
+Work::Sync& Work::sync() {
+  Sync* s = sync_.load(std::memory_order_acquire);
+  if (s != nullptr) return *s;
+  auto* fresh = new Sync();
+  if (sync_.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;  // another thread made it first: s holds it
+  return *s;
 }
 
 bool Work::is_completed() {
@@ -25,43 +34,48 @@ bool Work::is_success() { return is_completed() && exception() == nullptr; }
 
 std::exception_ptr Work::exception() {
   if (!is_completed()) return nullptr;
-  std::lock_guard<std::mutex> lock(mutex_);
-  return error_;
+  Sync* s = sync_.load(std::memory_order_acquire);
+  if (s == nullptr) return nullptr;  // complete when made, or finished without an error
+  std::lock_guard<std::mutex> lock(s->mutex);
+  return s->error;
 }
 
 void Work::keep_alive(std::shared_ptr<const void> object) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  keep_alive_.push_back(std::move(object));
+  Sync& s = sync();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.keep_alive.push_back(std::move(object));
 }
 
 void Work::finish(std::exception_ptr error) {
+  Sync& s = sync();
   std::function<void(const std::exception_ptr&)> hook;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(s.mutex);
     if (done_.load(std::memory_order_relaxed)) return;
-    error_ = error;
-    hook = std::move(hook_);
-    hook_ = nullptr;
+    s.error = error;
+    hook = std::move(s.hook);
+    s.hook = nullptr;
   }
   // The hook runs before any waiter wakes: a caller whose wait() returned sees its effect (the
   // group is marked aborted).
   if (hook) hook(error);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(s.mutex);
     done_.store(true, std::memory_order_release);
   }
-  cv_.notify_all();
+  s.cv.notify_all();
 }
 
 void Work::on_finish(std::function<void(const std::exception_ptr&)> hook) {
+  Sync& s = sync();
   std::exception_ptr error;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(s.mutex);
     if (!done_.load(std::memory_order_relaxed)) {
-      hook_ = std::move(hook);
+      s.hook = std::move(hook);
       return;
     }
-    error = error_;
+    error = s.error;
   }
   hook(error);
 }
@@ -73,7 +87,12 @@ void Work::wait(std::chrono::milliseconds timeout) {
                                                  ": timeout must not be negative, got " +
                                                  std::to_string(timeout.count()) + " ms");
   }
-  const auto deadline = bounded ? deadline_after(timeout) : std::chrono::steady_clock::time_point::max();
+  if (done_.load(std::memory_order_acquire) && sync_.load(std::memory_order_acquire) == nullptr) {
+    return;  // complete when made
+  }
+  Sync& s = sync();
+  const auto deadline =
+      bounded ? deadline_after(timeout) : std::chrono::steady_clock::time_point::max();
   const auto interval = poll_interval();
   while (!is_completed()) {
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -88,12 +107,12 @@ void Work::wait(std::chrono::milliseconds timeout) {
     std::chrono::steady_clock::duration nap = std::chrono::seconds(1);
     if (interval.count() > 0) nap = std::min<std::chrono::steady_clock::duration>(nap, interval);
     if (bounded) nap = std::min(nap, deadline - std::chrono::steady_clock::now());
-    std::unique_lock<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(s.mutex);
     if (done_.load(std::memory_order_relaxed)) break;
-    if (nap.count() > 0) cv_.wait_for(lock, nap);
+    if (nap.count() > 0) s.cv.wait_for(lock, nap);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (error_) std::rethrow_exception(error_);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.error) std::rethrow_exception(s.error);
 }
 
 }  // namespace tutti

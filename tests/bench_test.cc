@@ -21,6 +21,9 @@ TEST(BenchMath, BusBandwidthFactors) {
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kBroadcast, 4), 1.0);
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kReduce, 4), 1.0);
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kSendRecv, 4), 1.0);
+  EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kAlltoall, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kGather, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kScatter, 4), 0.75);
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kAllreduce, 1), 0.0);
 }
 
@@ -30,6 +33,10 @@ TEST(BenchMath, SizesAndCounts) {
   EXPECT_EQ(message_bytes(BenchOp::kAllgather, 64, 4, 4), 1024u);
   EXPECT_EQ(elements_per_rank(BenchOp::kAllgather, 8, 4, 3), 1);  // at least one element
   EXPECT_EQ(message_bytes(BenchOp::kReduceScatter, 85, 4, 3), 1020u);
+  // alltoall, gather and scatter: the whole buffer of world-size blocks, as nccl-tests.
+  EXPECT_EQ(elements_per_rank(BenchOp::kAlltoall, 1024, 4, 4), 64);
+  EXPECT_EQ(message_bytes(BenchOp::kGather, 64, 4, 4), 1024u);
+  EXPECT_EQ(elements_per_rank(BenchOp::kScatter, 1000, 4, 3), 83);
   EXPECT_EQ(sweep(8, 64, 2), (std::vector<uint64_t>{8, 16, 32, 64}));
   EXPECT_EQ(sweep(8, 50, 4), (std::vector<uint64_t>{8, 32, 50}));
   EXPECT_EQ(sweep(100, 100, 2), (std::vector<uint64_t>{100}));
@@ -63,7 +70,9 @@ TEST(BenchOptions, BadValuesExit2WithAMessage) {
       {{"-o", "xor"}, "unknown reduce op 'xor'"},
       {{"-n", "0"}, "-n needs a count >= 1"},
       {{"-c", "2"}, "-c needs 0 or 1"},
-      {{"--op", "alltoall"}, "unknown op 'alltoall'"},
+      {{"--op", "alltoallw"}, "unknown op 'alltoallw'"},
+      {{"--op", "gather", "--async"}, "--async measures allreduce, not gather"},
+      {{"--async", "--baseline"}, "--async and --baseline are separate runs"},
       {{"-b", "1M", "-e", "1K"}, "larger than -e"},
       {{"-d", "int32", "-o", "avg"}, "avg needs a floating dtype"},
       {{"--frobnicate", "1"}, "unknown option '--frobnicate'"},
@@ -93,7 +102,7 @@ TEST(BenchCheck, APlantedWrongResultIsCounted) {
 TEST(BenchEndToEnd, JsonAndCsvHaveEveryColumn) {
   TempDir dir;
   for (const std::string op : {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce",
-                               "sendrecv", "barrier"}) {
+                               "sendrecv", "barrier", "alltoall", "gather", "scatter"}) {
     const std::string json = dir.path() + "/" + op + ".json";
     const std::string csv = dir.path() + "/" + op + ".csv";
     std::vector<std::string> args = {"--ranks", "2", "--op", op, "-b", "1K", "-e", "4K", "-n",
@@ -106,6 +115,20 @@ TEST(BenchEndToEnd, JsonAndCsvHaveEveryColumn) {
                          milliseconds(30000));
     EXPECT_EQ(v.exit_code, 0) << op << ": " << v.output;
   }
+}
+
+// --async: the overlap columns are there and consistent (not their values: speed is measured by
+// benchmarks, not tests).
+TEST(BenchEndToEnd, AsyncReportsOverlap) {
+  TempDir dir;
+  const std::string json = dir.path() + "/async.json", csv = dir.path() + "/async.csv";
+  auto r = bench({"--ranks", "2", "--async", "-b", "4K", "-e", "64K", "-f", "4", "-n", "3", "-w",
+                  "1", "--json", json, "--csv", csv});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Allreduce hidden behind compute: median"), std::string::npos) << r.output;
+  auto v = run_command({"python3", CHECK_BENCH_JSON, json, csv, "allreduce", "async"},
+                       milliseconds(30000));
+  EXPECT_EQ(v.exit_code, 0) << v.output;
 }
 
 }  // namespace

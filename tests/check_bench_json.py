@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks a tutti-bench JSON and CSV pair: every column present, values consistent.
 
-usage: check_bench_json.py FILE.json FILE.csv OP baseline|plain
+usage: check_bench_json.py FILE.json FILE.csv OP baseline|plain|async
 """
 import csv
 import json
@@ -20,7 +20,17 @@ columns = ["op", "size_bytes", "count", "dtype", "redop", "root", "in_place", "t
            "algbw_gbps", "busbw_gbps", "wrong"]
 if mode == "baseline":
     columns += ["baseline_time_us", "ratio"]
+json_only = []
+if mode == "async":
+    assert config["async"] is True, config
+    json_only = ["compute_us", "overlapped_us", "hidden"]
 for row in rows:
+    for key in json_only:
+        assert key in row, f"row lacks {key}: {row}"
+    if mode == "async":
+        assert row["compute_us"] > 0 and row["overlapped_us"] > 0, row
+        want = (row["time_us"] + row["compute_us"] - row["overlapped_us"]) / row["time_us"]
+        assert abs(row["hidden"] - min(1.0, max(0.0, want))) < 1e-6, row
     for key in columns:
         assert key in row, f"row lacks {key}: {row}"
     assert row["op"] == op

@@ -1,9 +1,10 @@
 // The NCCL backend's failure paths, each rank a process: the watchdog aborting a stuck op and a
-// stuck caller stream, an asynchronous NCCL error (on every rank, or one), destroy from another
-// thread while an op is pending, a failed and a timed-out communicator init, and a rejected
-// multi-GPU op. After each: every rank's error names the op, later ops fail with kAborted, and
-// destroy then re-init works. Under the stand-in each child also checks that nothing of the
-// CUDA runtime or NCCL is left alive, and the parent that no shared-memory segment is.
+// stuck caller stream, an asynchronous NCCL error (on every rank, or one), destroy and abort from
+// another thread while ops are pending (their Works end with kAborted), a failed and a
+// timed-out communicator init, and a rejected multi-GPU op. After each: every rank's error names
+// the op, later ops fail with kAborted, and destroy then re-init works. Under the stand-in each
+// child also checks that nothing of the CUDA runtime or NCCL is left alive, and the parent that
+// no shared-memory segment is.
 //
 // Scenarios that inject errors (TUTTI_STANDIN_NCCL_*) need the stand-in; the others also run on
 // two real GPUs (label "gpu").
@@ -201,10 +202,15 @@ void destroy_while_pending(Rank& me) {
     DeviceBuffer buf(me.device(), 1024);
     AllreduceOptions o;
     o.timeout = seconds(60);
-    g->allreduce(buf.view(DType::kFloat32, 256), o);  // enqueued; rank 1 never joins it
+    auto pending = g->allreduce(buf.view(DType::kFloat32, 256), o);  // rank 1 never joins it
+    EXPECT_FALSE(pending->is_completed());
     const auto start = Clock::now();
     std::thread([&] { g->destroy(); }).join();
     EXPECT_LT(Clock::now() - start, seconds(5)) << "destroy waited for the pending op";
+    // Its Work has ended with the destroy, and holds nothing of CUDA any more.
+    EXPECT_TRUE(pending->is_completed());
+    expect_error([&] { pending->wait(); }, {ErrorCode::kAborted},
+                 {"allreduce #1", "was still pending when the group was destroyed"});
     expect_error([&] { g->allreduce(buf.view(DType::kFloat32, 256)); }, {ErrorCode::kInvalidUsage},
                  {"destroyed"});
     g.reset();
@@ -280,6 +286,39 @@ void init_failure(Rank& me) {
   expect_values(DType::kFloat32, b.read(DType::kFloat32, 256), [](int64_t) { return 3.0; }, "cuda:1");
 }
 
+// Rank 1 never calls op #1. On rank 0, abort() from another thread ends it, whether the op
+// thread waits in a blocking call or holds an async Work, long before its 60 s timeout, naming
+// the op and the reason; later calls fail naming the reason; destroy and re-init then work.
+void abort_from_another_thread(Rank& me) {
+  auto g = me.join(seconds(60));
+  me.expect_allreduce_works(*g, "allreduce #0");
+  if (me.rank() == 0) {
+    DeviceBuffer buf(me.device(), 1024);
+    AllreduceOptions o;
+    o.async_op = true;
+    auto work = g->allreduce(buf.view(DType::kFloat32, 256), o);
+    std::thread blocked([&] {
+      AllgatherOptions b;
+      b.blocking = true;
+      DeviceBuffer out(me.device(), 2048);
+      expect_error([&] { g->allgather(out.view(DType::kFloat32, 512), buf.view(DType::kFloat32, 256), b); },
+                   {ErrorCode::kAborted}, {"allgather #2", "the test says stop"});
+    });
+    std::this_thread::sleep_for(milliseconds(300));
+    EXPECT_FALSE(work->is_completed());
+    const auto start = Clock::now();
+    g->abort("the test says stop");
+    expect_error([&] { work->wait(); }, {ErrorCode::kAborted}, {"allreduce #1", "the test says stop"});
+    blocked.join();
+    EXPECT_LT(Clock::now() - start, seconds(2)) << "abort did not end the ops promptly";
+    expect_error([&] { g->barrier(); }, {ErrorCode::kAborted}, {"the test says stop"});
+    me.signal("aborted");
+  } else {
+    me.wait_for("aborted");
+  }
+  me.destroy_and_rejoin(g);
+}
+
 const std::map<std::string, void (*)(Rank&)>& scenarios() {
   static const std::map<std::string, void (*)(Rank&)> all = {
       {"stuck_op", stuck_op},
@@ -287,6 +326,7 @@ const std::map<std::string, void (*)(Rank&)>& scenarios() {
       {"async_error", async_error},
       {"destroy_while_pending", destroy_while_pending},
       {"init_failure", init_failure},
+      {"abort_from_another_thread", abort_from_another_thread},
   };
   return all;
 }
@@ -345,6 +385,11 @@ TEST(NcclFault, AnAsyncErrorOnOneRankFailsEveryRankNamingTheOp) {
 TEST(NcclFault, DestroyFromAnotherThreadWhileAnOpIsPending) {
   SKIP_WITHOUT_GPUS(2);
   run_scenario("destroy_while_pending", 2);
+}
+
+TEST(NcclFault, AbortFromAnotherThreadEndsPendingOpsNamingTheReason) {
+  SKIP_WITHOUT_GPUS(2);
+  run_scenario("abort_from_another_thread", 2);
 }
 
 TEST(NcclFault, AFailedInitLeavesNothingBehind) {

@@ -1,5 +1,7 @@
-// The NCCL backend on a real GPU (ctest label "gpu"): every collective at world size 1, the
-// multi-GPU API with one device, stream ordering against the caller's stream, a stuck stream
+// The NCCL backend on a real GPU (ctest label "gpu"): every op at world size 1, the
+// multi-GPU API with one device, stream ordering against the caller's stream, the Work of an op
+// (complete only once its stream has run it, async ops through the group API, a stuck op's Work
+// ending with kTimeout, abort from another thread ending a pending Work), a stuck stream
 // aborting the group, and two processes on one GPU refused. Each test skips, saying why, where
 // no GPU or no NCCL is visible.
 #include <cuda_runtime_api.h>
@@ -8,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "reference.h"
@@ -69,10 +72,11 @@ const DType kDTypes[] = {DType::kBool,    DType::kInt8,    DType::kUInt8,  DType
                          DType::kUInt32,  DType::kInt64,   DType::kUInt64, DType::kFloat16,
                          DType::kBFloat16, DType::kFloat32, DType::kFloat64};
 
-// At one rank NCCL copies (allgather, reduce_scatter) or does nothing (in-place allreduce,
-// reduce, broadcast): this checks the plumbing of every op and dtype, not arithmetic, which
-// one GPU cannot show (NCCL refuses two ranks on one GPU). nccl_world_test checks the values at
-// world sizes 2 and 4 with several GPUs per process (on the stand-in in CI).
+// At one rank NCCL copies (allgather, reduce_scatter; alltoall, allgatherv, gather and scatter
+// copy the own block) or does nothing (in-place allreduce, reduce, broadcast): this checks the
+// plumbing of every op and dtype, not arithmetic, which one GPU cannot show (NCCL refuses two
+// ranks on one GPU). nccl_world_test checks the values at world sizes 2 and 4 with several GPUs
+// per process (on the stand-in in CI).
 TEST_F(NcclGpu, EveryCollectiveAtWorldSizeOne) {
   const int64_t n = 1003;
   for (DType dtype : kDTypes) {
@@ -113,6 +117,24 @@ TEST_F(NcclGpu, EveryCollectiveAtWorldSizeOne) {
     group_->allgather(std::vector<TensorView>{out.view(dtype, n)}, in.view(dtype, n));
     group_->synchronize(Device::cuda(0));
     expect_input(out, "allgather, list form");
+    // The ops built on grouped sends and receives: at one rank, the own block's copy.
+    const TensorView i = in.view(dtype, n), o = out.view(dtype, n);
+    const std::vector<std::pair<const char*, std::function<void()>>> copies = {
+        {"alltoall", [&] { group_->alltoall(o, i); }},
+        {"alltoall, lists", [&] { group_->alltoall(std::vector<TensorView>{o}, std::vector<TensorView>{i}); }},
+        {"alltoallv", [&] { group_->alltoallv(o, i, {n}, {n}); }},
+        {"allgatherv", [&] { group_->allgatherv(o, i, {n}); }},
+        {"gather", [&] { group_->gather(o, i); }},
+        {"gather, list", [&] { group_->gather(std::vector<TensorView>{o}, i); }},
+        {"scatter", [&] { group_->scatter(o, i); }},
+        {"scatter, list", [&] { group_->scatter(o, std::vector<TensorView>{i}); }},
+    };
+    for (const auto& [what, op] : copies) {
+      cudaMemset(out.ptr, 0, bytes);
+      op();
+      group_->synchronize(Device::cuda(0));
+      expect_input(out, what);
+    }
   }
   group_->barrier();
 }
@@ -156,6 +178,129 @@ TEST_F(NcclGpu, OrderedAfterTheCallersStream) {
   cudaStreamDestroy(s);
   cudaFreeHost(host);
   cudaFreeHost(back);
+}
+
+// The caller's stream is held 300 ms: the op's Work is not complete before then, a short wait
+// says so without harming the group, and wait() returns once the stream has run the op.
+TEST_F(NcclGpu, AWorkCompletesOnlyOnceItsStreamRanTheOp) {
+  const int64_t n = 4096;
+  DeviceBuffer buf(n * 4);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
+  AllreduceOptions o;
+  o.stream = s;
+  auto work = group_->allreduce(buf.view(DType::kFloat32, n), o);
+  ASSERT_NE(work, nullptr);
+  EXPECT_FALSE(work->is_completed());
+  EXPECT_EQ(work->exception(), nullptr);
+  try {
+    work->wait(milliseconds(20));
+    ADD_FAILURE() << "a 20 ms wait returned before the stream released the op";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("still running"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(group_->is_aborted());
+  work->wait();
+  EXPECT_TRUE(work->is_completed());
+  EXPECT_TRUE(work->is_success());
+  // async_op gives the same (NCCL ops always return once enqueued), and blocking waits first.
+  DeviceBuffer out(n * 4);  // before the pause: it synchronises the device
+  cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
+  AllgatherOptions async;
+  async.stream = s;
+  async.async_op = true;
+  auto gathered = group_->allgather(out.view(DType::kFloat32, n), buf.view(DType::kFloat32, n), async);
+  EXPECT_FALSE(gathered->is_completed());
+  AllreduceOptions blocking;
+  blocking.stream = s;
+  blocking.blocking = true;
+  EXPECT_TRUE(group_->allreduce(buf.view(DType::kFloat32, n), blocking)->is_completed());
+  EXPECT_TRUE(gathered->is_completed()) << "ran after an op that has finished on the same stream";
+  cudaStreamDestroy(s);
+}
+
+std::atomic<bool> g_held{false};
+
+// A caller stream held by a host function until g_held is cleared (or 10 s have passed).
+cudaStream_t held_stream() {
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  g_held = true;
+  cudaLaunchHostFunc(
+      s,
+      [](void*) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (g_held && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(milliseconds(1));
+        }
+      },
+      nullptr);
+  return s;
+}
+
+// The Work of an op that cannot finish within its 300 ms timeout ends with kTimeout naming the
+// op, while the stream is still held; the group is aborted.
+TEST_F(NcclGpu, TheWorkOfAStuckOpEndsWithTimeoutNamingIt) {
+  DeviceBuffer buf(1024);
+  cudaStream_t s = held_stream();
+  AllreduceOptions o;
+  o.stream = s;
+  o.timeout = milliseconds(300);
+  const auto start = std::chrono::steady_clock::now();
+  auto work = group_->allreduce(buf.view(DType::kFloat32, 256), o);
+  try {
+    work->wait();
+    ADD_FAILURE() << "the Work of a stuck op succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allreduce #0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("did not complete within its timeout"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  EXPECT_TRUE(g_held.load()) << "the Work ended only once the stream was released";
+  EXPECT_TRUE(group_->is_aborted());
+  g_held = false;
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+}
+
+// abort() from another thread ends a pending Work with kAborted naming the op and the reason,
+// long before its 20 s timeout, and every later op too.
+TEST_F(NcclGpu, AbortFromAnotherThreadEndsAPendingWork) {
+  DeviceBuffer buf(1024);
+  cudaStream_t s = held_stream();
+  AllreduceOptions o;
+  o.stream = s;
+  auto work = group_->allreduce(buf.view(DType::kFloat32, 256), o);
+  const auto start = std::chrono::steady_clock::now();
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    group_->abort("the test says stop");
+  });
+  try {
+    work->wait();
+    ADD_FAILURE() << "the Work of an aborted op succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allreduce #0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the test says stop"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_TRUE(g_held.load());
+  aborter.join();
+  try {
+    group_->allreduce(buf.view(DType::kFloat32, 256));
+    ADD_FAILURE() << "an op after abort ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the test says stop"), std::string::npos) << e.what();
+  }
+  g_held = false;
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
 }
 
 std::atomic<bool> g_release{false};

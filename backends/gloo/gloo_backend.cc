@@ -101,12 +101,6 @@ void GlooBackend::guarded(const OpContext& ctx, const std::string& waiting_for, 
 
 void GlooBackend::throw_aborted(const OpContext& ctx) const {
   std::lock_guard<std::mutex> lock(abort_mutex_);
-  if (aborted_by_ >= 0) {
-    throw Error(ErrorCode::kRemoteError,
-                ctx.description() + ": rank " + std::to_string(aborted_by_) +
-                    " reset its connection: it aborted the group, or passed on another rank's "
-                    "abort");
-  }
   throw Error(ErrorCode::kAborted, ctx.description() + ": aborted: " + reason_);
 }
 
@@ -124,7 +118,6 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
     context->connectFullMesh(store, device_);
     context_ = std::move(context);
     connections_.find(rank_, world_size_);
-    connections_.watch([this](int peer) { note_remote_abort(peer); });
   } catch (const ::gloo::IoException& e) {
     const std::string msg = e.what();
     const ErrorCode code =
@@ -140,18 +133,9 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
 }
 
 GlooBackend::~GlooBackend() {
-  connections_.stop_watching();  // it calls abort(): it goes before anything abort() touches
   // The context's pairs go first, then the device and its event loop thread.
   context_.reset();
   device_.reset();
-}
-
-void GlooBackend::note_remote_abort(int peer) {
-  {
-    std::lock_guard<std::mutex> lock(abort_mutex_);
-    if (!aborted_.load()) aborted_by_ = peer;
-  }
-  abort("rank " + std::to_string(peer) + " reset its connection");
 }
 
 void GlooBackend::abort(const std::string& reason) {

@@ -12,8 +12,8 @@
 // inside Gloo's I/O thread (the group's per-op tags keep mismatched calls apart).
 //
 // abort() resets the context's connections (see gloo_connections.h): the op waiting in Gloo
-// ends at once with kAborted, and every peer's group is aborted too (kRemoteError naming the
-// rank whose connection reset). SIGPIPE, which a write to a peer that
+// ends at once with kAborted, and a peer waiting on this rank fails at once too (kIoError naming
+// the rank whose connection reset). SIGPIPE, which a write to a peer that
 // died would raise, is ignored once a Gloo group exists (unless the program installed its own
 // handler): the write fails instead, and the op reports the peer.
 //
@@ -78,7 +78,6 @@ class GlooBackend : public Backend {
   template <typename Fn>
   void guarded(const OpContext& ctx, const std::string& waiting_for, Fn&& fn);
   [[noreturn]] void throw_aborted(const OpContext& ctx) const;
-  void note_remote_abort(int peer);
   void allgather_buffer(char* output, const TensorView& input, bool in_place,
                         const OpContext& ctx);
   // Waits for an unbound buffer's send or receive, which abort() can end early.
@@ -99,7 +98,6 @@ class GlooBackend : public Backend {
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mutex_;  // guards reason_ and waiting_
   std::string reason_;
-  int aborted_by_ = -1;  // the peer whose reset ended this group, if it was a peer's
   std::set<::gloo::transport::UnboundBuffer*> waiting_;  // buffers an op waits on now
 };
 

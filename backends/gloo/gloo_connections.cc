@@ -2,17 +2,13 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 
 #include "logging.h"
 
@@ -107,34 +103,15 @@ void GlooConnections::find(int rank, int world_size) {
     const int peer = accepted != mine.end() ? accepted->second : connected->second;
     // Gloo names an accepted connection's peer by the address it connected from.
     gloo_names_[gloo_name_of(remote)] = peer;
-    const int copy = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
-    if (copy >= 0) sockets_.push_back(Socket{copy, peer});
+    sockets_.push_back(Socket{static_cast<int>(fd), static_cast<unsigned long>(st.st_ino)});
   }
   ::closedir(dir);
   TUTTI_LOG_DEBUG("gloo: rank {}/{} found {} connection(s)", rank, world_size, sockets_.size());
 }
 
-GlooConnections::~GlooConnections() {
-  stop_watching();
-  for (const Socket& s : sockets_) ::close(s.fd);
-}
-
-void GlooConnections::stop_watching() {
-  std::thread watcher;
-  int stop_fd = -1;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    watcher = std::move(watcher_);
-    stop_fd = std::exchange(stop_fd_, -1);
-  }
-  if (stop_fd >= 0) {
-    const uint64_t one = 1;
-    if (::write(stop_fd, &one, sizeof(one)) < 0) {
-      // Cannot happen for an eventfd short of overflow; the watcher times out anyway.
-    }
-  }
-  if (watcher.joinable()) watcher.join();
-  if (stop_fd >= 0) ::close(stop_fd);
+bool GlooConnections::still_ours(const Socket& s) const {
+  struct stat st;
+  return ::fstat(s.fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == s.inode;
 }
 
 void GlooConnections::reset_all() {
@@ -142,6 +119,7 @@ void GlooConnections::reset_all() {
   if (reset_) return;
   reset_ = true;
   for (const Socket& s : sockets_) {
+    if (!still_ours(s)) continue;  // Gloo closed it (after an error): nothing to end
     // The peer gets a RST at once (a connect to AF_UNSPEC disconnects a TCP socket), even behind
     // data it has not read. The shutdown then marks the socket closed both ways, which wakes
     // Gloo's own loop here (the disconnect alone leaves it looking like a fresh socket).
@@ -149,56 +127,6 @@ void GlooConnections::reset_all() {
     reset.sa_family = AF_UNSPEC;
     ::connect(s.fd, &reset, sizeof(reset));
     ::shutdown(s.fd, SHUT_RDWR);
-  }
-}
-
-void GlooConnections::watch(std::function<void(int rank)> on_reset) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (sockets_.empty() || watcher_.joinable()) return;
-  stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
-  if (stop_fd_ < 0) return;
-  watcher_ = std::thread([this, stop = stop_fd_, on_reset = std::move(on_reset)] {
-    watch_loop(stop, on_reset);
-  });
-}
-
-void GlooConnections::watch_loop(int stop_fd, const std::function<void(int rank)>& on_reset) {
-  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
-  if (ep < 0) return;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = ~uint64_t{0};
-  ::epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd, &ev);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < sockets_.size(); ++i) {
-      // No events asked for: epoll reports errors and hang-ups regardless, and a reset
-      // connection stays in that state (Gloo's own loop handles the data and plain closes).
-      epoll_event se{};
-      se.events = 0;
-      se.data.u64 = i;
-      ::epoll_ctl(ep, EPOLL_CTL_ADD, sockets_[i].fd, &se);
-    }
-  }
-  while (true) {
-    epoll_event events[16];
-    const int n = ::epoll_wait(ep, events, 16, 1000);
-    int reset_by = -1;
-    for (int i = 0; i < n; ++i) {
-      if (events[i].data.u64 == ~uint64_t{0}) {
-        ::close(ep);
-        return;
-      }
-      if ((events[i].events & (EPOLLERR | EPOLLHUP)) != 0 && reset_by < 0) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        reset_by = sockets_[events[i].data.u64].rank;
-      }
-    }
-    if (reset_by >= 0) {
-      ::close(ep);  // once is enough: the group is aborted from here on
-      on_reset(reset_by);
-      return;
-    }
   }
 }
 

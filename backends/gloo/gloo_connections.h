@@ -1,5 +1,5 @@
-// GlooConnections: the sockets of one Gloo context, found so that an abort can end them and so
-// that a peer's abort is noticed at once (internal to the Gloo backend).
+// GlooConnections: the sockets of one Gloo context, found so that an abort can end them
+// (internal to the Gloo backend).
 //
 // Gloo 0.5 offers no way to interrupt an op waiting inside its collectives, and Pair::close()
 // does not wake them. Resetting a pair's connection does: Gloo's event loop sees the error,
@@ -7,20 +7,20 @@
 // on their own address and publish it through the rendezvous store; a socket is this context's
 // when its local address is one of this rank's pair addresses, or its peer's address is one a
 // peer's pair published for this rank. The sockets are looked up in /proc/self/fd once, after
-// the context connects, and duplicated, so they stay valid (and watched) whatever Gloo closes.
+// the context connects, and remembered with their inode so that a reused descriptor is never
+// touched.
 //
 // An abort resets every connection (RST: a connect to AF_UNSPEC, then a shutdown that wakes
-// Gloo's loop here), which the peer sees at once, even behind unread data. A watcher thread waits for such a reset on any connection and then
-// aborts this rank too, so an abort reaches every rank, including those waiting on a third. A
-// plain close (a peer that destroyed its group after its last op, or one whose process died) is
-// no reset: Gloo itself fails an op that still needs that peer, whose abort then resets the rest.
+// Gloo's loop here), which the peer sees at once, even behind unread data: a peer waiting on
+// this rank fails at once, aborts in turn and resets its own connections, and so on. A peer
+// waiting only on a third rank that is merely late learns of it when it next needs an aborted
+// rank, or at its timeout. (A reset cannot be told from the one a peer that closed normally sends
+// back to a late write, so it is not taken as an abort signal by itself.)
 #pragma once
 
-#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace tutti::gloo_backend {
@@ -28,7 +28,6 @@ namespace tutti::gloo_backend {
 class GlooConnections {
  public:
   GlooConnections() = default;
-  ~GlooConnections();
   GlooConnections(const GlooConnections&) = delete;
   GlooConnections& operator=(const GlooConnections&) = delete;
 
@@ -37,10 +36,6 @@ class GlooConnections {
   void record(int r, const std::vector<char>& addresses);
   // Looks up this context's sockets (call once connected).
   void find(int rank, int world_size);
-  // Calls on_reset(rank) (once, from the watcher thread) when the connection to `rank` is reset.
-  void watch(std::function<void(int rank)> on_reset);
-  // Ends the watcher (joins it). Idempotent.
-  void stop_watching();
   // Resets every connection. Safe from any thread, repeatedly (only the first call acts).
   void reset_all();
   // The rank whose address (as Gloo prints it in its errors) `message` names, or -1.
@@ -49,18 +44,16 @@ class GlooConnections {
 
  private:
   struct Socket {
-    int fd;    // our duplicate
-    int rank;  // the peer at the other end
+    int fd;
+    unsigned long inode;
   };
-  void watch_loop(int stop_fd, const std::function<void(int rank)>& on_reset);
+  bool still_ours(const Socket& s) const;
 
   mutable std::mutex mutex_;
   std::map<int, std::vector<char>> published_;  // by rank
   std::vector<Socket> sockets_;
   std::map<std::string, int> gloo_names_;  // each peer's addresses, as Gloo prints them
   bool reset_ = false;
-  int stop_fd_ = -1;  // an eventfd that ends the watcher
-  std::thread watcher_;
 };
 
 }  // namespace tutti::gloo_backend

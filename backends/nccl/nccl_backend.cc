@@ -1,69 +1,21 @@
+// The NCCL backend's machinery: its life, communicators, launching an op, the watchdog and
+// failure. The ops themselves are in nccl_collectives.cc and nccl_p2p.cc.
 #include "nccl_backend.h"
 
 #include <algorithm>
 #include <cstring>
-#include <new>
 
 #include "host_identity.h"
 #include "logging.h"
 #include "nccl_api.h"
 #include "nccl_types.h"
-#include "tensor_list.h"
+#include "nccl_util.h"
 #include "tutti/error.h"
 
 namespace tutti::nccl_backend {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void cuda_check(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) {
-    throw Error(ErrorCode::kInternal, "nccl: " + what + ": " + cudaGetErrorString(e));
-  }
-}
-
-// Makes a device current for a scope.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (device != previous_) cuda_check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  // For destructors, which must not throw: a failed switch shows in the calls that follow.
-  DeviceGuard(int device, std::nothrow_t) {
-    cudaGetDevice(&previous_);
-    if (device != previous_) cudaSetDevice(device);
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// An NCCL group that always ends: a throw between ncclGroupStart and ncclGroupEnd would leave
-// this thread's later NCCL calls, an abort included, queued in a group that never ends.
-class NcclGroup {
- public:
-  explicit NcclGroup(const NcclApi& api) : api_(api) {}
-  NcclGroup(const NcclGroup&) = delete;
-  NcclGroup& operator=(const NcclGroup&) = delete;
-  ~NcclGroup() {
-    if (open_) api_.GroupEnd();
-  }
-  ncclResult_t start() {
-    const ncclResult_t r = api_.GroupStart();
-    open_ = r == ncclSuccess;
-    return r;
-  }
-  ncclResult_t end() {
-    open_ = false;
-    return api_.GroupEnd();
-  }
-
- private:
-  const NcclApi& api_;
-  bool open_ = false;
-};
 
 std::string pci_bus_id(int device) {
   char id[64] = {0};
@@ -72,7 +24,6 @@ std::string pci_bus_id(int device) {
   }
   return id;
 }
-
 
 std::vector<std::string> split_string(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -86,6 +37,21 @@ std::vector<std::string> split_string(const std::string& s, char sep) {
   return out;
 }
 
+// Waits on the host until `work` has finished, then rethrows its error. An op on one GPU takes a
+// few microseconds: it spins for the first 100 us, then sleeps 20 us at a time (review #20: a
+// fixed 50 us sleep dominated small ops). Bounded: the watchdog ends the Work at its deadline.
+void wait_on_host(Work& work) {
+  const auto spin_until = Clock::now() + std::chrono::microseconds(100);
+  while (!work.is_completed()) {
+    if (Clock::now() < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  work.wait();
+}
+
 }  // namespace
 
 // While the op thread calls into NCCL the watchdog must not free the communicators under it: a
@@ -95,12 +61,7 @@ class NcclBackend::InNccl {
  public:
   InNccl(NcclBackend& b, const OpContext& ctx) : b_(b) {
     std::lock_guard<std::mutex> lock(b_.mutex_);
-    if (!b_.failure_.empty()) {
-      throw Error(ErrorCode::kAborted, ctx.description() +
-                                           ": the NCCL communicators were aborted: " +
-                                           b_.failure_ + "; destroy the group and initialise it "
-                                                         "again");
-    }
+    if (!b_.failure_.empty()) throw b_.aborted_locked(ctx);
     b_.in_nccl_ = true;
   }
   ~InNccl() {
@@ -111,6 +72,8 @@ class NcclBackend::InNccl {
     }
     b_.wake_.notify_all();
   }
+  InNccl(const InNccl&) = delete;
+  InNccl& operator=(const InNccl&) = delete;
 
  private:
   NcclBackend& b_;
@@ -127,17 +90,36 @@ NcclBackend::NcclBackend(const BackendContext& ctx)
     throw Error(ErrorCode::kUnavailable, "nccl: no CUDA device is visible to this process");
   }
   TUTTI_LOG_DEBUG("nccl: NCCL {} from {}", api_.version, api_.library);
-  watchdog_ = std::thread([this] { watchdog_loop(); });
+  watchdog_ = std::thread([this, gone = gone_] { watchdog_loop(gone); });
 }
 
 NcclBackend::~NcclBackend() {
-  abort_if_pending();
+  // Work still pending is aborted rather than waited for (finalizing a communicator whose op
+  // hangs took 10 s each); every pending Work then ends with kAborted.
+  abort_if_pending(" was still pending when the group was destroyed");
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   wake_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
+  if (std::this_thread::get_id() == watchdog_.get_id()) {
+    // A completion hook on the watchdog's thread let go of the last reference: the thread cannot
+    // join itself; it returns as soon as the hook does, without touching this backend.
+    gone_->store(true);
+    watchdog_.detach();
+  } else if (watchdog_.joinable()) {
+    watchdog_.join();
+  }
+  // Whatever is still listed has finished on the GPU (abort_if_pending failed the rest).
+  for (Pending& p : pending_) {
+    if (p.work->settle(events_) == cudaSuccess) {
+      p.work->finish();
+    } else {
+      p.work->finish(std::make_exception_ptr(Error(
+          ErrorCode::kAborted, p.work->description() + ": the group was destroyed first")));
+    }
+  }
+  pending_.clear();
   // After a failure, what the watchdog has not aborted yet is aborted here; otherwise each
   // communicator is finalized (bounded), then destroyed.
   const bool failed = !failure_.empty();
@@ -168,22 +150,15 @@ NcclBackend::~NcclBackend() {
         // Stream-ordered: after the stream's last use of it, without waiting on the host.
         if (c->scratch[i] != nullptr) cudaFreeAsync(c->scratch[i], c->streams[i]);
         cudaStreamDestroy(c->streams[i]);
+        cudaEventDestroy(c->ready[i]);
       }
     }
   }
 }
 
-NcclBackend::Events::~Events() {
-  for (cudaEvent_t x : e) cudaEventDestroy(x);
-}
-
-void NcclBackend::check_failed(const OpContext& ctx) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!failure_.empty()) {
-    throw Error(ErrorCode::kAborted, ctx.description() +
-                                         ": the NCCL communicators were aborted: " + failure_ +
-                                         "; destroy the group and initialise it again");
-  }
+Error NcclBackend::aborted_locked(const OpContext& ctx) const {
+  return Error(ErrorCode::kAborted, ctx.description() + ": the NCCL communicators were aborted (" +
+                                        failure_ + "); destroy the group and initialise it again");
 }
 
 void NcclBackend::check_nccl(ncclResult_t r, ncclComm_t comm, const OpContext& ctx,
@@ -206,16 +181,13 @@ void NcclBackend::check_nccl(ncclResult_t r, ncclComm_t comm, const OpContext& c
 // that waits for it in vain.
 void NcclBackend::wait_enqueued(const std::vector<ncclComm_t>& comms, const OpContext& ctx,
                                 const char* what) {
-  const auto deadline = Clock::now() + ctx.timeout;
+  const auto deadline = ctx.deadline();
   std::vector<bool> done(comms.size(), false);
   size_t left = comms.size();
   for (int polls = 0;; ++polls) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!failure_.empty()) {
-        throw Error(ErrorCode::kAborted, ctx.description() +
-                                             ": the NCCL communicators were aborted: " + failure_);
-      }
+      if (!failure_.empty()) throw aborted_locked(ctx);
     }
     for (size_t i = 0; i < comms.size(); ++i) {
       if (done[i]) continue;
@@ -230,7 +202,7 @@ void NcclBackend::wait_enqueued(const std::vector<ncclComm_t>& comms, const OpCo
     if (Clock::now() > deadline) {
       const std::string why = ctx.description() + " was still being set up after " +
                               std::to_string(ctx.timeout.count()) + " ms";
-      fail_all(why);
+      fail(why);
       throw Error(ErrorCode::kTimeout, why + " (waiting for the other ranks)");
     }
     // An enqueue takes microseconds, an init up to seconds: spin briefly, then sleep.
@@ -242,61 +214,89 @@ void NcclBackend::wait_enqueued(const std::vector<ncclComm_t>& comms, const OpCo
   }
 }
 
-void NcclBackend::init_comms(Comms& c, const std::string& prefix, bool make_id,
-                             const OpContext& ctx) {
-  ncclUniqueId id;
-  if (make_id) {
-    check_nccl(api_.GetUniqueId(&id), nullptr, ctx, "ncclGetUniqueId");
-    store_->set(prefix + "/id", std::string(id.internal, sizeof(id.internal)));
-  } else {
-    const std::string bytes = store_->get(prefix + "/id");
-    if (bytes.size() != sizeof(id.internal)) {
+void NcclBackend::init_comms(const std::vector<Init>& inits, const OpContext& ctx) {
+  // Every id this rank makes is published before it reads any: ranks that each make one id and
+  // need another's (the pair communicators of a ring) never wait on each other.
+  std::vector<ncclUniqueId> ids(inits.size());
+  for (size_t n = 0; n < inits.size(); ++n) {
+    if (!inits[n].make_id) continue;
+    check_nccl(api_.GetUniqueId(&ids[n]), nullptr, ctx, "ncclGetUniqueId");
+    store_->set(inits[n].prefix + "/id", std::string(ids[n].internal, sizeof(ids[n].internal)));
+  }
+  for (size_t n = 0; n < inits.size(); ++n) {
+    if (inits[n].make_id) continue;
+    const std::string bytes = store_->get(inits[n].prefix + "/id");
+    if (bytes.size() != sizeof(ids[n].internal)) {
       throw Error(ErrorCode::kRemoteError, ctx.description() + ": malformed NCCL unique id");
     }
-    std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+    std::memcpy(ids[n].internal, bytes.data(), sizeof(ids[n].internal));
   }
   InNccl section(*this, ctx);
-  const size_t k = c.devices.size();
-  c.comms.assign(k, nullptr);
-  c.streams.assign(k, nullptr);
-  c.scratch.assign(k, nullptr);
-  c.scratch_bytes.assign(k, 0);
+  for (const Init& init : inits) {
+    const size_t k = init.c->devices.size();
+    init.c->comms.assign(k, nullptr);
+    init.c->streams.assign(k, nullptr);
+    init.c->ready.assign(k, nullptr);
+    init.c->scratch.assign(k, nullptr);
+    init.c->scratch_bytes.assign(k, 0);
+  }
   try {
-    for (size_t i = 0; i < k; ++i) {
-      DeviceGuard guard(c.devices[i]);
-      cuda_check(cudaStreamCreateWithFlags(&c.streams[i], cudaStreamNonBlocking),
-                 "cudaStreamCreate");
+    std::vector<ncclComm_t> all;
+    for (const Init& init : inits) {
+      Comms& c = *init.c;
+      for (size_t i = 0; i < c.devices.size(); ++i) {
+        DeviceGuard guard(c.devices[i]);
+        cuda_check(cudaStreamCreateWithFlags(&c.streams[i], cudaStreamNonBlocking),
+                   "cudaStreamCreate");
+        cuda_check(cudaEventCreateWithFlags(&c.ready[i], cudaEventDisableTiming),
+                   "cudaEventCreate");
+      }
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // bounded by our own deadline below
     {
+      // One group for all: NCCL requires it when one thread initialises several devices.
       NcclGroup group(api_);
-      if (k > 1) check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
-      for (size_t i = 0; i < k; ++i) {
-        DeviceGuard guard(c.devices[i]);
-        check_nccl(api_.CommInitRankConfig(&c.comms[i], c.nranks, id,
-                                           c.first_rank + static_cast<int>(i), &config),
-                   c.comms[i], ctx, "ncclCommInitRankConfig");
+      check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
+      for (size_t n = 0; n < inits.size(); ++n) {
+        Comms& c = *inits[n].c;
+        for (size_t i = 0; i < c.devices.size(); ++i) {
+          DeviceGuard guard(c.devices[i]);
+          check_nccl(api_.CommInitRankConfig(&c.comms[i], c.nranks, ids[n],
+                                             c.first_rank + static_cast<int>(i), &config),
+                     c.comms[i], ctx, "ncclCommInitRankConfig");
+          all.push_back(c.comms[i]);
+        }
       }
-      if (k > 1) check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
+      check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
     }
     OpContext init = ctx;
     init.timeout = timeout_;
-    wait_enqueued(c.comms, init, "ncclCommInitRankConfig");
+    wait_enqueued(all, init, "ncclCommInitRankConfig");
   } catch (...) {
     // Nothing of communicators that did not come up may stay: NCCL's init would go on, holding
     // sockets and memory (NCCL's docs abort a communicator whose init timed out). They are not
     // in the maps yet, so the watchdog never sees them.
-    for (ncclComm_t& comm : c.comms) {
-      if (comm != nullptr) api_.CommAbort(comm);
-      comm = nullptr;
-    }
-    for (cudaStream_t& s : c.streams) {
-      if (s != nullptr) cudaStreamDestroy(s);
-      s = nullptr;
+    for (const Init& init : inits) {
+      Comms& c = *init.c;
+      for (size_t i = 0; i < c.devices.size(); ++i) {
+        DeviceGuard guard(c.devices[i], std::nothrow);
+        if (c.comms[i] != nullptr) api_.CommAbort(c.comms[i]);
+        if (c.streams[i] != nullptr) cudaStreamDestroy(c.streams[i]);
+        if (c.ready[i] != nullptr) cudaEventDestroy(c.ready[i]);
+        c.comms[i] = nullptr;
+        c.streams[i] = nullptr;
+        c.ready[i] = nullptr;
+      }
     }
     throw;
   }
+}
+
+std::vector<NcclBackend::Lane> NcclBackend::lanes_of(Comms& c) {
+  std::vector<Lane> lanes;
+  for (size_t i = 0; i < c.devices.size(); ++i) lanes.push_back({&c, i});
+  return lanes;
 }
 
 NcclBackend::Comms& NcclBackend::collective_comms(const std::vector<TensorView>& tensors,
@@ -336,26 +336,9 @@ NcclBackend::Comms& NcclBackend::collective_comms(const std::vector<TensorView>&
       }
     }
   }
-  init_comms(*c, prefix, rank_ == 0, ctx);
+  init_comms({{c.get(), prefix, rank_ == 0}}, ctx);
   std::lock_guard<std::mutex> lock(mutex_);
   return *collective_.emplace(key, std::move(c)).first->second;
-}
-
-NcclBackend::Comms& NcclBackend::p2p_comms(int device, int peer_rank, int peer_device,
-                                           const OpContext& ctx) {
-  // One two-rank communicator per pair of (rank, GPU), named the same from both ends.
-  const bool low = rank_ < peer_rank;
-  const std::string me = std::to_string(rank_) + ":" + std::to_string(device);
-  const std::string peer = std::to_string(peer_rank) + ":" + std::to_string(peer_device);
-  const std::string key = low ? me + "-" + peer : peer + "-" + me;
-  if (auto it = p2p_.find(key); it != p2p_.end()) return *it->second;
-  auto c = std::make_unique<Comms>();
-  c->devices = {device};
-  c->nranks = 2;
-  c->first_rank = low ? 0 : 1;
-  init_comms(*c, "nccl/p2p/" + key, low, ctx);
-  std::lock_guard<std::mutex> lock(mutex_);
-  return *p2p_.emplace(key, std::move(c)).first->second;
 }
 
 // Grows the scratch buffer in stream order on the communicator's stream: the old one is freed
@@ -377,252 +360,63 @@ void* NcclBackend::scratch(Comms& c, size_t i, size_t bytes) {
   return c.scratch[i];
 }
 
-template <typename Issue>
-void NcclBackend::launch(Comms& c, const OpOptions& opts, const OpContext& ctx, Issue&& issue) {
-  const size_t k = c.devices.size();
-  auto caller = [&](size_t) {
-    return opts.stream != nullptr ? static_cast<cudaStream_t>(opts.stream) : cudaStream_t{};
-  };
-  std::shared_ptr<Events> done;
+Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOptions& opts,
+                                     const OpContext& ctx, const Issue& issue) {
+  auto work = std::make_shared<NcclWork>(ctx);
   {
     InNccl section(*this, ctx);
-    if (opts.stream != nullptr && k > 1) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  ctx.description() + ": an explicit stream belongs to one device; a list of " +
-                      std::to_string(k) + " uses each device's default stream");
+    if (opts.stream != nullptr) {
+      for (const Lane& l : lanes) {
+        if (l.device() != lanes[0].device()) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      ctx.description() + ": an explicit stream belongs to one device; this op "
+                                          "runs on several, each after its default stream");
+        }
+      }
     }
+    // Null: the legacy default stream of each lane's device (review #24: see OpOptions).
+    const auto caller = static_cast<cudaStream_t>(opts.stream);
     // Ordered after the caller's work.
-    for (size_t i = 0; i < k; ++i) {
-      DeviceGuard guard(c.devices[i]);
-      cudaEvent_t ready;
-      cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-      cuda_check(cudaEventRecord(ready, caller(i)), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(c.streams[i], ready, 0), "cudaStreamWaitEvent");
-      cudaEventDestroy(ready);  // released once the wait is done
+    for (const Lane& l : lanes) {
+      DeviceGuard guard(l.device());
+      cuda_check(cudaEventRecord(l.c->ready[l.i], caller), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(l.stream(), l.c->ready[l.i], 0), "cudaStreamWaitEvent");
     }
-    issue(/*phase=*/0);  // copies that must precede the op
-    NcclGroup group(api_);
-    if (k > 1) check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
-    issue(/*phase=*/1);  // the NCCL calls
-    if (k > 1) check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
-    wait_enqueued(c.comms, ctx, "enqueue");
-    issue(/*phase=*/2);  // copies that follow the op
+    issue(Phase::kBefore);  // copies that must precede the op
+    {
+      // Always a group, also for one call: the calls of one op (sends and receives to several
+      // peers, several devices) must reach NCCL together.
+      NcclGroup group(api_);
+      check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
+      issue(Phase::kNccl);
+      check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
+    }
+    std::vector<ncclComm_t> comms;
+    for (const Lane& l : lanes) {
+      if (std::find(comms.begin(), comms.end(), l.comm()) == comms.end()) comms.push_back(l.comm());
+    }
+    wait_enqueued(comms, ctx, "enqueue");
+    issue(Phase::kAfter);  // copies that follow the op
     // The caller's stream waits for the op; the watchdog watches it against the timeout.
-    Pending p;
-    p.devices = c.devices;
-    p.deadline = Clock::now() + ctx.timeout;
-    p.description = ctx.description();
-    for (size_t i = 0; i < k; ++i) {
-      DeviceGuard guard(c.devices[i]);
-      cudaEvent_t event;
-      cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-      p.done->e.push_back(event);  // destroyed with p.done, also when a call below throws
-      cuda_check(cudaEventRecord(event, c.streams[i]), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(caller(i), event, 0), "cudaStreamWaitEvent");
+    for (const Lane& l : lanes) {
+      DeviceGuard guard(l.device());
+      cudaEvent_t done = events_.take(l.device());
+      work->add_event(l.device(), done);  // the Work holds it from here, also if a call throws
+      cuda_check(cudaEventRecord(done, l.stream()), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(caller, done, 0), "cudaStreamWaitEvent");
     }
-    done = p.done;
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_.push_back(std::move(p));
+    // A failure that came meanwhile has ended every listed Work: this one would be forgotten.
+    if (!failure_.empty()) throw aborted_locked(ctx);
+    pending_.push_back({work, ctx.deadline(), ctx.timeout});
   }
   wake_.notify_all();
-  if (!opts.blocking) return;
-  // Blocking: wait on the host, out of NCCL (so that the watchdog keeps checking its
-  // asynchronous errors meanwhile), never past the deadline (the watchdog aborts at it).
-  for (size_t i = 0; i < k; ++i) {
-    while (true) {
-      check_failed(ctx);
-      const cudaError_t e = cudaEventQuery(done->e[i]);
-      if (e == cudaSuccess) break;
-      if (e != cudaErrorNotReady) cuda_check(e, "cudaEventQuery");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-}
-
-Backend::WorkPtr NcclBackend::allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
-                            const OpContext& ctx) {
-  Comms& c = collective_comms(tensors, ctx);
-  const ncclDataType_t dt = to_nccl(tensors[0].dtype());
-  const ncclRedOp_t op = to_nccl(opts.reduce_op, tensors[0].dtype());
-  const size_t n = static_cast<size_t>(tensors[0].numel());
-  launch(c, opts, ctx, [&](int phase) {
-    if (phase != 1) return;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      DeviceGuard guard(c.devices[i]);
-      check_nccl(api_.AllReduce(tensors[i].data(), tensors[i].data(), n, dt, op, c.comms[i],
-                                c.streams[i]),
-                 c.comms[i], ctx, "ncclAllReduce");
-    }
-  });
+  if (!opts.blocking) return work;
+  // Blocking: out of NCCL (so that the watchdog keeps checking its asynchronous errors
+  // meanwhile), never past the deadline (the watchdog ends the Work at it).
+  wait_on_host(*work);
   return nullptr;
 }
-
-Backend::WorkPtr NcclBackend::broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
-                            const OpContext& ctx) {
-  Comms& c = collective_comms(tensors, ctx);
-  const int k = static_cast<int>(tensors.size());
-  const int root = nccl_rank(opts.root_rank, k, opts.root_tensor);
-  const ncclDataType_t dt = to_nccl(tensors[0].dtype());
-  const size_t n = static_cast<size_t>(tensors[0].numel());
-  launch(c, opts, ctx, [&](int phase) {
-    if (phase != 1) return;
-    for (int i = 0; i < k; ++i) {
-      DeviceGuard guard(c.devices[i]);
-      check_nccl(api_.Broadcast(tensors[i].data(), tensors[i].data(), n, dt, root, c.comms[i],
-                                c.streams[i]),
-                 c.comms[i], ctx, "ncclBroadcast");
-    }
-  });
-  return nullptr;
-}
-
-Backend::WorkPtr NcclBackend::reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
-                         const OpContext& ctx) {
-  Comms& c = collective_comms(tensors, ctx);
-  const int k = static_cast<int>(tensors.size());
-  const int root = nccl_rank(opts.root_rank, k, opts.root_tensor);
-  const ncclDataType_t dt = to_nccl(tensors[0].dtype());
-  const ncclRedOp_t op = to_nccl(opts.reduce_op, tensors[0].dtype());
-  const size_t n = static_cast<size_t>(tensors[0].numel());
-  launch(c, opts, ctx, [&](int phase) {
-    if (phase != 1) return;
-    for (int i = 0; i < k; ++i) {
-      DeviceGuard guard(c.devices[i]);
-      // In place: only the root's buffer receives (NCCL reads the others' as input only).
-      check_nccl(api_.Reduce(tensors[i].data(), tensors[i].data(), n, dt, op, root, c.comms[i],
-                             c.streams[i]),
-                 c.comms[i], ctx, "ncclReduce");
-    }
-  });
-  return nullptr;
-}
-
-Backend::WorkPtr NcclBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
-                            const std::vector<TensorView>& inputs, const AllgatherOptions& opts,
-                            const OpContext& ctx) {
-  Comms& c = collective_comms(inputs, ctx);
-  const ncclDataType_t dt = to_nccl(inputs[0].dtype());
-  const size_t n = static_cast<size_t>(inputs[0].numel());
-  const size_t bytes = inputs[0].nbytes();
-  std::vector<void*> recv(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    recv[i] = detail::back_to_back(outputs[i]) ? outputs[i][0].data()
-                                       : scratch(c, i, bytes * outputs[i].size());
-  }
-  launch(c, opts, ctx, [&](int phase) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      DeviceGuard guard(c.devices[i]);
-      if (phase == 1) {
-        check_nccl(api_.AllGather(inputs[i].data(), recv[i], n, dt, c.comms[i], c.streams[i]),
-                   c.comms[i], ctx, "ncclAllGather");
-      } else if (phase == 2 && recv[i] != outputs[i][0].data()) {
-        for (size_t j = 0; j < outputs[i].size(); ++j) {
-          cuda_check(cudaMemcpyAsync(outputs[i][j].data(), static_cast<char*>(recv[i]) + j * bytes,
-                                     bytes, cudaMemcpyDeviceToDevice, c.streams[i]),
-                     "cudaMemcpyAsync");
-        }
-      }
-    }
-  });
-  return nullptr;
-}
-
-Backend::WorkPtr NcclBackend::reduce_scatter(const std::vector<TensorView>& outputs,
-                                 const std::vector<std::vector<TensorView>>& inputs,
-                                 const ReduceScatterOptions& opts, const OpContext& ctx) {
-  Comms& c = collective_comms(outputs, ctx);
-  const ncclDataType_t dt = to_nccl(outputs[0].dtype());
-  const ncclRedOp_t op = to_nccl(opts.reduce_op, outputs[0].dtype());
-  const size_t n = static_cast<size_t>(outputs[0].numel());
-  const size_t bytes = outputs[0].nbytes();
-  std::vector<void*> send(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    send[i] = detail::back_to_back(inputs[i]) ? inputs[i][0].data()
-                                      : scratch(c, i, bytes * inputs[i].size());
-  }
-  launch(c, opts, ctx, [&](int phase) {
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      DeviceGuard guard(c.devices[i]);
-      if (phase == 0 && send[i] != inputs[i][0].data()) {
-        for (size_t j = 0; j < inputs[i].size(); ++j) {
-          cuda_check(cudaMemcpyAsync(static_cast<char*>(send[i]) + j * bytes, inputs[i][j].data(),
-                                     bytes, cudaMemcpyDeviceToDevice, c.streams[i]),
-                     "cudaMemcpyAsync");
-        }
-      } else if (phase == 1) {
-        check_nccl(api_.ReduceScatter(send[i], outputs[i].data(), n, dt, op, c.comms[i],
-                                      c.streams[i]),
-                   c.comms[i], ctx, "ncclReduceScatter");
-      }
-    }
-  });
-  return nullptr;
-}
-
-Backend::WorkPtr NcclBackend::barrier(const BarrierOptions& opts, const OpContext& ctx) {
-  // NCCL has no barrier: a one-element allreduce, waited for, over the devices of the last
-  // collective (the same communicator on every rank, which all ran the same collectives), or
-  // over this process's current GPU before any. Not simply the current GPU: a rank whose
-  // current GPU changed would make a communicator that its peers never make.
-  std::vector<TensorView> probes;
-  if (auto it = collective_.find(last_collective_); it != collective_.end()) {
-    for (int d : it->second->devices) {
-      probes.emplace_back(reinterpret_cast<void*>(16), DType::kUInt8, std::vector<int64_t>{1},
-                          Device::cuda(d));
-    }
-  } else {
-    int device = 0;
-    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    probes.emplace_back(reinterpret_cast<void*>(16), DType::kUInt8, std::vector<int64_t>{1},
-                        Device::cuda(device));
-  }
-  Comms& c = collective_comms(probes, ctx);
-  std::vector<void*> one(c.devices.size());
-  for (size_t i = 0; i < one.size(); ++i) one[i] = scratch(c, i, 16);
-  BarrierOptions blocking = opts;
-  blocking.blocking = true;
-  launch(c, blocking, ctx, [&](int phase) {
-    if (phase != 1) return;
-    for (size_t i = 0; i < one.size(); ++i) {
-      DeviceGuard guard(c.devices[i]);
-      check_nccl(api_.AllReduce(one[i], one[i], 1, ncclUint8, ncclMax, c.comms[i], c.streams[i]),
-                 c.comms[i], ctx, "ncclAllReduce (barrier)");
-    }
-  });
-  return nullptr;
-}
-
-Backend::WorkPtr NcclBackend::send(const std::vector<TensorView>& tensors, int dst_rank,
-                       const SendOptions& opts, const OpContext& ctx) {
-  const TensorView& t = tensors[0];
-  Comms& c = p2p_comms(t.device().index, dst_rank, opts.dst_device_index, ctx);
-  const int peer = 1 - c.first_rank;
-  launch(c, opts, ctx, [&](int phase) {
-    if (phase != 1) return;
-    DeviceGuard guard(c.devices[0]);
-    check_nccl(api_.Send(t.data(), static_cast<size_t>(t.numel()), to_nccl(t.dtype()), peer,
-                         c.comms[0], c.streams[0]),
-               c.comms[0], ctx, "ncclSend");
-  });
-  return nullptr;
-}
-
-Backend::WorkPtr NcclBackend::recv(const std::vector<TensorView>& tensors, int src_rank,
-                       const RecvOptions& opts, const OpContext& ctx) {
-  const TensorView& t = tensors[0];
-  Comms& c = p2p_comms(t.device().index, src_rank, opts.src_device_index, ctx);
-  const int peer = 1 - c.first_rank;
-  launch(c, opts, ctx, [&](int phase) {
-    if (phase != 1) return;
-    DeviceGuard guard(c.devices[0]);
-    check_nccl(api_.Recv(t.data(), static_cast<size_t>(t.numel()), to_nccl(t.dtype()), peer,
-                         c.comms[0], c.streams[0]),
-               c.comms[0], ctx, "ncclRecv");
-  });
-  return nullptr;
-}
-
-void NcclBackend::abort(const std::string& reason) { fail_all("aborted: " + reason); }
 
 void NcclBackend::synchronize(Device device) {
   // Waits for the device's legacy default stream, which every op without an explicit stream
@@ -637,14 +431,19 @@ void NcclBackend::synchronize(Device device) {
       }
     }
   }
-  Events marks;
+  struct Marks {
+    std::vector<cudaEvent_t> e;
+    ~Marks() {
+      for (cudaEvent_t x : e) cudaEventDestroy(x);
+    }
+  } marks;
   for (cudaStream_t stream : streams) {
     cudaEvent_t mark;
     cuda_check(cudaEventCreateWithFlags(&mark, cudaEventDisableTiming), "cudaEventCreate");
     marks.e.push_back(mark);
     cuda_check(cudaEventRecord(mark, stream), "cudaEventRecord");
   }
-  const auto deadline = Clock::now() + timeout_;
+  const auto deadline = deadline_after(timeout_);
   for (cudaEvent_t mark : marks.e) {
     while (true) {
       const cudaError_t e = cudaEventQuery(mark);
@@ -655,38 +454,63 @@ void NcclBackend::synchronize(Device device) {
                                              ") timed out after " +
                                              std::to_string(timeout_.count()) + " ms");
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 }
 
-// The destructor calls this first: work still pending is aborted rather than waited for
-// (finalizing a communicator whose op hangs took 10 s each); with nothing pending, the
-// communicators are finalized as usual.
-void NcclBackend::abort_if_pending() {
+void NcclBackend::abort(const std::string& reason) { fail(reason); }
+
+// What NCCL offers for subgroups, ncclCommSplit, is collective over every rank of the parent
+// communicator: ranks outside the subgroup must call it too, with NCCL_SPLIT_NOCOLOR. But
+// CollectiveGroup::split calls Backend::split on the subgroup's members only (the others get
+// null before the backend is asked), and the parent's communicators are made lazily, one per
+// device list, so there may be several or none to split. So split() keeps Backend's default: the
+// subgroup's backend comes from the factory and makes its communicators on first use, through
+// the subgroup's own store, as any group does (one NCCL bootstrap per device list).
+
+void NcclBackend::abort_if_pending(const std::string& why) {
   std::string pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failure_.empty()) return;
-    if (in_nccl_) pending = "an op";
     for (const Pending& p : pending_) {
-      for (cudaEvent_t e : p.done->e) {
-        if (pending.empty() && cudaEventQuery(e) == cudaErrorNotReady) pending = p.description;
+      if (p.work->query() == cudaErrorNotReady) {
+        pending = p.work->description();
+        break;
       }
     }
   }
-  if (!pending.empty()) fail_all(pending + " was still pending when the group was aborted or destroyed");
+  if (!pending.empty()) fail(pending + why);
 }
 
-// Records the first failure; the watchdog aborts the communicators.
-void NcclBackend::fail_all(const std::string& why) {
+void NcclBackend::fail(const std::string& why, const NcclWork* culprit, ErrorCode code) {
+  // Each Work's end is decided under the lock, before the watchdog can abort the communicators
+  // (an aborted op's events fire as if it had finished), and carried out without it: a
+  // completion hook may let go of this backend.
+  std::vector<std::pair<std::shared_ptr<NcclWork>, std::exception_ptr>> ends;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failure_.empty()) return;
     failure_ = why;
+    for (Pending& p : pending_) {
+      const cudaError_t state = p.work->settle(events_);
+      std::exception_ptr error;
+      if (p.work.get() == culprit) {
+        error = std::make_exception_ptr(Error(code, why + "; the NCCL communicators were aborted"));
+      } else if (state != cudaSuccess) {
+        error = std::make_exception_ptr(
+            Error(ErrorCode::kAborted, p.work->description() +
+                                           ": the NCCL communicators were aborted (" + why +
+                                           "); destroy the group and initialise it again"));
+      }
+      ends.emplace_back(std::move(p.work), std::move(error));
+    }
+    pending_.clear();
   }
   TUTTI_LOG_ERROR("nccl: aborting communicators: {}", why);
-  wake_.notify_all();
+  wake_.notify_all();  // the watchdog aborts the communicators
+  for (auto& [work, error] : ends) work->finish(error);
 }
 
 std::vector<ncclComm_t> NcclBackend::take_comms_locked() {
@@ -703,56 +527,74 @@ std::vector<ncclComm_t> NcclBackend::take_comms_locked() {
   return taken;
 }
 
-void NcclBackend::watchdog_loop() {
+void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    // Aborts once the op thread is out of NCCL, and without holding the lock: NCCL's abort may
-    // wait for a stuck stream (NVIDIA/nccl#829), and every tutti call needs the lock.
-    if (!failure_.empty() && !aborted_ && !in_nccl_) {
-      const std::vector<ncclComm_t> comms = take_comms_locked();
-      lock.unlock();
-      for (ncclComm_t comm : comms) api_.CommAbort(comm);
-      lock.lock();
+    if (!failure_.empty()) {
+      // Aborts once the op thread is out of NCCL, and without holding the lock: NCCL's abort
+      // may wait for a stuck stream (NVIDIA/nccl#829), and every tutti call needs the lock.
+      if (!aborted_ && !in_nccl_) {
+        const std::vector<ncclComm_t> comms = take_comms_locked();
+        lock.unlock();
+        for (ncclComm_t comm : comms) api_.CommAbort(comm);
+        lock.lock();
+      } else {
+        wake_.wait_for(lock, std::chrono::milliseconds(200));
+      }
       continue;
     }
-    wake_.wait_for(lock, !failure_.empty() || pending_.empty() ? std::chrono::milliseconds(200)
-                                                               : std::chrono::milliseconds(2));
-    if (!failure_.empty()) continue;
+    wake_.wait_for(lock, pending_.empty() ? std::chrono::milliseconds(200)
+                                          : std::chrono::milliseconds(2));
+    if (stop_ || !failure_.empty()) continue;
+    // The events are queried without the lock (review #22): a query may wait behind a driver
+    // lock that a synchronising call on another thread holds, and every tutti call needs ours.
+    const std::vector<Pending> watched(pending_.begin(), pending_.end());
+    lock.unlock();
+    std::vector<std::shared_ptr<NcclWork>> done;
     std::string why;
-    while (!pending_.empty() && why.empty()) {
-      Pending& p = pending_.front();
-      bool all_done = true;
-      for (size_t i = 0; i < p.done->e.size(); ++i) {
-        cudaSetDevice(p.devices[i]);
-        const cudaError_t e = cudaEventQuery(p.done->e[i]);
-        if (e == cudaErrorNotReady) {
-          all_done = false;
-        } else if (e != cudaSuccess) {
-          why = p.description + " failed on the GPU: " + cudaGetErrorString(e);
-        }
+    std::shared_ptr<NcclWork> culprit;
+    ErrorCode code = ErrorCode::kAborted;
+    const auto now = Clock::now();
+    for (const Pending& p : watched) {
+      const cudaError_t e = p.work->query();
+      if (e == cudaSuccess) {
+        done.push_back(p.work);
+        continue;
       }
-      if (!why.empty()) break;
-      if (!all_done) {
-        if (Clock::now() > p.deadline) {
-          why = p.description + " did not complete within its timeout";
-        }
-        break;  // ops complete in order: later ones are not done either
+      if (e != cudaErrorNotReady) {
+        why = p.work->description() + " failed on the GPU: " + cudaGetErrorString(e);
+      } else if (now > p.deadline) {
+        why = p.work->description() + " did not complete within its timeout of " +
+              std::to_string(p.timeout.count()) + " ms";
+        code = ErrorCode::kTimeout;
+      } else {
+        continue;  // still running, in time
       }
-      pending_.pop_front();
+      culprit = p.work;
+      break;
     }
+    for (const auto& w : done) w->settle(events_);
+    lock.lock();
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                  [&](const Pending& p) {
+                                    return std::find(done.begin(), done.end(), p.work) !=
+                                           done.end();
+                                  }),
+                   pending_.end());
     // NCCL's asynchronous errors, never while the op thread is inside NCCL: a communicator is
     // not thread-safe, ncclCommGetAsyncError included (NCCL 2.28 frees its group job unlocked).
-    if (why.empty() && !in_nccl_) {
+    if (why.empty() && !in_nccl_ && failure_.empty()) {
       for (auto* map : {&collective_, &p2p_}) {
         for (auto& [key, c] : *map) {
           for (ncclComm_t comm : c->comms) {
             ncclResult_t state = ncclSuccess;
             if (comm != nullptr && api_.CommGetAsyncError(comm, &state) == ncclSuccess &&
-                state != ncclSuccess && state != ncclInProgress) {
+                state != ncclSuccess && state != ncclInProgress && why.empty()) {
               // Named after the oldest op still pending: the one that hangs on the error.
               const char* last = api_.GetLastError(comm);
-              why = (pending_.empty() ? std::string("with no op pending")
-                                      : pending_.front().description + " failed") +
+              if (!pending_.empty()) culprit = pending_.front().work;
+              why = (culprit ? culprit->description() + " failed"
+                             : std::string("with no op pending")) +
                     ": NCCL reported an asynchronous error: " + api_.GetErrorString(state) +
                     (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : "");
             }
@@ -760,10 +602,18 @@ void NcclBackend::watchdog_loop() {
         }
       }
     }
+    lock.unlock();
+    // Completion hooks run here, on this thread, without the lock; one may let go of the last
+    // reference to this backend (then `gone`): nothing of it is touched after that.
+    for (const auto& w : done) w->finish();
+    done.clear();
+    if (gone->load()) return;
     if (!why.empty()) {
-      failure_ = why;
-      TUTTI_LOG_ERROR("nccl: aborting communicators: {}", why);
+      fail(why, culprit.get(), code);
+      culprit.reset();
+      if (gone->load()) return;
     }
+    lock.lock();
   }
 }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "group_util.h"
@@ -167,24 +168,29 @@ void ShmBackend::throw_if_stopped(const OpContext& ctx, uint64_t op_seq) const {
 }
 
 // Throws for a peer we wait on that left the group or whose process died.
-void ShmBackend::check_peers(const OpContext& ctx, const std::function<bool(int)>& waiting_on) {
+// A peer we wait on that left the group or whose process died, as the error to throw; none
+// when all of them can still come. (What they did before leaving is visible by the time this
+// sees them gone: callers check their condition once more before throwing.)
+std::optional<Error> ShmBackend::gone_peer(const OpContext& ctx,
+                                           const std::function<bool(int)>& waiting_on) const {
   for (int r = 0; r < world_size_; ++r) {
     if (r == rank_ || !waiting_on(r)) continue;
     if (slots_[r].left.load() != 0) {
-      throw Error(ErrorCode::kRemoteError,
-                  ctx.description() + ": rank " + std::to_string(r) +
-                      " destroyed its group while this rank waits for it (did the ranks call "
-                      "different ops?)");
+      return Error(ErrorCode::kRemoteError,
+                   ctx.description() + ": rank " + std::to_string(r) +
+                       " destroyed its group while this rank waits for it (did the ranks call "
+                       "different ops?)");
     }
     const int fd = pidfds_[r];
     if (fd < 0) continue;
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0) {
-      throw Error(ErrorCode::kIoError, ctx.description() + ": rank " + std::to_string(r) +
-                                           " (pid " + std::to_string(slots_[r].pid.load()) +
-                                           ") died");
+      return Error(ErrorCode::kIoError, ctx.description() + ": rank " + std::to_string(r) +
+                                            " (pid " + std::to_string(slots_[r].pid.load()) +
+                                            ") died");
     }
   }
+  return std::nullopt;
 }
 
 ShmBackend::Op ShmBackend::begin_op(const OpContext& ctx) {
@@ -203,7 +209,7 @@ void ShmBackend::end_op(const Op& op) {
   // A peer that aborted inside this op (its own waits ended) fails it here too, so that no rank
   // returns a result another rank gave up on.
   throw_if_stopped(op.ctx, op.seq);
-  completed_ops_.store(op.seq);
+  completed_ops_.store(op.seq, std::memory_order_release);
 }
 
 char* ShmBackend::stage(int rank, int half) const {

@@ -32,12 +32,14 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shm_segment.h"
 #include "shm_wait.h"
 #include "tutti/backend.h"
+#include "tutti/error.h"
 
 namespace tutti::shm_backend {
 
@@ -99,7 +101,8 @@ class ShmBackend : public Backend {
                   WaitingOn waiting_on, OnTimeout on_timeout);
   bool stopped(uint64_t op_seq) const;
   void throw_if_stopped(const OpContext& ctx, uint64_t op_seq) const;
-  void check_peers(const OpContext& ctx, const std::function<bool(int)>& waiting_on);
+  std::optional<Error> gone_peer(const OpContext& ctx,
+                                 const std::function<bool(int)>& waiting_on) const;
   std::string ranks_where(const std::function<bool(int)>& pending) const;
   void ring(int rank) const;
   void wake_everyone() const;

@@ -34,12 +34,17 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
                             OnTimeout on_timeout) {
   if (ready() && !aborted_.load(std::memory_order_relaxed)) return;
   const std::function<bool(int)> waiting(waiting_on);
+  // After each sleep: a peer we wait on that is gone ends the wait, unless what it did before
+  // going satisfied the condition.
+  auto check_peers = [&] {
+    if (auto gone = gone_peer(ctx, waiting); gone && !ready()) throw *gone;
+  };
   const bool done = await([&] { return ready() || stopped(op_seq); }, word, sleepers, deadline,
-                          spin_, [&] { check_peers(ctx, waiting); });
+                          spin_, check_peers);
   if (aborted_.load()) throw_if_stopped(ctx, op_seq);
   if (ready()) return;
   throw_if_stopped(ctx, op_seq);
-  check_peers(ctx, waiting);
+  check_peers();
   if (!done) on_timeout();
   throw Error(ErrorCode::kInternal, ctx.description() + ": shm wait ended without its condition");
 }

@@ -88,6 +88,7 @@ bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& slee
     timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
     ::syscall(SYS_futex, futex_address(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
     sleepers.fetch_sub(1);
+    if (ready()) return true;
     on_nap();
   }
 }

@@ -65,11 +65,13 @@ struct BackendContext {
 
 // One message of a batch_p2p, as the group hands it to the backend: seq and tag follow the
 // plain send/recv numbering (per peer and direction), so a batched send meets a plain recv.
+// peer_device_index (like SendOptions::dst_device_index and RecvOptions::src_device_index) is
+// kPeerDevice when the caller named no device (single-tensor send/recv, P2POp::send/recv).
 struct P2PRequest {
   P2POp::Kind kind = P2POp::Kind::kSend;
   TensorView tensor;
   int peer = 0;
-  int peer_device_index = 0;
+  int peer_device_index = kPeerDevice;
   uint64_t seq = 0;
   uint32_t tag = 0;
 };
@@ -147,8 +149,9 @@ class TUTTI_API Backend {
 
   // Called on the members of a subgroup being split from a group of the same backend, with the
   // subgroup's context (ctx.parent is this backend). Returns the subgroup's backend when this
-  // backend can derive it cheaply (NCCL: ncclCommSplit), or null to have it made by the
-  // registered factory (the default).
+  // backend can derive it cheaply from what only the members do, or null to have it made by the
+  // registered factory (the default). Non-members are not called, so a split that needs every
+  // parent rank (NCCL's ncclCommSplit) cannot be made here; the NCCL backend keeps the default.
   virtual std::unique_ptr<Backend> split(const BackendContext& ctx);
 
   // Ends every op of this backend, running or future, with an error, promptly (well within

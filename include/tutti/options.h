@@ -28,9 +28,12 @@ constexpr std::chrono::milliseconds kUseGroupTimeout{-1};
 //   async_op). CPU backends then run the op on the group's worker thread, in issue order; the
 //   op's buffers are the op's until Work::wait() returns. Without it, a CPU op has finished
 //   when the call returns.
-// - `stream`: an opaque accelerator stream (a cudaStream_t for the NCCL backend; null means the
-//   device's default stream): a GPU op runs after the work already queued there and returns
-//   once enqueued, its result ready for what is queued after it. CPU backends ignore it.
+// - `stream`: an opaque accelerator stream (a cudaStream_t for the NCCL backend): a GPU op runs
+//   after the work already queued there and returns once enqueued, its result ready for what is
+//   queued after it. Null means the device's *legacy* default stream (tutti is not built with
+//   per-thread default streams): correct for callers on the per-thread stream too, since the
+//   legacy stream synchronises with every blocking stream, but it serialises them; such callers
+//   pass cudaStreamPerThread explicitly. CPU backends ignore it.
 // - `blocking`: a GPU op also waits on the host until it has finished. CPU backends ignore it.
 struct OpOptions {
   std::chrono::milliseconds timeout = kUseGroupTimeout;
@@ -62,12 +65,20 @@ struct ReduceScatterOptions : OpOptions {
 
 struct BarrierOptions : OpOptions {};
 
+// A peer device index that names no device: the peer's matching op runs on whichever device
+// it uses, and a backend that needs to know asks the peer (the NCCL backend does, once per pair
+// of ranks and local device). What the single-tensor send/recv and P2POp::send/recv mean.
+constexpr int kPeerDevice = -1;
+
 struct SendOptions : OpOptions {
-  int dst_device_index = 0;  // the receiving process's device (multi-device forms)
+  // The receiving process's device (multi-device forms only; the single-tensor send() passes
+  // kPeerDevice to the backend whatever this says).
+  int dst_device_index = 0;
 };
 
 struct RecvOptions : OpOptions {
-  int src_device_index = 0;  // the sending process's device (multi-device forms)
+  // The sending process's device (multi-device forms only, as above).
+  int src_device_index = 0;
 };
 
 struct AlltoallOptions : OpOptions {};
@@ -89,11 +100,17 @@ struct P2POp {
   enum class Kind { kSend, kRecv };
   Kind kind = Kind::kSend;
   TensorView tensor;
-  int peer = 0;               // the destination of a send, the source of a receive
-  int peer_device_index = 0;  // the peer process's device (multi-device backends)
+  int peer = 0;  // the destination of a send, the source of a receive
+  // The peer process's device (multi-device backends), or kPeerDevice: whichever device the
+  // peer's matching op uses.
+  int peer_device_index = kPeerDevice;
 
-  static P2POp send(TensorView tensor, int dst_rank) { return {Kind::kSend, tensor, dst_rank, 0}; }
-  static P2POp recv(TensorView tensor, int src_rank) { return {Kind::kRecv, tensor, src_rank, 0}; }
+  static P2POp send(TensorView tensor, int dst_rank) {
+    return {Kind::kSend, tensor, dst_rank, kPeerDevice};
+  }
+  static P2POp recv(TensorView tensor, int src_rank) {
+    return {Kind::kRecv, tensor, src_rank, kPeerDevice};
+  }
 };
 
 struct BatchP2POptions : OpOptions {};

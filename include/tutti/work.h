@@ -73,13 +73,20 @@ class TUTTI_API Work {
   const OpContext& context() const { return ctx_; }
 
  private:
+  // What waiting and completing need, made on first use: a Work that is complete when made
+  // (every blocking call's) usually never needs it.
+  struct Sync {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::exception_ptr error;
+    std::function<void(const std::exception_ptr&)> hook;
+    std::vector<std::shared_ptr<const void>> keep_alive;
+  };
+  Sync& sync();
+
   const OpContext ctx_;
   std::atomic<bool> done_{false};
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::exception_ptr error_;
-  std::function<void(const std::exception_ptr&)> hook_;
-  std::vector<std::shared_ptr<const void>> keep_alive_;
+  std::atomic<Sync*> sync_{nullptr};
 };
 
 }  // namespace tutti

@@ -1,31 +1,43 @@
 #!/usr/bin/env bash
-# Builds tutti here (CUDA code for sm_90, NCCL backend on) and packs what the GPU checks need
-# into .device/ (git-ignored; carry it to the device machine, under 64 MiB): the test and bench
-# binaries, tutti's libraries, and the shared libraries they load that a bare machine lacks
-# (Gloo, fmt, spdlog, hiredis, ibverbs, libnl, the CUDA runtime, libstdc++). The CUDA driver
-# and NCCL come from the device machine (NCCL from the nvidia-nccl-cu13 Python package).
+# Builds the GPU checks here and packs what run.sh needs into .device/ (in .gitignore: it travels
+# when the device tool's `carry` names it; under 60 MiB, since a call carries at most 64 MiB,
+# the working tree included): the NCCL test binaries, tutti-bench, tutti-run, the two GPU
+# examples, tutti's libraries, and the shared libraries they load that the device image lacks
+# (Gloo, fmt, spdlog, hiredis, ibverbs, libnl, the CUDA runtime).
 #
-#   scripts/device/prepare.sh && du -sh .device
-# then, on the device machine (the `device` tool, carrying .device):
+# Not bundled: the C library and the loader (the binaries need GLIBC_2.34); libstdc++ and
+# libgcc_s (review #6: Debian 12's libstdc++ itself needs GLIBC_2.36; the binaries need
+# GLIBCXX_3.4.30, GCC 12's, which Ubuntu 22.04 and later ship; the device image's Python 3.12.3
+# suggests Ubuntu 24.04, glibc 2.39, not checked. run.sh's first step checks with ldd that
+# everything resolves there, naming any missing version); the CUDA driver; NCCL (the image's
+# nvidia-nccl-cu13 wheel).
+#
+#   flock -o /tmp/tutti-build.lock scripts/device/prepare.sh
+# then, on the device machine (the `device` tool, carrying .device; one call, under 5 min):
 #   bash scripts/device/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/setup-debian.sh
-cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DTUTTI_WITH_NCCL=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-cmake --build build-device -j"$(nproc)" >&2
+# NCCL brings its own kernels and tutti has no CUDA code: no CUDA architectures to name.
+cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DTUTTI_WITH_NCCL=ON >/dev/null
+bins=(tests/nccl_test tests/nccl_gpu_test tests/nccl_world_test bin/tutti-bench bin/tutti-run
+      examples/gpu_allreduce examples/multigpu_allreduce)
+targets=()
+for b in "${bins[@]}"; do targets+=("$(basename "$b")"); done
+cmake --build build-device -j"$(nproc)" --target "${targets[@]}" >&2
 rm -rf .device && mkdir -p .device/bin .device/lib
-bins=(build-device/tests/nccl_test build-device/tests/nccl_gpu_test build-device/tests/collectives_test
-      build-device/tests/tutti_test_worker build-device/bin/tutti-bench build-device/bin/tutti-run
-      build-device/examples/gpu_allreduce build-device/examples/multigpu_allreduce)
-cp "${bins[@]}" .device/bin/
+for b in "${bins[@]}"; do cp "build-device/$b" .device/bin/; done
 cp -P build-device/src/libtutti.so* build-device/backends/*/libtutti_*.so* .device/lib/
-# Every library the binaries resolve here, but the C library, the loader, the driver and NCCL.
+# Every library the binaries resolve here, but those the device has (see above).
 for f in .device/bin/* .device/lib/*.so.*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
-done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libnccl)\.so' |
-  while read -r lib; do cp -L "$lib" .device/lib/ 2>/dev/null || true; done
+done | sort -u |
+  grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libnccl|libstdc\+\+|libgcc_s)\.so' |
+  while read -r lib; do cp -L "$lib" .device/lib/; done
 strip --strip-unneeded .device/bin/* .device/lib/*.so* 2>/dev/null || true
-echo "/.device/" >> .git/info/exclude
-sort -u -o .git/info/exclude .git/info/exclude
-du -sh .device
+size=$(du -sm .device | cut -f1)
+echo "prepare.sh: .device is ${size} MiB ($(find .device -type f | wc -l) files)"
+if [ "$size" -ge 60 ]; then
+  echo "prepare.sh: .device is too large to carry (limit 60 MiB)" >&2
+  exit 1
+fi

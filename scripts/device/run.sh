@@ -1,23 +1,158 @@
 #!/usr/bin/env bash
-# Runs on the device machine (one H200) over the .device/ bundle from prepare.sh: the gpu tests,
-# the NCCL unit tests, and tutti-bench at world size 1. Writes logs to $OUT when set.
+# The GPU checks, on the device machine (one H200), over the .device/ bundle from prepare.sh:
+# the NCCL unit and GPU tests, every op at world size 1 on the GPU, tutti-bench's NCCL backend
+# against raw NCCL in one run, and the two GPU examples.
+#
+#   bash scripts/device/run.sh            (the `device` tool, carrying .device; one call)
+#
+# Bounded: every step runs under `timeout`, and the limits add up to 295 s (see STEPS below),
+# well inside a 7-minute command. NCCL is the nvidia-nccl-cu13 wheel that the device image
+# ships (no pip: the machine has no network); without it the script stops at once with exit
+# status 3. NCCL_DEBUG=WARN. A GPU test that skips counts as a failure (on the device every
+# selected test must run). Writes at most three files to $OUT (default /tmp/tutti-device):
+# run.log (everything, step by step), result.json (each step's status, seconds and limit, the
+# GPU, driver, compute mode and NCCL found) and bench-nccl.json. Prints one line per step, and
+# a failed step's last lines. Exit status: 0 when every step passed, 1 when one failed, 3
+# without NCCL.
+#
+# For the CPU check of this script (tests/device_run_test.sh, against the stand-in):
+# TUTTI_DEVICE_BUNDLE (default .device), TUTTI_DEVICE_BENCH_MAX (tutti-bench's largest size,
+# default 256M), TUTTI_DEVICE_PYTHON (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+bundle=${TUTTI_DEVICE_BUNDLE:-.device}
+bench_max=${TUTTI_DEVICE_BENCH_MAX:-256M}
+python=${TUTTI_DEVICE_PYTHON:-python3}
 out=${OUT:-/tmp/tutti-device}
 mkdir -p "$out"
-nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null)
-if [ -z "$nccl_lib" ]; then
-  python3 -m pip install -q nvidia-nccl-cu13 2>/dev/null
-  nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))')
+log="$out/run.log"
+result="$out/result.json"
+: >"$log"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+say() { echo "$*" | tee -a "$log"; }
+json_escape() { sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' | tr '\n' ' '; }
+
+# The device: GPU, driver, compute mode (EXCLUSIVE_PROCESS changes how the two-process test
+# fails), the C library. Logged before anything can fail.
+gpu_info=$(timeout -k 2 10 nvidia-smi --query-gpu=name,driver_version,compute_mode,memory.total \
+  --format=csv,noheader 2>&1 | head -4)
+glibc=$(ldd --version 2>&1 | head -1)
+say "device: ${gpu_info:-nvidia-smi gave nothing}"
+say "glibc: $glibc"
+
+# NCCL from the wheel. `m.__path__` also works for namespace packages (m.__file__ is None there).
+nccl_dir=$(timeout -k 2 20 "$python" -c \
+  'import nvidia.nccl as m; print(list(m.__path__)[0] + "/lib")' 2>>"$log") || nccl_dir=""
+steps_json=""
+status=passed
+
+write_result() {
+  {
+    echo "{"
+    echo "  \"status\": \"$status\","
+    echo "  \"device\": \"$(printf '%s' "$gpu_info" | json_escape)\","
+    echo "  \"glibc\": \"$(printf '%s' "$glibc" | json_escape)\","
+    echo "  \"nccl_library\": \"$(printf '%s' "${nccl_lib:-}" | json_escape)\","
+    echo "  \"steps\": [${steps_json}"
+    echo "  ]"
+    echo "}"
+  } >"$result"
+}
+
+if [ -z "$nccl_dir" ] || [ ! -e "$nccl_dir/libnccl.so.2" ]; then
+  say "run.sh: FAILED: no libnccl.so.2 from the nvidia-nccl-cu13 wheel (looked in '${nccl_dir}'" \
+      "via $python's nvidia.nccl); the device image should ship it, and this script installs nothing"
+  status=no_nccl
+  write_result
+  exit 3
 fi
-export LD_LIBRARY_PATH="$PWD/.device/lib:$nccl_lib:${LD_LIBRARY_PATH:-}"
-export TUTTI_NCCL_LIBRARY="$nccl_lib/libnccl.so.2"
-nvidia-smi -L | tee "$out/gpu.txt"
-.device/bin/nccl_test 2>&1 | tee "$out/nccl_test.log" | tail -3
-.device/bin/nccl_gpu_test 2>&1 | tee "$out/nccl_gpu_test.log" | tail -15
-.device/bin/tutti-bench --backend auto -b 8 -e 64M -n 20 2>&1 | tee "$out/bench-cpu-world1.log" | tail -4
-# tutti's NCCL backend against raw NCCL, world size 1, in one run (the overhead ratio).
-.device/bin/tutti-bench --backend nccl -b 8 -e 256M -f 4 -w 10 -n 50 --baseline \
-  --json "$out/bench-nccl.json" 2>&1 | tee "$out/bench-nccl.log" | tail -16
-.device/bin/gpu_allreduce 2>&1 | tee "$out/example-gpu.log" | tail -2
-.device/bin/multigpu_allreduce 2>&1 | tee "$out/example-multigpu.log" | tail -2
+nccl_lib="$nccl_dir/libnccl.so.2"
+if ! bundle=$(cd "$bundle" 2>/dev/null && pwd) || [ ! -d "$bundle/bin" ]; then
+  say "run.sh: FAILED: no bundle at ${TUTTI_DEVICE_BUNDLE:-.device} (run scripts/device/prepare.sh" \
+      "here and carry .device)"
+  status=no_bundle
+  write_result
+  exit 1
+fi
+export LD_LIBRARY_PATH="$bundle/lib:$nccl_dir:${LD_LIBRARY_PATH:-}"
+export TUTTI_NCCL_LIBRARY="$nccl_lib"
+export NCCL_DEBUG=WARN
+say "nccl: $nccl_lib"
+bin="$bundle/bin"
+
+# True when FILE reports at least one "sum A (expected B)" and every one has A = B.
+sums_agree() {
+  local found
+  found=$(grep -oE 'sum [^ ]+ \(expected [^)]+\)' "$1") || return 1
+  ! printf '%s\n' "$found" | while read -r _ got _ want; do
+    [ "$got" = "${want%)}" ] || echo "$got != ${want%)}"
+  done | grep -q .
+}
+
+# step NAME LIMIT_S CHECK COMMAND...: runs COMMAND under timeout, its output into run.log.
+# CHECK is "gtest" (no test may skip), "sums" (see sums_agree), a grep -E pattern the output
+# must match, or "-".
+step() {
+  local name=$1 limit=$2 check=$3
+  shift 3
+  local output="$work/$name.out"
+  {
+    echo
+    echo "=== $name (limit ${limit} s): $*"
+  } >>"$log"
+  local start end rc why=""
+  start=$(date +%s.%N)
+  timeout -k 5 "$limit" "$@" >"$output" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  cat "$output" >>"$log"
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    why="timed out after ${limit} s"
+  elif [ "$rc" -ne 0 ]; then
+    why="exit status $rc"
+  elif [ "$check" = gtest ] && grep -q '^\[  SKIPPED \]' "$output"; then
+    why="a test skipped: $(grep '^\[  SKIPPED \]' "$output" | head -3 | tr '\n' ' ')"
+  elif [ "$check" = sums ] && ! sums_agree "$output"; then
+    why="a sum is missing or wrong"
+  elif [ "$check" != gtest ] && [ "$check" != sums ] && [ "$check" != - ] &&
+       ! grep -qE "$check" "$output"; then
+    why="the output lacks /$check/"
+  fi
+  local seconds
+  seconds=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+  [ -n "$steps_json" ] && steps_json+=","
+  steps_json+=$'\n'"    {\"name\": \"$name\", \"passed\": $([ -z "$why" ] && echo true || echo false), "
+  steps_json+="\"exit_status\": $rc, \"seconds\": $seconds, \"limit_seconds\": $limit, "
+  steps_json+="\"why\": \"$(printf '%s' "$why" | json_escape)\"}"
+  if [ -z "$why" ]; then
+    say "ok     $name (${seconds} s)"
+  else
+    status=failed
+    say "FAILED $name (${seconds} s): $why"
+    tail -25 "$output" | sed 's/^/    /'
+  fi
+}
+
+# STEPS: 10 + 20 + 75 + 45 + 105 + 20 + 20 = 295 s at most.
+# Every library the bundle's binaries need resolves on this image (a missing one, or a C++
+# runtime older than the GLIBCXX version they were built against, shows here first).
+step libraries 10 - bash -c "! ldd $bin/* $bundle/lib/*.so* 2>&1 | grep -B3 'not found'"
+step nccl_test 20 gtest "$bin/nccl_test" --gtest_filter=-NcclBackend.WithoutAGpuAGroupFailsClearly
+# Each stuck-stream test holds its stream at most 10 s; two processes on one GPU at most 60 s.
+step nccl_gpu_test 75 gtest "$bin/nccl_gpu_test" --gtest_filter=-NcclChild.*
+# Every op and dtype at world size 1 on one GPU (nccl_world_test's other sizes need more GPUs).
+step nccl_world_test 45 gtest "$bin/nccl_world_test" \
+  --gtest_filter=Sizes/NcclWorld.EveryOpAndDtype/world1_devices1
+# tutti's NCCL backend against raw NCCL, world size 1, in one run (the overhead ratio), values
+# checked.
+step bench_nccl 105 'Out of bounds values : 0 OK' "$bin/tutti-bench" --backend nccl -b 8 \
+  -e "$bench_max" -f 4 -w 10 -n 50 --baseline --json "$out/bench-nccl.json"
+step gpu_allreduce 20 sums "$bin/tutti-run" -n 1 --backend nccl --timeout 15 \
+  "$bin/gpu_allreduce"
+step multigpu_allreduce 20 sums "$bin/multigpu_allreduce"
+
+write_result
+say "run.sh: $status (log: $log, summary: $result)"
+[ "$status" = passed ]

@@ -1,5 +1,6 @@
 # ctest driver: install the build tree into a scratch prefix, build the consumer project
-# against it with find_package, run it. Arguments: BUILD_DIR, SOURCE_DIR, WORK_DIR.
+# against it with find_package, run it; then the same against the build tree itself (Tutti_DIR =
+# the build directory, nothing installed). Arguments: BUILD_DIR, SOURCE_DIR, WORK_DIR.
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 function(run)
@@ -14,3 +15,7 @@ run(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build"
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/consumer" "file://${WORK_DIR}/store")
+run(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/from-build-tree"
+    -DTutti_DIR=${BUILD_DIR} -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/from-build-tree")
+run("${WORK_DIR}/from-build-tree/consumer" "file://${WORK_DIR}/store2")

@@ -1,0 +1,66 @@
+// Small helpers the NCCL backend's files share (internal): CUDA error checks, a scoped current
+// device, and an NCCL group that always ends.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <new>
+#include <string>
+
+#include "nccl_api.h"
+#include "tutti/error.h"
+
+namespace tutti::nccl_backend {
+
+inline void cuda_check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) {
+    throw Error(ErrorCode::kInternal, "nccl: " + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+// Makes a device current for a scope.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (device != previous_) cuda_check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  // For destructors, which must not throw: a failed switch shows in the calls that follow.
+  DeviceGuard(int device, std::nothrow_t) {
+    cudaGetDevice(&previous_);
+    if (device != previous_) cudaSetDevice(device);
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// An NCCL group that always ends: a throw between ncclGroupStart and ncclGroupEnd would leave
+// this thread's later NCCL calls, an abort included, queued in a group that never ends.
+class NcclGroup {
+ public:
+  explicit NcclGroup(const NcclApi& api) : api_(api) {}
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  ~NcclGroup() {
+    if (open_) api_.GroupEnd();
+  }
+  ncclResult_t start() {
+    const ncclResult_t r = api_.GroupStart();
+    open_ = r == ncclSuccess;
+    return r;
+  }
+  ncclResult_t end() {
+    open_ = false;
+    return api_.GroupEnd();
+  }
+
+ private:
+  const NcclApi& api_;
+  bool open_ = false;
+};
+
+}  // namespace tutti::nccl_backend

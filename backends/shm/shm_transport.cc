@@ -1,0 +1,376 @@
+// The "shm" tensor transport of the direct transport (tutti/transfer_agent.h): consumers on the
+// owner's host read the owner's memory themselves.
+// - Tensors in the agent's shareable memory (TransferAgent::allocate: one sealed-size memfd per
+//   allocation): the consumer maps the memfd (once: mappings are cached), then copies from it, or
+//   borrows views of it (zero-copy).
+// - Any other CPU tensor: one copy by cross-memory read (process_vm_readv) from the owner's
+//   address space; where the kernel refuses it (another user, Yama), the owner streams the bytes
+//   over the agents' Unix socket instead.
+// The agent's lease keeps the owner from freeing an object while a consumer reads it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+
+#include "logging.h"
+#include "tutti/error.h"
+#include "tutti/tensor_transport.h"
+
+namespace tutti::shm_backend {
+namespace {
+
+constexpr uint16_t kInArena = 1;  // place: (kInArena, offset in the chunk); the blob names it
+constexpr uint16_t kInProcess = 2;  // place: (kInProcess, virtual address in the owner)
+constexpr size_t kCopySlice = 8u << 20;  // a long copy looks at cancel/deadline this often
+constexpr size_t kMappingCache = 64;     // owner chunks a consumer keeps mapped
+
+void put64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t get64(const std::string& in, size_t at) {
+  if (at + 8 > in.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "shm transport: the ref's transport bytes are truncated");
+  }
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
+  return v;
+}
+
+size_t page_round(size_t bytes) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+}
+
+// One of the owner's shareable allocations.
+struct Chunk {
+  uint64_t id = 0;
+  int fd = -1;
+  char* base = nullptr;
+  size_t size = 0;
+};
+
+// A consumer's read-only mapping of an owner's chunk.
+struct Mapping {
+  void* base = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (base != nullptr) ::munmap(base, size);
+  }
+};
+
+void copy_sliced(char* dst, const char* src, size_t bytes, const FetchRequest& request,
+                 const std::string& what) {
+  for (size_t done = 0; done < bytes;) {
+    if (request.cancelled.load()) throw Error(ErrorCode::kAborted, what + ": cancelled");
+    if (std::chrono::steady_clock::now() >= request.deadline) {
+      throw Error(ErrorCode::kTimeout, what + ": the copy ran past the deadline");
+    }
+    const size_t n = std::min(kCopySlice, bytes - done);
+    std::memcpy(dst + done, src + done, n);
+    done += n;
+  }
+}
+
+class ShmTransport final : public TensorTransport {
+ public:
+  explicit ShmTransport(const TransportContext& ctx) : me_(ctx.agent) {}
+
+  ~ShmTransport() override {
+    for (auto& [base, c] : chunks_) {
+      ::munmap(c.base, c.size);
+      ::close(c.fd);
+    }
+  }
+
+  const char* name() const override { return "shm"; }
+  TransportTraits traits() const override { return {true, true, false}; }
+
+  // ---- owner ----
+
+  TensorView allocate(size_t bytes, DType dtype) override {
+    Chunk c;
+    c.size = page_round(bytes);
+    c.fd = ::memfd_create("tutti-rdt", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (c.fd < 0 || ::ftruncate(c.fd, static_cast<off_t>(c.size)) != 0) {
+      const int saved = errno;
+      if (c.fd >= 0) ::close(c.fd);
+      throw Error(saved == ENOMEM || saved == ENOSPC ? ErrorCode::kUnavailable : ErrorCode::kIoError,
+                  "shm transport: allocating " + std::to_string(bytes) +
+                      " shareable bytes: " + std::strerror(saved));
+    }
+    // Its size is fixed: a consumer's mapping can never lose its pages to a shrink.
+    ::fcntl(c.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    void* p = ::mmap(nullptr, c.size, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, 0);
+    if (p == MAP_FAILED) {
+      const int saved = errno;
+      ::close(c.fd);
+      throw Error(ErrorCode::kUnavailable, "shm transport: mapping " + std::to_string(c.size) +
+                                               " bytes: " + std::strerror(saved));
+    }
+    c.base = static_cast<char*>(p);
+    std::lock_guard<std::mutex> lock(mutex_);
+    c.id = ++next_chunk_;
+    chunks_[c.base] = c;
+    by_id_[c.id] = c.base;
+    return TensorView(c.base, dtype, {static_cast<int64_t>(bytes / dtype_size(dtype))});
+  }
+
+  void deallocate(const TensorView& memory) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = chunks_.find(static_cast<char*>(memory.data()));
+    if (it == chunks_.end()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "shm transport: " + memory.str() + " is not the start of an allocate()d block");
+    }
+    ::munmap(it->second.base, it->second.size);
+    ::close(it->second.fd);
+    by_id_.erase(it->second.id);
+    chunks_.erase(it);
+  }
+
+  bool owns(const TensorView& memory) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return chunks_.count(static_cast<char*>(memory.data())) != 0;
+  }
+
+  Publication publish(const PublishRequest& request) override {
+    Publication pub;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const TensorView& t : request.tensors) {
+      const Chunk* c = chunk_of(static_cast<const char*>(t.data()), t.nbytes());
+      if (c != nullptr) {
+        pub.places.emplace_back(kInArena, static_cast<uint64_t>(static_cast<const char*>(t.data()) - c->base));
+        put64(pub.blob, c->id);
+        put64(pub.blob, c->size);
+      } else {
+        pub.places.emplace_back(kInProcess, reinterpret_cast<uint64_t>(t.data()));
+        put64(pub.blob, 0);
+        put64(pub.blob, 0);
+      }
+    }
+    return pub;
+  }
+
+  // "chunk <id>": the chunk's memfd, to a consumer of this user on this host (the agent checked
+  // both when it accepted the connection).
+  std::string answer(const std::string& request, const AgentIdentity& consumer,
+                     std::vector<int>* fds) override {
+    if (request.rfind("chunk ", 0) != 0) {
+      throw Error(ErrorCode::kInvalidArgument, "shm transport: unknown request '" +
+                                                   request.substr(0, 32) + "'");
+    }
+    const uint64_t id = std::strtoull(request.c_str() + 6, nullptr, 10);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) {
+      throw Error(ErrorCode::kInvalidUsage,
+                  "shm transport: shareable block " + std::to_string(id) + " was deallocated");
+    }
+    const int fd = ::fcntl(chunks_[it->second].fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) throw Error(ErrorCode::kIoError, std::string("shm transport: dup: ") + std::strerror(errno));
+    fds->push_back(fd);
+    (void)consumer;
+    return "ok";
+  }
+
+  // ---- consumer ----
+
+  FetchResult fetch(const FetchRequest& request) override {
+    const TensorRef& ref = request.ref;
+    const auto& metas = ref.tensors();
+    const auto& places = ref.places();
+    FetchResult out;
+    std::vector<std::shared_ptr<Mapping>> keep;
+    std::vector<std::pair<const char*, size_t>> sources(metas.size(), {nullptr, 0});
+    for (size_t i = 0; i < metas.size(); ++i) {
+      const uint64_t bytes = metas[i].nbytes();
+      if (places[i].first == kInArena) {
+        const uint64_t chunk = get64(ref.blob(), i * 16);
+        const uint64_t size = get64(ref.blob(), i * 16 + 8);
+        if (places[i].second + bytes > size) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "shm transport: tensor " + std::to_string(i) + " lies past its block's end");
+        }
+        auto m = mapping(request, chunk, size);
+        sources[i] = {static_cast<const char*>(m->base) + places[i].second, bytes};
+        keep.push_back(std::move(m));
+      } else if (places[i].first != kInProcess) {
+        throw Error(ErrorCode::kInvalidArgument, "shm transport: tensor " + std::to_string(i) +
+                                                     " has an unknown place " +
+                                                     std::to_string(places[i].first));
+      }
+    }
+    if (request.borrow) {
+      // Zero-copy where the tensor lies in a shared block; a private copy elsewhere.
+      auto storage = std::make_shared<std::vector<std::shared_ptr<void>>>();
+      std::vector<TensorView> copies_into;
+      std::vector<size_t> copied;
+      for (size_t i = 0; i < metas.size(); ++i) {
+        const TensorMeta& m = metas[i];
+        if (sources[i].first != nullptr) {
+          out.views.emplace_back(const_cast<char*>(sources[i].first), m.dtype, m.shape, Device::cpu());
+        } else {
+          void* p = ::operator new(std::max<size_t>(m.nbytes(), 1));
+          storage->emplace_back(p, [](void* q) { ::operator delete(q); });
+          out.views.emplace_back(p, m.dtype, m.shape, Device::cpu());
+          copies_into.push_back(out.views.back());
+          copied.push_back(i);
+        }
+      }
+      read_remote(request, copied, copies_into);
+      out.keep = std::make_shared<std::pair<decltype(keep), decltype(storage)>>(std::move(keep),
+                                                                               std::move(storage));
+      return out;
+    }
+    std::vector<size_t> remote;
+    std::vector<TensorView> remote_into;
+    for (size_t i = 0; i < metas.size(); ++i) {
+      if (sources[i].first != nullptr) {
+        copy_sliced(static_cast<char*>(request.targets[i].data()), sources[i].first, sources[i].second,
+                    request, "shm transport: copying tensor " + std::to_string(i));
+      } else {
+        remote.push_back(i);
+        remote_into.push_back(request.targets[i]);
+      }
+    }
+    read_remote(request, remote, remote_into);
+    return out;
+  }
+
+ private:
+  const Chunk* chunk_of(const char* p, size_t bytes) const {
+    auto it = chunks_.upper_bound(const_cast<char*>(p));
+    if (it == chunks_.begin()) return nullptr;
+    --it;
+    const Chunk& c = it->second;
+    return p >= c.base && p + bytes <= c.base + c.size ? &c : nullptr;
+  }
+
+  std::shared_ptr<Mapping> mapping(const FetchRequest& request, uint64_t chunk, uint64_t size) {
+    const std::string key = request.owner.owner().uuid_text() + "/" + std::to_string(chunk);
+    {
+      std::lock_guard<std::mutex> lock(cache_mutex_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second.second);
+        return it->second.first;
+      }
+    }
+    std::vector<int> fds;
+    request.owner.call("chunk " + std::to_string(chunk), &fds);
+    if (fds.empty()) {
+      throw Error(ErrorCode::kInternal, "shm transport: the owner sent no descriptor for block " +
+                                            std::to_string(chunk));
+    }
+    for (size_t i = 1; i < fds.size(); ++i) ::close(fds[i]);
+    auto m = std::make_shared<Mapping>();
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fds[0], 0);
+    const int saved = errno;
+    ::close(fds[0]);
+    if (p == MAP_FAILED) {
+      throw Error(ErrorCode::kIoError, "shm transport: mapping the owner's block " +
+                                           std::to_string(chunk) + ": " + std::strerror(saved));
+    }
+    m->base = p;
+    m->size = size;
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second.first;  // another get mapped it meanwhile
+    lru_.push_front(key);
+    cache_[key] = {m, lru_.begin()};
+    while (cache_.size() > kMappingCache) {
+      cache_.erase(lru_.back());  // borrowed views keep their own reference
+      lru_.pop_back();
+    }
+    return m;
+  }
+
+  // Tensors outside shared blocks: a cross-memory read, or the owner streams them.
+  void read_remote(const FetchRequest& request, const std::vector<size_t>& which,
+                   const std::vector<TensorView>& into) {
+    if (which.empty()) return;
+    const auto& places = request.ref.places();
+    const pid_t pid = static_cast<pid_t>(request.ref.owner().pid);
+    bool refused = cma_refused_.load();
+    for (size_t k = 0; k < which.size() && !refused; ++k) {
+      char* dst = static_cast<char*>(into[k].data());
+      const uint64_t address = places[which[k]].second;
+      const size_t bytes = into[k].nbytes();
+      for (size_t done = 0; done < bytes;) {
+        if (request.cancelled.load()) throw Error(ErrorCode::kAborted, "shm transport: cancelled");
+        if (std::chrono::steady_clock::now() >= request.deadline) {
+          throw Error(ErrorCode::kTimeout, "shm transport: the copy ran past the deadline");
+        }
+        const size_t n = std::min(kCopySlice, bytes - done);
+        iovec local{dst + done, n};
+        iovec remote{reinterpret_cast<void*>(address + done), n};
+        const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (got > 0) {
+          done += static_cast<size_t>(got);
+          continue;
+        }
+        if (errno == EPERM || errno == ENOSYS) {
+          if (!cma_refused_.exchange(true)) {
+            TUTTI_LOG_INFO("shm transport: cross-memory reads from pid {} are refused ({}); the "
+                           "owner streams such tensors over a Unix socket (put tensors from "
+                           "TransferAgent::allocate for zero-copy)",
+                           pid, std::strerror(errno));
+          }
+          refused = true;
+          break;
+        }
+        if (errno == ESRCH) {
+          throw Error(ErrorCode::kIoError, "shm transport: the owner (pid " + std::to_string(pid) +
+                                               ") is gone: it exited or died");
+        }
+        throw Error(ErrorCode::kIoError, "shm transport: reading tensor " +
+                                             std::to_string(which[k]) + " from pid " +
+                                             std::to_string(pid) + ": " + std::strerror(errno));
+      }
+    }
+    if (!refused) return;
+    // The owner streams every tensor of the object: keep what this one needs.
+    std::vector<std::shared_ptr<void>> scratch;
+    std::vector<TensorView> all;
+    size_t k = 0;
+    for (size_t i = 0; i < request.ref.tensors().size(); ++i) {
+      const TensorMeta& m = request.ref.tensors()[i];
+      if (k < which.size() && which[k] == i) {
+        all.push_back(into[k++]);
+      } else {
+        void* p = ::operator new(std::max<size_t>(m.nbytes(), 1));
+        scratch.emplace_back(p, [](void* q) { ::operator delete(q); });
+        all.emplace_back(p, m.dtype, m.shape, Device::cpu());
+      }
+    }
+    request.owner.stream(all);
+  }
+
+  AgentIdentity me_;
+  mutable std::mutex mutex_;
+  std::map<char*, Chunk> chunks_;  // by base address
+  std::map<uint64_t, char*> by_id_;
+  uint64_t next_chunk_ = 0;
+
+  std::mutex cache_mutex_;
+  std::list<std::string> lru_;
+  std::map<std::string, std::pair<std::shared_ptr<Mapping>, std::list<std::string>::iterator>> cache_;
+  std::atomic<bool> cma_refused_{false};
+};
+
+}  // namespace
+
+void register_shm_transport() {
+  register_tensor_transport("shm", [](const TransportContext& ctx) {
+    return std::make_unique<ShmTransport>(ctx);
+  });
+}
+
+}  // namespace tutti::shm_backend

@@ -1,0 +1,186 @@
+// TransferAgent: the direct tensor transport (Ray's RDT, without an actor runtime).
+//
+// An owner publishes tensors in place with put() and hands the returned reference
+// (TensorRef, tutti/tensor_ref.h) to any peer by any means; the peer's agent resolves it with
+// get() (a copy into the caller's targets or into buffers it allocates) or borrow() (a zero-copy,
+// read-only view of the owner's memory, where the transport allows). Transports:
+// - "shm" (one host, tutti::shm): the consumer reads the owner's memory itself: zero-copy from
+//   the agent's shareable arena (allocate()), one copy by cross-memory read elsewhere, or a
+//   snapshot taken at put (PutOptions::snapshot).
+// - "socket" (built in, any host): the owner streams the bytes over the agents' connection.
+// - custom ones (tutti/tensor_transport.h).
+// "auto" picks shm on one host, else socket.
+//
+// Lifetime: an object lives while a copy of its ObjectHandle does, then until `expected_gets`
+// gets have completed and `keep_for` has passed, then until no consumer holds it (a copy in
+// progress, or a borrow not released). A consumer that dies releases what it held at once.
+// wait_tensor_freed(t) on the owner waits until every object overlapping t's bytes is freed.
+//
+// Threads: every method may be called from any thread, concurrently.
+// Errors (tutti::Error; every message names the agent, the object, the transport and the peer):
+// kInvalidArgument before any I/O for bad refs, targets or devices; kInvalidUsage for a freed
+// object; kUnavailable for an unknown transport or a one-host ref used on another host;
+// kRemoteError for the owner's fail(); kIoError when the owner died; kTimeout at the get's
+// timeout (GetOptions::timeout, else TUTTI_RDT_FETCH_TIMEOUT_MS, default 60000);
+// kAborted after cancel() or abort().
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tutti/export.h"
+#include "tutti/store.h"
+#include "tutti/tensor_ref.h"
+#include "tutti/tensor_view.h"
+
+namespace tutti {
+
+struct PutOptions {
+  std::string transport = "auto";  // "auto": shm when every consumer may be on this host
+  bool snapshot = false;  // copy now: later writes to the tensors are not seen by consumers
+  uint32_t expected_gets = 0;  // after the last handle: live until this many gets completed
+  std::chrono::milliseconds keep_for{0};  // after the last handle: live at least this long
+};
+
+struct GetOptions {
+  // get(): receive into these (one per tensor, same dtype and size, on the CPU); empty: get
+  // allocates. Checked before any I/O.
+  std::vector<TensorView> targets;
+  // 0: TUTTI_RDT_FETCH_TIMEOUT_MS, else 60000.
+  std::chrono::milliseconds timeout{0};
+  // A one-host transport's ref used on another host (or network or pid namespace): fall back to
+  // "socket" instead of failing with kUnavailable.
+  bool allow_fallback = false;
+};
+
+namespace detail {
+struct AgentCore;
+struct ObjectPin;
+struct HeldLease;
+struct FetchState;
+}  // namespace detail
+
+// The owner's handle on a published object (Ray's ObjectRef at the owner). Copies share one
+// pin; the object may be freed once every copy was released or destroyed.
+class TUTTI_API ObjectHandle {
+ public:
+  ObjectHandle() = default;
+  const TensorRef& ref() const;
+  // This copy stops pinning the object. Idempotent.
+  void release();
+  explicit operator bool() const { return pin_ != nullptr; }
+
+ private:
+  friend struct detail::AgentCore;
+  explicit ObjectHandle(std::shared_ptr<detail::ObjectPin> pin) : pin_(std::move(pin)) {}
+  std::shared_ptr<detail::ObjectPin> pin_;
+};
+
+// get()'s result. Owns its buffers, unless the caller gave targets (then its views are those)
+// or the ref was this agent's own (then they are the owner's tensors, no copy).
+class TUTTI_API Received {
+ public:
+  Received() = default;
+  const std::vector<TensorView>& tensors() const { return views_; }
+
+ private:
+  friend struct detail::AgentCore;
+  std::vector<TensorView> views_;
+  std::vector<std::shared_ptr<void>> storage_;
+};
+
+// borrow()'s result: read-only views of the owner's memory, valid until release() (or the
+// destructor). The owner cannot free the object meanwhile. Views stay readable even if the owner
+// dies. Movable, not copyable.
+class TUTTI_API Borrowed {
+ public:
+  Borrowed() = default;
+  Borrowed(Borrowed&&) noexcept;
+  Borrowed& operator=(Borrowed&&) noexcept;
+  Borrowed(const Borrowed&) = delete;
+  Borrowed& operator=(const Borrowed&) = delete;
+  ~Borrowed();
+
+  const std::vector<TensorView>& tensors() const { return views_; }
+  void release() noexcept;
+
+ private:
+  friend struct detail::AgentCore;
+  std::vector<TensorView> views_;
+  std::unique_ptr<detail::HeldLease> lease_;
+};
+
+// An asynchronous get.
+class TUTTI_API Fetch {
+ public:
+  Fetch() = default;
+  bool done() const;         // never blocks
+  Received wait();           // rethrows the get's error
+  void cancel() noexcept;    // the get ends with kAborted; the agent stays usable
+
+ private:
+  friend struct detail::AgentCore;
+  std::shared_ptr<detail::FetchState> state_;
+};
+
+struct TransferAgentOptions {
+  std::string name;               // in messages; default "<host>:<pid>"
+  std::chrono::milliseconds fetch_timeout{0};  // 0: TUTTI_RDT_FETCH_TIMEOUT_MS, else 60000
+  bool listen_tcp = false;        // serve consumers on other hosts (the socket transport)
+  std::string tcp_host;           // the address to listen on and publish; default this host's
+  // Refs are signed with this and only signed refs are accepted (default TUTTI_STORE_SECRET).
+  std::string secret;
+};
+
+class TUTTI_API TransferAgent {
+ public:
+  static std::shared_ptr<TransferAgent> create(const TransferAgentOptions& options = {});
+  ~TransferAgent();
+
+  const AgentIdentity& identity() const;
+
+  // Publishes tensors in place (no copy where the transport allows). The tensors must stay
+  // alive and unchanged until the object is freed (see wait_tensor_freed), unless snapshot.
+  ObjectHandle put(const std::vector<TensorView>& tensors, const PutOptions& options = {});
+  // A ref now, the data later: gets wait (up to their timeout) until fulfil() or fail().
+  ObjectHandle reserve(const std::vector<TensorMeta>& metas, const PutOptions& options = {});
+  void fulfil(const ObjectHandle& handle, const std::vector<TensorView>& tensors);
+  // Gets of the object, waiting or later, fail with kRemoteError carrying `message`.
+  void fail(const ObjectHandle& handle, std::string_view message);
+
+  Received get(const TensorRef& ref, const GetOptions& options = {});
+  Borrowed borrow(const TensorRef& ref, const GetOptions& options = {});
+  Fetch get_async(const TensorRef& ref, const GetOptions& options = {});
+
+  // On the owner: waits until every object whose tensors overlap `tensor`'s bytes is freed.
+  // kTimeout lists what still holds each: owner handles, expected gets, keep_for, consumers.
+  void wait_tensor_freed(const TensorView& tensor, std::chrono::milliseconds timeout);
+
+  // CPU memory that transports can share without copying (shm: zero-copy gets and borrows), a
+  // 1-D view of bytes / dtype_size(dtype) elements. Give it back with deallocate() (or it goes
+  // with the agent). Throws kUnavailable when no registered transport offers any.
+  TensorView allocate(size_t bytes, DType dtype = DType::kUInt8);
+  void deallocate(const TensorView& memory);
+
+  // Fails every get in progress with kAborted; the agent stays usable. Never throws.
+  void abort() noexcept;
+
+ private:
+  friend struct detail::AgentCore;
+  explicit TransferAgent(std::shared_ptr<detail::AgentCore> core);
+  std::shared_ptr<detail::AgentCore> core_;
+};
+
+// Ray's names, over a process-wide agent made on first use (options from the environment).
+TUTTI_API std::shared_ptr<TransferAgent> default_agent();
+TUTTI_API ObjectHandle put(const std::vector<TensorView>& tensors, const PutOptions& options = {});
+TUTTI_API Received get(const TensorRef& ref, const GetOptions& options = {});
+TUTTI_API void wait_tensor_freed(const TensorView& tensor, std::chrono::milliseconds timeout);
+
+}  // namespace tutti

@@ -1,0 +1,630 @@
+// The consumer's side of a TransferAgent: the connections to owners, leases, and get/borrow.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "agent_core.h"
+#include "host_identity.h"
+#include "logging.h"
+#include "sha256.h"
+#include "wire.h"
+
+namespace tutti::detail {
+namespace {
+
+// Prefixes an error from below with what this get was, keeping its code.
+[[noreturn]] void rethrow_with(const std::string& context, const Error& e) {
+  throw Error(e.code(), context + ": " + e.what());
+}
+
+std::string owner_text(const AgentIdentity& owner) {
+  return "agent '" + owner.name + "' (pid " + std::to_string(owner.pid) + ")";
+}
+
+// Whether the owner's process still runs (one host only: the pid and its start time).
+bool owner_alive(const AgentIdentity& owner) {
+  return process_start_time(static_cast<long>(owner.pid)) == owner.start_time;
+}
+
+bool split_endpoint(const std::string& endpoint, std::string& host, uint16_t& port) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon + 1 == endpoint.size()) return false;
+  host = endpoint.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const long p = std::strtol(endpoint.c_str() + colon + 1, nullptr, 10);
+  if (p <= 0 || p > 65535) return false;
+  port = static_cast<uint16_t>(p);
+  return true;
+}
+
+// Registers a get's cancel flag for abort() while it runs.
+class ActiveGet {
+ public:
+  ActiveGet(AgentCore& core, std::atomic<bool>* flag) : core_(core), flag_(flag) {
+    std::lock_guard<std::mutex> lock(core_.active_mutex);
+    core_.active.insert(flag_);
+  }
+  ~ActiveGet() {
+    std::lock_guard<std::mutex> lock(core_.active_mutex);
+    core_.active.erase(flag_);
+  }
+
+ private:
+  AgentCore& core_;
+  std::atomic<bool>* flag_;
+};
+
+}  // namespace
+
+// The consumer's line to one owner for one get (TransportPeer for the transports).
+class PeerLink final : public TransportPeer {
+ public:
+  PeerLink(AgentCore& core, std::shared_ptr<Peer> peer, Clock::time_point deadline,
+           const std::atomic<bool>* cancelled, ObjectId object)
+      : core_(core), peer_(std::move(peer)), deadline_(deadline), cancelled_(cancelled),
+        object_(object) {}
+
+  const AgentIdentity& owner() const override { return peer_->owner; }
+
+  // One request, one reply: kError replies are rethrown with the owner's code.
+  Message request(MsgType type, const std::string& payload, const std::vector<int>& fds = {}) {
+    auto conn = core_.checkout(*peer_, deadline_, cancelled_);
+    conn->send(type, payload, fds, deadline_, cancelled_);
+    Message m = conn->receive(deadline_, cancelled_);
+    core_.checkin(*peer_, std::move(conn));
+    if (m.type == MsgType::kError) {
+      for (int f : m.fds) ::close(f);
+      throw_error_payload(m.payload);
+    }
+    return m;
+  }
+
+  std::string call(const std::string& request_bytes, std::vector<int>* fds) override {
+    WireWriter w;
+    w.str8(transport_name_);
+    w.str32(request_bytes);
+    Message m = request(MsgType::kCall, w.out());
+    if (fds != nullptr) {
+      *fds = std::move(m.fds);
+    } else {
+      for (int f : m.fds) ::close(f);
+    }
+    return std::move(m.payload);
+  }
+
+  void stream(const std::vector<TensorView>& into) override {
+    uint64_t want = 0;
+    for (const TensorView& t : into) want += t.nbytes();
+    auto conn = core_.checkout(*peer_, deadline_, cancelled_);
+    WireWriter w;
+    w.u64(object_.id);
+    w.u32(object_.generation);
+    w.u64(static_cast<uint64_t>(std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count())));
+    conn->send(MsgType::kStream, w.out(), {}, deadline_, cancelled_);
+    Message m = conn->receive(deadline_, cancelled_);
+    if (m.type == MsgType::kError) {
+      core_.checkin(*peer_, std::move(conn));
+      throw_error_payload(m.payload);
+    }
+    WireReader r(m.payload, "a stream header from " + owner_text(peer_->owner));
+    const uint64_t total = r.u64("total");
+    if (total != want) {
+      // The stream is out of step: this connection cannot be reused.
+      throw Error(ErrorCode::kInternal, "the owner streams " + std::to_string(total) +
+                                            " bytes, the ref describes " + std::to_string(want));
+    }
+    for (const TensorView& t : into) {
+      if (t.nbytes() > 0) conn->receive_raw(t.data(), t.nbytes(), deadline_, cancelled_);
+    }
+    core_.checkin(*peer_, std::move(conn));
+  }
+
+  void set_transport(std::string name) { transport_name_ = std::move(name); }
+
+ private:
+  AgentCore& core_;
+  std::shared_ptr<Peer> peer_;
+  Clock::time_point deadline_;
+  const std::atomic<bool>* cancelled_;
+  ObjectId object_;
+  std::string transport_name_;
+};
+
+std::shared_ptr<Peer> AgentCore::peer_for(const AgentIdentity& owner, bool local) {
+  const std::string key = owner.uuid_text() + (local ? "u" : "t");
+  std::lock_guard<std::mutex> lock(peers_mutex);
+  if (stopping) throw Error(ErrorCode::kAborted, who() + " is shutting down");
+  auto& p = peers[key];
+  if (!p) {
+    p = std::make_shared<Peer>();
+    p->owner = owner;
+    p->local = local;
+    if (local) p->lane = std::make_unique<Lane>();
+  }
+  return p;
+}
+
+std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point deadline,
+                                                const std::atomic<bool>* cancelled) {
+  {
+    std::lock_guard<std::mutex> lock(peer.mutex);
+    if (!peer.idle.empty()) {
+      auto c = std::move(peer.idle.back());
+      peer.idle.pop_back();
+      return c;
+    }
+  }
+  const AgentIdentity& owner = peer.owner;
+  int fd;
+  try {
+    if (peer.local) {
+      fd = connect_unix("tutti-agent/" + owner.uuid_text(), deadline);
+    } else {
+      std::string host;
+      uint16_t port = 0;
+      if (!split_endpoint(owner.tcp_endpoint, host, port)) {
+        throw Error(ErrorCode::kUnavailable,
+                    owner_text(owner) + " does not listen on TCP (TransferAgentOptions::listen_tcp)");
+      }
+      fd = connect_tcp(host, port, deadline);
+    }
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kIoError) throw;
+    // Nobody answers at the owner's address: it is gone. Forget it.
+    {
+      std::lock_guard<std::mutex> lock(peers_mutex);
+      peers.erase(owner.uuid_text() + (peer.local ? "u" : "t"));
+    }
+    const bool dead = peer.local && !owner_alive(owner);
+    throw Error(ErrorCode::kIoError,
+                owner_text(owner) + (dead ? " is gone (its process exited or died)"
+                                          : " does not answer (its agent was destroyed?)") +
+                    ": " + e.what());
+  }
+  auto conn = std::make_unique<Connection>(fd, owner_text(owner));
+  WireWriter w;
+  w.str32(encode_identity(identity));
+  if (!options.secret.empty()) {
+    const auto proof = hmac_sha256(options.secret, owner.uuid_text() + identity.uuid_text());
+    w.str32(std::string(reinterpret_cast<const char*>(proof.data()), proof.size()));
+  } else {
+    w.str32("");
+  }
+  std::vector<int> fds;
+  if (peer.local) fds.push_back(peer.lane->fd());
+  conn->send(MsgType::kHello, w.out(), fds, deadline, cancelled);
+  Message m = conn->receive(deadline, cancelled);
+  if (m.type == MsgType::kError) {
+    for (int f : m.fds) ::close(f);
+    throw_error_payload(m.payload);
+  }
+  const AgentIdentity them = decode_identity(m.payload);
+  if (them.uuid != owner.uuid) {
+    for (int f : m.fds) ::close(f);
+    throw Error(ErrorCode::kIoError, "a different agent ('" + them.name + "') answers at " +
+                                         owner_text(owner) + "'s address");
+  }
+  std::lock_guard<std::mutex> lock(peer.mutex);
+  if (peer.local && !peer.slots && !m.fds.empty()) {
+    peer.slots = std::make_unique<SlotView>(m.fds[0]);
+    m.fds.erase(m.fds.begin());
+  }
+  for (int f : m.fds) ::close(f);
+  return conn;
+}
+
+void AgentCore::checkin(Peer& peer, std::unique_ptr<Connection> connection) {
+  std::lock_guard<std::mutex> lock(peer.mutex);
+  if (peer.idle.size() < 8) peer.idle.push_back(std::move(connection));
+}
+
+void AgentCore::abort_gets() {
+  std::lock_guard<std::mutex> lock(active_mutex);
+  for (std::atomic<bool>* flag : active) flag->store(true);
+}
+
+namespace {
+
+void check_targets(const std::string& context, const TensorRef& ref,
+                   const std::vector<TensorView>& targets) {
+  const auto& metas = ref.tensors();
+  if (targets.empty()) return;
+  if (targets.size() != metas.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                context + ": " + std::to_string(targets.size()) + " targets for " +
+                    std::to_string(metas.size()) + " tensors");
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const TensorView& t = targets[i];
+    const TensorMeta& m = metas[i];
+    if (t.dtype() != m.dtype || static_cast<uint64_t>(t.numel()) != static_cast<uint64_t>(m.numel())) {
+      throw Error(ErrorCode::kInvalidArgument, context + ": target " + std::to_string(i) + " is " +
+                                                   t.str() + ", the tensor is " + m.str());
+    }
+    if (t.device().type != DeviceType::kCPU) {
+      throw Error(ErrorCode::kInvalidArgument, context + ": target " + std::to_string(i) +
+                                                   " is on " + t.device().str() +
+                                                   "; gets receive into CPU memory");
+    }
+  }
+}
+
+// Buffers get allocates when it is given no targets.
+std::vector<TensorView> allocate_targets(const TensorRef& ref,
+                                         std::vector<std::shared_ptr<void>>& storage) {
+  std::vector<TensorView> out;
+  for (const TensorMeta& m : ref.tensors()) {
+    storage.push_back(allocate_bytes(m.nbytes()));
+    out.emplace_back(storage.back().get(), m.dtype, m.shape, Device::cpu());
+  }
+  return out;
+}
+
+}  // namespace
+
+// What a get or a borrow needs from the resolution of a ref.
+struct AgentCore::Resolved {
+  std::string context;  // "get of object 3 of agent 'a' (shm) on agent 'b'"
+  TensorRef ref;        // with its publication (a pending ref once fulfilled)
+  std::string name;     // the transport used (after a fallback)
+  TensorTransport* transport = nullptr;
+  bool socket = false;  // the owner streams it (the built-in path)
+  bool local = false;   // the owner is on this host (a lease lane)
+  std::shared_ptr<Peer> peer;
+};
+
+AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& opts,
+                                       const char* op) {
+  Resolved r;
+  r.context = std::string(op) + " of " + ref.describe() + " on " + who();
+  if (!options.secret.empty() && !ref.verify(options.secret)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                r.context + ": the ref is " +
+                    (ref.is_signed() ? "signed with another secret" : "not signed") +
+                    " (this agent only takes refs signed with its secret)");
+  }
+  check_targets(r.context, ref, opts.targets);
+  r.ref = ref;
+  r.name = ref.transport();
+  r.local = ref.owner().same_host(identity);
+  if (r.name != "socket") {
+    TensorTransport& t = transport(r.name);  // kUnavailable when not registered
+    if (!t.traits().cross_host && !r.local) {
+      if (!opts.allow_fallback || ref.owner().tcp_endpoint.empty()) {
+        throw Error(ErrorCode::kUnavailable,
+                    r.context + ": transport '" + r.name + "' works on one host, and " +
+                        owner_text(ref.owner()) + " is on another host, network or pid namespace" +
+                        (ref.owner().tcp_endpoint.empty()
+                             ? " (and does not listen on TCP for the socket transport)"
+                             : " (GetOptions::allow_fallback uses the socket transport)"));
+      }
+      TUTTI_LOG_DEBUG("direct transport: {}: on another host, falls back to the socket",
+                      r.context);
+      r.name = "socket";
+    } else {
+      r.transport = &t;
+    }
+  }
+  r.socket = r.name == "socket";
+  r.peer = peer_for(ref.owner(), r.local);
+  return r;
+}
+
+Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
+                        const std::atomic<bool>* cancelled_in) {
+  std::atomic<bool> own_flag{false};
+  std::atomic<bool>* flag = cancelled_in != nullptr ? const_cast<std::atomic<bool>*>(cancelled_in)
+                                                    : &own_flag;
+  ActiveGet active_get(*this, flag);
+  const auto deadline = Clock::now() + (opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
+  std::string context = "get of " + ref.describe() + " on " + who();
+  try {
+    if (ref.owner().uuid == identity.uuid) {
+      check_targets(context, ref, opts.targets);
+      return get_own(ref, opts.targets, false, deadline, *flag).first;
+    }
+    Resolved r = resolve(ref, opts, "get");
+    context = r.context;
+    Received out;
+    std::vector<TensorView> targets = opts.targets;
+    if (targets.empty()) targets = allocate_targets(ref, out.storage_);
+    PeerLink link(*this, r.peer, deadline, flag, ref.object());
+    link.set_transport(r.name);
+    if (r.socket) {
+      link.stream(targets);
+    } else {
+      Lease lease = take_lease(r, link, deadline, *flag);
+      r.transport->fetch(FetchRequest{r.ref, link, targets, false, deadline, *flag});
+      end_lease(r, link, lease, true);
+    }
+    out.views_ = std::move(targets);
+    return out;
+  } catch (const Error& e) {
+    if (flag->load() && e.code() != ErrorCode::kInvalidArgument) {
+      throw Error(ErrorCode::kAborted, context + ": cancelled (" + e.what() + ")");
+    }
+    if (e.code() == ErrorCode::kTimeout && Clock::now() >= deadline) {
+      throw Error(ErrorCode::kTimeout,
+                  context + ": not done after " +
+                      std::to_string((opts.timeout.count() > 0 ? opts.timeout : fetch_timeout).count()) +
+                      " ms, waiting for " + owner_text(ref.owner()) + " (" + e.what() + ")");
+    }
+    if (std::string(e.what()).rfind(context, 0) == 0) throw;
+    rethrow_with(context, e);
+  }
+}
+
+Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
+  std::atomic<bool> flag{false};
+  ActiveGet active_get(*this, &flag);
+  const auto deadline = Clock::now() + (opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
+  std::string context = "borrow of " + ref.describe() + " on " + who();
+  if (!opts.targets.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, context + ": borrow takes no targets (use get)");
+  }
+  try {
+    Borrowed out;
+    if (ref.owner().uuid == identity.uuid) {
+      auto [received, lease] = get_own(ref, {}, true, deadline, flag);
+      out.views_ = received.views_;
+      out.lease_ = std::move(lease);
+      return out;
+    }
+    Resolved r = resolve(ref, opts, "borrow");
+    context = r.context;
+    PeerLink link(*this, r.peer, deadline, &flag, ref.object());
+    link.set_transport(r.name);
+    if (r.socket || !r.transport->traits().can_borrow) {
+      // Nothing to borrow in place: a private copy, held like a borrow.
+      auto storage = std::make_shared<std::vector<std::shared_ptr<void>>>();
+      std::vector<TensorView> views = allocate_targets(ref, *storage);
+      if (r.socket) {
+        link.stream(views);
+      } else {
+        Lease lease = take_lease(r, link, deadline, flag);
+        r.transport->fetch(FetchRequest{r.ref, link, views, false, deadline, flag});
+        end_lease(r, link, lease, true);
+      }
+      out.views_ = std::move(views);
+      out.lease_ = std::make_unique<HeldLease>();
+      out.lease_->end = [storage] {};
+      return out;
+    }
+    Lease lease = take_lease(r, link, deadline, flag);
+    FetchResult fetched;
+    try {
+      static const std::vector<TensorView> kNone;
+      fetched = r.transport->fetch(FetchRequest{r.ref, link, kNone, true, deadline, flag});
+      if (fetched.views.size() != ref.tensors().size()) {
+        throw Error(ErrorCode::kInternal, "transport '" + r.name + "' lent " +
+                                              std::to_string(fetched.views.size()) +
+                                              " views for " +
+                                              std::to_string(ref.tensors().size()) + " tensors");
+      }
+    } catch (...) {
+      end_lease(r, link, lease, false);
+      throw;
+    }
+    count_get(r, link, lease);
+    out.views_ = std::move(fetched.views);
+    out.lease_ = std::make_unique<HeldLease>();
+    auto self = shared_from_this();
+    out.lease_->end = [self, r, lease, keep = std::move(fetched.keep)]() mutable {
+      try {
+        PeerLink link(*self, r.peer, Clock::now() + std::chrono::seconds(1), nullptr,
+                      r.ref.object());
+        self->end_lease(r, link, lease, false);
+      } catch (const std::exception& e) {
+        TUTTI_LOG_DEBUG("direct transport: ending a borrow of {}: {}", r.ref.describe(), e.what());
+      }
+    };
+    return out;
+  } catch (const Error& e) {
+    if (flag.load()) throw Error(ErrorCode::kAborted, context + ": cancelled (" + e.what() + ")");
+    if (std::string(e.what()).rfind(context, 0) == 0) throw;
+    rethrow_with(context, e);
+  }
+}
+
+// This agent's own object: no copy unless targets are given; `lease` holds the object.
+std::pair<Received, std::unique_ptr<HeldLease>> AgentCore::get_own(
+    const TensorRef& ref, const std::vector<TensorView>& targets, bool borrow,
+    Clock::time_point deadline, const std::atomic<bool>& cancelled) {
+  const uint64_t id = ref.object().id;
+  const uint32_t gen = ref.object().generation;
+  std::unique_lock<std::mutex> lock(mutex);
+  while (true) {
+    auto it = objects.find(id);
+    if (it == objects.end() || it->second.generation != gen) {
+      throw Error(ErrorCode::kInvalidUsage, "the object " + freed_text_locked(id));
+    }
+    Object& o = it->second;
+    if (o.state == kSlotFailed) {
+      throw Error(ErrorCode::kRemoteError, "the owner failed it: " + o.failure);
+    }
+    if (o.state == kSlotRetiring) {
+      throw Error(ErrorCode::kInvalidUsage, "the object is being freed (nothing pins it)");
+    }
+    if (o.state == kSlotLive) break;
+    if (cancelled.load()) throw Error(ErrorCode::kAborted, "cancelled");
+    if (Clock::now() >= deadline) {
+      throw Error(ErrorCode::kTimeout, "the object is still reserved (never fulfilled)");
+    }
+    changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)));
+  }
+  Object& o = objects.find(id)->second;
+  ++o.local_leases;
+  if (o.expected_gets > 0 && --o.expected_gets == 0) slots.slot(o.slot).flags.store(0);
+  const std::vector<TensorView> tensors = o.tensors;
+  lock.unlock();
+  auto lease = std::make_unique<HeldLease>();
+  std::weak_ptr<AgentCore> weak = weak_from_this();
+  lease->end = [weak, id] {
+    if (auto self = weak.lock()) {
+      std::lock_guard<std::mutex> lock(self->mutex);
+      auto it = self->objects.find(id);
+      if (it != self->objects.end()) {
+        --it->second.local_leases;
+        self->settle_locked(it->second);
+      }
+    }
+  };
+  Received out;
+  if (!targets.empty()) {
+    for (size_t i = 0; i < targets.size(); ++i) {
+      if (tensors[i].nbytes() > 0) std::memcpy(targets[i].data(), tensors[i].data(), tensors[i].nbytes());
+    }
+    out.views_ = targets;
+    lease.reset();  // copied: the hold ends now
+    return {std::move(out), nullptr};
+  }
+  out.views_.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorMeta& m = ref.tensors()[i];
+    out.views_.emplace_back(tensors[i].data(), m.dtype, m.shape, m.device);
+  }
+  if (!borrow) {
+    // A get without targets shares the owner's tensors; the Received holds the object.
+    std::shared_ptr<HeldLease> held(std::move(lease));
+    out.storage_.push_back(held);
+    return {std::move(out), nullptr};
+  }
+  return {std::move(out), std::move(lease)};
+}
+
+AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_point deadline,
+                                       const std::atomic<bool>& cancelled) {
+  const ObjectId object = r.ref.object();
+  bool waited = false;
+  while (true) {
+    if (cancelled.load()) throw Error(ErrorCode::kAborted, "cancelled");
+    uint32_t state = kSlotFree;
+    if (r.local && r.transport->traits().one_sided) {
+      if (!r.peer->slots) {
+        // The first connection brings the owner's slot page.
+        auto conn = checkout(*r.peer, deadline, &cancelled);
+        checkin(*r.peer, std::move(conn));
+      }
+      if (r.peer->slots && !r.ref.is_pending()) {
+        const int entry = r.peer->lane->acquire(*r.peer->slots, object.slot, object.generation, state);
+        if (entry >= 0) return Lease{entry, false};
+      } else {
+        state = kSlotReserved;
+      }
+    } else {
+      // No lane (another host, or a two-sided transport): the owner keeps the hold.
+      WireWriter w;
+      w.u64(object.id);
+      w.u32(object.generation);
+      if (!r.ref.is_pending()) {
+        Message m = link.request(MsgType::kLease, w.out());
+        WireReader rd(m.payload, "a lease reply");
+        state = rd.u32("state");
+        if (state == kSlotLive) return Lease{-1, true};
+      } else {
+        state = kSlotReserved;
+      }
+    }
+    // Not live: ask the owner what it is (waiting for a reserved one to be fulfilled).
+    if (state == kSlotFree) {
+      throw Error(ErrorCode::kInvalidUsage, "the object was freed at its owner (its handles "
+                                            "were released and its expected gets were done)");
+    }
+    if (state == kSlotRetiring) {
+      throw Error(ErrorCode::kInvalidUsage,
+                  "the object is being freed at its owner (no handle, expected get or keep_for "
+                  "holds it)");
+    }
+    if (waited && state != kSlotReserved && state != kSlotFailed) {
+      throw Error(ErrorCode::kInternal, "the object's state changed to " + std::to_string(state) +
+                                            " after its owner said it was live");
+    }
+    WireWriter w;
+    w.u64(object.id);
+    w.u32(object.generation);
+    w.u64(static_cast<uint64_t>(std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count())));
+    Message m = link.request(MsgType::kWait, w.out());
+    WireReader rd(m.payload, "a wait reply from " + owner_text(r.ref.owner()));
+    const uint32_t now_state = rd.u32("state");
+    if (now_state == kSlotFailed) {
+      throw Error(ErrorCode::kRemoteError, "the owner failed it: " + rd.str32("message", 1u << 20));
+    }
+    if (now_state != kSlotLive) {
+      throw Error(ErrorCode::kInvalidUsage, "the object is being freed at its owner");
+    }
+    if (r.ref.is_pending()) {
+      Publication pub;
+      pub.blob = rd.str32("transport bytes", TensorRef::kMaxBlob);
+      const uint32_t n = rd.u32("tensors");
+      if (n != r.ref.tensors().size()) {
+        throw Error(ErrorCode::kInternal, "the owner describes " + std::to_string(n) +
+                                              " tensors, the ref " +
+                                              std::to_string(r.ref.tensors().size()));
+      }
+      for (uint32_t i = 0; i < n; ++i) {
+        const uint16_t region = rd.u16("region");
+        pub.places.emplace_back(region, rd.u64("offset"));
+      }
+      r.ref = TensorRef(r.ref.owner(), object, r.ref.transport(), r.ref.tensors(), pub.places,
+                        pub.blob, r.ref.is_two_sided(), false);
+    }
+    waited = true;
+  }
+}
+
+void AgentCore::count_get(Resolved& r, PeerLink& link, const Lease& lease) {
+  const ObjectId object = r.ref.object();
+  const bool counts = lease.entry >= 0
+                          ? (r.peer->slots->slot(object.slot).flags.load() & kSlotCountsGets) != 0
+                          : true;
+  if (!counts) return;
+  WireWriter w;
+  w.u64(object.id);
+  w.u32(object.generation);
+  link.request(MsgType::kGot, w.out());
+}
+
+void AgentCore::end_lease(Resolved& r, PeerLink& link, const Lease& lease, bool completed) {
+  const ObjectId object = r.ref.object();
+  if (completed) count_get(r, link, lease);
+  if (lease.entry >= 0) {
+    if (r.peer->lane->release(*r.peer->slots, lease.entry, object.slot)) {
+      link.request(MsgType::kReleased, "");  // the owner waits on it: look again now
+    }
+  } else if (lease.remote) {
+    WireWriter w;
+    w.u64(object.id);
+    w.u32(object.generation);
+    link.request(MsgType::kUnlease, w.out());
+  }
+}
+
+Fetch AgentCore::get_async(const TensorRef& ref, const GetOptions& opts) {
+  Fetch f;
+  f.state_ = std::make_shared<FetchState>();
+  auto state = f.state_;
+  auto self = shared_from_this();
+  std::thread([self, state, ref, opts] {
+    Received result;
+    std::exception_ptr error;
+    try {
+      result = self->get(ref, opts, &state->cancelled);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->result = std::move(result);
+    state->error = error;
+    state->finished = true;
+    state->cv.notify_all();
+  }).detach();
+  return f;
+}
+
+}  // namespace tutti::detail

@@ -1,0 +1,195 @@
+// The TransferAgent's insides (internal to the direct transport): the owner's object table and
+// the connections it serves (agent_owner.cc), the consumer's peers and gets (agent_consumer.cc).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "channel.h"
+#include "lease_table.h"
+#include "tutti/error.h"
+#include "tutti/tensor_transport.h"
+#include "tutti/transfer_agent.h"
+
+namespace tutti::detail {
+
+class PeerLink;
+
+// The pin that ObjectHandle copies share: the object may go once it is destroyed.
+struct ObjectPin {
+  std::weak_ptr<AgentCore> core;
+  uint64_t id = 0;
+  TensorRef ref;
+  ~ObjectPin();
+};
+
+// A consumer's hold on an object, ended exactly once (by release or destruction).
+struct HeldLease {
+  std::function<void()> end;
+  ~HeldLease() {
+    if (end) end();
+  }
+};
+
+struct FetchState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool finished = false;
+  Received result;
+  std::exception_ptr error;
+  std::atomic<bool> cancelled{false};
+};
+
+// An object in the owner's table.
+struct Object {
+  uint64_t id = 0;
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  uint32_t state = kSlotReserved;  // as the slot says (kSlotRetiring once nothing pins it)
+  std::vector<TensorMeta> metas;
+  std::vector<TensorView> tensors;
+  std::string transport;
+  TensorTransport* t = nullptr;
+  TensorRef ref;
+  Publication publication;
+  bool published = false;
+  bool snapshot = false;
+  std::vector<std::shared_ptr<void>> storage;  // snapshot copies
+  int handles = 0;                 // live ObjectPins (1 from put)
+  uint32_t expected_gets = 0;      // left to complete before it may go
+  std::chrono::milliseconds keep_for{0};
+  Clock::time_point keep_until{};  // set when the last handle goes
+  int local_leases = 0;            // holds the owner keeps itself: streams, own borrows, remote
+  std::string failure;             // fail()'s message
+};
+
+// A consumer agent that connected to this owner.
+struct Consumer {
+  AgentIdentity identity;
+  std::unique_ptr<LaneView> lane;  // on this host
+  int connections = 0;
+  std::map<uint64_t, int> leases;  // held through kLease (no lane): object id -> count
+};
+
+// An owner agent this agent gets from.
+struct Peer {
+  AgentIdentity owner;
+  bool local = false;  // one host: a Unix socket, a lease lane, the owner's slot page
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Connection>> idle;
+  std::unique_ptr<Lane> lane;
+  std::unique_ptr<SlotView> slots;
+};
+
+struct AgentCore : std::enable_shared_from_this<AgentCore> {
+  AgentIdentity identity;
+  TransferAgentOptions options;
+  std::chrono::milliseconds fetch_timeout{60000};
+
+  // ---- owner ----
+  std::mutex mutex;  // everything below up to `peers_mutex`
+  std::condition_variable changed;  // an object changed state or went
+  SlotPage slots;
+  std::vector<uint32_t> free_slots;
+  uint32_t next_slot = 0;
+  std::map<uint64_t, Object> objects;
+  uint64_t next_id = 1;
+  std::deque<std::pair<uint64_t, Clock::time_point>> freed;  // recently freed ids
+  std::map<std::string, std::shared_ptr<Consumer>> consumers;  // by uuid
+  std::set<int> serving_fds;  // connections being served (shut down at the end)
+  int serving_threads = 0;
+  std::condition_variable serving_done;
+
+  int unix_listener = -1;
+  int tcp_listener = -1;
+  std::vector<std::thread> acceptors;
+  std::thread housekeeper;
+  std::atomic<bool> stopping{false};
+
+  // ---- transports ----
+  std::mutex transports_mutex;
+  std::map<std::string, std::unique_ptr<TensorTransport>> transports;
+
+  // ---- consumer ----
+  std::mutex peers_mutex;
+  std::map<std::string, std::shared_ptr<Peer>> peers;  // by owner uuid + "u"/"t"
+  std::mutex active_mutex;
+  std::set<std::atomic<bool>*> active;  // cancel flags of gets in progress
+
+  explicit AgentCore(const TransferAgentOptions& options);
+  void start();
+  void stop();
+
+  TensorTransport& transport(const std::string& name);
+  std::string resolve_transport(const std::string& requested) const;
+  std::string who() const;  // "agent 'x'"
+
+  // Owner side (agent_owner.cc).
+  ObjectHandle publish(const std::vector<TensorView>& tensors, const std::vector<TensorMeta>& metas,
+                       const PutOptions& options, bool reserved);
+  void fulfil(uint64_t id, const std::vector<TensorView>& tensors);
+  void fail(uint64_t id, std::string_view message);
+  void drop_pin(uint64_t id);
+  void wait_tensor_freed(const TensorView& tensor, std::chrono::milliseconds timeout);
+  // Under `mutex`: retire what nothing pins, free what nothing holds.
+  void settle_locked(Object& o);
+  void settle_all_locked();
+  void free_locked(std::map<uint64_t, Object>::iterator it);
+  bool leased_by_a_lane_locked(const Object& o, std::string* who = nullptr) const;
+  std::string freed_text_locked(uint64_t id) const;
+  std::string blockers_locked(const Object& o) const;
+  void accept_loop(int listener, bool local);
+  void serve(std::unique_ptr<Connection> connection, bool local);
+  void housekeeping_loop();
+
+  // Consumer side (agent_consumer.cc).
+  struct Resolved;
+  struct Lease {
+    int entry = -1;       // in the lane (one host)
+    bool remote = false;  // held by the owner for us (kLease)
+  };
+  Resolved resolve(const TensorRef& ref, const GetOptions& options, const char* op);
+  Lease take_lease(Resolved& r, PeerLink& link, Clock::time_point deadline,
+                   const std::atomic<bool>& cancelled);
+  void end_lease(Resolved& r, PeerLink& link, const Lease& lease, bool completed);
+  void count_get(Resolved& r, PeerLink& link, const Lease& lease);
+  std::pair<Received, std::unique_ptr<HeldLease>> get_own(const TensorRef& ref,
+                                                          const std::vector<TensorView>& targets,
+                                                          bool borrow, Clock::time_point deadline,
+                                                          const std::atomic<bool>& cancelled);
+  Received get(const TensorRef& ref, const GetOptions& options,
+               const std::atomic<bool>* cancelled = nullptr);
+  Borrowed borrow(const TensorRef& ref, const GetOptions& options);
+  Fetch get_async(const TensorRef& ref, const GetOptions& options);
+  std::shared_ptr<Peer> peer_for(const AgentIdentity& owner, bool local);
+  std::unique_ptr<Connection> checkout(Peer& peer, Clock::time_point deadline,
+                                       const std::atomic<bool>* cancelled);
+  void checkin(Peer& peer, std::unique_ptr<Connection> connection);
+  void abort_gets();
+
+  // Messages of this agent's wire protocol.
+  static std::string encode_identity(const AgentIdentity& id);
+  static AgentIdentity decode_identity(const std::string& bytes);
+};
+
+// 64-byte aligned heap bytes.
+std::shared_ptr<void> allocate_bytes(size_t bytes);
+// PutOptions::snapshot: copies of `tensors`, in the transport's shareable memory where it has any.
+std::vector<TensorView> snapshot_copy(TensorTransport& t, const std::vector<TensorView>& tensors,
+                                      std::vector<std::shared_ptr<void>>& storage);
+
+// Ends a reply with an error the other side rethrows: code and message.
+std::string error_payload(const Error& e);
+[[noreturn]] void throw_error_payload(const std::string& payload);
+
+}  // namespace tutti::detail

@@ -1,0 +1,768 @@
+// The owner's side of a TransferAgent: identity, the object table and its lifetime, and the
+// connections consumers make to it.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "agent_core.h"
+#include "host_identity.h"
+#include "logging.h"
+#include "sha256.h"
+#include "wire.h"
+
+namespace tutti::detail {
+namespace {
+
+uint64_t namespace_inode(const char* which) {
+  struct stat st;
+  const std::string path = std::string("/proc/self/ns/") + which;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+std::chrono::milliseconds env_timeout() {
+  if (const char* v = std::getenv("TUTTI_RDT_FETCH_TIMEOUT_MS"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const long long ms = std::strtoll(v, &end, 10);
+    if (*end == '\0' && ms > 0) return std::chrono::milliseconds(ms);
+  }
+  return std::chrono::milliseconds(60000);
+}
+
+std::string default_tcp_host() {
+  char name[256] = {0};
+  addrinfo* info = nullptr;
+  if (::gethostname(name, sizeof(name) - 1) == 0 && ::getaddrinfo(name, nullptr, nullptr, &info) == 0) {
+    ::freeaddrinfo(info);
+    return name;
+  }
+  return "127.0.0.1";
+}
+
+std::string seconds_ago(Clock::time_point t) {
+  const double s = std::chrono::duration<double>(Clock::now() - t).count();
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", s);
+  return buf;
+}
+
+// The publication of a live object, as a WAIT reply carries it.
+void write_publication(WireWriter& w, const Publication& p, size_t tensors) {
+  w.str32(p.blob);
+  w.u32(static_cast<uint32_t>(tensors));
+  for (size_t i = 0; i < tensors; ++i) {
+    const auto place = i < p.places.size() ? p.places[i] : std::pair<uint16_t, uint64_t>{0, 0};
+    w.u16(place.first);
+    w.u64(place.second);
+  }
+}
+
+}  // namespace
+
+std::vector<TensorView> snapshot_copy(TensorTransport& t, const std::vector<TensorView>& tensors,
+                                      std::vector<std::shared_ptr<void>>& storage) {
+  std::vector<TensorView> out;
+  for (const TensorView& src : tensors) {
+    TensorView copy;
+    try {
+      copy = t.allocate(std::max<size_t>(src.nbytes(), 1), DType::kUInt8);
+      TensorTransport* owner = &t;
+      storage.emplace_back(copy.data(), [owner, copy](void*) { owner->deallocate(copy); });
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnavailable) throw;
+      storage.push_back(allocate_bytes(src.nbytes()));
+      copy = TensorView(storage.back().get(), DType::kUInt8,
+                        {static_cast<int64_t>(std::max<size_t>(src.nbytes(), 1))});
+    }
+    if (src.nbytes() > 0) std::memcpy(copy.data(), src.data(), src.nbytes());
+    out.emplace_back(copy.data(), src.dtype(), src.shape(), src.device());
+  }
+  return out;
+}
+
+std::shared_ptr<void> allocate_bytes(size_t bytes) {
+  void* p = ::operator new(std::max<size_t>(bytes, 1), std::align_val_t(64));
+  return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t(64)); });
+}
+
+ObjectPin::~ObjectPin() {
+  if (auto c = core.lock()) c->drop_pin(id);
+}
+
+std::string error_payload(const Error& e) {
+  WireWriter w;
+  w.u8(static_cast<uint8_t>(e.code()));
+  w.str32(e.what());
+  return std::move(w.out());
+}
+
+void throw_error_payload(const std::string& payload) {
+  WireReader r(payload, "an agent's error");
+  const uint8_t code = r.u8("code");
+  const std::string what = r.str32("message", 1u << 20);
+  throw Error(code <= static_cast<uint8_t>(ErrorCode::kInternal) ? static_cast<ErrorCode>(code)
+                                                                  : ErrorCode::kInternal,
+              what);
+}
+
+std::string AgentCore::encode_identity(const AgentIdentity& id) {
+  WireWriter w;
+  w.bytes(id.uuid.data(), 16);
+  w.bytes(id.host_key.data(), 16);
+  w.u32(id.pid);
+  w.u64(id.start_time);
+  w.str8(id.tcp_endpoint);
+  w.str8(id.name);
+  return std::move(w.out());
+}
+
+AgentIdentity AgentCore::decode_identity(const std::string& bytes) {
+  WireReader r(bytes, "an agent's identity");
+  AgentIdentity id;
+  r.bytes(id.uuid.data(), 16, "id");
+  r.bytes(id.host_key.data(), 16, "host key");
+  id.pid = r.u32("pid");
+  id.start_time = r.u64("start time");
+  id.tcp_endpoint = r.str8("endpoint");
+  id.name = r.str8("name");
+  return id;
+}
+
+AgentCore::AgentCore(const TransferAgentOptions& opts) : options(opts) {
+  std::random_device rd;
+  for (auto& b : identity.uuid) b = static_cast<uint8_t>(rd());
+  const std::string where = host_identity() + "/" + std::to_string(namespace_inode("net")) + "/" +
+                            std::to_string(namespace_inode("pid"));
+  const auto digest = sha256(where);
+  std::copy(digest.begin(), digest.begin() + 16, identity.host_key.begin());
+  identity.pid = static_cast<uint32_t>(::getpid());
+  identity.start_time = process_start_time(static_cast<long>(identity.pid));
+  if (options.name.empty()) {
+    char host[256] = {0};
+    ::gethostname(host, sizeof(host) - 1);
+    options.name = std::string(host) + ":" + std::to_string(identity.pid);
+  }
+  identity.name = options.name;
+  if (options.secret.empty()) {
+    if (const char* s = std::getenv("TUTTI_STORE_SECRET")) options.secret = s;
+  }
+  fetch_timeout = options.fetch_timeout.count() > 0 ? options.fetch_timeout : env_timeout();
+}
+
+std::string AgentCore::who() const { return "agent '" + identity.name + "'"; }
+
+void AgentCore::start() {
+  unix_listener = listen_unix("tutti-agent/" + identity.uuid_text());
+  acceptors.emplace_back([this] { accept_loop(unix_listener, true); });
+  if (options.listen_tcp) {
+    const std::string host = options.tcp_host.empty() ? default_tcp_host() : options.tcp_host;
+    uint16_t port = 0;
+    tcp_listener = listen_tcp(host, port);
+    identity.tcp_endpoint = host + ":" + std::to_string(port);
+    acceptors.emplace_back([this] { accept_loop(tcp_listener, false); });
+  }
+  housekeeper = std::thread([this] { housekeeping_loop(); });
+  TUTTI_LOG_DEBUG("direct transport: {} listening on @tutti-agent/{}{}", who(),
+                  identity.uuid_text(),
+                  identity.tcp_endpoint.empty() ? "" : " and " + identity.tcp_endpoint);
+}
+
+void AgentCore::stop() {
+  if (stopping.exchange(true)) return;
+  abort_gets();
+  for (int fd : {unix_listener, tcp_listener}) {
+    if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  }
+  for (auto& t : acceptors) t.join();
+  for (int fd : {unix_listener, tcp_listener}) {
+    if (fd >= 0) ::close(fd);
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    for (int fd : serving_fds) ::shutdown(fd, SHUT_RDWR);
+    changed.notify_all();
+    serving_done.wait_for(lock, std::chrono::seconds(5), [&] { return serving_threads == 0; });
+  }
+  if (housekeeper.joinable()) housekeeper.join();
+  {
+    // Whatever is still published goes with the agent (consumers' mappings stay readable).
+    std::lock_guard<std::mutex> lock(mutex);
+    while (!objects.empty()) free_locked(objects.begin());
+  }
+  std::lock_guard<std::mutex> lock(peers_mutex);
+  peers.clear();
+}
+
+std::string AgentCore::resolve_transport(const std::string& requested) const {
+  std::string name = requested;
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (name == "auto") return is_registered_tensor_transport("shm") ? "shm" : "socket";
+  return name;
+}
+
+ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
+                                const std::vector<TensorMeta>& metas, const PutOptions& opts,
+                                bool reserved) {
+  const std::string name = resolve_transport(opts.transport);
+  TensorTransport& t = transport(name);
+  for (size_t i = 0; i < metas.size(); ++i) {
+    if (metas[i].device.type != DeviceType::kCPU) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  (reserved ? "reserve on " : "put on ") + who() + ": tensor " + std::to_string(i) +
+                      " is on " + metas[i].device.str() + "; transport '" + name +
+                      "' carries CPU tensors");
+    }
+  }
+  uint64_t id;
+  uint32_t slot, generation;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopping) throw Error(ErrorCode::kInvalidUsage, "put on " + who() + ": the agent is gone");
+    if (!free_slots.empty()) {
+      slot = free_slots.back();
+      free_slots.pop_back();
+    } else if (next_slot < SlotPage::kCapacity) {
+      slot = next_slot++;
+    } else {
+      throw Error(ErrorCode::kUnavailable,
+                  "put on " + who() + ": " + std::to_string(SlotPage::kCapacity) +
+                      " objects are live; release some handles first");
+    }
+    id = next_id++;
+    generation = slots.slot(slot).generation.load() + 1;
+    slots.slot(slot).generation.store(generation);
+    Object& o = objects[id];
+    o.id = id;
+    o.slot = slot;
+    o.generation = generation;
+    o.metas = metas;
+    o.transport = name;
+    o.t = &t;
+    o.expected_gets = opts.expected_gets;
+    o.keep_for = opts.keep_for;
+    o.handles = 1;  // the pin made below: nothing frees it meanwhile
+  }
+  Publication pub;
+  std::vector<TensorView> published = tensors;
+  std::vector<std::shared_ptr<void>> storage;
+  if (!reserved) {
+    try {
+      if (opts.snapshot) published = snapshot_copy(t, tensors, storage);
+      pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published});
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex);
+      objects.erase(id);
+      free_slots.push_back(slot);
+      throw;
+    }
+  }
+  TensorRef ref(identity, ObjectId{id, generation, slot}, name, metas, pub.places, pub.blob,
+                !t.traits().one_sided && name != "socket", reserved);
+  if (!options.secret.empty()) ref.sign(options.secret);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    Object& o = objects.at(id);
+    o.ref = ref;
+    o.publication = pub;
+    o.published = !reserved;
+    o.snapshot = opts.snapshot;
+    if (!reserved) {
+      o.tensors = std::move(published);
+      o.storage = std::move(storage);
+    }
+    o.state = reserved ? kSlotReserved : kSlotLive;
+    Slot& s = slots.slot(slot);
+    s.flags.store(opts.expected_gets > 0 ? kSlotCountsGets : 0);
+    s.state.store(o.state);
+  }
+  auto pin = std::make_shared<ObjectPin>();
+  pin->core = weak_from_this();
+  pin->id = id;
+  pin->ref = ref;
+  return ObjectHandle(std::move(pin));
+}
+
+void AgentCore::fulfil(uint64_t id, const std::vector<TensorView>& tensors) {
+  Object* o = nullptr;
+  std::string name;
+  uint32_t generation, slot;
+  bool snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = objects.find(id);
+    if (it == objects.end() || it->second.state != kSlotReserved) {
+      throw Error(ErrorCode::kInvalidUsage,
+                  "fulfil on " + who() + ": object " + std::to_string(id) +
+                      (it == objects.end() ? " is gone" : " is not reserved (fulfilled or failed)"));
+    }
+    o = &it->second;
+    if (tensors.size() != o->metas.size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "fulfil on " + who() + ": object " + std::to_string(id) + " has " +
+                      std::to_string(o->metas.size()) + " tensors, got " +
+                      std::to_string(tensors.size()));
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorMeta& m = o->metas[i];
+      if (tensors[i].dtype() != m.dtype || tensors[i].shape() != m.shape ||
+          tensors[i].device() != m.device) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "fulfil on " + who() + ": tensor " + std::to_string(i) + " is " +
+                        tensors[i].str() + ", object " + std::to_string(id) + " reserved " + m.str());
+      }
+    }
+    name = o->transport;
+    generation = o->generation;
+    slot = o->slot;
+    snapshot = o->snapshot;
+  }
+  TensorTransport& t = transport(name);
+  std::vector<std::shared_ptr<void>> storage;
+  const std::vector<TensorView> published =
+      snapshot ? snapshot_copy(t, tensors, storage) : tensors;
+  const Publication pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published});
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = objects.find(id);
+  if (it == objects.end() || it->second.state != kSlotReserved) {
+    t.unpublish(ObjectId{id, generation, slot});
+    throw Error(ErrorCode::kInvalidUsage,
+                "fulfil on " + who() + ": object " + std::to_string(id) + " went meanwhile");
+  }
+  it->second.publication = pub;
+  it->second.published = true;
+  it->second.tensors = published;
+  it->second.storage = std::move(storage);
+  it->second.state = kSlotLive;
+  slots.slot(it->second.slot).state.store(kSlotLive);
+  changed.notify_all();
+}
+
+void AgentCore::fail(uint64_t id, std::string_view message) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = objects.find(id);
+  if (it == objects.end()) {
+    throw Error(ErrorCode::kInvalidUsage,
+                "fail on " + who() + ": object " + std::to_string(id) + " is gone");
+  }
+  Object& o = it->second;
+  if (o.state == kSlotRetiring) return;
+  o.failure = std::string(message);
+  o.state = kSlotFailed;
+  slots.slot(o.slot).state.store(kSlotFailed);
+  changed.notify_all();
+}
+
+void AgentCore::drop_pin(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = objects.find(id);
+  if (it == objects.end()) return;
+  Object& o = it->second;
+  if (--o.handles > 0) return;
+  o.keep_until = Clock::now() + o.keep_for;
+  settle_locked(o);
+  changed.notify_all();  // the housekeeper may have a keep_for deadline to watch
+}
+
+bool AgentCore::leased_by_a_lane_locked(const Object& o, std::string* holder) const {
+  for (const auto& [uuid, c] : consumers) {
+    if (c->lane && c->lane->holds(o.slot, o.generation)) {
+      if (holder != nullptr) {
+        *holder = "agent '" + c->identity.name + "' (pid " + std::to_string(c->identity.pid) + ")";
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+void AgentCore::settle_locked(Object& o) {
+  if (o.state != kSlotRetiring && o.handles == 0 && o.expected_gets == 0 &&
+      Clock::now() >= o.keep_until) {
+    o.state = kSlotRetiring;
+    slots.slot(o.slot).state.store(kSlotRetiring);  // seq_cst: then look at the lanes
+    changed.notify_all();
+  }
+  if (o.state == kSlotRetiring && o.local_leases == 0 && !leased_by_a_lane_locked(o)) {
+    free_locked(objects.find(o.id));
+  }
+}
+
+void AgentCore::settle_all_locked() {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, o] : objects) ids.push_back(id);
+  for (uint64_t id : ids) {
+    auto it = objects.find(id);
+    if (it != objects.end()) settle_locked(it->second);
+  }
+}
+
+void AgentCore::free_locked(std::map<uint64_t, Object>::iterator it) {
+  Object& o = it->second;
+  if (o.published) o.t->unpublish(ObjectId{o.id, o.generation, o.slot});
+  slots.slot(o.slot).state.store(kSlotFree);
+  free_slots.push_back(o.slot);
+  freed.emplace_back(o.id, Clock::now());
+  if (freed.size() > 4096) freed.pop_front();
+  objects.erase(it);
+  changed.notify_all();
+}
+
+std::string AgentCore::freed_text_locked(uint64_t id) const {
+  for (auto it = freed.rbegin(); it != freed.rend(); ++it) {
+    if (it->first == id) return "was freed " + seconds_ago(it->second) + " ago";
+  }
+  return id < next_id ? "was freed" : "was never published by this agent";
+}
+
+std::string AgentCore::blockers_locked(const Object& o) const {
+  std::vector<std::string> why;
+  if (o.handles > 0) why.push_back(std::to_string(o.handles) + " owner handle(s) alive");
+  if (o.expected_gets > 0) why.push_back(std::to_string(o.expected_gets) + " expected get(s) left");
+  const auto now = Clock::now();
+  if (o.handles == 0 && now < o.keep_until) {
+    why.push_back("kept for " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     o.keep_until - now)
+                                     .count()) +
+                  " ms more");
+  }
+  if (o.local_leases > 0) why.push_back(std::to_string(o.local_leases) + " transfer(s) or borrow(s) by the owner or a remote consumer");
+  for (const auto& [uuid, c] : consumers) {
+    if (c->lane && c->lane->holds(o.slot, o.generation)) {
+      why.push_back("leased by agent '" + c->identity.name + "' (pid " +
+                    std::to_string(c->identity.pid) + ")");
+    }
+  }
+  std::string out = "object " + std::to_string(o.id) + " (";
+  for (size_t i = 0; i < why.size(); ++i) out += (i ? "; " : "") + why[i];
+  return out + ")";
+}
+
+void AgentCore::wait_tensor_freed(const TensorView& tensor, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  const char* lo = static_cast<const char*>(tensor.data());
+  const char* hi = lo + tensor.nbytes();
+  std::unique_lock<std::mutex> lock(mutex);
+  auto holders = [&] {
+    std::vector<const Object*> out;
+    for (const auto& [id, o] : objects) {
+      for (const TensorView& t : o.tensors) {
+        const char* a = static_cast<const char*>(t.data());
+        if (t.device() == tensor.device() && t.nbytes() > 0 && a < hi && lo < a + t.nbytes()) {
+          out.push_back(&o);
+          break;
+        }
+      }
+    }
+    return out;
+  };
+  while (true) {
+    const auto held = holders();
+    if (held.empty()) return;
+    if (Clock::now() >= deadline) {
+      std::string list;
+      for (const Object* o : held) list += (list.empty() ? "" : ", ") + blockers_locked(*o);
+      throw Error(ErrorCode::kTimeout, "wait_tensor_freed on " + who() + ": " + tensor.str() +
+                                           " still published after " +
+                                           std::to_string(timeout.count()) + " ms: " + list);
+    }
+    changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+    settle_all_locked();  // a lane may have let go without telling (a consumer thread's exit)
+  }
+}
+
+void AgentCore::housekeeping_loop() {
+  std::unique_lock<std::mutex> lock(mutex);
+  while (!stopping) {
+    auto wake = Clock::now() + std::chrono::milliseconds(200);
+    for (const auto& [id, o] : objects) {
+      if (o.handles == 0 && o.state != kSlotRetiring && o.keep_until > Clock::now()) {
+        wake = std::min(wake, o.keep_until);
+      }
+    }
+    changed.wait_until(lock, wake);
+    settle_all_locked();
+  }
+}
+
+void AgentCore::accept_loop(int listener, bool local) {
+  while (!stopping) {
+    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (stopping || errno == EINVAL || errno == EBADF) return;
+      if (errno == EMFILE || errno == ENFILE) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      continue;
+    }
+    auto conn = std::make_unique<Connection>(fd, local ? "a consumer on this host" : "a remote consumer");
+    if (local && conn->peer_uid() != static_cast<long>(::getuid())) {
+      TUTTI_LOG_WARN("direct transport: {} refused a connection from uid {}", who(), conn->peer_uid());
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopping) return;
+    serving_fds.insert(fd);
+    ++serving_threads;
+    std::thread([self = shared_from_this(), c = std::move(conn), local]() mutable {
+      self->serve(std::move(c), local);
+    }).detach();
+  }
+}
+
+void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
+  std::shared_ptr<Consumer> consumer;
+  const int fd = conn->fd();
+  auto reply = [&](const std::string& payload, const std::vector<int>& fds = {}) {
+    conn->send(MsgType::kReply, payload, fds, Clock::now() + fetch_timeout);
+  };
+  auto find_live = [&](std::unique_lock<std::mutex>&, uint64_t id, uint32_t gen,
+                       const char* what) -> Object& {
+    auto it = objects.find(id);
+    if (it == objects.end() || it->second.generation != gen) {
+      (void)what;
+      throw Error(ErrorCode::kInvalidUsage,
+                  "object " + std::to_string(id) + " " + freed_text_locked(id) + " at its owner");
+    }
+    return it->second;
+  };
+  try {
+    while (!stopping) {
+      Message m;
+      try {
+        m = conn->receive(Clock::now() + std::chrono::seconds(1));
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kTimeout) continue;
+        break;  // the consumer went
+      }
+      try {
+        WireReader r(m.payload, "a request to " + who());
+        switch (m.type) {
+          case MsgType::kHello: {
+            const AgentIdentity them = decode_identity(r.str32("identity", 4096));
+            const std::string proof = r.str32("proof", 64);
+            if (!options.secret.empty()) {
+              const auto want = hmac_sha256(options.secret, identity.uuid_text() + them.uuid_text());
+              if (proof != std::string(reinterpret_cast<const char*>(want.data()), want.size())) {
+                for (int f : m.fds) ::close(f);
+                throw Error(ErrorCode::kInvalidArgument,
+                            "hello to " + who() + ": agent '" + them.name +
+                                "' does not know the shared secret");
+              }
+            }
+            conn->set_peer("agent '" + them.name + "'");
+            {
+              std::lock_guard<std::mutex> lock(mutex);
+              auto& c = consumers[them.uuid_text()];
+              if (!c) {
+                c = std::make_shared<Consumer>();
+                c->identity = them;
+              }
+              if (local && !m.fds.empty()) {
+                if (!c->lane) {
+                  c->lane = std::make_unique<LaneView>(m.fds[0]);
+                } else {
+                  ::close(m.fds[0]);
+                }
+                for (size_t i = 1; i < m.fds.size(); ++i) ::close(m.fds[i]);
+              }
+              if (!consumer) {
+                consumer = c;
+                ++c->connections;
+              }
+            }
+            std::vector<int> fds;
+            if (local) fds.push_back(slots.fd());
+            reply(encode_identity(identity), fds);
+            break;
+          }
+          case MsgType::kCall: {
+            const std::string name = r.str8("transport");
+            const std::string request = r.str32("request", 1u << 24);
+            std::vector<int> fds;
+            const std::string answer = transport(name).answer(
+                request, consumer ? consumer->identity : AgentIdentity{}, &fds);
+            try {
+              reply(answer, fds);
+            } catch (...) {
+              for (int f : fds) ::close(f);
+              throw;
+            }
+            for (int f : fds) ::close(f);
+            break;
+          }
+          case MsgType::kWait: {
+            const uint64_t id = r.u64("id");
+            const uint32_t gen = r.u32("generation");
+            const auto deadline = Clock::now() + std::chrono::milliseconds(r.u64("timeout"));
+            WireWriter w;
+            {
+              std::unique_lock<std::mutex> lock(mutex);
+              changed.wait_until(lock, deadline, [&] {
+                auto it = objects.find(id);
+                return stopping || it == objects.end() || it->second.generation != gen ||
+                       it->second.state != kSlotReserved;
+              });
+              Object& o = find_live(lock, id, gen, "get");
+              if (o.state == kSlotReserved) {
+                throw Error(ErrorCode::kTimeout, "object " + std::to_string(id) +
+                                                     " is still reserved (never fulfilled)");
+              }
+              if (o.state == kSlotRetiring && !o.published) {
+                throw Error(ErrorCode::kInvalidUsage, "object " + std::to_string(id) +
+                                                          " was released before it was fulfilled");
+              }
+              w.u32(o.state);
+              if (o.state == kSlotFailed) {
+                w.str32(o.failure);
+              } else {
+                write_publication(w, o.publication, o.metas.size());
+              }
+            }
+            reply(w.out());
+            break;
+          }
+          case MsgType::kGot: {
+            const uint64_t id = r.u64("id");
+            const uint32_t gen = r.u32("generation");
+            {
+              std::lock_guard<std::mutex> lock(mutex);
+              auto it = objects.find(id);
+              if (it != objects.end() && it->second.generation == gen &&
+                  it->second.expected_gets > 0) {
+                if (--it->second.expected_gets == 0) slots.slot(it->second.slot).flags.store(0);
+                settle_locked(it->second);
+              }
+            }
+            reply("");
+            break;
+          }
+          case MsgType::kReleased: {
+            {
+              std::lock_guard<std::mutex> lock(mutex);
+              settle_all_locked();
+            }
+            reply("");
+            break;
+          }
+          case MsgType::kLease:
+          case MsgType::kUnlease: {
+            const uint64_t id = r.u64("id");
+            const uint32_t gen = r.u32("generation");
+            std::unique_lock<std::mutex> lock(mutex);
+            if (m.type == MsgType::kLease) {
+              Object& o = find_live(lock, id, gen, "get");
+              if (o.state != kSlotLive) {
+                WireWriter w;
+                w.u32(o.state);
+                lock.unlock();
+                reply(w.out());
+                break;
+              }
+              ++o.local_leases;
+              if (consumer) ++consumer->leases[id];
+            } else {
+              auto it = objects.find(id);
+              if (consumer && consumer->leases[id] > 0) {
+                if (--consumer->leases[id] == 0) consumer->leases.erase(id);
+                if (it != objects.end()) {
+                  --it->second.local_leases;
+                  settle_locked(it->second);
+                }
+              }
+            }
+            lock.unlock();
+            WireWriter w;
+            w.u32(kSlotLive);
+            reply(w.out());
+            break;
+          }
+          case MsgType::kStream: {
+            const uint64_t id = r.u64("id");
+            const uint32_t gen = r.u32("generation");
+            const auto deadline = Clock::now() + std::chrono::milliseconds(r.u64("timeout"));
+            std::vector<iovec> parts;
+            uint64_t total = 0;
+            {
+              std::unique_lock<std::mutex> lock(mutex);
+              changed.wait_until(lock, deadline, [&] {
+                auto it = objects.find(id);
+                return stopping || it == objects.end() || it->second.generation != gen ||
+                       it->second.state != kSlotReserved;
+              });
+              Object& o = find_live(lock, id, gen, "get");
+              if (o.state == kSlotReserved) {
+                throw Error(ErrorCode::kTimeout,
+                            "object " + std::to_string(id) + " is still reserved (never fulfilled)");
+              }
+              if (o.state == kSlotFailed) {
+                throw Error(ErrorCode::kRemoteError, "the owner failed it: " + o.failure);
+              }
+              if (o.state != kSlotLive) {
+                throw Error(ErrorCode::kInvalidUsage,
+                            "object " + std::to_string(id) + " is being freed at its owner");
+              }
+              ++o.local_leases;
+              for (const TensorView& t : o.tensors) {
+                parts.push_back({t.data(), t.nbytes()});
+                total += t.nbytes();
+              }
+            }
+            auto done = [&](bool completed) {
+              std::lock_guard<std::mutex> lock(mutex);
+              auto it = objects.find(id);
+              if (it == objects.end()) return;
+              --it->second.local_leases;
+              if (completed && it->second.expected_gets > 0 && --it->second.expected_gets == 0) {
+                slots.slot(it->second.slot).flags.store(0);
+              }
+              settle_locked(it->second);
+            };
+            try {
+              WireWriter w;
+              w.u64(total);
+              reply(w.out());
+              conn->send_raw(parts, deadline);
+            } catch (...) {
+              done(false);
+              throw;
+            }
+            done(true);
+            break;
+          }
+          default:
+            throw Error(ErrorCode::kInvalidArgument,
+                        who() + " got a message of unknown type " +
+                            std::to_string(static_cast<int>(m.type)));
+        }
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kIoError) throw;  // the connection is gone
+        conn->send(MsgType::kError, error_payload(e), {}, Clock::now() + std::chrono::seconds(5));
+      }
+    }
+  } catch (const std::exception& e) {
+    TUTTI_LOG_DEBUG("direct transport: {} stops serving {}: {}", who(), conn->peer(), e.what());
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (consumer && --consumer->connections == 0) {
+    // The consumer's last connection: it is gone, and so are its holds.
+    for (const auto& [id, count] : consumer->leases) {
+      auto it = objects.find(id);
+      if (it != objects.end()) it->second.local_leases -= count;
+    }
+    consumers.erase(consumer->identity.uuid_text());
+    settle_all_locked();
+  }
+  serving_fds.erase(fd);
+  conn.reset();
+  if (--serving_threads == 0) serving_done.notify_all();
+}
+
+}  // namespace tutti::detail

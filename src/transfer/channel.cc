@@ -1,0 +1,343 @@
+#include "channel.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cerrno>
+#include <cstring>
+
+#include "tutti/error.h"
+
+namespace tutti::detail {
+namespace {
+
+constexpr size_t kMaxMessage = 64u << 20;  // control messages; object bytes go raw
+constexpr int kMaxFds = 64;
+constexpr std::chrono::milliseconds kSlice{20};  // how often a wait looks at `cancelled`
+
+sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof(addr.sun_path) - 1);
+  addr.sun_path[0] = '\0';  // abstract: no file system entry
+  std::memcpy(addr.sun_path + 1, name.data(), n);
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return addr;
+}
+
+[[noreturn]] void io_error(const std::string& what) {
+  throw Error(ErrorCode::kIoError, what + ": " + std::strerror(errno));
+}
+
+// Waits for a non-blocking connect; throws kIoError/kTimeout.
+void finish_connect(int fd, Clock::time_point deadline, const std::string& what) {
+  while (true) {
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      ::close(fd);
+      throw Error(ErrorCode::kTimeout, what + ": no answer before the deadline");
+    }
+    pollfd p{fd, POLLOUT, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, 1000)));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) continue;
+    int error = 0;
+    socklen_t len = sizeof(error);
+    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
+    if (error != 0) {
+      ::close(fd);
+      errno = error;
+      io_error(what);
+    }
+    return;
+  }
+}
+
+}  // namespace
+
+Connection::~Connection() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Connection::wait_for(short events, Clock::time_point deadline,
+                          const std::atomic<bool>* cancelled, const char* doing) {
+  while (true) {
+    if (cancelled != nullptr && cancelled->load()) {
+      throw Error(ErrorCode::kAborted, std::string(doing) + " " + peer_ + ": cancelled");
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      throw Error(ErrorCode::kTimeout, std::string(doing) + " " + peer_ + ": timed out");
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
+                std::chrono::milliseconds(1);
+    if (cancelled != nullptr) left = std::min(left, kSlice);
+    left = std::min(left, std::chrono::milliseconds(1000));
+    pollfd p{fd_, events, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (rc < 0 && errno != EINTR) io_error(std::string(doing) + " " + peer_);
+    if (rc > 0) return;  // ready, or an error/hang-up the next call reports
+  }
+}
+
+void Connection::send(MsgType type, std::string_view payload, const std::vector<int>& fds,
+                      Clock::time_point deadline, const std::atomic<bool>* cancelled) {
+  char header[5];
+  const uint32_t length = static_cast<uint32_t>(payload.size() + 1);
+  std::memcpy(header, &length, 4);
+  header[4] = static_cast<char>(type);
+  if (fds.empty()) {
+    send_raw({{header, 5}, {const_cast<char*>(payload.data()), payload.size()}}, deadline,
+             cancelled);
+    return;
+  }
+  // The descriptors ride on the header's first byte.
+  char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  iovec first{header, 1};
+  msghdr msg{};
+  msg.msg_iov = &first;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
+  while (true) {
+    wait_for(POLLOUT, deadline, cancelled, "sending to");
+    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (n == 1) break;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    io_error("sending to " + peer_);
+  }
+  send_raw({{header + 1, 4}, {const_cast<char*>(payload.data()), payload.size()}}, deadline,
+           cancelled);
+}
+
+void Connection::send_raw(std::vector<iovec> parts, Clock::time_point deadline,
+                          const std::atomic<bool>* cancelled) {
+  size_t at = 0;  // the first part not fully sent
+  while (at < parts.size()) {
+    if (parts[at].iov_len == 0) {
+      ++at;
+      continue;
+    }
+    const int count = static_cast<int>(std::min<size_t>(parts.size() - at, IOV_MAX));
+    msghdr msg{};
+    msg.msg_iov = parts.data() + at;
+    msg.msg_iovlen = count;
+    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) {
+        wait_for(POLLOUT, deadline, cancelled, "sending to");
+        continue;
+      }
+      io_error("sending to " + peer_);
+    }
+    size_t sent = static_cast<size_t>(n);
+    while (sent > 0 && at < parts.size()) {
+      const size_t take = std::min(sent, parts[at].iov_len);
+      parts[at].iov_base = static_cast<char*>(parts[at].iov_base) + take;
+      parts[at].iov_len -= take;
+      sent -= take;
+      if (parts[at].iov_len == 0) ++at;
+    }
+  }
+}
+
+void Connection::receive_raw(void* data, size_t bytes, Clock::time_point deadline,
+                             const std::atomic<bool>* cancelled) {
+  auto* out = static_cast<char*>(data);
+  size_t got = 0;
+  while (got < bytes) {
+    const ssize_t n = ::recv(fd_, out + got, bytes - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
+    }
+    if (errno == EAGAIN || errno == EINTR) {
+      wait_for(POLLIN, deadline, cancelled, "waiting for");
+      continue;
+    }
+    io_error("receiving from " + peer_);
+  }
+}
+
+Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>* cancelled) {
+  Message m;
+  // The first byte with any descriptors sent along.
+  char first = 0;
+  char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  while (true) {
+    iovec iov{&first, 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    if (n == 1) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (size_t i = 0; i < count; ++i) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            m.fds.push_back(fd);
+          }
+        }
+      }
+      break;
+    }
+    if (n == 0) {
+      throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
+    }
+    if (errno == EAGAIN || errno == EINTR) {
+      wait_for(POLLIN, deadline, cancelled, "waiting for");
+      continue;
+    }
+    io_error("receiving from " + peer_);
+  }
+  try {
+    char rest[4];
+    rest[0] = first;
+    receive_raw(rest + 1, 3, deadline, cancelled);
+    uint32_t length;
+    std::memcpy(&length, rest, 4);
+    if (length == 0 || length > kMaxMessage) {
+      throw Error(ErrorCode::kIoError, peer_ + " sent a message of " + std::to_string(length) +
+                                           " bytes: not a tutti agent, or a broken one");
+    }
+    char type;
+    receive_raw(&type, 1, deadline, cancelled);
+    m.type = static_cast<MsgType>(type);
+    m.payload.resize(length - 1);
+    if (length > 1) receive_raw(m.payload.data(), length - 1, deadline, cancelled);
+  } catch (...) {
+    for (int fd : m.fds) ::close(fd);
+    throw;
+  }
+  return m;
+}
+
+long Connection::peer_pid() const {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
+  return cred.pid;
+}
+
+long Connection::peer_uid() const {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
+  return cred.uid;
+}
+
+int listen_unix(const std::string& name) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) io_error("socket");
+  socklen_t len;
+  sockaddr_un addr = abstract_address(name, len);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 128) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    io_error("listening on @" + name);
+  }
+  return fd;
+}
+
+int connect_unix(const std::string& name, Clock::time_point deadline) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) io_error("socket");
+  socklen_t len;
+  sockaddr_un addr = abstract_address(name, len);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    if (errno != EINPROGRESS && errno != EAGAIN) {
+      const int saved = errno;
+      ::close(fd);
+      errno = saved;
+      io_error("connecting to @" + name);
+    }
+    finish_connect(fd, deadline, "connecting to @" + name);
+  }
+  return fd;
+}
+
+int listen_tcp(const std::string& host, uint16_t& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* info = nullptr;
+  const std::string service = std::to_string(port);
+  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &info) != 0 ||
+      info == nullptr) {
+    throw Error(ErrorCode::kIoError, "cannot resolve '" + host + "' to listen on");
+  }
+  const int fd = ::socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  if (fd < 0 || ::bind(fd, info->ai_addr, info->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
+    const int saved = errno;
+    ::freeaddrinfo(info);
+    if (fd >= 0) ::close(fd);
+    errno = saved;
+    io_error("listening on " + host + ":" + service);
+  }
+  ::freeaddrinfo(info);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return fd;
+}
+
+int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* info = nullptr;
+  const std::string service = std::to_string(port);
+  const std::string where = host + ":" + service;
+  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &info) != 0 || info == nullptr) {
+    throw Error(ErrorCode::kIoError, "cannot resolve " + where);
+  }
+  const int fd = ::socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    ::freeaddrinfo(info);
+    io_error("socket");
+  }
+  const int on = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+  const int rc = ::connect(fd, info->ai_addr, info->ai_addrlen);
+  const int saved = errno;
+  ::freeaddrinfo(info);
+  if (rc != 0) {
+    if (saved != EINPROGRESS) {
+      ::close(fd);
+      errno = saved;
+      io_error("connecting to " + where);
+    }
+    finish_connect(fd, deadline, "connecting to " + where);
+  }
+  return fd;
+}
+
+}  // namespace tutti::detail

@@ -1,0 +1,78 @@
+// The agents' connections: framed request/reply messages over a stream socket (a Unix socket
+// on one host, which can carry file descriptors, or TCP), with deadlines and cancellation
+// (internal to the direct transport).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tutti::detail {
+
+using Clock = std::chrono::steady_clock;
+
+enum class MsgType : uint8_t {
+  kHello = 1,    // consumer -> owner: who it is (+ its lease lane); reply: who the owner is
+  kCall,         // a transport's request to its owner side
+  kWait,         // wait until a reserved object is fulfilled or failed
+  kGot,          // a get of an object with expected gets completed
+  kReleased,     // a lease on a retiring object ended: look again
+  kStream,       // write the object's bytes to this connection
+  kLease,        // (no lease lane) hold the object; kUnlease ends it
+  kUnlease,
+  kReply,
+  kError,        // payload: code u8, message
+};
+
+struct Message {
+  MsgType type = MsgType::kReply;
+  std::string payload;
+  std::vector<int> fds;  // received descriptors: the receiver owns them
+};
+
+// One connected socket. Not thread-safe: one request at a time (the agents pool them).
+class Connection {
+ public:
+  explicit Connection(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Throws Error(kIoError) naming the peer when the connection breaks, kTimeout at the
+  // deadline, kAborted once `cancelled` is set (checked every few tens of milliseconds).
+  void send(MsgType type, std::string_view payload, const std::vector<int>& fds,
+            Clock::time_point deadline, const std::atomic<bool>* cancelled = nullptr);
+  Message receive(Clock::time_point deadline, const std::atomic<bool>* cancelled = nullptr);
+  void send_raw(std::vector<iovec> parts, Clock::time_point deadline,
+                const std::atomic<bool>* cancelled = nullptr);
+  void receive_raw(void* data, size_t bytes, Clock::time_point deadline,
+                   const std::atomic<bool>* cancelled = nullptr);
+  int fd() const { return fd_; }
+  const std::string& peer() const { return peer_; }
+  void set_peer(std::string peer) { peer_ = std::move(peer); }
+  // The peer process's credentials (Unix sockets): pid and uid; -1 when unknown.
+  long peer_pid() const;
+  long peer_uid() const;
+
+ private:
+  // Waits until the socket is ready for `events`; false at EOF is not its business.
+  void wait_for(short events, Clock::time_point deadline, const std::atomic<bool>* cancelled,
+                const char* doing);
+
+  int fd_;
+  std::string peer_;
+};
+
+// Abstract Unix sockets (no file system entry; one namespace per network namespace).
+int listen_unix(const std::string& name);
+int connect_unix(const std::string& name, Clock::time_point deadline);
+// TCP; port 0 picks one (returned in `port`).
+int listen_tcp(const std::string& host, uint16_t& port);
+int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadline);
+
+}  // namespace tutti::detail

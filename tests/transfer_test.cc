@@ -1,0 +1,538 @@
+// The direct transport in one process: two agents (an owner and a consumer) that reach each
+// other the way agents in two processes do (a Unix socket, shared memory, cross-memory reads).
+#include <dirent.h>
+
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "test_util.h"
+#include "tutti/tensor_ref.h"
+#include "tutti/tensor_transport.h"
+#include "tutti/transfer_agent.h"
+
+namespace tutti {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<float> iota_floats(size_t n, float start) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i);
+  return v;
+}
+
+std::vector<float> as_floats(const TensorView& t) {
+  const float* p = static_cast<const float*>(t.data());
+  return std::vector<float>(p, p + t.numel());
+}
+
+size_t open_fds() {
+  size_t n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+template <typename F>
+Error expect_error(F&& f, ErrorCode code) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    return e;
+  }
+  ADD_FAILURE() << "expected an error with code " << static_cast<int>(code);
+  return Error(ErrorCode::kInternal, "none");
+}
+
+class Transfer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TransferAgentOptions o;
+    o.name = "owner";
+    owner = TransferAgent::create(o);
+    o.name = "consumer";
+    consumer = TransferAgent::create(o);
+  }
+  std::shared_ptr<TransferAgent> owner, consumer;
+};
+
+// ---- references ----
+
+TensorRef sample_ref() {
+  AgentIdentity id;
+  for (int i = 0; i < 16; ++i) {
+    id.uuid[i] = static_cast<uint8_t>(i + 1);
+    id.host_key[i] = static_cast<uint8_t>(100 + i);
+  }
+  id.pid = 4242;
+  id.start_time = 987654321;
+  id.name = "trainer-0";
+  id.tcp_endpoint = "10.0.0.7:31337";
+  std::vector<TensorMeta> metas = {{DType::kFloat32, {2, 3}, Device::cpu()},
+                                   {DType::kInt64, {}, Device::cpu()},
+                                   {DType::kBFloat16, {7}, Device::cuda(1)}};
+  return TensorRef(id, ObjectId{77, 5, 9}, "shm", metas, {{1, 64}, {2, 0x7fff0000}, {1, 0}},
+                   std::string("\x01\x02\x03", 3), false);
+}
+
+TEST(TensorRefFormat, RoundTripsEveryField) {
+  const TensorRef a = sample_ref();
+  for (const TensorRef& b : {TensorRef::parse(a.serialize()), TensorRef::from_text(a.to_text())}) {
+    EXPECT_EQ(b.owner().uuid, a.owner().uuid);
+    EXPECT_EQ(b.owner().host_key, a.owner().host_key);
+    EXPECT_EQ(b.owner().pid, 4242u);
+    EXPECT_EQ(b.owner().start_time, 987654321u);
+    EXPECT_EQ(b.owner().name, "trainer-0");
+    EXPECT_EQ(b.owner().tcp_endpoint, "10.0.0.7:31337");
+    EXPECT_EQ(b.object().id, 77u);
+    EXPECT_EQ(b.object().generation, 5u);
+    EXPECT_EQ(b.object().slot, 9u);
+    EXPECT_EQ(b.transport(), "shm");
+    ASSERT_EQ(b.tensors().size(), 3u);
+    EXPECT_EQ(b.tensors()[0].shape, (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(b.tensors()[1].dtype, DType::kInt64);
+    EXPECT_TRUE(b.tensors()[1].shape.empty());
+    EXPECT_EQ(b.tensors()[2].device, Device::cuda(1));
+    EXPECT_EQ(b.places()[1], (std::pair<uint16_t, uint64_t>{2, 0x7fff0000}));
+    EXPECT_EQ(b.blob(), std::string("\x01\x02\x03", 3));
+    EXPECT_FALSE(b.is_signed());
+    EXPECT_EQ(b.serialize(), a.serialize());
+  }
+  EXPECT_EQ(a.to_text().rfind("tutti-ref:1:", 0), 0u);
+}
+
+TEST(TensorRefFormat, EveryFlippedBitAndEveryTruncationIsRejected) {
+  const std::string bytes = sample_ref().serialize();
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string damaged = bytes;
+      damaged[i] = static_cast<char>(damaged[i] ^ (1 << bit));
+      expect_error([&] { TensorRef::parse(damaged); }, ErrorCode::kInvalidArgument);
+    }
+  }
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    expect_error([&] { TensorRef::parse(bytes.substr(0, n)); }, ErrorCode::kInvalidArgument);
+  }
+}
+
+TEST(TensorRefFormat, AFutureVersionIsNamed) {
+  std::string bytes = sample_ref().serialize();
+  bytes[4] = 2;  // the version byte follows the magic
+  const Error e = expect_error([&] { TensorRef::parse(bytes); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("version 2"), std::string::npos) << e.what();
+}
+
+TEST(TensorRefFormat, RandomBytesNeverCrashTheParser) {
+  std::mt19937 rng(12345);
+  const std::string good = sample_ref().serialize();
+  for (int i = 0; i < 20000; ++i) {
+    std::string s = good;
+    // Random edits, then a recomputed-looking length so deeper fields get exercised too.
+    const int edits = 1 + static_cast<int>(rng() % 8);
+    for (int k = 0; k < edits; ++k) s[rng() % s.size()] = static_cast<char>(rng());
+    if (rng() % 2) s.resize(rng() % (s.size() + 16), '\0');
+    try {
+      TensorRef::parse(s);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    }
+  }
+  expect_error([] { TensorRef::from_text("tutti-ref:1:!!!"); }, ErrorCode::kInvalidArgument);
+  expect_error([] { TensorRef::from_text("nonsense"); }, ErrorCode::kInvalidArgument);
+}
+
+TEST(TensorRefFormat, SignaturesNeedTheKey) {
+  TensorRef r = sample_ref();
+  EXPECT_FALSE(r.verify("k1"));
+  r.sign("k1");
+  const TensorRef back = TensorRef::parse(r.serialize());
+  EXPECT_TRUE(back.is_signed());
+  EXPECT_TRUE(back.verify("k1"));
+  EXPECT_FALSE(back.verify("k2"));
+}
+
+// ---- put and get ----
+
+TEST_F(Transfer, GetCopiesHeapAndSharedTensorsThroughShm) {
+  std::vector<float> heap = iota_floats(1000, 1.0f);
+  TensorView shared = owner->allocate(4096 * sizeof(int32_t), DType::kInt32);
+  for (int i = 0; i < 4096; ++i) static_cast<int32_t*>(shared.data())[i] = 3 * i - 7;
+  ObjectHandle h = owner->put({TensorView(heap), shared});
+  EXPECT_EQ(h.ref().transport(), "shm");
+  const TensorRef ref = TensorRef::from_text(h.ref().to_text());  // as a peer would see it
+
+  Received got = consumer->get(ref);
+  ASSERT_EQ(got.tensors().size(), 2u);
+  EXPECT_EQ(as_floats(got.tensors()[0]), iota_floats(1000, 1.0f));
+  EXPECT_NE(got.tensors()[0].data(), heap.data());
+  const int32_t* s = static_cast<const int32_t*>(got.tensors()[1].data());
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(s[i], 3 * i - 7) << i;
+  EXPECT_EQ(got.tensors()[1].shape(), (std::vector<int64_t>{4096}));
+
+  // Into the caller's own buffers.
+  std::vector<float> t0(1000, 0.0f);
+  std::vector<int32_t> t1(4096, 0);
+  GetOptions g;
+  g.targets = {TensorView(t0), TensorView(t1)};
+  Received into = consumer->get(ref, g);
+  EXPECT_EQ(into.tensors()[0].data(), t0.data());
+  EXPECT_EQ(t0, iota_floats(1000, 1.0f));
+  EXPECT_EQ(t1[4095], 3 * 4095 - 7);
+  h.release();
+  owner->wait_tensor_freed(shared, 5s);
+  owner->deallocate(shared);
+}
+
+TEST_F(Transfer, TargetsAreCheckedBeforeAnyIo) {
+  std::vector<float> x = iota_floats(8, 0.0f);
+  ObjectHandle h = owner->put({TensorView(x)});
+  std::vector<double> wrong_dtype(8);
+  std::vector<float> wrong_size(9);
+  for (auto targets : {std::vector<TensorView>{TensorView(wrong_dtype)},
+                       std::vector<TensorView>{TensorView(wrong_size)},
+                       std::vector<TensorView>{TensorView(x), TensorView(x)}}) {
+    GetOptions g;
+    g.targets = targets;
+    const Error e = expect_error([&] { consumer->get(h.ref(), g); }, ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("get of object"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'consumer'"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Transfer, SocketTransportStreamsTheBytes) {
+  std::vector<int64_t> x(100000);
+  std::iota(x.begin(), x.end(), int64_t{-50});
+  PutOptions p;
+  p.transport = "socket";
+  ObjectHandle h = owner->put({TensorView(x)}, p);
+  EXPECT_EQ(h.ref().transport(), "socket");
+  Received got = consumer->get(h.ref());
+  const int64_t* g = static_cast<const int64_t*>(got.tensors()[0].data());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(g[i], static_cast<int64_t>(i) - 50);
+}
+
+TEST_F(Transfer, BorrowOfSharedMemoryIsZeroCopyAndOfHeapIsACopy) {
+  TensorView shared = owner->allocate(256 * sizeof(float), DType::kFloat32);
+  float* sp = static_cast<float*>(shared.data());
+  for (int i = 0; i < 256; ++i) sp[i] = static_cast<float>(i);
+  std::vector<float> heap = iota_floats(16, 100.0f);
+  ObjectHandle h = owner->put({shared, TensorView(heap)});
+  {
+    Borrowed b = consumer->borrow(h.ref());
+    ASSERT_EQ(b.tensors().size(), 2u);
+    EXPECT_EQ(static_cast<const float*>(b.tensors()[0].data())[255], 255.0f);
+    // The owner writes after the borrow: a view of the same pages sees it.
+    sp[255] = -1.0f;
+    EXPECT_EQ(static_cast<const float*>(b.tensors()[0].data())[255], -1.0f);
+    // The heap tensor was copied at borrow.
+    heap[0] = -5.0f;
+    EXPECT_EQ(static_cast<const float*>(b.tensors()[1].data())[0], 100.0f);
+
+    // While borrowed, the object outlives its handle and wait_tensor_freed names the borrower.
+    h.release();
+    const Error e = expect_error([&] { owner->wait_tensor_freed(shared, 200ms); },
+                                 ErrorCode::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("leased by agent 'consumer'"), std::string::npos)
+        << e.what();
+  }
+  owner->wait_tensor_freed(shared, 5s);  // the borrow went: freed
+  owner->deallocate(shared);
+}
+
+TEST_F(Transfer, SnapshotIsNotChangedByLaterWrites) {
+  std::vector<float> x = iota_floats(64, 0.0f);
+  PutOptions p;
+  p.snapshot = true;
+  ObjectHandle h = owner->put({TensorView(x)}, p);
+  x.assign(64, 9.0f);
+  EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), iota_floats(64, 0.0f));
+  // The snapshot lives in shareable memory: borrowing it is zero-copy and still unchanged.
+  Borrowed b = consumer->borrow(h.ref());
+  EXPECT_EQ(as_floats(b.tensors()[0]), iota_floats(64, 0.0f));
+  // And the caller's tensor was never published: nothing to wait for.
+  owner->wait_tensor_freed(TensorView(x), 1ms);
+}
+
+TEST_F(Transfer, OwnRefsNeedNoCopy) {
+  std::vector<float> x = iota_floats(4, 0.0f);
+  ObjectHandle h = owner->put({TensorView(x)});
+  Received got = owner->get(h.ref());
+  EXPECT_EQ(got.tensors()[0].data(), x.data());
+  std::vector<float> y(4);
+  GetOptions g;
+  g.targets = {TensorView(y)};
+  owner->get(h.ref(), g);
+  EXPECT_EQ(y, x);
+}
+
+// ---- reserve, fulfil, fail ----
+
+TEST_F(Transfer, GetsOfAReservedObjectWaitForFulfil) {
+  for (const char* transport : {"shm", "socket"}) {
+    PutOptions p;
+    p.transport = transport;
+    ObjectHandle h = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}}, p);
+    EXPECT_TRUE(h.ref().is_pending());
+    Fetch f = consumer->get_async(h.ref());
+    std::this_thread::sleep_for(50ms);  // not a synchronisation: the get must wait either way
+    EXPECT_FALSE(f.done()) << transport;
+    std::vector<float> data = {1.5f, 2.5f, 3.5f};
+    owner->fulfil(h, {TensorView(data)});
+    EXPECT_EQ(as_floats(f.wait().tensors()[0]), data) << transport;
+    // A get after fulfil finds it at once.
+    EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), data) << transport;
+  }
+}
+
+TEST_F(Transfer, FailReachesWaitingAndLaterGets) {
+  for (const char* transport : {"shm", "socket"}) {
+    PutOptions p;
+    p.transport = transport;
+    ObjectHandle h = owner->reserve({{DType::kUInt8, {10}, Device::cpu()}}, p);
+    Fetch f = consumer->get_async(h.ref());
+    owner->fail(h, "the producer ran out of memory");
+    for (auto get : std::vector<std::function<void()>>{[&] { f.wait(); },
+                                                       [&] { consumer->get(h.ref()); }}) {
+      const Error e = expect_error(get, ErrorCode::kRemoteError);
+      EXPECT_NE(std::string(e.what()).find("the producer ran out of memory"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST_F(Transfer, FulfilChecksTheTensorsAgainstTheReservation) {
+  ObjectHandle h = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
+  std::vector<float> wrong(4);
+  expect_error([&] { owner->fulfil(h, {TensorView(wrong)}); }, ErrorCode::kInvalidArgument);
+  std::vector<float> right(3);
+  owner->fulfil(h, {TensorView(right)});
+  expect_error([&] { owner->fulfil(h, {TensorView(right)}); }, ErrorCode::kInvalidUsage);
+}
+
+TEST_F(Transfer, AnUnfulfilledGetTimesOutNamingTheOwner) {
+  ObjectHandle h = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
+  GetOptions g;
+  g.timeout = 300ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Error e = expect_error([&] { consumer->get(h.ref(), g); }, ErrorCode::kTimeout);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_NE(std::string(e.what()).find("agent 'owner'"), std::string::npos) << e.what();
+}
+
+// ---- lifetime ----
+
+TEST_F(Transfer, AReleasedObjectIsGone) {
+  std::vector<float> x = iota_floats(4, 0.0f);
+  ObjectHandle h = owner->put({TensorView(x)});
+  const TensorRef ref = h.ref();
+  h.release();
+  owner->wait_tensor_freed(TensorView(x), 5s);
+  const Error e = expect_error([&] { consumer->get(ref); }, ErrorCode::kInvalidUsage);
+  EXPECT_NE(std::string(e.what()).find("freed"), std::string::npos) << e.what();
+}
+
+TEST_F(Transfer, ExpectedGetsKeepTheObjectUntilDone) {
+  for (const char* transport : {"shm", "socket"}) {
+    std::vector<float> x = iota_floats(4, 0.0f);
+    PutOptions p;
+    p.transport = transport;
+    p.expected_gets = 2;
+    ObjectHandle h = owner->put({TensorView(x)}, p);
+    const TensorRef ref = h.ref();
+    h.release();  // the owner lets go at once: the two gets still find it
+    const Error e1 = expect_error([&] { owner->wait_tensor_freed(TensorView(x), 100ms); },
+                                  ErrorCode::kTimeout);
+    EXPECT_NE(std::string(e1.what()).find("2 expected get(s) left"), std::string::npos) << e1.what();
+    EXPECT_EQ(as_floats(consumer->get(ref).tensors()[0]), x) << transport;
+    EXPECT_EQ(as_floats(consumer->get(ref).tensors()[0]), x) << transport;
+    owner->wait_tensor_freed(TensorView(x), 5s);
+    expect_error([&] { consumer->get(ref); }, ErrorCode::kInvalidUsage);
+  }
+}
+
+TEST_F(Transfer, KeepForHoldsAReleasedObject) {
+  std::vector<float> x = iota_floats(4, 0.0f);
+  PutOptions p;
+  p.keep_for = 400ms;
+  ObjectHandle h = owner->put({TensorView(x)}, p);
+  const TensorRef ref = h.ref();
+  h.release();
+  EXPECT_EQ(as_floats(consumer->get(ref).tensors()[0]), x);
+  const Error e = expect_error([&] { owner->wait_tensor_freed(TensorView(x), 1ms); },
+                               ErrorCode::kTimeout);
+  EXPECT_NE(std::string(e.what()).find("kept for"), std::string::npos) << e.what();
+  owner->wait_tensor_freed(TensorView(x), 5s);
+}
+
+TEST_F(Transfer, DeallocateRefusesPublishedMemory) {
+  TensorView shared = owner->allocate(64);
+  ObjectHandle h = owner->put({shared});
+  const Error e = expect_error([&] { owner->deallocate(shared); }, ErrorCode::kInvalidUsage);
+  EXPECT_NE(std::string(e.what()).find("1 owner handle(s) alive"), std::string::npos) << e.what();
+  h.release();
+  owner->wait_tensor_freed(shared, 5s);
+  owner->deallocate(shared);
+  std::vector<uint8_t> heap(64);
+  expect_error([&] { owner->deallocate(TensorView(heap)); }, ErrorCode::kInvalidArgument);
+}
+
+// ---- cancel, abort, errors ----
+
+TEST_F(Transfer, CancelAndAbortEndGetsAndTheAgentStaysUsable) {
+  ObjectHandle h = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
+  Fetch f = consumer->get_async(h.ref());
+  f.cancel();
+  expect_error([&] { f.wait(); }, ErrorCode::kAborted);
+
+  Fetch f2 = consumer->get_async(h.ref());
+  std::this_thread::sleep_for(50ms);  // let it start waiting (abort only ends gets in progress)
+  consumer->abort();
+  expect_error([&] { f2.wait(); }, ErrorCode::kAborted);
+
+  std::vector<float> data = {1, 2, 3};
+  owner->fulfil(h, {TensorView(data)});
+  EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), data);
+}
+
+TEST_F(Transfer, AnUnknownTransportIsNamed) {
+  std::vector<float> x(4);
+  PutOptions p;
+  p.transport = "rdma-nope";
+  const Error e = expect_error([&] { owner->put({TensorView(x)}, p); }, ErrorCode::kUnavailable);
+  EXPECT_NE(std::string(e.what()).find("rdma-nope"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("socket"), std::string::npos) << e.what();  // listed
+}
+
+TEST_F(Transfer, CudaTensorsAreRefusedBeforeAnyIo) {
+  float fake = 0;
+  TensorView gpu(&fake, DType::kFloat32, {1}, Device::cuda(0));
+  const Error e = expect_error([&] { owner->put({gpu}); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+}
+
+TEST(TransferSecret, RefsSignedWithAnotherSecretAreRefused) {
+  TransferAgentOptions a;
+  a.name = "owner";
+  a.secret = "s3cret";
+  auto owner = TransferAgent::create(a);
+  TransferAgentOptions b;
+  b.name = "consumer";
+  b.secret = "other";
+  auto consumer = TransferAgent::create(b);
+  TransferAgentOptions c;
+  c.name = "friend";
+  c.secret = "s3cret";
+  auto friendly = TransferAgent::create(c);
+  std::vector<float> x = iota_floats(4, 0.0f);
+  ObjectHandle h = owner->put({TensorView(x)});
+  EXPECT_TRUE(h.ref().is_signed());
+  const Error e = expect_error([&] { consumer->get(h.ref()); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("signed with another secret"), std::string::npos) << e.what();
+  EXPECT_EQ(as_floats(friendly->get(h.ref()).tensors()[0]), x);
+}
+
+// ---- many objects, no leaks ----
+
+TEST_F(Transfer, TenThousandCyclesLeakNothing) {
+  std::vector<float> x = iota_floats(256, 0.0f);
+  TensorView shared = owner->allocate(1024, DType::kFloat32);
+  // Warm up the connections and mappings, then count.
+  for (int i = 0; i < 10; ++i) consumer->get(owner->put({TensorView(x), shared}).ref());
+  owner->wait_tensor_freed(TensorView(x), 5s);
+  const size_t fds = open_fds();
+  for (int i = 0; i < 10000; ++i) {
+    ObjectHandle h = owner->put({TensorView(x), shared});
+    if (i % 3 == 0) {
+      Borrowed b = consumer->borrow(h.ref());
+      ASSERT_EQ(static_cast<const float*>(b.tensors()[0].data())[7], 7.0f);
+    } else {
+      Received r = consumer->get(h.ref());
+      ASSERT_EQ(static_cast<const float*>(r.tensors()[0].data())[255], 255.0f);
+    }
+  }
+  owner->wait_tensor_freed(TensorView(x), 5s);
+  owner->wait_tensor_freed(shared, 5s);
+  EXPECT_EQ(open_fds(), fds);
+  owner->deallocate(shared);
+}
+
+// ---- custom transports ----
+
+// A two-sided transport that sends each tensor in one call (the owner answers with the bytes).
+class EchoTransport final : public TensorTransport {
+ public:
+  const char* name() const override { return "echo-test"; }
+  TransportTraits traits() const override { return {false, false, false}; }
+  Publication publish(const PublishRequest& request) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& v = published_[request.object.id];
+    for (const TensorView& t : request.tensors) {
+      v.emplace_back(static_cast<const char*>(t.data()), t.nbytes());
+    }
+    return {};
+  }
+  void unpublish(ObjectId object) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    published_.erase(object.id);
+  }
+  std::string answer(const std::string& request, const AgentIdentity&, std::vector<int>*) override {
+    const auto space = request.find(' ');
+    const uint64_t id = std::stoull(request.substr(0, space));
+    const size_t index = std::stoul(request.substr(space + 1));
+    std::lock_guard<std::mutex> lock(mutex_);
+    return published_.at(id).at(index);
+  }
+  FetchResult fetch(const FetchRequest& request) override {
+    for (size_t i = 0; i < request.targets.size(); ++i) {
+      const std::string bytes =
+          request.owner.call(std::to_string(request.ref.object().id) + " " + std::to_string(i));
+      if (bytes.size() != request.targets[i].nbytes()) throw Error(ErrorCode::kInternal, "size");
+      std::memcpy(request.targets[i].data(), bytes.data(), bytes.size());
+    }
+    return {};
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<uint64_t, std::vector<std::string>> published_;
+};
+
+TEST(TransferCustom, ARegisteredTransportCarriesObjects) {
+  if (!is_registered_tensor_transport("echo-test")) {
+    register_tensor_transport("echo-test", [](const TransportContext&) {
+      return std::make_unique<EchoTransport>();
+    });
+  }
+  expect_error([] { register_tensor_transport("ECHO-test", [](const TransportContext&) {
+                 return std::make_unique<EchoTransport>();
+               }); },
+               ErrorCode::kInvalidUsage);
+  const auto names = registered_tensor_transports();
+  EXPECT_NE(std::find(names.begin(), names.end(), "echo-test"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "shm"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "socket"), names.end());
+
+  auto owner = TransferAgent::create({"owner"});
+  auto consumer = TransferAgent::create({"consumer"});
+  std::vector<int32_t> a = {1, 2, 3};
+  std::vector<int32_t> b = {4, 5};
+  PutOptions p;
+  p.transport = "Echo-Test";
+  p.expected_gets = 1;
+  ObjectHandle h = owner->put({TensorView(a), TensorView(b)}, p);
+  EXPECT_TRUE(h.ref().is_two_sided());
+  const TensorRef ref = h.ref();
+  h.release();
+  Received r = consumer->get(ref);
+  EXPECT_EQ(static_cast<const int32_t*>(r.tensors()[1].data())[1], 5);
+  owner->wait_tensor_freed(TensorView(a), 5s);  // the expected get was counted
+}
+
+}  // namespace
+}  // namespace tutti
