@@ -8,14 +8,16 @@
 //
 // Order: every rank must issue a group's ops in the same order; ops run in the order they are
 // issued.
-// Threads: a group takes its ops from one thread, the one that created it (async ops let that
-// thread keep several in flight). An op from any other thread fails with kInvalidUsage before
-// any I/O: ops of two threads could be numbered in a different order on each rank, and two ops
-// of the same signature would then swap their data unnoticed. When that thread has ended, the
-// next thread to issue an op takes the group over; issue_from_this_thread() hands it over
-// explicitly (do that, rather than rely on the takeover, where two threads could race for a
-// group). abort(), destroy(), synchronize() and the accessors may be called from any thread at
-// any time; Work handles too. Several groups run independently, side by side.
+// Threads: a group of a CPU backend (gloo, shm) takes its ops from one thread, the one that
+// created it (async ops let that thread keep several in flight). An op from any other thread
+// fails with kInvalidUsage before any I/O: ops of two threads could be numbered in a different
+// order on each rank, and two ops of the same signature would then swap their data unnoticed.
+// When that thread has ended, the next thread to issue an op takes the group over;
+// issue_from_this_thread() hands it over explicitly (do that, rather than rely on the takeover,
+// where two threads could race for a group). An NCCL group is not checked: issue its ops from
+// one thread at a time, in the same order on every rank. abort(), destroy(), synchronize() and
+// the accessors may be called from any thread at any time; Work handles too. Several groups run
+// independently, side by side.
 // Fork: a forked child cannot use its parent's groups: their ops fail with kInvalidUsage, and
 // destroy (and the exit hook) leave the parent's threads, sockets and shared memory alone.
 // Fork before creating groups, or create new ones in the child.
