@@ -1,6 +1,7 @@
 #include "flight_recorder.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -46,7 +47,13 @@ struct Registry {
 };
 
 Registry& registry() {
-  static auto* instance = new Registry();  // leaked: the dumper thread may use it at exit
+  static auto* instance = [] {
+    auto* reg = new Registry();  // leaked: the dumper thread may use it at exit
+    // Held across fork(), so that a child never inherits it locked by the dumper thread.
+    ::pthread_atfork([] { registry().mutex.lock(); }, [] { registry().mutex.unlock(); },
+                     [] { registry().mutex.unlock(); });
+    return reg;
+  }();
   return *instance;
 }
 
@@ -98,6 +105,9 @@ void install_signal_once() {
       return;
     }
     if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return;
+    // The handler never blocks: in a forked child, where no thread reads the pipe, requests
+    // beyond the pipe's capacity are dropped.
+    ::fcntl(g_signal_pipe[1], F_SETFL, ::fcntl(g_signal_pipe[1], F_GETFL) | O_NONBLOCK);
     // Started before the handler, and never joined: it lives as long as the process.
     std::thread([sig] {
       char byte;
