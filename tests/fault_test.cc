@@ -95,10 +95,13 @@ class Crash : public ::testing::TestWithParam<std::tuple<std::string, std::strin
 TEST_P(Crash, SurvivorsFailFastAndTheGroupIsCreatedAgain) {
   const auto& [backend, how] = GetParam();
   const std::string name = unique_name("crashy-" + how);
+  // A Gloo survivor blocked writing to the dead rank is never woken (a Gloo 0.5 bug: see
+  // stuck_send_ok in fault_worker.cc): it fails at its op timeout, here 5 s, instead; one run in
+  // twenty or so. Every other survivor fails within 2 s, all name the op.
   auto results = run("crash", 3, "tcp://127.0.0.1:" + std::to_string(free_port()),
                      milliseconds(90000),
-                     {"backend=" + backend, "how=" + how, "timeout=20000", "name=" + name,
-                      "bound=2000"});
+                     {"backend=" + backend, "how=" + how, "timeout=5000", "name=" + name,
+                      "bound=2000", "size=65536", "stuck_send_ok=1"});
   for (int r : {0, 1}) {
     EXPECT_EQ(results[r].exit_code, 0) << "survivor rank " << r << " (signal "
                                        << results[r].signal << "):\n" << results[r].output;
@@ -225,18 +228,21 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 // A.3: a Gloo rank whose peer dies while it sends is not killed by SIGPIPE (at its default, as
-// tutti-run leaves it: the backend ignores it), from 64K to 1M elements, several times.
+// tutti-run leaves it: the backend ignores it), from 64K to 1M elements, several times. A rank
+// blocked writing megabytes to the dead rank may wait out its (3 s) timeout instead of failing
+// at once: a Gloo 0.5 bug (see stuck_send_ok in fault_worker.cc and docs/RELIABILITY.md).
 TEST(CrashSigpipe, GlooSurvivorsOfAPeerDeathAreNeverKilledBySigpipe) {
   for (const char* size : {"65536", "262144", "1048576", "65536", "1048576"}) {
     SCOPED_TRACE(size);
     auto results = run("crash", 3, "tcp://127.0.0.1:" + std::to_string(free_port()),
                        milliseconds(90000),
-                       {"backend=gloo", "how=kill", "timeout=20000", std::string("size=") + size,
-                        "name=" + unique_name("sigpipe"), "bound=2000"});
+                       {"backend=gloo", "how=kill", "timeout=3000", std::string("size=") + size,
+                        "name=" + unique_name("sigpipe"), "bound=2000", "stuck_send_ok=1"});
     for (int r : {0, 1}) {
       EXPECT_NE(results[r].signal, SIGPIPE) << results[r].output;
       EXPECT_EQ(results[r].exit_code, 0) << results[r].output;
     }
+    expect_all_ok({results[0], results[1]});
   }
 }
 
