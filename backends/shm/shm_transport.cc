@@ -19,7 +19,7 @@
 #include <map>
 #include <mutex>
 
-#include "logging.h"
+#include "util/logging.h"
 #include "tutti/error.h"
 #include "tutti/tensor_transport.h"
 

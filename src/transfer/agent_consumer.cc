@@ -7,11 +7,11 @@
 #include <cstring>
 #include <thread>
 
-#include "agent_core.h"
-#include "host_identity.h"
-#include "logging.h"
-#include "sha256.h"
-#include "wire.h"
+#include "transfer/agent_core.h"
+#include "util/host_identity.h"
+#include "util/logging.h"
+#include "util/sha256.h"
+#include "transfer/wire.h"
 
 namespace tutti::detail {
 namespace {

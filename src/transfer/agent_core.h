@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "channel.h"
-#include "lease_table.h"
+#include "transfer/channel.h"
+#include "transfer/lease_table.h"
 #include "tutti/error.h"
 #include "tutti/tensor_transport.h"
 #include "tutti/transfer_agent.h"

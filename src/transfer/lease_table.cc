@@ -1,4 +1,4 @@
-#include "lease_table.h"
+#include "transfer/lease_table.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

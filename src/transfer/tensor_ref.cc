@@ -4,8 +4,8 @@
 #include <limits>
 #include <sstream>
 
-#include "sha256.h"
-#include "wire.h"
+#include "util/sha256.h"
+#include "transfer/wire.h"
 
 namespace tutti {
 namespace {

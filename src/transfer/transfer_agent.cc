@@ -7,8 +7,8 @@
 #include <map>
 #include <mutex>
 
-#include "agent_core.h"
-#include "logging.h"
+#include "transfer/agent_core.h"
+#include "util/logging.h"
 
 namespace tutti {
 namespace {
