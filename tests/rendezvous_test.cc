@@ -198,6 +198,43 @@ TEST_P(Recreate, TwoLiveClaimsOfOneRankFailFast) {
   EXPECT_EQ(joined.load(), 2);
 }
 
+// A long-lived store holds one incarnation's keys per group name, not every incarnation's: rank 0
+// deletes the earlier ones' keys (claims, backends', subgroups') when it destroys a group.
+TEST_P(Recreate, TheStoreKeepsOneIncarnationsKeys) {
+  if (GetParam().name == "TcpHostedByRank0") {
+    GTEST_SKIP() << "this store lives only as long as rank 0's group";
+  }
+  const GroupOptions o = options(0);
+  const std::shared_ptr<Store> store = o.store ? o.store : open_store(o.store_url);
+  for (const char* backend : {"shm", "gloo"}) {
+    const std::string name = std::string("kept-") + backend;
+    std::vector<int64_t> counts;
+    for (int cycle = 0; cycle < 6; ++cycle) {
+      run_ranks(3, [&](int r) {
+        auto g = CollectiveGroup::create(3, r, backend, name, options(r));
+        auto sub = g->split({0, 2});
+        std::vector<int32_t> v(4, r + 1);
+        g->allreduce(v);
+        EXPECT_EQ(v[0], 6) << "rank " << r;
+        if (sub) {
+          sub->allreduce(v);
+          EXPECT_EQ(v[0], 12) << "rank " << r;
+          sub->destroy();
+        }
+        g->destroy();
+      });
+      counts.push_back(store->num_keys());
+    }
+    // The first destroy has nothing earlier to delete; from the second on, each deletes the
+    // incarnation before it (and notes how far it got: one key more).
+    EXPECT_GT(counts[0], 0);
+    for (size_t i = 1; i < counts.size(); ++i) {
+      EXPECT_EQ(counts[i], counts[1]) << backend << ": keys after cycle " << i << " of "
+                                      << ::testing::PrintToString(counts);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, Recreate, ::testing::ValuesIn(store_kinds()),
                          [](const auto& info) { return info.param.name; });
 

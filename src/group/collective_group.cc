@@ -15,6 +15,7 @@
 #include "util/logging.h"
 #include "group/op_check.h"
 #include "group/rendezvous.h"
+#include "store/ledger_store.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"
 #include "tutti/store.h"
@@ -54,7 +55,7 @@ BackendContext backend_context(const CollectiveGroup::State& s) {
   bctx.group_name = *s.name;
   bctx.rank = s.rank;
   bctx.world_size = s.world_size;
-  bctx.store = std::make_shared<PrefixStore>(s.scope + "/backend", s.store);
+  bctx.store = std::make_shared<PrefixStore>(s.scope + "/backend", s.ledger ? s.ledger : s.store);
   bctx.store->set_timeout(s.timeout);
   bctx.timeout = s.timeout;
   bctx.instance = s.instance;
@@ -164,6 +165,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->store = choice.store;
   s->owns_store = choice.owned;
   s->scope = m.scope;
+  s->ledger = std::make_shared<detail::LedgerStore>(choice.store, detail::ledger_of(m.scope));
+  s->base = detail::group_base(choice.job_id, name);
+  s->incarnation = m.incarnation;
   s->join_record = mine.encode();
   s->check_ops = options.check_ops || detail::check_ops_from_env();
   s->take_thread();
@@ -242,7 +246,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   const detail::JoinRecord mine = detail::JoinRecord::mine(sub_world, requested + " ranks " + listed);
   const std::string base = s.scope + "/split/" + std::to_string(n);
   const detail::Membership m = prefixed(sub_ctx, [&] {
-    return detail::meet(*s.store, base, sub_world, sub_rank, mine, timeout);
+    return detail::meet(*s.ledger, base, sub_world, sub_rank, mine, timeout);
   });
   if (requested == "auto") {
     info = prefixed(sub_ctx + ": backend 'auto'",
@@ -262,6 +266,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
     sub->pids.push_back(s.pids[r]);
   }
   sub->store = s.store;
+  sub->ledger = s.ledger;  // its keys go with the root group's incarnation
   sub->owns_store = false;  // the parent's: it leaves the store, the subgroup only uses it
   sub->scope = m.scope;
   sub->join_record = mine.encode();
@@ -400,6 +405,17 @@ void CollectiveGroup::leave_store() {
       TUTTI_LOG_DEBUG("{}: giving the claim back: {}", describe(), e.what());
     }
   }
+  if (s.rank == 0 && !s.base.empty() && s.store) {
+    // The incarnations before this one are over (this one formed): their keys can go, so a
+    // long-lived store holds one incarnation's keys per group name, not every one's.
+    try {
+      const size_t n = detail::purge_incarnations(*s.store, s.base, s.incarnation, s.world_size);
+      if (n > 0) TUTTI_LOG_DEBUG("{}: deleted {} keys of earlier incarnations", describe(), n);
+    } catch (const Error& e) {
+      TUTTI_LOG_DEBUG("{}: deleting earlier incarnations' keys: {}", describe(), e.what());
+    }
+  }
+  s.ledger.reset();
   s.store.reset();
 }
 

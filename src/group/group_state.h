@@ -36,6 +36,11 @@ struct CollectiveGroup::State {
 
   std::shared_ptr<Store> store;  // the store the group met through
   std::string scope;             // this incarnation's key prefix in store
+  // `store`, noting the keys this incarnation writes (backends, subgroups) so that they can be
+  // deleted later (see store/ledger_store.h); a subgroup notes into its root group's.
+  std::shared_ptr<Store> ledger;
+  std::string base;              // a root group's key prefix over all its incarnations
+  int64_t incarnation = 0;
   bool owns_store = false;       // opened from a URL by this group
   std::string instance;          // names OS resources (see BackendContext)
   std::string join_record;       // this rank's claim in the store (given back at destroy)

@@ -11,8 +11,9 @@
 #include <sstream>
 #include <thread>
 
-#include "util/deadline.h"
 #include "group/group_util.h"
+#include "store/ledger_store.h"
+#include "util/deadline.h"
 #include "util/host_identity.h"
 #include "tutti/env.h"
 #include "tutti/error.h"
@@ -446,6 +447,29 @@ void leave(Store& store, const std::string& scope, int rank, const JoinRecord& m
   JoinRecord gone = mine;
   gone.left = true;
   store.compare_set(rank_key(scope, rank), mine.encode(), gone.encode());
+}
+
+std::string ledger_of(const std::string& scope) { return scope + "/keys"; }
+
+size_t purge_incarnations(Store& store, const std::string& base, int64_t below, int world_size) {
+  const std::string marker = base + "/purged";
+  const int64_t done = store.check({marker}) ? std::atoll(store.get(marker).c_str()) : 0;
+  size_t deleted = 0;
+  for (int64_t i = done + 1; i < below; ++i) {
+    const std::string scope = scope_of(base, i);
+    deleted += purge_ledger(store, ledger_of(scope));
+    int ranks = world_size;
+    if (const auto st = read_state(store, scope); st && st->formed) {
+      ranks = std::max(ranks, st->world_size);
+    }
+    for (int r = 0; r < ranks; ++r) {
+      deleted += store.delete_key(rank_key(scope, r)) ? 1 : 0;
+      deleted += store.delete_key(scope + "/left/" + std::to_string(r)) ? 1 : 0;
+    }
+    deleted += store.delete_key(scope + "/state") ? 1 : 0;
+  }
+  if (below - 1 > done) store.set(marker, std::to_string(below - 1));
+  return deleted;
 }
 
 void forget_join(const JoinRecord& mine) {

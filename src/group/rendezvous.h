@@ -73,4 +73,13 @@ Membership meet(Store& store, const std::string& base, int world_size, int rank,
 void leave(Store& store, const std::string& scope, int rank, const JoinRecord& mine);
 void forget_join(const JoinRecord& mine);
 
+// Where an incarnation's own keys are noted (see store/ledger_store.h).
+std::string ledger_of(const std::string& scope);
+
+// Deletes the keys of every incarnation of `base` before `below` not deleted yet: what their
+// ledgers list, their ranks' claims and departure notes, their state. Rank 0 calls it when it
+// destroys incarnation `below`, which formed, so no rank uses the earlier ones any more. Returns
+// how many keys it deleted; may throw the store's errors.
+size_t purge_incarnations(Store& store, const std::string& base, int64_t below, int world_size);
+
 }  // namespace tutti::detail
