@@ -3,6 +3,7 @@
 #include "nccl_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "util/host_identity.h"
@@ -14,6 +15,12 @@
 
 namespace tutti::nccl_backend {
 namespace {
+
+// TUTTI_NCCL_BLOCKING=1: blocking communicators (see the init below).
+bool blocking_communicators() {
+  const char* v = std::getenv("TUTTI_NCCL_BLOCKING");
+  return v != nullptr && std::string(v) == "1";
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -253,7 +260,11 @@ void NcclBackend::init_comms(const std::vector<Init>& inits, const OpContext& ct
       }
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // bounded by our own deadline below
+    // Non-blocking by default: every host-side NCCL call (init, a first op's connection set-up,
+    // a group end) then returns at once and is bounded by our deadline and abort. NCCL makes a
+    // thread per group end of such a communicator at world size >= 2; TUTTI_NCCL_BLOCKING=1
+    // trades the bound for that cost (NCCL has no call to switch a communicator's mode).
+    config.blocking = blocking_communicators() ? 1 : 0;
     {
       // One group for all: NCCL requires it when one thread initialises several devices.
       NcclGroup group(api_);
@@ -583,6 +594,10 @@ void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
                    pending_.end());
     // NCCL's asynchronous errors, never while the op thread is inside NCCL: a communicator is
     // not thread-safe, ncclCommGetAsyncError included (NCCL 2.28 frees its group job unlocked).
+    // Under the lock on purpose: `in_nccl_` must stay false while the query runs. Should it
+    // ever stall (a driver lock held by a syncing call elsewhere), the op thread waits with it:
+    // the price of never racing NCCL on a communicator. The event queries above, the calls
+    // c10d's heartbeat guards against, run without the lock.
     if (why.empty() && !in_nccl_ && failure_.empty()) {
       for (auto* map : {&collective_, &p2p_}) {
         for (auto& [key, c] : *map) {

@@ -134,7 +134,9 @@ struct TransferAgentOptions {
   std::string name;               // in messages; default "<host>:<pid>"
   std::chrono::milliseconds fetch_timeout{0};  // 0: TUTTI_RDT_FETCH_TIMEOUT_MS, else 60000
   bool listen_tcp = false;        // serve consumers on other hosts (the socket transport)
-  std::string tcp_host;           // the address to listen on and publish; default this host's
+  // The address to listen on and publish; default the host name when it resolves to other than
+  // loopback, else the first IPv4 address of an interface that is up.
+  std::string tcp_host;
   // Refs are signed with this and only signed refs are accepted (default TUTTI_STORE_SECRET).
   std::string secret;
 };

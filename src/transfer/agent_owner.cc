@@ -1,6 +1,8 @@
 // The owner's side of a TransferAgent: identity, the object table and its lifetime, and the
 // connections consumers make to it.
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <poll.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -39,14 +41,36 @@ std::chrono::milliseconds env_timeout() {
   return std::chrono::milliseconds(60000);
 }
 
+// The address to listen on and publish when TransferAgentOptions::tcp_host is empty: the host
+// name when it resolves to an address other hosts can reach, else the first such interface
+// address (Debian maps the host name to 127.0.1.1), else loopback.
 std::string default_tcp_host() {
   char name[256] = {0};
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
   addrinfo* info = nullptr;
-  if (::gethostname(name, sizeof(name) - 1) == 0 && ::getaddrinfo(name, nullptr, nullptr, &info) == 0) {
+  if (::gethostname(name, sizeof(name) - 1) == 0 && ::getaddrinfo(name, nullptr, &hints, &info) == 0) {
+    bool loopback = true;
+    for (addrinfo* a = info; a != nullptr; a = a->ai_next) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+      if ((ntohl(in->sin_addr.s_addr) >> 24) != 127) loopback = false;
+    }
     ::freeaddrinfo(info);
-    return name;
+    if (!loopback) return name;
   }
-  return "127.0.0.1";
+  ifaddrs* ifs = nullptr;
+  std::string found;
+  if (::getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i != nullptr && found.empty(); i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+      if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+      char text[INET_ADDRSTRLEN] = {0};
+      const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+      if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) found = text;
+    }
+    ::freeifaddrs(ifs);
+  }
+  return found.empty() ? "127.0.0.1" : found;
 }
 
 std::string seconds_ago(Clock::time_point t) {
