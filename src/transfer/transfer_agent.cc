@@ -155,6 +155,7 @@ const TensorRef& ObjectHandle::ref() const {
 
 void ObjectHandle::release() { pin_.reset(); }
 
+Borrowed::Borrowed() = default;
 Borrowed::Borrowed(Borrowed&& other) noexcept = default;
 Borrowed& Borrowed::operator=(Borrowed&& other) noexcept {
   if (this != &other) {
