@@ -478,7 +478,7 @@ void bind_groups(nb::module_& m) {
           [](PyP2POp* self, nb::handle op, nb::handle tensor, int peer, int peer_device_index) {
             new (self) PyP2POp{parse_kind(op), nb::borrow(tensor), peer, peer_device_index};
           },
-          "op"_a, "tensor"_a, "peer"_a, "peer_device_index"_a = kPeerDevice)
+          "op"_a, "tensor"_a.none(), "peer"_a, "peer_device_index"_a = kPeerDevice)
       .def_prop_ro("op", [](const PyP2POp& p) {
         return p.kind == P2POp::Kind::kSend ? "send" : "recv";
       })
@@ -538,52 +538,52 @@ void bind_groups(nb::module_& m) {
             return g.split(ranks, o);
           },
           "ranks"_a, "name"_a = "", "backend"_a = "", "timeout"_a = nb::none())
-      .def("allreduce", &do_allreduce, "tensor"_a, "op"_a = nb::none(), nb::kw_only(),
+      .def("allreduce", &do_allreduce, "tensor"_a.none(), "op"_a = nb::none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("reduce", &do_reduce, "tensor"_a, "dst_rank"_a = 0, "op"_a = nb::none(),
+      .def("reduce", &do_reduce, "tensor"_a.none(), "dst_rank"_a = 0, "op"_a = nb::none(),
            nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("broadcast", &do_broadcast, "tensor"_a, "src_rank"_a = 0, nb::kw_only(),
+      .def("broadcast", &do_broadcast, "tensor"_a.none(), "src_rank"_a = 0, nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("allgather", &do_allgather, "tensor_list"_a, "tensor"_a, nb::kw_only(),
+      .def("allgather", &do_allgather, "tensor_list"_a.none(), "tensor"_a.none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("allgatherv", &do_allgatherv, "output"_a, "tensor"_a, "counts"_a, nb::kw_only(),
+      .def("allgatherv", &do_allgatherv, "output"_a.none(), "tensor"_a.none(), "counts"_a.none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("reducescatter", &do_reduce_scatter, "tensor"_a, "tensor_list"_a,
+      .def("reducescatter", &do_reduce_scatter, "tensor"_a.none(), "tensor_list"_a.none(),
            "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("reduce_scatter", &do_reduce_scatter, "tensor"_a, "tensor_list"_a,
+      .def("reduce_scatter", &do_reduce_scatter, "tensor"_a.none(), "tensor_list"_a.none(),
            "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("alltoall", &do_alltoall, "output"_a, "input"_a, nb::kw_only(),
+      .def("alltoall", &do_alltoall, "output"_a.none(), "input"_a.none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("alltoallv", &do_alltoallv, "output"_a, "input"_a, "output_counts"_a,
-           "input_counts"_a, nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("gather", &do_gather, "output"_a, "tensor"_a, "dst_rank"_a = 0, nb::kw_only(),
+      .def("alltoallv", &do_alltoallv, "output"_a.none(), "input"_a.none(), "output_counts"_a.none(),
+           "input_counts"_a.none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
+      .def("gather", &do_gather, "output"_a.none(), "tensor"_a.none(), "dst_rank"_a = 0, nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("scatter", &do_scatter, "tensor"_a, "input"_a, "src_rank"_a = 0, nb::kw_only(),
+      .def("scatter", &do_scatter, "tensor"_a.none(), "input"_a.none(), "src_rank"_a = 0, nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("send", &do_send, "tensor"_a, "dst_rank"_a, nb::kw_only(), "timeout"_a = nb::none(),
+      .def("send", &do_send, "tensor"_a.none(), "dst_rank"_a, nb::kw_only(), "timeout"_a = nb::none(),
            "async_op"_a = false)
-      .def("recv", &do_recv, "tensor"_a, "src_rank"_a, nb::kw_only(), "timeout"_a = nb::none(),
+      .def("recv", &do_recv, "tensor"_a.none(), "src_rank"_a, nb::kw_only(), "timeout"_a = nb::none(),
            "async_op"_a = false)
-      .def("batch_isend_irecv", &do_batch, "p2p_op_list"_a, nb::kw_only(),
+      .def("batch_isend_irecv", &do_batch, "p2p_op_list"_a.none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
       .def("barrier", &do_barrier, nb::kw_only(), "timeout"_a = nb::none(),
            "async_op"_a = false)
-      .def("allreduce_multigpu", &do_allreduce_multigpu, "tensor_list"_a, "op"_a = nb::none(),
+      .def("allreduce_multigpu", &do_allreduce_multigpu, "tensor_list"_a.none(), "op"_a = nb::none(),
            nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("reduce_multigpu", &do_reduce_multigpu, "tensor_list"_a, "dst_rank"_a = 0,
+      .def("reduce_multigpu", &do_reduce_multigpu, "tensor_list"_a.none(), "dst_rank"_a = 0,
            "dst_tensor"_a = 0, "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(),
            "async_op"_a = false)
-      .def("broadcast_multigpu", &do_broadcast_multigpu, "tensor_list"_a, "src_rank"_a = 0,
+      .def("broadcast_multigpu", &do_broadcast_multigpu, "tensor_list"_a.none(), "src_rank"_a = 0,
            "src_tensor"_a = 0, nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("allgather_multigpu", &do_allgather_multigpu, "output_tensor_lists"_a,
-           "input_tensor_list"_a, nb::kw_only(), "timeout"_a = nb::none(),
+      .def("allgather_multigpu", &do_allgather_multigpu, "output_tensor_lists"_a.none(),
+           "input_tensor_list"_a.none(), nb::kw_only(), "timeout"_a = nb::none(),
            "async_op"_a = false)
-      .def("reducescatter_multigpu", &do_reduce_scatter_multigpu, "output_tensor_list"_a,
-           "input_tensor_lists"_a, "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(),
+      .def("reducescatter_multigpu", &do_reduce_scatter_multigpu, "output_tensor_list"_a.none(),
+           "input_tensor_lists"_a.none(), "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(),
            "async_op"_a = false)
-      .def("send_multigpu", &do_send_multigpu, "tensor"_a, "dst_rank"_a, "dst_gpu_index"_a = 0,
+      .def("send_multigpu", &do_send_multigpu, "tensor"_a.none(), "dst_rank"_a, "dst_gpu_index"_a = 0,
            "n_elements"_a = 0, nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("recv_multigpu", &do_recv_multigpu, "tensor"_a, "src_rank"_a, "src_gpu_index"_a = 0,
+      .def("recv_multigpu", &do_recv_multigpu, "tensor"_a.none(), "src_rank"_a, "src_gpu_index"_a = 0,
            "n_elements"_a = 0, nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
       .def(
           "synchronize",
@@ -645,7 +645,7 @@ void bind_groups(nb::module_& m) {
          bool async_op) {
         return do_allreduce(*group_named(group_name), tensor, op, timeout, async_op);
       },
-      "tensor"_a, "group_name"_a = "default", "op"_a = nb::none(), nb::kw_only(),
+      "tensor"_a.none(), "group_name"_a = "default", "op"_a = nb::none(), nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false,
       "Allreduce in place over the named group (op: tutti.ReduceOp, 'sum', or Ray's ReduceOp).");
   m.def(
@@ -654,7 +654,7 @@ void bind_groups(nb::module_& m) {
          nb::handle timeout, bool async_op) {
         return do_reduce(*group_named(group_name), tensor, dst_rank, op, timeout, async_op);
       },
-      "tensor"_a, "dst_rank"_a = 0, "group_name"_a = "default", "op"_a = nb::none(),
+      "tensor"_a.none(), "dst_rank"_a = 0, "group_name"_a = "default", "op"_a = nb::none(),
       nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "broadcast",
@@ -662,7 +662,7 @@ void bind_groups(nb::module_& m) {
          bool async_op) {
         return do_broadcast(*group_named(group_name), tensor, src_rank, timeout, async_op);
       },
-      "tensor"_a, "src_rank"_a = 0, "group_name"_a = "default", nb::kw_only(),
+      "tensor"_a.none(), "src_rank"_a = 0, "group_name"_a = "default", nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "allgather",
@@ -670,7 +670,7 @@ void bind_groups(nb::module_& m) {
          nb::handle timeout, bool async_op) {
         return do_allgather(*group_named(group_name), tensor_list, tensor, timeout, async_op);
       },
-      "tensor_list"_a, "tensor"_a, "group_name"_a = "default", nb::kw_only(),
+      "tensor_list"_a.none(), "tensor"_a.none(), "group_name"_a = "default", nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false,
       "tensor_list: world_size tensors shaped like tensor, or one tensor of world_size blocks.");
   m.def(
@@ -680,7 +680,7 @@ void bind_groups(nb::module_& m) {
         return do_allgatherv(*group_named(group_name), output, tensor, counts, timeout,
                              async_op);
       },
-      "output"_a, "tensor"_a, "counts"_a, "group_name"_a = "default", nb::kw_only(),
+      "output"_a.none(), "tensor"_a.none(), "counts"_a.none(), "group_name"_a = "default", nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false);
   for (const char* name : {"reducescatter", "reduce_scatter"}) {
     m.def(
@@ -690,7 +690,7 @@ void bind_groups(nb::module_& m) {
           return do_reduce_scatter(*group_named(group_name), tensor, tensor_list, op, timeout,
                                    async_op);
         },
-        "tensor"_a, "tensor_list"_a, "group_name"_a = "default", "op"_a = nb::none(),
+        "tensor"_a.none(), "tensor_list"_a.none(), "group_name"_a = "default", "op"_a = nb::none(),
         nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false,
         "tensor = the reduction of every rank's tensor_list[rank]; tensor_list: world_size "
         "tensors, or one tensor of world_size blocks.");
@@ -701,7 +701,7 @@ void bind_groups(nb::module_& m) {
          bool async_op) {
         return do_alltoall(*group_named(group_name), output, input, timeout, async_op);
       },
-      "output"_a, "input"_a, "group_name"_a = "default", nb::kw_only(), "timeout"_a = nb::none(),
+      "output"_a.none(), "input"_a.none(), "group_name"_a = "default", nb::kw_only(), "timeout"_a = nb::none(),
       "async_op"_a = false);
   m.def(
       "alltoallv",
@@ -710,7 +710,7 @@ void bind_groups(nb::module_& m) {
         return do_alltoallv(*group_named(group_name), output, input, output_counts, input_counts,
                             timeout, async_op);
       },
-      "output"_a, "input"_a, "output_counts"_a, "input_counts"_a, "group_name"_a = "default",
+      "output"_a.none(), "input"_a.none(), "output_counts"_a.none(), "input_counts"_a.none(), "group_name"_a = "default",
       nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "gather",
@@ -718,7 +718,7 @@ void bind_groups(nb::module_& m) {
          nb::handle timeout, bool async_op) {
         return do_gather(*group_named(group_name), output, tensor, dst_rank, timeout, async_op);
       },
-      "output"_a, "tensor"_a, "dst_rank"_a = 0, "group_name"_a = "default", nb::kw_only(),
+      "output"_a.none(), "tensor"_a.none(), "dst_rank"_a = 0, "group_name"_a = "default", nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "scatter",
@@ -726,7 +726,7 @@ void bind_groups(nb::module_& m) {
          nb::handle timeout, bool async_op) {
         return do_scatter(*group_named(group_name), tensor, input, src_rank, timeout, async_op);
       },
-      "tensor"_a, "input"_a, "src_rank"_a = 0, "group_name"_a = "default", nb::kw_only(),
+      "tensor"_a.none(), "input"_a.none(), "src_rank"_a = 0, "group_name"_a = "default", nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "send",
@@ -734,7 +734,7 @@ void bind_groups(nb::module_& m) {
          bool async_op) {
         return do_send(*group_named(group_name), tensor, dst_rank, timeout, async_op);
       },
-      "tensor"_a, "dst_rank"_a, "group_name"_a = "default", nb::kw_only(),
+      "tensor"_a.none(), "dst_rank"_a, "group_name"_a = "default", nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "recv",
@@ -742,28 +742,28 @@ void bind_groups(nb::module_& m) {
          bool async_op) {
         return do_recv(*group_named(group_name), tensor, src_rank, timeout, async_op);
       },
-      "tensor"_a, "src_rank"_a, "group_name"_a = "default", nb::kw_only(),
+      "tensor"_a.none(), "src_rank"_a, "group_name"_a = "default", nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "isend",
       [](nb::handle tensor, int dst_rank, std::string_view group_name, nb::handle timeout) {
         return do_send(*group_named(group_name), tensor, dst_rank, timeout, true);
       },
-      "tensor"_a, "dst_rank"_a, "group_name"_a = "default", nb::kw_only(),
+      "tensor"_a.none(), "dst_rank"_a, "group_name"_a = "default", nb::kw_only(),
       "timeout"_a = nb::none(), "send(..., async_op=True): returns a tutti.Work.");
   m.def(
       "irecv",
       [](nb::handle tensor, int src_rank, std::string_view group_name, nb::handle timeout) {
         return do_recv(*group_named(group_name), tensor, src_rank, timeout, true);
       },
-      "tensor"_a, "src_rank"_a, "group_name"_a = "default", nb::kw_only(),
+      "tensor"_a.none(), "src_rank"_a, "group_name"_a = "default", nb::kw_only(),
       "timeout"_a = nb::none(), "recv(..., async_op=True): returns a tutti.Work.");
   m.def(
       "batch_isend_irecv",
       [](nb::handle ops, std::string_view group_name, nb::handle timeout, bool async_op) {
         return do_batch(*group_named(group_name), ops, timeout, async_op);
       },
-      "p2p_op_list"_a, "group_name"_a = "default", nb::kw_only(), "timeout"_a = nb::none(),
+      "p2p_op_list"_a.none(), "group_name"_a = "default", nb::kw_only(), "timeout"_a = nb::none(),
       "async_op"_a = false);
   m.def(
       "barrier",
@@ -779,7 +779,7 @@ void bind_groups(nb::module_& m) {
         return do_allreduce_multigpu(*group_named(group_name), tensor_list, op, timeout,
                                      async_op);
       },
-      "tensor_list"_a, "group_name"_a = "default", "op"_a = nb::none(), nb::kw_only(),
+      "tensor_list"_a.none(), "group_name"_a = "default", "op"_a = nb::none(), nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "reduce_multigpu",
@@ -788,7 +788,7 @@ void bind_groups(nb::module_& m) {
         return do_reduce_multigpu(*group_named(group_name), tensor_list, dst_rank, dst_tensor,
                                   op, timeout, async_op);
       },
-      "tensor_list"_a, "dst_rank"_a = 0, "dst_tensor"_a = 0, "group_name"_a = "default",
+      "tensor_list"_a.none(), "dst_rank"_a = 0, "dst_tensor"_a = 0, "group_name"_a = "default",
       "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "broadcast_multigpu",
@@ -797,7 +797,7 @@ void bind_groups(nb::module_& m) {
         return do_broadcast_multigpu(*group_named(group_name), tensor_list, src_rank,
                                      src_tensor, timeout, async_op);
       },
-      "tensor_list"_a, "src_rank"_a = 0, "src_tensor"_a = 0, "group_name"_a = "default",
+      "tensor_list"_a.none(), "src_rank"_a = 0, "src_tensor"_a = 0, "group_name"_a = "default",
       nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "allgather_multigpu",
@@ -806,7 +806,7 @@ void bind_groups(nb::module_& m) {
         return do_allgather_multigpu(*group_named(group_name), output_lists, input_list,
                                      timeout, async_op);
       },
-      "output_tensor_lists"_a, "input_tensor_list"_a, "group_name"_a = "default",
+      "output_tensor_lists"_a.none(), "input_tensor_list"_a.none(), "group_name"_a = "default",
       nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   for (const char* name : {"reducescatter_multigpu", "reduce_scatter_multigpu"}) {
     m.def(
@@ -816,7 +816,7 @@ void bind_groups(nb::module_& m) {
           return do_reduce_scatter_multigpu(*group_named(group_name), output_list, input_lists,
                                             op, timeout, async_op);
         },
-        "output_tensor_list"_a, "input_tensor_lists"_a, "group_name"_a = "default",
+        "output_tensor_list"_a.none(), "input_tensor_lists"_a.none(), "group_name"_a = "default",
         "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   }
   m.def(
@@ -826,7 +826,7 @@ void bind_groups(nb::module_& m) {
         return do_send_multigpu(*group_named(group_name), tensor, dst_rank, dst_gpu_index,
                                 n_elements, timeout, async_op);
       },
-      "tensor"_a, "dst_rank"_a, "dst_gpu_index"_a, "group_name"_a = "default",
+      "tensor"_a.none(), "dst_rank"_a, "dst_gpu_index"_a, "group_name"_a = "default",
       "n_elements"_a = 0, nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "recv_multigpu",
@@ -835,7 +835,7 @@ void bind_groups(nb::module_& m) {
         return do_recv_multigpu(*group_named(group_name), tensor, src_rank, src_gpu_index,
                                 n_elements, timeout, async_op);
       },
-      "tensor"_a, "src_rank"_a, "src_gpu_index"_a, "group_name"_a = "default",
+      "tensor"_a.none(), "src_rank"_a, "src_gpu_index"_a, "group_name"_a = "default",
       "n_elements"_a = 0, nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "synchronize",

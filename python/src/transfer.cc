@@ -262,11 +262,14 @@ void bind_transfer(nb::module_& parent) {
                      return out;
                    },
                    "(dtype, shape, device) of each tensor")
-      .def("__reduce__",
-           [](nb::handle self) {
-             const std::string s = nb::cast<const TensorRef&>(self).serialize();
-             return nb::make_tuple(self.type().attr("from_bytes"),
-                                   nb::make_tuple(nb::bytes(s.data(), s.size())));
+      .def("__getstate__",
+           [](const TensorRef& r) {
+             const std::string s = r.serialize();
+             return nb::bytes(s.data(), s.size());
+           })
+      .def("__setstate__",
+           [](TensorRef& r, nb::handle state) {
+             new (&r) TensorRef(TensorRef::parse(to_bytes(state, "TensorRef.__setstate__")));
            })
       .def("__repr__", [](const TensorRef& r) { return "<tutti.transfer.TensorRef " + r.describe() + ">"; });
 
