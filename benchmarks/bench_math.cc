@@ -20,6 +20,7 @@ const char* to_string(BenchOp op) {
     case BenchOp::kAlltoall: return "alltoall";
     case BenchOp::kGather: return "gather";
     case BenchOp::kScatter: return "scatter";
+    case BenchOp::kTransfer: return "transfer";
   }
   return "?";
 }
@@ -39,7 +40,8 @@ double bus_factor(BenchOp op, int n) {
     case BenchOp::kScatter: return static_cast<double>(n - 1) / n;
     case BenchOp::kBroadcast:
     case BenchOp::kReduce:
-    case BenchOp::kSendRecv: return 1.0;
+    case BenchOp::kSendRecv:
+    case BenchOp::kTransfer: return 1.0;
     case BenchOp::kBarrier: return 0.0;
   }
   return 0.0;
@@ -101,7 +103,8 @@ namespace {
 std::optional<BenchOp> parse_op(const std::string& s) {
   for (BenchOp op : {BenchOp::kAllreduce, BenchOp::kAllgather, BenchOp::kReduceScatter,
                      BenchOp::kBroadcast, BenchOp::kReduce, BenchOp::kSendRecv, BenchOp::kBarrier,
-                     BenchOp::kAlltoall, BenchOp::kGather, BenchOp::kScatter}) {
+                     BenchOp::kAlltoall, BenchOp::kGather, BenchOp::kScatter,
+                     BenchOp::kTransfer}) {
     if (s == to_string(op)) return op;
   }
   if (s == "all_reduce") return BenchOp::kAllreduce;
@@ -145,9 +148,14 @@ std::optional<std::string> parse_args(int argc, char** argv, Config& c, bool& he
       if (!op) {
         return "unknown op '" + *v +
                "' (allreduce, allgather, reduce_scatter, broadcast, reduce, sendrecv, barrier, "
-               "alltoall, gather, scatter)";
+               "alltoall, gather, scatter, transfer)";
       }
       c.op = *op;
+    } else if (a == "--transport") {
+      c.transport = *v;
+    } else if (a == "--mode") {
+      if (*v != "copy" && *v != "borrow") return need("copy or borrow (got '" + *v + "')");
+      c.borrow = *v == "borrow";
     } else if (a == "--backend") {
       c.backend = *v;
     } else if (a == "-b" || a == "--minbytes") {
@@ -222,6 +230,7 @@ std::optional<std::string> parse_args(int argc, char** argv, Config& c, bool& he
     return std::string("--async measures allreduce, not ") + to_string(c.op);
   }
   if (c.async && c.baseline) return "--async and --baseline are separate runs";
+  if (c.borrow && c.op != BenchOp::kTransfer) return "--mode is for --op transfer";
   return std::nullopt;
 }
 

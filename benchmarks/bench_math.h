@@ -21,6 +21,7 @@ enum class BenchOp {
   kAlltoall,
   kGather,
   kScatter,
+  kTransfer,  // the direct transport: rank 0 publishes, rank 1 gets (transfer_bench.cc)
 };
 
 // The ops whose nccl-tests size is the whole buffer of world_size blocks.
@@ -69,6 +70,8 @@ struct Config {
   int ranks = 0;  // >0: start this many local ranks through tutti-run
   int corrupt_rank = -1;  // testing -c: this rank corrupts one element of its result
   bool async = false;     // --async: measure how much of an allreduce hides behind compute
+  std::string transport = "shm";  // --op transfer: the tensor transport
+  bool borrow = false;            // --op transfer --mode borrow (else copy)
 };
 
 // Parses tutti-bench's arguments; on a bad value returns the message to print (exit code 2);

@@ -33,6 +33,10 @@ using namespace tutti;
 using namespace tutti::bench;
 using Clock = std::chrono::steady_clock;
 
+namespace tutti::bench {
+int run_transfer_bench(const Config& c, CollectiveGroup& meta);  // transfer_bench.cc
+}  // namespace tutti::bench
+
 namespace {
 
 constexpr const char* kUsage = R"(usage: tutti-bench [options]
@@ -41,7 +45,10 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
 
   --op NAME        allreduce (default), allgather, reduce_scatter, broadcast, reduce,
                    sendrecv (ping-pong between ranks 0 and 1), barrier, alltoall, gather,
-                   scatter
+                   scatter, transfer (the direct transport: rank 0 publishes, rank 1 gets;
+                   2 ranks)
+  --transport T    transfer: shm (default), socket, or a registered transport
+  --mode M         transfer: copy (default: get into a buffer) or borrow (a zero-copy view)
   --backend NAME   auto (default: TUTTI_BACKEND, else auto = shm on one host, else gloo),
                    shm, gloo
   --ranks N        start N local ranks through tutti-run (else: the launcher's environment,
@@ -59,7 +66,8 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
   -c 0|1           check results (default 1)
   --baseline       also run each size straight on the library underneath (raw Gloo for gloo
                    and shm, raw NCCL for nccl) and print tutti/raw time ratios: interleaved in
-                   blocks of 5 iterations like for like, after tutti's iterations for shm
+                   blocks of 5 iterations like for like, after tutti's iterations for shm.
+                   transfer: the staged path instead (serialise, Unix socket, deserialise)
   --async          allreduce only: also measure overlap. Per size: the op alone (t_op), a
                    compute loop sized to take as long (t_comp), and the op issued with
                    async_op while the caller computes, then waited for (t_both); hidden =
@@ -721,6 +729,12 @@ int main(int argc, char** argv) {
     }
     auto group = get_group(name);
     auto meta = get_group(name + "-meta");
+    if (c.op == BenchOp::kTransfer) {
+      const int rc = run_transfer_bench(c, *meta);
+      destroy_collective_group(name);
+      destroy_collective_group(name + "-meta");
+      return rc;
+    }
     const int world = group->world_size();
     const int rank = group->rank();
     const bool rooted = c.op == BenchOp::kBroadcast || c.op == BenchOp::kReduce ||

@@ -1,6 +1,8 @@
 // The process-wide registry of named groups behind the Ray-style free functions.
 #include "tutti/collective.h"
 
+#include <pthread.h>
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -21,7 +23,14 @@ struct GroupRegistry {
 
 GroupRegistry& registry() {
   // Leaked: the exit hook below empties it before static destructors run.
-  static auto* instance = new GroupRegistry();
+  static auto* instance = [] {
+    auto* reg = new GroupRegistry();
+    // Held across fork(), so that a child never inherits it locked by a thread it lacks (its
+    // exit hook takes it).
+    ::pthread_atfork([] { registry().mutex.lock(); }, [] { registry().mutex.unlock(); },
+                     [] { registry().mutex.unlock(); });
+    return reg;
+  }();
   return *instance;
 }
 

@@ -13,6 +13,7 @@
 #include "group_util.h"
 #include "host_identity.h"
 #include "logging.h"
+#include "op_check.h"
 #include "rendezvous.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"
@@ -107,6 +108,8 @@ std::string CollectiveGroup::describe() const { return state_->describe(); }
 
 bool CollectiveGroup::is_aborted() const { return state_->aborted.load(); }
 
+void CollectiveGroup::issue_from_this_thread() { state_->take_thread(); }
+
 std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int rank,
                                                          std::string_view backend,
                                                          std::string_view group_name,
@@ -151,6 +154,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->name = std::make_shared<const std::string>(name);
   s->rank = rank;
   s->world_size = world_size;
+  s->creator_pid = static_cast<long>(::getpid());
   s->backend_name = info.name;
   s->timeout = options.timeout;
   s->global_ranks.resize(world_size);
@@ -161,8 +165,11 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->owns_store = choice.owned;
   s->scope = m.scope;
   s->join_record = mine.encode();
+  s->check_ops = options.check_ops || detail::check_ops_from_env();
+  s->take_thread();
   s->instance = detail::escape_name(choice.job_id.empty() ? "nojob" : choice.job_id) + "." +
                 detail::escape_name(name) + "." + std::to_string(m.incarnation);
+  s->recorder = detail::FlightRecorder::create({name, s->instance, rank, world_size, info.name});
   if (auto* tcp = dynamic_cast<TCPStore*>(s->store.get()); tcp != nullptr && s->owns_store) {
     // The host learns of this rank's departure even if the process dies (see leave_store).
     try {
@@ -182,6 +189,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
                                                         const SplitOptions& options) {
   State& s = *state_;
   const std::string ctx = "split of " + s.describe();
+  if (s.forked()) throw Error(ErrorCode::kInvalidUsage, ctx + ": " + s.forked_message());
   if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
   if (ranks.empty()) throw Error(ErrorCode::kInvalidArgument, ctx + ": the list of ranks is empty");
   std::vector<bool> seen(s.world_size, false);
@@ -245,6 +253,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->name = std::make_shared<const std::string>(name);
   sub->rank = sub_rank;
   sub->world_size = sub_world;
+  sub->creator_pid = static_cast<long>(::getpid());
   sub->backend_name = info.name;
   sub->timeout = timeout;
   for (int r : ranks) {
@@ -256,7 +265,11 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->owns_store = false;  // the parent's: it leaves the store, the subgroup only uses it
   sub->scope = m.scope;
   sub->join_record = mine.encode();
+  sub->check_ops = s.check_ops;
+  sub->take_thread();
   sub->instance = s.instance + ".s" + std::to_string(n);
+  sub->recorder =
+      detail::FlightRecorder::create({name, sub->instance, sub_rank, sub_world, info.name});
   BackendContext bctx = backend_context(*sub);
   if (info.name == s.backend_name) bctx.parent = s.backend.get();
   attach_backend(*sub, info, std::move(bctx), sub_ctx);
@@ -271,21 +284,27 @@ std::shared_ptr<Backend> CollectiveGroup::State::current_backend() const {
 
 void CollectiveGroup::State::abort(const std::string& reason) {
   std::shared_ptr<Backend> b;
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(state_mutex);
-    if (abort_reason.empty()) abort_reason = reason;
+    first = abort_reason.empty();
+    if (first) abort_reason = reason;
     aborted.store(true);
     b = backend;
   }
-  if (!b) return;
-  try {
-    b->abort(reason);
-  } catch (const std::exception& e) {
-    TUTTI_LOG_WARN("aborting {}: {}", describe(), e.what());
+  if (b) {
+    try {
+      b->abort(reason);
+    } catch (const std::exception& e) {
+      TUTTI_LOG_WARN("aborting {}: {}", describe(), e.what());
+    }
   }
+  // After the backend's abort: ops that it ended are on record as failed by the time of the
+  // dump more often (the dump never waits for them).
+  if (first && recorder) recorder->dump("aborted: " + reason);
 }
 
-void CollectiveGroup::State::record_failure(const OpContext&, const Error& e) {
+void CollectiveGroup::State::record_failure(const OpContext& ctx, const Error& e) {
   if (!aborts_group(e.code())) return;
   bool first = false;
   {
@@ -293,11 +312,21 @@ void CollectiveGroup::State::record_failure(const OpContext&, const Error& e) {
     first = abort_reason.empty();
   }
   // The message already names the op and the group.
-  if (first) TUTTI_LOG_ERROR("aborting {}: {}", describe(), e.what());
-  abort(e.what());
+  if (first) TUTTI_LOG_ERROR("{}; aborting the group", e.what());
+  // The reason goes into messages that name the group (and, through the backend, other ranks'
+  // messages that name theirs): it names the op, not the group again.
+  std::string reason = e.what();
+  const std::string prefix = ctx.description() + ": ";
+  if (reason.compare(0, prefix.size(), prefix) == 0) {
+    reason = std::string(to_string(ctx.op)) + " #" + std::to_string(ctx.seq) + " failed: " +
+             reason.substr(prefix.size());
+  }
+  abort(reason);
 }
 
 void CollectiveGroup::abort(const std::string& reason) {
+  // A forked child must not reach the parent's connections or segment (see destroy).
+  if (state_->forked()) return;
   if (state_->destroyed.load() && !state_->current_backend()) return;
   TUTTI_LOG_WARN("{}: abort: {}", describe(), reason);
   state_->abort(reason);
@@ -306,6 +335,14 @@ void CollectiveGroup::abort(const std::string& reason) {
 void CollectiveGroup::destroy() noexcept {
   State& s = *state_;
   if (s.destroyed.exchange(true)) return;
+  if (s.forked()) {
+    // In a forked child everything the group holds is the parent's: its threads exist only
+    // there (joining them would wait forever), closing its Gloo pairs would take the parent's
+    // sockets out of their shared epoll set, and leaving the segment or the store would tell the
+    // parent's peers that it left. The child leaves it all be: the state is kept, never freed.
+    static_cast<void>(new std::shared_ptr<State>(state_));
+    return;
+  }
   try {
     // An op running in another thread (it holds the op lock), or queued, ends now (kAborted)
     // instead of at its timeout.

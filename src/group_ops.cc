@@ -2,11 +2,13 @@
 // CPU backends), or hand it to a backend that completes it later (GPU ops).
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <type_traits>
 
 #include "group_state.h"
 #include "group_util.h"
 #include "logging.h"
+#include "op_check.h"
 #include "tutti/collective_group.h"
 
 namespace tutti {
@@ -17,10 +19,20 @@ std::chrono::milliseconds resolve_timeout(std::chrono::milliseconds requested,
   return requested == kUseGroupTimeout ? group_default : requested;
 }
 
-// Packs two small indexes (a root and a device, two devices) into one signature field.
-int64_t pair_of(int a, int b) {
-  return static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) |
-                              static_cast<uint32_t>(b));
+// Packs two device indexes (the sender's, the receiver's) into one signature field.
+uint64_t pair_of(int a, int b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+
+// An op's signature: op, dtype and element count of `t`, root and reduce op as given.
+OpSignature signature_of(OpType op, const TensorView& t, int root = -1, int reduce_op = -1) {
+  OpSignature sig;
+  sig.op = op;
+  sig.dtype = t.dtype();
+  sig.count = t.numel();
+  sig.root = root;
+  sig.reduce_op = reduce_op;
+  return sig;
 }
 
 // Block r of a single buffer, shaped like `like` (what the list forms expect).
@@ -30,10 +42,10 @@ TensorView block(const TensorView& buffer, int r, const TensorView& like) {
 }
 
 // One hash of a list of counts, for signatures.
-int64_t hash_of(const std::vector<int64_t>& counts) {
+uint64_t hash_of(const std::vector<int64_t>& counts) {
   detail::WordMix h;
   for (int64_t c : counts) h.mix(static_cast<uint64_t>(c));
-  return static_cast<int64_t>(h.value());
+  return h.value();
 }
 
 std::exception_ptr aborted_error(const CollectiveGroup::State& s, const OpContext& ctx) {
@@ -47,6 +59,33 @@ std::exception_ptr aborted_error(const CollectiveGroup::State& s, const OpContex
             ctx.description() + ": the group was aborted before this op started (" +
                 (reason.empty() ? std::string("destroyed") : reason) +
                 "); destroy it and initialise it again"));
+}
+
+// The flight recorder's view of an op (see flight_recorder.h); no-ops when it is off.
+void note_start(const CollectiveGroup::State& s, uint64_t record) {
+  if (s.recorder) s.recorder->start(record);
+}
+
+void note_finish(const CollectiveGroup::State& s, uint64_t record, const char* error = nullptr) {
+  if (!s.recorder) return;
+  if (error == nullptr) {
+    s.recorder->finish(record, nullptr);
+  } else {
+    const std::string text = error;
+    s.recorder->finish(record, &text);
+  }
+}
+
+const char* what_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    static thread_local std::string text;
+    text = e.what();
+    return text.c_str();
+  } catch (...) {
+    return "unknown error";
+  }
 }
 
 // A list of one tensor, moved in (an initializer list would copy its shape).
@@ -64,13 +103,21 @@ std::vector<TensorView> one(TensorView t) {
 struct CollectiveGroup::Call {
   std::unique_lock<std::mutex> lock;
   OpContext ctx;
-  bool skip = false;   // zero elements: counted, but nothing to move
+  bool skip = false;   // zero elements: nothing to move
   bool async = false;
+  bool p2p = false;    // a send, a recv or a batch of them
+  uint64_t record = 0;  // its entry in the flight recorder
+  // Set when the ranks compare their ops' fingerprints before each collective.
+  std::optional<detail::Fingerprint> fingerprint;
 };
 
-CollectiveGroup::Call CollectiveGroup::begin(OpType op, uint64_t sig, const OpOptions& opts,
-                                             int peer, bool sending) {
+CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
+                                             const OpOptions& opts,
+                                             const std::vector<int64_t>* shape, int peer,
+                                             bool sending) {
   State& s = *state_;
+  // Before the op lock: in a forked child it may be held forever by a thread of the parent.
+  if (s.forked()) s.fail(ErrorCode::kInvalidUsage, op, s.forked_message());
   const std::chrono::milliseconds timeout = resolve_timeout(opts.timeout, s.timeout);
   if (timeout.count() <= 0) {
     s.fail(ErrorCode::kInvalidArgument, op,
@@ -80,7 +127,10 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, uint64_t sig, const OpOp
     s.fail(ErrorCode::kUnavailable, op,
            "backend '" + s.backend_name + "' does not support '" + to_string(op) + "'");
   }
-  Call call{std::unique_lock<std::mutex>(s.op_mutex), {}, false, opts.async_op};
+  // CPU backends only: the NCCL backend's ops are enqueued on streams, and its users (and
+  // tests) issue from a second thread while the first holds an async op; see collective_group.h.
+  if (s.runs_inline) s.check_thread(op);
+  Call call{std::unique_lock<std::mutex>(s.op_mutex), {}, false, opts.async_op, false, {}};
   if (s.destroyed.load()) s.fail(ErrorCode::kInvalidUsage, op, "the group was destroyed");
   if (s.aborted.load()) {
     std::lock_guard<std::mutex> lock(s.state_mutex);
@@ -88,6 +138,7 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, uint64_t sig, const OpOp
            "the group was aborted by an earlier failure (" + s.abort_reason +
                "); destroy it and initialise it again");
   }
+  call.p2p = peer >= 0 || op == OpType::kBatchP2P;
   uint64_t seq;
   if (op == OpType::kBatchP2P) {
     seq = s.batch_seq++;
@@ -98,16 +149,21 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, uint64_t sig, const OpOp
   }
   call.ctx.op = op;
   call.ctx.seq = seq;
+  call.ctx.signature = sig;
   if (peer >= 0) {
     // Point-to-point tags also fold in the direction (sender, receiver), so both ends agree.
-    call.ctx.tag = detail::p2p_tag(seq, sig, sending ? s.rank : peer, sending ? peer : s.rank);
+    call.ctx.tag = detail::p2p_tag(seq, sig.hash(), sending ? s.rank : peer, sending ? peer : s.rank);
   } else {
-    call.ctx.tag = detail::collective_tag(seq, sig);
+    call.ctx.tag = detail::collective_tag(seq, sig.hash());
   }
   call.ctx.timeout = timeout;
   call.ctx.group_name = s.name;
   call.ctx.rank = s.rank;
   call.ctx.world_size = s.world_size;
+  if (s.check_ops && !call.p2p && s.runs_inline && s.world_size > 1) {
+    call.fingerprint = detail::fingerprint(seq, sig, shape);
+  }
+  if (s.recorder) call.record = s.recorder->issue(call.ctx, peer);
   return call;
 }
 
@@ -115,27 +171,51 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, uint64_t sig, const OpOp
 // async op runs it after the caller has returned.
 template <typename Issue>
 CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
+  if (call.skip) {
+    // Nothing to move. A CPU collective still meets its peers, as a barrier under the op's own
+    // tag, so that a rank alone in calling it with no elements fails as any mismatch does
+    // instead of returning at once; messages and GPU ops complete at once.
+    if (call.p2p || !state_->runs_inline) {
+      note_finish(*state_, call.record);
+      return Work::completed(call.ctx);
+    }
+    return run(call, [](Backend& b, const OpContext& ctx) {
+      return b.barrier(BarrierOptions{}, ctx);
+    });
+  }
+  return run(call, std::forward<Issue>(issue));
+}
+
+template <typename Issue>
+CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
   State& s = *state_;
-  if (call.skip) return Work::completed(call.ctx);
   if (s.runs_inline && (call.async || s.queued.load() > 0)) {
     // On the group's worker, after the ops queued before it. A blocking call behind async ones
     // waits for its turn there, so ops always run in issue order.
     auto work = std::make_shared<Work>(call.ctx);
     s.queued.fetch_add(1);
     State* state = &s;
-    s.queue.push([state, work, ctx = call.ctx, fn = std::decay_t<Issue>(std::forward<Issue>(issue))] {
+    s.queue.push([state, work, ctx = call.ctx, fingerprint = call.fingerprint,
+                  record = call.record, fn = std::decay_t<Issue>(std::forward<Issue>(issue))] {
       if (state->aborted.load() || state->destroyed.load()) {
-        work->finish(aborted_error(*state, ctx));
+        auto error = aborted_error(*state, ctx);
+        note_finish(*state, record, what_of(error));
+        work->finish(error);
       } else {
+        note_start(*state, record);
         try {
+          if (fingerprint) detail::check_fingerprints(*state->backend, ctx, *fingerprint);
           WorkPtr inner = fn(*state->backend, ctx);
           if (inner) inner->wait();
+          note_finish(*state, record);
           work->finish();
         } catch (const Error& e) {
+          note_finish(*state, record, e.what());
           state->record_failure(ctx, e);
           work->finish(std::current_exception());
         } catch (const std::exception& e) {
           Error wrapped(ErrorCode::kInternal, ctx.description() + ": " + e.what());
+          note_finish(*state, record, wrapped.what());
           state->record_failure(ctx, wrapped);
           work->finish(std::make_exception_ptr(wrapped));
         }
@@ -147,22 +227,31 @@ CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
     return work;
   }
   WorkPtr work;
+  note_start(s, call.record);
   try {
+    if (call.fingerprint) detail::check_fingerprints(*s.backend, call.ctx, *call.fingerprint);
     work = issue(*s.backend, call.ctx);
   } catch (const Error& e) {
+    note_finish(s, call.record, e.what());
     s.record_failure(call.ctx, e);
     throw;
   } catch (const std::exception& e) {
     Error wrapped(ErrorCode::kInternal, call.ctx.description() + ": " + e.what());
+    note_finish(s, call.record, wrapped.what());
     s.record_failure(call.ctx, wrapped);
     throw wrapped;
   }
-  if (!work) return Work::completed(call.ctx);
+  if (!work) {
+    note_finish(s, call.record);
+    return Work::completed(call.ctx);
+  }
   // It completes later (a GPU op): its failure aborts the group as a synchronous one would.
   std::weak_ptr<State> weak = state_;
-  work->on_finish([weak, ctx = call.ctx](const std::exception_ptr& error) {
+  work->on_finish([weak, ctx = call.ctx, record = call.record](const std::exception_ptr& error) {
     auto state = weak.lock();
-    if (!error || !state) return;
+    if (!state) return;
+    note_finish(*state, record, error ? what_of(error) : nullptr);
+    if (!error) return;
     try {
       std::rethrow_exception(error);
     } catch (const Error& e) {
@@ -179,7 +268,7 @@ WorkPtr CollectiveGroup::broadcast(TensorView tensor, const BroadcastOptions& op
   const OpType op = OpType::kBroadcast;
   state_->check_tensor(op, tensor, "tensor");
   state_->check_rank(op, opts.root_rank, "root rank");
-  auto call = begin(op, detail::signature(op, tensor.dtype(), tensor.numel(), opts.root_rank), opts);
+  auto call = begin(op, signature_of(op, tensor, opts.root_rank), opts, &tensor.shape());
   call.skip = tensor.numel() == 0;
   return submit(call, [t = one(std::move(tensor)), opts](
                           Backend& b, const OpContext& ctx) { return b.broadcast(t, opts, ctx); });
@@ -189,10 +278,8 @@ WorkPtr CollectiveGroup::allreduce(TensorView tensor, const AllreduceOptions& op
   const OpType op = OpType::kAllreduce;
   state_->check_tensor(op, tensor, "tensor");
   state_->check_reduce_op(op, opts.reduce_op, tensor.dtype());
-  auto call = begin(op,
-                    detail::signature(op, tensor.dtype(), tensor.numel(), -1,
-                                      static_cast<int>(opts.reduce_op)),
-                    opts);
+  auto call = begin(op, signature_of(op, tensor, -1, static_cast<int>(opts.reduce_op)), opts,
+                    &tensor.shape());
   call.skip = tensor.numel() == 0;
   return submit(call, [t = one(std::move(tensor)), opts](
                           Backend& b, const OpContext& ctx) { return b.allreduce(t, opts, ctx); });
@@ -203,10 +290,8 @@ WorkPtr CollectiveGroup::reduce(TensorView tensor, const ReduceOptions& opts) {
   state_->check_tensor(op, tensor, "tensor");
   state_->check_rank(op, opts.root_rank, "root rank");
   state_->check_reduce_op(op, opts.reduce_op, tensor.dtype());
-  auto call = begin(op,
-                    detail::signature(op, tensor.dtype(), tensor.numel(), opts.root_rank,
-                                      static_cast<int>(opts.reduce_op)),
-                    opts);
+  auto call = begin(op, signature_of(op, tensor, opts.root_rank, static_cast<int>(opts.reduce_op)),
+                    opts, &tensor.shape());
   call.skip = tensor.numel() == 0;
   return submit(call, [t = one(std::move(tensor)), opts](
                           Backend& b, const OpContext& ctx) { return b.reduce(t, opts, ctx); });
@@ -217,7 +302,7 @@ WorkPtr CollectiveGroup::allgather(const std::vector<TensorView>& output_list, T
   const OpType op = OpType::kAllgather;
   state_->check_tensor(op, input, "input");
   state_->check_list(op, output_list, input, "output", "input");
-  auto call = begin(op, detail::signature(op, input.dtype(), input.numel()), opts);
+  auto call = begin(op, signature_of(op, input), opts, &input.shape());
   call.skip = input.numel() == 0;
   return submit(call, [outs = std::vector<std::vector<TensorView>>{output_list},
                        in = one(std::move(input)),
@@ -241,7 +326,7 @@ WorkPtr CollectiveGroup::allgather(TensorView output, TensorView input,
   // In place when the input is this rank's block of the output; else they must not overlap.
   const TensorView mine = output.slice(s.rank * input.numel(), input.numel());
   if (mine.data() != input.data()) s.check_disjoint(op, output, "output", input, "input");
-  auto call = begin(op, detail::signature(op, input.dtype(), input.numel()), opts);
+  auto call = begin(op, signature_of(op, input), opts, &input.shape());
   call.skip = input.numel() == 0;
   return submit(call, [out = std::move(output), in = std::move(input), opts](
                           Backend& b, const OpContext& ctx) {
@@ -267,7 +352,9 @@ WorkPtr CollectiveGroup::allgatherv(TensorView output, TensorView input,
   for (int r = 0; r < s.rank; ++r) offset += counts[r];
   const TensorView mine = output.slice(offset, input.numel());
   if (mine.data() != input.data()) s.check_disjoint(op, output, "output", input, "input");
-  auto call = begin(op, detail::signature(op, input.dtype(), output.numel(), hash_of(counts)), opts);
+  OpSignature sig = signature_of(op, output);
+  sig.layout = hash_of(counts);
+  auto call = begin(op, sig, opts, &output.shape());
   call.skip = output.numel() == 0;
   return submit(call, [out = std::move(output), in = std::move(input), counts, opts](
                           Backend& b, const OpContext& ctx) {
@@ -281,10 +368,8 @@ WorkPtr CollectiveGroup::reduce_scatter(TensorView output, const std::vector<Ten
   state_->check_tensor(op, output, "output");
   state_->check_reduce_op(op, opts.reduce_op, output.dtype());
   state_->check_list(op, input_list, output, "input", "output");
-  auto call = begin(op,
-                    detail::signature(op, output.dtype(), output.numel(), -1,
-                                      static_cast<int>(opts.reduce_op)),
-                    opts);
+  auto call = begin(op, signature_of(op, output, -1, static_cast<int>(opts.reduce_op)), opts,
+                    &output.shape());
   call.skip = output.numel() == 0;
   return submit(call, [out = one(std::move(output)),
                        ins = std::vector<std::vector<TensorView>>{input_list},
@@ -309,10 +394,8 @@ WorkPtr CollectiveGroup::reduce_scatter(TensorView output, TensorView input,
   // In place when the output is this rank's block of the input; else they must not overlap.
   const TensorView mine = input.slice(s.rank * output.numel(), output.numel());
   if (mine.data() != output.data()) s.check_disjoint(op, output, "output", input, "input");
-  auto call = begin(op,
-                    detail::signature(op, output.dtype(), output.numel(), -1,
-                                      static_cast<int>(opts.reduce_op)),
-                    opts);
+  auto call = begin(op, signature_of(op, output, -1, static_cast<int>(opts.reduce_op)), opts,
+                    &output.shape());
   call.skip = output.numel() == 0;
   return submit(call, [out = std::move(output), in = std::move(input), opts](
                           Backend& b, const OpContext& ctx) {
@@ -335,7 +418,7 @@ WorkPtr CollectiveGroup::alltoall(const std::vector<TensorView>& output_list,
   s.check_list(op, input_list, input_list[0], "input", "input 0");
   s.check_list(op, output_list, input_list[0], "output", "input 0");
   const int64_t n = input_list[0].numel();
-  auto call = begin(op, detail::signature(op, input_list[0].dtype(), n), opts);
+  auto call = begin(op, signature_of(op, input_list[0]), opts, &input_list[0].shape());
   call.skip = n == 0;
   return submit(call, [outs = output_list, ins = input_list, opts](Backend& b,
                                                                    const OpContext& ctx) {
@@ -357,7 +440,9 @@ WorkPtr CollectiveGroup::alltoall(TensorView output, TensorView input, const All
   }
   s.check_disjoint(op, output, "output", input, "input");
   const int64_t block = input.numel() / s.world_size;
-  auto call = begin(op, detail::signature(op, input.dtype(), block), opts);
+  OpSignature sig = signature_of(op, input);
+  sig.count = block;
+  auto call = begin(op, sig, opts);
   call.skip = block == 0;
   return submit(call, [out = std::move(output), in = std::move(input),
                        counts = std::vector<int64_t>(s.world_size, block),
@@ -380,7 +465,9 @@ WorkPtr CollectiveGroup::alltoallv(TensorView output, TensorView input,
   s.check_disjoint(op, output, "output", input, "input");
   // Counts differ from rank to rank, so the signature has none; each message's size is part of
   // its own tag, so blocks of different sizes never meet.
-  auto call = begin(op, detail::signature(op, input.dtype(), 0), opts);
+  OpSignature sig = signature_of(op, input);
+  sig.count = 0;
+  auto call = begin(op, sig, opts);
   return submit(call, [out = std::move(output), in = std::move(input), output_counts,
                        input_counts, opts](Backend& b, const OpContext& ctx) {
     return b.alltoall_base(out, in, output_counts, input_counts, opts, ctx);
@@ -395,7 +482,7 @@ WorkPtr CollectiveGroup::gather(const std::vector<TensorView>& output_list, Tens
   s.check_rank(op, opts.root_rank, "root rank");
   const bool root = s.rank == opts.root_rank;
   if (root) s.check_list(op, output_list, input, "output", "input");
-  auto call = begin(op, detail::signature(op, input.dtype(), input.numel(), opts.root_rank), opts);
+  auto call = begin(op, signature_of(op, input, opts.root_rank), opts, &input.shape());
   call.skip = input.numel() == 0;
   return submit(call, [outs = root ? output_list : std::vector<TensorView>{},
                        in = std::move(input), opts](Backend& b, const OpContext& ctx) {
@@ -432,8 +519,7 @@ WorkPtr CollectiveGroup::scatter(TensorView output, const std::vector<TensorView
   s.check_rank(op, opts.root_rank, "root rank");
   const bool root = s.rank == opts.root_rank;
   if (root) s.check_list(op, input_list, output, "input", "output");
-  auto call =
-      begin(op, detail::signature(op, output.dtype(), output.numel(), opts.root_rank), opts);
+  auto call = begin(op, signature_of(op, output, opts.root_rank), opts, &output.shape());
   call.skip = output.numel() == 0;
   return submit(call, [out = std::move(output), ins = root ? input_list : std::vector<TensorView>{},
                        opts](Backend& b, const OpContext& ctx) {
@@ -465,7 +551,9 @@ WorkPtr CollectiveGroup::scatter(TensorView output, TensorView input, const Scat
 WorkPtr CollectiveGroup::barrier(const BarrierOptions& opts) {
   const OpType op = OpType::kBarrier;
   state_->check_usable(op);
-  auto call = begin(op, detail::signature(op, DType::kUInt8, 0), opts);
+  OpSignature sig;
+  sig.op = op;
+  auto call = begin(op, sig, opts);
   return submit(call, [opts](Backend& b, const OpContext& ctx) { return b.barrier(opts, ctx); });
 }
 
@@ -473,8 +561,8 @@ WorkPtr CollectiveGroup::send(TensorView tensor, int dst_rank, const SendOptions
   const OpType op = OpType::kSend;
   state_->check_tensor(op, tensor, "tensor");
   state_->check_rank(op, dst_rank, "destination rank", /*allow_self=*/false);
-  auto call = begin(op, detail::signature(OpType::kSend, tensor.dtype(), tensor.numel()), opts,
-                    dst_rank, /*sending=*/true);
+  auto call = begin(op, signature_of(OpType::kSend, tensor), opts, nullptr, dst_rank,
+                    /*sending=*/true);
   call.skip = tensor.numel() == 0;
   // The peer's device is whichever its matching recv uses (dst_device_index is for the
   // multi-device form).
@@ -490,8 +578,8 @@ WorkPtr CollectiveGroup::recv(TensorView tensor, int src_rank, const RecvOptions
   state_->check_tensor(op, tensor, "tensor");
   state_->check_rank(op, src_rank, "source rank", /*allow_self=*/false);
   // The signature matches the sender's, so a send meets exactly the recv of its size and dtype.
-  auto call = begin(op, detail::signature(OpType::kSend, tensor.dtype(), tensor.numel()), opts,
-                    src_rank, /*sending=*/false);
+  auto call = begin(op, signature_of(OpType::kSend, tensor), opts, nullptr, src_rank,
+                    /*sending=*/false);
   call.skip = tensor.numel() == 0;
   RecvOptions o = opts;
   o.src_device_index = kPeerDevice;
@@ -517,7 +605,18 @@ WorkPtr CollectiveGroup::batch_isend_irecv(const std::vector<P2POp>& ops,
                  " is negative (kPeerDevice, -1, means the peer's own choice)");
     }
   }
-  auto call = begin(op, 0, opts);
+  if (ops.empty()) {
+    // Nothing to post and nothing to number: not an op the peers take part in.
+    OpContext ctx;
+    ctx.op = op;
+    ctx.group_name = s.name;
+    ctx.rank = s.rank;
+    ctx.world_size = s.world_size;
+    return Work::completed(ctx);
+  }
+  OpSignature sig;
+  sig.op = op;
+  auto call = begin(op, sig, opts);
   // Each message is numbered as a plain send or recv would be, so it meets either form.
   std::vector<P2PRequest> requests;
   for (const P2POp& p : ops) {
@@ -528,7 +627,7 @@ WorkPtr CollectiveGroup::batch_isend_irecv(const std::vector<P2POp>& ops,
     r.peer = p.peer;
     r.peer_device_index = p.peer_device_index;
     r.seq = sending ? s.send_seq[p.peer]++ : s.recv_seq[p.peer]++;
-    r.tag = detail::p2p_tag(r.seq, detail::signature(OpType::kSend, p.tensor.dtype(), p.tensor.numel()),
+    r.tag = detail::p2p_tag(r.seq, signature_of(OpType::kSend, p.tensor).hash(),
                             sending ? s.rank : p.peer, sending ? p.peer : s.rank);
     if (r.tensor.numel() != 0) requests.push_back(std::move(r));
   }
@@ -543,11 +642,9 @@ WorkPtr CollectiveGroup::allreduce_multigpu(const std::vector<TensorView>& tenso
   const OpType op = OpType::kAllreduce;
   state_->check_device_list(op, tensors, "tensor");
   state_->check_reduce_op(op, opts.reduce_op, tensors[0].dtype());
-  auto call = begin(op,
-                    detail::signature(op, tensors[0].dtype(), tensors[0].numel(),
-                                      static_cast<int>(tensors.size()),
-                                      static_cast<int>(opts.reduce_op)),
-                    opts);
+  OpSignature sig = signature_of(op, tensors[0], -1, static_cast<int>(opts.reduce_op));
+  sig.devices = static_cast<int>(tensors.size());
+  auto call = begin(op, sig, opts, &tensors[0].shape());
   call.skip = tensors[0].numel() == 0;
   return submit(call, [tensors, opts](Backend& b, const OpContext& ctx) {
     return b.allreduce(tensors, opts, ctx);
@@ -559,11 +656,11 @@ WorkPtr CollectiveGroup::reduce_multigpu(const std::vector<TensorView>& tensors,
   const OpType op = OpType::kReduce;
   state_->check_rooted_list(op, tensors, opts.root_rank, opts.root_tensor);
   state_->check_reduce_op(op, opts.reduce_op, tensors[0].dtype());
-  auto call = begin(op,
-                    detail::signature(op, tensors[0].dtype(), tensors[0].numel(),
-                                      pair_of(opts.root_rank, opts.root_tensor),
-                                      static_cast<int>(opts.reduce_op)),
-                    opts);
+  OpSignature sig =
+      signature_of(op, tensors[0], opts.root_rank, static_cast<int>(opts.reduce_op));
+  sig.root_tensor = opts.root_tensor;
+  sig.devices = static_cast<int>(tensors.size());
+  auto call = begin(op, sig, opts, &tensors[0].shape());
   call.skip = tensors[0].numel() == 0;
   return submit(call, [tensors, opts](Backend& b, const OpContext& ctx) {
     return b.reduce(tensors, opts, ctx);
@@ -574,10 +671,10 @@ WorkPtr CollectiveGroup::broadcast_multigpu(const std::vector<TensorView>& tenso
                                             const BroadcastOptions& opts) {
   const OpType op = OpType::kBroadcast;
   state_->check_rooted_list(op, tensors, opts.root_rank, opts.root_tensor);
-  auto call = begin(op,
-                    detail::signature(op, tensors[0].dtype(), tensors[0].numel(),
-                                      pair_of(opts.root_rank, opts.root_tensor)),
-                    opts);
+  OpSignature sig = signature_of(op, tensors[0], opts.root_rank);
+  sig.root_tensor = opts.root_tensor;
+  sig.devices = static_cast<int>(tensors.size());
+  auto call = begin(op, sig, opts, &tensors[0].shape());
   call.skip = tensors[0].numel() == 0;
   return submit(call, [tensors, opts](Backend& b, const OpContext& ctx) {
     return b.broadcast(tensors, opts, ctx);
@@ -592,10 +689,9 @@ WorkPtr CollectiveGroup::allgather_multigpu(const std::vector<std::vector<Tensor
   s.check_device_list(op, inputs, "input");
   s.check_lists(op, output_lists, inputs, static_cast<size_t>(s.world_size) * inputs.size(),
                 "output list", "its device's input");
-  auto call = begin(op,
-                    detail::signature(op, inputs[0].dtype(), inputs[0].numel(),
-                                      static_cast<int>(inputs.size())),
-                    opts);
+  OpSignature sig = signature_of(op, inputs[0]);
+  sig.devices = static_cast<int>(inputs.size());
+  auto call = begin(op, sig, opts, &inputs[0].shape());
   call.skip = inputs[0].numel() == 0;
   return submit(call, [output_lists, inputs, opts](Backend& b, const OpContext& ctx) {
     return b.allgather(output_lists, inputs, opts, ctx);
@@ -611,11 +707,9 @@ WorkPtr CollectiveGroup::reduce_scatter_multigpu(
   s.check_reduce_op(op, opts.reduce_op, outputs[0].dtype());
   s.check_lists(op, input_lists, outputs, static_cast<size_t>(s.world_size) * outputs.size(),
                 "input list", "its device's output");
-  auto call = begin(op,
-                    detail::signature(op, outputs[0].dtype(), outputs[0].numel(),
-                                      static_cast<int>(outputs.size()),
-                                      static_cast<int>(opts.reduce_op)),
-                    opts);
+  OpSignature sig = signature_of(op, outputs[0], -1, static_cast<int>(opts.reduce_op));
+  sig.devices = static_cast<int>(outputs.size());
+  auto call = begin(op, sig, opts, &outputs[0].shape());
   call.skip = outputs[0].numel() == 0;
   return submit(call, [outputs, input_lists, opts](Backend& b, const OpContext& ctx) {
     return b.reduce_scatter(outputs, input_lists, opts, ctx);
@@ -627,10 +721,9 @@ WorkPtr CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t 
   TensorView view = state_->check_p2p_multigpu(OpType::kSend, tensor, dst_rank, n_elements,
                                                opts.dst_device_index);
   // Sender and receiver mix the same pair of device indexes: (sender's, receiver's).
-  auto call = begin(OpType::kSend,
-                    detail::signature(OpType::kSend, view.dtype(), view.numel(),
-                                      pair_of(tensor.device().index, opts.dst_device_index), 1),
-                    opts, dst_rank, /*sending=*/true);
+  OpSignature sig = signature_of(OpType::kSend, view);
+  sig.layout = pair_of(tensor.device().index, opts.dst_device_index);
+  auto call = begin(OpType::kSend, sig, opts, nullptr, dst_rank, /*sending=*/true);
   call.skip = view.numel() == 0;
   return submit(call, [t = one(std::move(view)), dst_rank, opts](
                           Backend& b, const OpContext& ctx) {
@@ -642,10 +735,9 @@ WorkPtr CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t 
                                        const RecvOptions& opts) {
   TensorView view = state_->check_p2p_multigpu(OpType::kRecv, tensor, src_rank, n_elements,
                                                opts.src_device_index);
-  auto call = begin(OpType::kRecv,
-                    detail::signature(OpType::kSend, view.dtype(), view.numel(),
-                                      pair_of(opts.src_device_index, tensor.device().index), 1),
-                    opts, src_rank, /*sending=*/false);
+  OpSignature sig = signature_of(OpType::kSend, view);
+  sig.layout = pair_of(opts.src_device_index, tensor.device().index);
+  auto call = begin(OpType::kRecv, sig, opts, nullptr, src_rank, /*sending=*/false);
   call.skip = view.numel() == 0;
   return submit(call, [t = one(std::move(view)), src_rank, opts](
                           Backend& b, const OpContext& ctx) {
@@ -675,6 +767,9 @@ void CollectiveGroup::State::drain() {
 
 void CollectiveGroup::synchronize(Device device) {
   State& s = *state_;
+  if (s.forked()) {
+    throw Error(ErrorCode::kInvalidUsage, "synchronize on " + describe() + ": " + s.forked_message());
+  }
   if (s.destroyed.load()) {
     throw Error(ErrorCode::kInvalidUsage, "synchronize on " + describe() + ": the group was destroyed");
   }

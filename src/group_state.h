@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "flight_recorder.h"
+#include "fork_watch.h"
 #include "group_util.h"
 #include "op_queue.h"
 #include "tutti/backend.h"
@@ -44,6 +46,20 @@ struct CollectiveGroup::State {
   int max_devices = 1;
   bool runs_inline = true;
 
+  // The process that created the group (see fork_watch.h): in a forked child the group is
+  // the parent's, and refused.
+  uint64_t fork_generation = detail::fork_generation();
+  long creator_pid = 0;
+  bool forked() const { return fork_generation != detail::fork_generation(); }
+
+  // The thread that issues the group's ops (see collective_group.h, "Threads"): a token that
+  // expires when that thread ends, and its serial number for the fast path.
+  std::mutex owner_mutex;
+  std::weak_ptr<const void> owner;
+  std::atomic<uint64_t> owner_serial{0};
+  bool check_ops = false;  // compare fingerprints before each collective (op_check.h)
+  std::shared_ptr<detail::FlightRecorder> recorder;  // null when turned off
+
   std::atomic<bool> destroyed{false};
   std::atomic<bool> aborted{false};
   mutable std::mutex state_mutex;  // guards abort_reason and the backend pointer
@@ -72,6 +88,12 @@ struct CollectiveGroup::State {
   // The checks (validation.cc). Each throws Error naming op, group and value.
   [[noreturn]] void fail(ErrorCode code, OpType op, const std::string& what) const;
   void check_usable(OpType op) const;
+  // Fails unless the calling thread issues this group's ops (taking them over when the thread
+  // that did has ended).
+  void check_thread(OpType op);
+  // Makes the calling thread the one that issues this group's ops.
+  void take_thread();
+  std::string forked_message() const;
   void check_tensor(OpType op, const TensorView& t, const char* what) const;
   void check_rank(OpType op, int value, const char* what, bool allow_self = true) const;
   void check_reduce_op(OpType op, ReduceOp reduce_op, DType dtype) const;
@@ -98,18 +120,6 @@ struct CollectiveGroup::State {
 };
 
 namespace detail {
-
-// A 64-bit hash of an op's signature: ranks that call mismatched ops get different tags.
-inline uint64_t signature(OpType op, DType dtype, int64_t count, int64_t root = -1,
-                          int reduce_op = -1) {
-  return WordMix()
-      .mix(static_cast<uint64_t>(op))
-      .mix(static_cast<uint64_t>(dtype))
-      .mix(static_cast<uint64_t>(count))
-      .mix(static_cast<uint64_t>(root))
-      .mix(static_cast<uint64_t>(reduce_op))
-      .value();
-}
 
 // The tag of point-to-point message `seq` from rank src to rank dst of signature `sig`.
 inline uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst) {

@@ -1,6 +1,7 @@
 #include "tutti/op_type.h"
 
 #include "deadline.h"
+#include "group_util.h"
 
 namespace tutti {
 
@@ -23,6 +24,33 @@ const char* to_string(OpType op) noexcept {
     case OpType::kCount: break;
   }
   return "unknown";
+}
+
+std::string OpSignature::str() const {
+  std::string out = to_string(op);
+  if (op == OpType::kBarrier) return out;
+  out += std::string(" ") + to_string(dtype) + "[" + std::to_string(count) + "]";
+  if (devices != 1) out += " x " + std::to_string(devices) + " devices";
+  if (root >= 0) {
+    out += " root " + std::to_string(root);
+    if (devices != 1 || root_tensor != 0) out += " tensor " + std::to_string(root_tensor);
+  }
+  if (reduce_op >= 0) out += std::string(" ") + to_string(static_cast<ReduceOp>(reduce_op));
+  if (layout != 0) out += " layout " + std::to_string(layout % 100000);
+  return out;
+}
+
+uint64_t OpSignature::hash() const {
+  return detail::WordMix()
+      .mix(static_cast<uint64_t>(op))
+      .mix(static_cast<uint64_t>(dtype))
+      .mix(static_cast<uint64_t>(count))
+      .mix(static_cast<uint64_t>(static_cast<int64_t>(root)))
+      .mix(static_cast<uint64_t>(static_cast<int64_t>(root_tensor)))
+      .mix(static_cast<uint64_t>(static_cast<int64_t>(devices)))
+      .mix(static_cast<uint64_t>(static_cast<int64_t>(reduce_op)))
+      .mix(layout)
+      .value();
 }
 
 std::string OpContext::description() const {

@@ -1,6 +1,8 @@
 // The checks CollectiveGroup runs before any I/O: each names op, group, rank and the offending
 // value, and leaves the group as it was.
 #include <algorithm>
+#include <atomic>
+#include <memory>
 
 #include "group_state.h"
 #include "group_util.h"
@@ -17,7 +19,56 @@ void CollectiveGroup::State::fail(ErrorCode code, OpType op, const std::string& 
 }
 
 void CollectiveGroup::State::check_usable(OpType op) const {
+  if (forked()) fail(ErrorCode::kInvalidUsage, op, forked_message());
   if (destroyed.load()) fail(ErrorCode::kInvalidUsage, op, "the group was destroyed");
+}
+
+namespace {
+
+// Who the calling thread is: a serial number never given to another thread, and a token that
+// lives exactly as long as the thread.
+struct ThreadIdentity {
+  uint64_t serial;
+  std::shared_ptr<const void> token;
+};
+
+const ThreadIdentity& this_thread_identity() {
+  static std::atomic<uint64_t> next{1};
+  thread_local const ThreadIdentity me{next.fetch_add(1), std::make_shared<const char>(0)};
+  return me;
+}
+
+}  // namespace
+
+void CollectiveGroup::State::check_thread(OpType op) {
+  const ThreadIdentity& me = this_thread_identity();
+  if (owner_serial.load(std::memory_order_acquire) == me.serial) return;
+  std::lock_guard<std::mutex> lock(owner_mutex);
+  if (owner.expired()) {
+    // The thread that issued the group's ops has ended: this one takes them over.
+    owner = me.token;
+    owner_serial.store(me.serial, std::memory_order_release);
+    return;
+  }
+  fail(ErrorCode::kInvalidUsage, op,
+       "called from a thread other than the one that issues this group's ops (the thread that "
+       "created the group, or took it over): ops of two threads could be numbered in a "
+       "different order on each rank and swap their data unnoticed. Issue a group's ops from one "
+       "thread (async ops keep several in flight), or hand it over with "
+       "issue_from_this_thread()");
+}
+
+void CollectiveGroup::State::take_thread() {
+  const ThreadIdentity& me = this_thread_identity();
+  std::lock_guard<std::mutex> lock(owner_mutex);
+  owner = me.token;
+  owner_serial.store(me.serial, std::memory_order_release);
+}
+
+std::string CollectiveGroup::State::forked_message() const {
+  return "the group belongs to the parent process (pid " + std::to_string(creator_pid) +
+         "), this is a forked child; fork before creating groups, or create new ones in the "
+         "child";
 }
 
 void CollectiveGroup::State::check_tensor(OpType op, const TensorView& t, const char* what) const {

@@ -128,5 +128,30 @@ TEST_F(TwoHosts, CuttingAHostOffFailsBothRanksWithinTheTimeout) {
   }
 }
 
+// The direct transport between the two hosts: a one-host transport (shm) is refused naming the
+// fallback, the fallback and the socket transport carry the bytes over the veth link.
+TEST_F(TwoHosts, DirectTransportFallsBackToTheSocketAcrossHosts) {
+  ASSERT_TRUE(made_);
+  TempDir dir;
+  WorkerResult owner;
+  std::thread host_a([&] {
+    owner = run_command({"ip", "netns", "exec", ns_a_, TUTTI_TRANSFER_WORKER, "owner", dir.path(),
+                         addr_a_},
+                        milliseconds(90000));
+  });
+  WorkerResult fetch = run_command(
+      {"ip", "netns", "exec", ns_b_, TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
+      milliseconds(60000));
+  host_a.join();
+  EXPECT_EQ(owner.exit_code, 0) << owner.output;
+  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
+  EXPECT_NE(fetch.output.find("transport 'shm' works on one host"), std::string::npos)
+      << fetch.output;
+  EXPECT_NE(fetch.output.find("allow_fallback"), std::string::npos) << fetch.output;
+  EXPECT_NE(fetch.output.find("fallback: ok"), std::string::npos) << fetch.output;
+  EXPECT_NE(fetch.output.find("socket: ok"), std::string::npos) << fetch.output;
+  std::printf("%s", fetch.output.c_str());
+}
+
 }  // namespace
 }  // namespace tutti::testing

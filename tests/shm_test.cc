@@ -139,9 +139,11 @@ TEST(ShmThreads, MismatchedOpsFailWithRemoteErrorNamingTheRank) {
     std::vector<float> v(r == 0 ? 10 : 12, 1.0f);
     if (r == 0) {
       EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kRemoteError, "allreduce #0",
-                         "rank 1 called a different op");
+                         "rank 1 called allreduce float32[12] sum where this rank called "
+                         "allreduce float32[10] sum");
     } else {
-      EXPECT_TUTTI_ERROR(groups[1]->allreduce(v), ErrorCode::kRemoteError, "rank 0 called");
+      EXPECT_TUTTI_ERROR(groups[1]->allreduce(v), ErrorCode::kRemoteError,
+                         "rank 0 called allreduce float32[10] sum");
     }
     EXPECT_TUTTI_ERROR(groups[r]->barrier(), ErrorCode::kAborted, "aborted");
   });

@@ -498,53 +498,6 @@ TEST(TCPStoreUrl, OpenStoreParses) {
 namespace tutti::testing {
 namespace {
 
-// A tutti-store process started with extra arguments, serving on a free port until stop().
-class TuttiStoreProcess {
- public:
-  explicit TuttiStoreProcess(const std::vector<std::string>& extra = {}) {
-    int out[2];
-    if (::pipe(out) != 0) throw std::runtime_error("pipe failed");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_addclose(&actions, out[0]);
-    std::vector<std::string> args = {TUTTI_STORE_PROGRAM, "--host", "127.0.0.1", "--port", "0"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(out[1]);
-    out_ = out[0];
-    if (rc != 0) throw std::runtime_error("posix_spawn failed");
-    std::string line;
-    char c;
-    while (::read(out_, &c, 1) == 1 && c != '\n') line.push_back(c);
-    const std::string prefix = "tutti-store listening on 127.0.0.1:";
-    if (line.rfind(prefix, 0) != 0) throw std::runtime_error("tutti-store said: " + line);
-    port_ = static_cast<uint16_t>(std::stoi(line.substr(prefix.size())));
-  }
-  ~TuttiStoreProcess() {
-    if (pid_ > 0) stop();
-  }
-  uint16_t port() const { return port_; }
-  // SIGTERM, then the exit status.
-  int stop() {
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    ::close(out_);
-    pid_ = -1;
-    return status;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  uint16_t port_ = 0;
-};
-
 TEST(TuttiStoreProgram, ServesUntilSignalled) {
   TuttiStoreProcess store;
   {

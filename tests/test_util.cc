@@ -150,6 +150,15 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
                                       std::chrono::milliseconds limit,
                                       const std::vector<std::string>& extra,
                                       const std::vector<int>& ranks_to_start) {
+  return run_workers_of(TUTTI_TEST_WORKER, scenario, world_size, store_url, limit, extra,
+                        ranks_to_start);
+}
+
+std::vector<WorkerResult> run_workers_of(const std::string& program, const std::string& scenario,
+                                         int world_size, const std::string& store_url,
+                                         std::chrono::milliseconds limit,
+                                         const std::vector<std::string>& extra,
+                                         const std::vector<int>& ranks_to_start) {
   std::vector<int> ranks = ranks_to_start;
   if (ranks.empty()) {
     for (int r = 0; r < world_size; ++r) ranks.push_back(r);
@@ -157,7 +166,7 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
   std::vector<std::vector<std::string>> argvs;
   std::vector<std::string> labels;
   for (int rank : ranks) {
-    std::vector<std::string> args = {TUTTI_TEST_WORKER, scenario, std::to_string(rank),
+    std::vector<std::string> args = {program, scenario, std::to_string(rank),
                                      std::to_string(world_size), store_url};
     args.insert(args.end(), extra.begin(), extra.end());
     argvs.push_back(std::move(args));
@@ -224,6 +233,46 @@ RedisServer::RedisServer(const std::vector<std::string>& extra) {
   posix_spawn_file_actions_destroy(&actions);
   pid_ = pid;
   if (pid_ <= 0) why_not_ = "could not start redis-server";
+}
+
+TuttiStoreProcess::TuttiStoreProcess(const std::vector<std::string>& extra) {
+  int out[2];
+  if (::pipe(out) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
+  std::vector<std::string> args = {TUTTI_STORE_PROGRAM, "--host", "127.0.0.1", "--port", "0"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  out_ = out[0];
+  if (rc != 0) throw std::runtime_error("posix_spawn failed");
+  pid_ = pid;
+  std::string line;
+  char c;
+  while (::read(out_, &c, 1) == 1 && c != '\n') line.push_back(c);
+  const std::string prefix = "tutti-store listening on 127.0.0.1:";
+  if (line.rfind(prefix, 0) != 0) throw std::runtime_error("tutti-store said: " + line);
+  port_ = static_cast<uint16_t>(std::stoi(line.substr(prefix.size())));
+}
+
+TuttiStoreProcess::~TuttiStoreProcess() {
+  if (pid_ > 0) stop();
+}
+
+int TuttiStoreProcess::stop() {
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  ::close(out_);
+  pid_ = -1;
+  return status;
 }
 
 }  // namespace tutti::testing

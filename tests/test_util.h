@@ -54,6 +54,13 @@ std::vector<WorkerResult> run_workers(const std::string& scenario, int world_siz
                                       const std::vector<std::string>& extra = {},
                                       const std::vector<int>& ranks = {});
 
+// run_workers for another worker program taking the same arguments (e.g. TUTTI_FAULT_WORKER).
+std::vector<WorkerResult> run_workers_of(const std::string& program, const std::string& scenario,
+                                         int world_size, const std::string& store_url,
+                                         std::chrono::milliseconds limit,
+                                         const std::vector<std::string>& extra = {},
+                                         const std::vector<int>& ranks = {});
+
 // Runs a command line to completion (at most `limit`), returning its exit status and output.
 // `env` adds "NAME=value" entries to this process's environment for the child.
 WorkerResult run_command(const std::vector<std::string>& argv, std::chrono::milliseconds limit,
@@ -84,6 +91,21 @@ class RedisServer {
   int pid_ = -1;
   uint16_t port_ = 0;
   std::string why_not_;
+};
+
+// A tutti-store process serving on a free loopback port until stop() (or destruction).
+class TuttiStoreProcess {
+ public:
+  explicit TuttiStoreProcess(const std::vector<std::string>& extra = {});
+  ~TuttiStoreProcess();
+  uint16_t port() const { return port_; }
+  // SIGTERM, then the exit status.
+  int stop();
+
+ private:
+  int pid_ = -1;
+  int out_ = -1;
+  uint16_t port_ = 0;
 };
 
 // Expects fn to throw tutti::Error with the given code and a message containing every needle.

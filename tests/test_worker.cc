@@ -316,6 +316,7 @@ void scenario_abort_mid_op(const Args& a) {
     std::thread op([&] {
       const auto start = Clock::now();
       try {
+        group->issue_from_this_thread();  // the main thread created the group
         group->recv(v, 1);
       } catch (const Error& e) {
         error = e.what();

@@ -1,6 +1,9 @@
 // The direct transport in one process: two agents (an owner and a consumer) that reach each
 // other the way agents in two processes do (a Unix socket, shared memory, cross-memory reads).
 #include <dirent.h>
+#include <unistd.h>
+
+#include <fstream>
 
 #include <atomic>
 #include <cstring>
@@ -27,6 +30,32 @@ std::vector<float> iota_floats(size_t n, float start) {
 std::vector<float> as_floats(const TensorView& t) {
   const float* p = static_cast<const float*>(t.data());
   return std::vector<float>(p, p + t.numel());
+}
+
+// Mappings of files and memfds (what a leaked block or slot page would add; malloc's arenas come
+// and go with threads and are not counted).
+std::vector<std::string> mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::vector<std::string> out;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find('/') != std::string::npos) out.push_back(line);
+  }
+  return out;
+}
+
+size_t rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+std::string added(const std::vector<std::string>& before, const std::vector<std::string>& after) {
+  std::string out;
+  for (const auto& line : after) {
+    if (std::find(before.begin(), before.end(), line) == before.end()) out += line + "\n";
+  }
+  return out;
 }
 
 size_t open_fds() {
@@ -455,11 +484,7 @@ TEST(TransferSecret, RefsSignedWithAnotherSecretAreRefused) {
 TEST_F(Transfer, TenThousandCyclesLeakNothing) {
   std::vector<float> x = iota_floats(256, 0.0f);
   TensorView shared = owner->allocate(1024, DType::kFloat32);
-  // Warm up the connections and mappings, then count.
-  for (int i = 0; i < 10; ++i) consumer->get(owner->put({TensorView(x), shared}).ref());
-  owner->wait_tensor_freed(TensorView(x), 5s);
-  const size_t fds = open_fds();
-  for (int i = 0; i < 10000; ++i) {
+  auto cycle = [&](int i) {
     ObjectHandle h = owner->put({TensorView(x), shared});
     if (i % 3 == 0) {
       Borrowed b = consumer->borrow(h.ref());
@@ -468,10 +493,22 @@ TEST_F(Transfer, TenThousandCyclesLeakNothing) {
       Received r = consumer->get(h.ref());
       ASSERT_EQ(static_cast<const float*>(r.tensors()[0].data())[255], 255.0f);
     }
-  }
+  };
+  // Warm up the same paths (connections, mappings, the threads' malloc arenas), then count.
+  for (int i = 0; i < 300; ++i) cycle(i);
+  owner->wait_tensor_freed(TensorView(x), 5s);
+  // Other tests' agents may still be closing their last connections: counts may only drop.
+  const size_t fds = open_fds();
+  const auto maps = mappings();
+  const size_t rss = rss_bytes();
+  for (int i = 0; i < 10000; ++i) cycle(i);
   owner->wait_tensor_freed(TensorView(x), 5s);
   owner->wait_tensor_freed(shared, 5s);
-  EXPECT_EQ(open_fds(), fds);
+  EXPECT_LE(open_fds(), fds);
+  const auto maps_after = mappings();
+  EXPECT_LE(maps_after.size(), maps.size()) << added(maps, maps_after);
+  // A leak of even 1 KiB a cycle would add 10 MiB.
+  EXPECT_LT(rss_bytes(), rss + (4u << 20)) << "RSS grew from " << rss << " to " << rss_bytes();
   owner->deallocate(shared);
 }
 

@@ -270,6 +270,12 @@ int main(int argc, char** argv) {
     // Each rank leads its own process group, so ending a rank ends what it started too.
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
     posix_spawnattr_setpgroup(&attr, 0);
+    // The ranks start with the signal dispositions a program expects, as Python's subprocess
+    // gives them (restore_signals): SIGPIPE too, which this launcher ignores for itself. tutti
+    // never needs it ignored: the Gloo backend ignores it when its first group starts (unless
+    // the program handles it), and the TCP store sends with MSG_NOSIGNAL (fault_test
+    // CrashSigpipe: Gloo survivors of a peer's death, SIGPIPE at its default). A rank whose
+    // output pipe closes (tutti-run gone) still ends as programs do.
     sigset_t defaults;
     sigemptyset(&defaults);
     sigaddset(&defaults, SIGPIPE);

@@ -197,6 +197,10 @@ ShmBackend::Op ShmBackend::begin_op(const OpContext& ctx) {
   const uint32_t seq = static_cast<uint32_t>(++ops_);
   throw_if_stopped(ctx, seq);
   Op op{ctx, ctx.deadline(), seq, seq & 1};
+  uint64_t sig[2];
+  pack_signature(ctx.signature, sig);
+  slots_[rank_].signature[op.parity][0].store(sig[0], std::memory_order_relaxed);
+  slots_[rank_].signature[op.parity][1].store(sig[1], std::memory_order_relaxed);
   slots_[rank_].tag[op.parity].store(ctx.tag);
   return op;
 }
@@ -298,12 +302,17 @@ void ShmBackend::exchange(Op& op, const void* payload, size_t bytes) {
   op.checked = true;
 }
 
-void ShmBackend::mismatch(const Op& op, int rank, uint32_t theirs) const {
+void ShmBackend::mismatch(const Op& op, int rank, uint32_t) const {
+  // The peer wrote its signature before publishing the tag that differs from ours.
+  const uint64_t words[2] = {slots_[rank].signature[op.parity][0].load(),
+                             slots_[rank].signature[op.parity][1].load()};
+  const std::string theirs = unpack_signature(words).str();
+  const std::string mine = op.ctx.signature.str();
   throw Error(ErrorCode::kRemoteError,
-              op.ctx.description() + ": rank " + std::to_string(rank) +
-                  " called a different op, or this op with another size, dtype, root or reduce "
-                  "op (tags " + std::to_string(theirs) + " and " + std::to_string(op.ctx.tag) +
-                  "): every rank must call the same ops in the same order");
+              op.ctx.description() + ": rank " + std::to_string(rank) + " called " + theirs +
+                  (theirs == mine ? " (at another position in the order)" : "") +
+                  " where this rank called " + mine +
+                  ": every rank must call the same ops in the same order");
 }
 
 }  // namespace tutti::shm_backend

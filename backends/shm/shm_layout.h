@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tutti/op_type.h"
+
 namespace tutti::shm_backend {
 
 // Messages up to this size reduce in one step: every rank folds the whole message from every
@@ -32,7 +34,31 @@ struct alignas(64) RankSlot {
   std::atomic<uint32_t> left{0};     // 1 once this rank has destroyed its group
   std::atomic<int64_t> pid{0};       // its process, and when it started (clock ticks since
   std::atomic<uint64_t> start{0};    // boot), so that a reused pid is never taken for it
+  // What its current collective is (by op parity), for mismatch messages: see pack_signature.
+  std::atomic<uint64_t> signature[2][2];
 };
+static_assert(sizeof(RankSlot) == 64, "a rank's control words fill one cache line");
+
+// An op's signature in two words, written next to its tag: op, dtype, reduce op, devices and
+// root, then the count. Enough to print what a peer called; the tag compares every field.
+inline void pack_signature(const OpSignature& sig, uint64_t out[2]) {
+  out[0] = static_cast<uint64_t>(sig.op) | static_cast<uint64_t>(sig.dtype) << 8 |
+           static_cast<uint64_t>(static_cast<uint8_t>(sig.reduce_op)) << 16 |
+           static_cast<uint64_t>(static_cast<uint8_t>(sig.devices)) << 24 |
+           static_cast<uint64_t>(static_cast<uint32_t>(sig.root)) << 32;
+  out[1] = static_cast<uint64_t>(sig.count);
+}
+
+inline OpSignature unpack_signature(const uint64_t in[2]) {
+  OpSignature sig;
+  sig.op = static_cast<OpType>(in[0] & 0xff);
+  sig.dtype = static_cast<DType>((in[0] >> 8) & 0xff);
+  sig.reduce_op = static_cast<int8_t>((in[0] >> 16) & 0xff);
+  sig.devices = static_cast<int>((in[0] >> 24) & 0xff);
+  sig.root = static_cast<int32_t>(static_cast<uint32_t>(in[0] >> 32));
+  sig.count = static_cast<int64_t>(in[1]);
+  return sig;
+}
 
 // A rank's doorbell: rung by every peer that fills or frees one of its mailbox slots.
 struct alignas(64) Bell {

@@ -2,8 +2,13 @@
 //
 // A backend implements the transport of each op; CollectiveGroup has already validated every
 // argument (ranks, roots, shapes, dtypes, devices, list lengths, counts) before a backend method
-// runs, and skips zero-element ops. Tensors come as device lists (one view per local device; CPU
-// backends get exactly one) so that multi-GPU backends fit the same interface.
+// runs, and never hands it a zero-element op: a backend that runs inline gets a barrier() under
+// that op's context instead (so a rank alone in calling it fails as any mismatch does), the
+// others nothing. Tensors come as device lists (one view per local device; CPU backends get
+// exactly one) so that multi-GPU backends fit the same interface. OpContext::signature says what
+// the op is, for messages. With the op check on (GroupOptions::check_ops), an inline backend also
+// sees an allgather_into of each collective's fingerprint before the collective, under a tag of
+// its own.
 //
 // Each op returns a Work, or null when the op had finished by the time it returned (what CPU
 // backends do: runs_inline()). The group then runs async ops of an inline backend on its own

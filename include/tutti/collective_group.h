@@ -7,11 +7,20 @@
 // enqueued). Blocking callers may ignore it.
 //
 // Order: every rank must issue a group's ops in the same order; ops run in the order they are
-// issued. Threads: every method may be called from any thread, but ops issued from two threads
-// at once get an order that may differ from rank to rank, and then ops of the same signature
-// swap their data unnoticed: issue a group's ops from one thread at a time (async ops let one
-// thread keep several in flight). abort() and destroy() are meant for any thread at any time.
-// Several groups run independently, side by side.
+// issued.
+// Threads: a group of a CPU backend (gloo, shm) takes its ops from one thread, the one that
+// created it (async ops let that thread keep several in flight). An op from any other thread
+// fails with kInvalidUsage before any I/O: ops of two threads could be numbered in a different
+// order on each rank, and two ops of the same signature would then swap their data unnoticed.
+// When that thread has ended, the next thread to issue an op takes the group over;
+// issue_from_this_thread() hands it over explicitly (do that, rather than rely on the takeover,
+// where two threads could race for a group). An NCCL group is not checked: issue its ops from
+// one thread at a time, in the same order on every rank. abort(), destroy(), synchronize() and
+// the accessors may be called from any thread at any time; Work handles too. Several groups run
+// independently, side by side.
+// Fork: a forked child cannot use its parent's groups: their ops fail with kInvalidUsage, and
+// destroy (and the exit hook) leave the parent's threads, sockets and shared memory alone.
+// Fork before creating groups, or create new ones in the child.
 //
 // Failure: kInvalidArgument / kInvalidUsage errors leave the group usable. A timeout, transport
 // error or disagreement between ranks aborts the group: later ops fail with kAborted until it is
@@ -64,6 +73,10 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   const std::vector<int>& global_ranks() const;
   bool is_destroyed() const;
   bool is_aborted() const;
+
+  // Hands the group to the calling thread: from now on its ops come from this thread (see
+  // Threads above). For a program that moves a group from thread to thread in turn.
+  void issue_from_this_thread();
 
   // Ends every op of this group, running or queued, with kAborted naming `reason`, promptly,
   // from any thread. The peers learn of it where the backend can tell them (their ops fail
@@ -177,8 +190,10 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   struct Call;
   template <typename Issue>
   WorkPtr submit(Call& call, Issue&& issue);
-  Call begin(OpType op, uint64_t signature, const OpOptions& opts, int peer = -1,
-             bool sending = false);
+  template <typename Issue>
+  WorkPtr run(Call& call, Issue&& issue);
+  Call begin(OpType op, const OpSignature& signature, const OpOptions& opts,
+             const std::vector<int64_t>* shape = nullptr, int peer = -1, bool sending = false);
   void leave_store();
 
   std::shared_ptr<State> state_;

@@ -135,6 +135,11 @@ struct GroupOptions {
   // Scopes every key the group writes, so a crashed earlier job with the same group name on a
   // long-lived store is never read. Empty: TUTTI_JOB_ID, else the TCP store's own nonce.
   std::string job_id;
+  // Before each collective the ranks compare what they called (op, sequence number, dtype,
+  // shape, root, reduce op) and fail it on every rank with a diff naming the ranks that
+  // disagree (kInvalidUsage; the group stays usable). Costs one small allgather per collective;
+  // CPU backends only. TUTTI_DEBUG=DETAIL turns it on for every group. Subgroups inherit it.
+  bool check_ops = false;
 };
 
 }  // namespace tutti

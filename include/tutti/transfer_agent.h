@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "tutti/export.h"
+#include "tutti/error.h"
 #include "tutti/store.h"
 #include "tutti/tensor_ref.h"
 #include "tutti/tensor_view.h"

@@ -1,4 +1,6 @@
 // The consumer's side of a TransferAgent: the connections to owners, leases, and get/borrow.
+#include <poll.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,11 +48,16 @@ class ActiveGet {
  public:
   ActiveGet(AgentCore& core, std::atomic<bool>* flag) : core_(core), flag_(flag) {
     std::lock_guard<std::mutex> lock(core_.active_mutex);
-    core_.active.insert(flag_);
+    core_.active.push_back(flag_);
   }
   ~ActiveGet() {
     std::lock_guard<std::mutex> lock(core_.active_mutex);
-    core_.active.erase(flag_);
+    auto& a = core_.active;
+    auto it = std::find(a.begin(), a.end(), flag_);
+    if (it != a.end()) {
+      *it = a.back();
+      a.pop_back();
+    }
   }
 
  private:
@@ -135,16 +142,35 @@ class PeerLink final : public TransportPeer {
   std::string transport_name_;
 };
 
+Peer::~Peer() {
+  if (pidfd >= 0) ::close(pidfd);
+}
+
+bool Peer::owner_exited() const {
+  if (pidfd < 0) return false;
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
 std::shared_ptr<Peer> AgentCore::peer_for(const AgentIdentity& owner, bool local) {
-  const std::string key = owner.uuid_text() + (local ? "u" : "t");
   std::lock_guard<std::mutex> lock(peers_mutex);
   if (stopping) throw Error(ErrorCode::kAborted, who() + " is shutting down");
-  auto& p = peers[key];
+  auto& p = peers[{owner.uuid, local}];
   if (!p) {
     p = std::make_shared<Peer>();
     p->owner = owner;
     p->local = local;
-    if (local) p->lane = std::make_unique<Lane>();
+    if (local) {
+      p->lane = std::make_unique<Lane>();
+      // A pidfd tells the owner's exit without a message; taken only while the pid is still the
+      // owner's (its start time matches), so a reused pid never passes for the owner.
+      const int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(owner.pid), 0));
+      if (fd >= 0 && owner_alive(owner)) {
+        p->pidfd = fd;
+      } else if (fd >= 0) {
+        ::close(fd);
+      }
+    }
   }
   return p;
 }
@@ -178,7 +204,7 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
     // Nobody answers at the owner's address: it is gone. Forget it.
     {
       std::lock_guard<std::mutex> lock(peers_mutex);
-      peers.erase(owner.uuid_text() + (peer.local ? "u" : "t"));
+      peers.erase({owner.uuid, peer.local});
     }
     const bool dead = peer.local && !owner_alive(owner);
     throw Error(ErrorCode::kIoError,
@@ -230,24 +256,25 @@ void AgentCore::abort_gets() {
 
 namespace {
 
-void check_targets(const std::string& context, const TensorRef& ref,
+void check_targets(const AgentCore& core, const char* op, const TensorRef& ref,
                    const std::vector<TensorView>& targets) {
+  auto context = [&] { return core.context(op, ref); };
   const auto& metas = ref.tensors();
   if (targets.empty()) return;
   if (targets.size() != metas.size()) {
     throw Error(ErrorCode::kInvalidArgument,
-                context + ": " + std::to_string(targets.size()) + " targets for " +
+                context() + ": " + std::to_string(targets.size()) + " targets for " +
                     std::to_string(metas.size()) + " tensors");
   }
   for (size_t i = 0; i < targets.size(); ++i) {
     const TensorView& t = targets[i];
     const TensorMeta& m = metas[i];
     if (t.dtype() != m.dtype || static_cast<uint64_t>(t.numel()) != static_cast<uint64_t>(m.numel())) {
-      throw Error(ErrorCode::kInvalidArgument, context + ": target " + std::to_string(i) + " is " +
+      throw Error(ErrorCode::kInvalidArgument, context() + ": target " + std::to_string(i) + " is " +
                                                    t.str() + ", the tensor is " + m.str());
     }
     if (t.device().type != DeviceType::kCPU) {
-      throw Error(ErrorCode::kInvalidArgument, context + ": target " + std::to_string(i) +
+      throw Error(ErrorCode::kInvalidArgument, context() + ": target " + std::to_string(i) +
                                                    " is on " + t.device().str() +
                                                    "; gets receive into CPU memory");
     }
@@ -269,7 +296,6 @@ std::vector<TensorView> allocate_targets(const TensorRef& ref,
 
 // What a get or a borrow needs from the resolution of a ref.
 struct AgentCore::Resolved {
-  std::string context;  // "get of object 3 of agent 'a' (shm) on agent 'b'"
   TensorRef ref;        // with its publication (a pending ref once fulfilled)
   std::string name;     // the transport used (after a fallback)
   TensorTransport* transport = nullptr;
@@ -278,17 +304,20 @@ struct AgentCore::Resolved {
   std::shared_ptr<Peer> peer;
 };
 
+std::string AgentCore::context(const char* op, const TensorRef& ref) const {
+  return std::string(op) + " of " + ref.describe() + " on " + who();
+}
+
 AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& opts,
                                        const char* op) {
   Resolved r;
-  r.context = std::string(op) + " of " + ref.describe() + " on " + who();
   if (!options.secret.empty() && !ref.verify(options.secret)) {
     throw Error(ErrorCode::kInvalidArgument,
-                r.context + ": the ref is " +
+                context(op, ref) + ": the ref is " +
                     (ref.is_signed() ? "signed with another secret" : "not signed") +
                     " (this agent only takes refs signed with its secret)");
   }
-  check_targets(r.context, ref, opts.targets);
+  check_targets(*this, op, ref, opts.targets);
   r.ref = ref;
   r.name = ref.transport();
   r.local = ref.owner().same_host(identity);
@@ -297,14 +326,14 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
     if (!t.traits().cross_host && !r.local) {
       if (!opts.allow_fallback || ref.owner().tcp_endpoint.empty()) {
         throw Error(ErrorCode::kUnavailable,
-                    r.context + ": transport '" + r.name + "' works on one host, and " +
+                    context(op, ref) + ": transport '" + r.name + "' works on one host, and " +
                         owner_text(ref.owner()) + " is on another host, network or pid namespace" +
                         (ref.owner().tcp_endpoint.empty()
                              ? " (and does not listen on TCP for the socket transport)"
                              : " (GetOptions::allow_fallback uses the socket transport)"));
       }
       TUTTI_LOG_DEBUG("direct transport: {}: on another host, falls back to the socket",
-                      r.context);
+                      context(op, ref));
       r.name = "socket";
     } else {
       r.transport = &t;
@@ -322,14 +351,12 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
                                                     : &own_flag;
   ActiveGet active_get(*this, flag);
   const auto deadline = Clock::now() + (opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
-  std::string context = "get of " + ref.describe() + " on " + who();
   try {
     if (ref.owner().uuid == identity.uuid) {
-      check_targets(context, ref, opts.targets);
+      check_targets(*this, "get", ref, opts.targets);
       return get_own(ref, opts.targets, false, deadline, *flag).first;
     }
     Resolved r = resolve(ref, opts, "get");
-    context = r.context;
     Received out;
     std::vector<TensorView> targets = opts.targets;
     if (targets.empty()) targets = allocate_targets(ref, out.storage_);
@@ -340,11 +367,12 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
     } else {
       Lease lease = take_lease(r, link, deadline, *flag);
       r.transport->fetch(FetchRequest{r.ref, link, targets, false, deadline, *flag});
-      end_lease(r, link, lease, true);
+      end_lease(*r.peer, link, r.ref.object(), lease, true);
     }
     out.views_ = std::move(targets);
     return out;
   } catch (const Error& e) {
+    const std::string context = this->context("get", ref);
     if (flag->load() && e.code() != ErrorCode::kInvalidArgument) {
       throw Error(ErrorCode::kAborted, context + ": cancelled (" + e.what() + ")");
     }
@@ -363,9 +391,9 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
   std::atomic<bool> flag{false};
   ActiveGet active_get(*this, &flag);
   const auto deadline = Clock::now() + (opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
-  std::string context = "borrow of " + ref.describe() + " on " + who();
   if (!opts.targets.empty()) {
-    throw Error(ErrorCode::kInvalidArgument, context + ": borrow takes no targets (use get)");
+    throw Error(ErrorCode::kInvalidArgument,
+                context("borrow", ref) + ": borrow takes no targets (use get)");
   }
   try {
     Borrowed out;
@@ -376,7 +404,6 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
       return out;
     }
     Resolved r = resolve(ref, opts, "borrow");
-    context = r.context;
     PeerLink link(*this, r.peer, deadline, &flag, ref.object());
     link.set_transport(r.name);
     if (r.socket || !r.transport->traits().can_borrow) {
@@ -388,7 +415,7 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
       } else {
         Lease lease = take_lease(r, link, deadline, flag);
         r.transport->fetch(FetchRequest{r.ref, link, views, false, deadline, flag});
-        end_lease(r, link, lease, true);
+        end_lease(*r.peer, link, r.ref.object(), lease, true);
       }
       out.views_ = std::move(views);
       out.lease_ = std::make_unique<HeldLease>();
@@ -407,10 +434,10 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
                                               std::to_string(ref.tensors().size()) + " tensors");
       }
     } catch (...) {
-      end_lease(r, link, lease, false);
+      end_lease(*r.peer, link, r.ref.object(), lease, false);
       throw;
     }
-    count_get(r, link, lease);
+    count_get(*r.peer, link, r.ref.object(), lease);
     out.views_ = std::move(fetched.views);
     out.lease_ = std::make_unique<HeldLease>();
     auto self = shared_from_this();
@@ -418,13 +445,14 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
       try {
         PeerLink link(*self, r.peer, Clock::now() + std::chrono::seconds(1), nullptr,
                       r.ref.object());
-        self->end_lease(r, link, lease, false);
+        self->end_lease(*r.peer, link, r.ref.object(), lease, false);
       } catch (const std::exception& e) {
         TUTTI_LOG_DEBUG("direct transport: ending a borrow of {}: {}", r.ref.describe(), e.what());
       }
     };
     return out;
   } catch (const Error& e) {
+    const std::string context = this->context("borrow", ref);
     if (flag.load()) throw Error(ErrorCode::kAborted, context + ": cancelled (" + e.what() + ")");
     if (std::string(e.what()).rfind(context, 0) == 0) throw;
     rethrow_with(context, e);
@@ -512,7 +540,14 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
       }
       if (r.peer->slots && !r.ref.is_pending()) {
         const int entry = r.peer->lane->acquire(*r.peer->slots, object.slot, object.generation, state);
-        if (entry >= 0) return Lease{entry, false};
+        if (entry >= 0) {
+          if (r.peer->owner_exited()) {
+            r.peer->lane->release(*r.peer->slots, entry, object.slot);
+            throw Error(ErrorCode::kIoError, owner_text(r.ref.owner()) +
+                                                 " is gone (its process exited or died)");
+          }
+          return Lease{entry, false};
+        }
       } else {
         state = kSlotReserved;
       }
@@ -578,10 +613,9 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
   }
 }
 
-void AgentCore::count_get(Resolved& r, PeerLink& link, const Lease& lease) {
-  const ObjectId object = r.ref.object();
+void AgentCore::count_get(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease) {
   const bool counts = lease.entry >= 0
-                          ? (r.peer->slots->slot(object.slot).flags.load() & kSlotCountsGets) != 0
+                          ? (peer.slots->slot(object.slot).flags.load() & kSlotCountsGets) != 0
                           : true;
   if (!counts) return;
   WireWriter w;
@@ -590,11 +624,11 @@ void AgentCore::count_get(Resolved& r, PeerLink& link, const Lease& lease) {
   link.request(MsgType::kGot, w.out());
 }
 
-void AgentCore::end_lease(Resolved& r, PeerLink& link, const Lease& lease, bool completed) {
-  const ObjectId object = r.ref.object();
-  if (completed) count_get(r, link, lease);
+void AgentCore::end_lease(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease,
+                          bool completed) {
+  if (completed) count_get(peer, link, object, lease);
   if (lease.entry >= 0) {
-    if (r.peer->lane->release(*r.peer->slots, lease.entry, object.slot)) {
+    if (peer.lane->release(*peer.slots, lease.entry, object.slot)) {
       link.request(MsgType::kReleased, "");  // the owner waits on it: look again now
     }
   } else if (lease.remote) {

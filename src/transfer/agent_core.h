@@ -2,6 +2,7 @@
 // the connections it serves (agent_owner.cc), the consumer's peers and gets (agent_consumer.cc).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -89,6 +90,10 @@ struct Peer {
   std::vector<std::unique_ptr<Connection>> idle;
   std::unique_ptr<Lane> lane;
   std::unique_ptr<SlotView> slots;
+  int pidfd = -1;  // one host: readable once the owner's process has exited
+  ~Peer();
+  // One host: whether the owner's process has exited (one poll, no blocking).
+  bool owner_exited() const;
 };
 
 struct AgentCore : std::enable_shared_from_this<AgentCore> {
@@ -122,9 +127,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
   // ---- consumer ----
   std::mutex peers_mutex;
-  std::map<std::string, std::shared_ptr<Peer>> peers;  // by owner uuid + "u"/"t"
+  // By owner id and whether the link is local (a Unix socket) or TCP.
+  std::map<std::pair<std::array<uint8_t, 16>, bool>, std::shared_ptr<Peer>> peers;
   std::mutex active_mutex;
-  std::set<std::atomic<bool>*> active;  // cancel flags of gets in progress
+  std::vector<std::atomic<bool>*> active;  // cancel flags of gets in progress
 
   explicit AgentCore(const TransferAgentOptions& options);
   void start();
@@ -159,10 +165,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     bool remote = false;  // held by the owner for us (kLease)
   };
   Resolved resolve(const TensorRef& ref, const GetOptions& options, const char* op);
+  // "get of object 3 of agent 'a' (shm) on agent 'b'": built only for a message.
+  std::string context(const char* op, const TensorRef& ref) const;
   Lease take_lease(Resolved& r, PeerLink& link, Clock::time_point deadline,
                    const std::atomic<bool>& cancelled);
-  void end_lease(Resolved& r, PeerLink& link, const Lease& lease, bool completed);
-  void count_get(Resolved& r, PeerLink& link, const Lease& lease);
+  void end_lease(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease, bool completed);
+  void count_get(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease);
   std::pair<Received, std::unique_ptr<HeldLease>> get_own(const TensorRef& ref,
                                                           const std::vector<TensorView>& targets,
                                                           bool borrow, Clock::time_point deadline,

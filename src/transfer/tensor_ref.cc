@@ -49,9 +49,13 @@ std::string TensorMeta::str() const {
 }
 
 std::string AgentIdentity::uuid_text() const {
-  char buf[33];
-  for (size_t i = 0; i < uuid.size(); ++i) std::snprintf(buf + 2 * i, 3, "%02x", uuid[i]);
-  return std::string(buf, 32);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(32, '0');
+  for (size_t i = 0; i < uuid.size(); ++i) {
+    out[2 * i] = kHex[uuid[i] >> 4];
+    out[2 * i + 1] = kHex[uuid[i] & 15];
+  }
+  return out;
 }
 
 TensorRef::TensorRef(AgentIdentity owner, ObjectId object, std::string transport,

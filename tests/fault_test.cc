@@ -1,0 +1,250 @@
+// Fault injection with real processes (issue 10): each scenario of tests/fault_worker.cc ends in
+// a named error within its bound, or in the right result: never wrong data, never a hang.
+// Figures the workers print ("FIGURE ...") are echoed to the test log; docs/RELIABILITY.md
+// quotes them.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <regex>
+
+#include "test_util.h"
+
+namespace tutti::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::vector<WorkerResult> run(const std::string& scenario, int world, const std::string& store,
+                              milliseconds limit, const std::vector<std::string>& extra = {}) {
+  return run_workers_of(TUTTI_FAULT_WORKER, scenario, world, store, limit, extra);
+}
+
+// Every rank exited 0; prints the figures they measured.
+void expect_all_ok(const std::vector<WorkerResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " (signal " << results[r].signal
+                                       << "):\n"
+                                       << results[r].output;
+    std::regex figure("FIGURE [^\n]*");
+    for (auto it = std::sregex_iterator(results[r].output.begin(), results[r].output.end(), figure);
+         it != std::sregex_iterator(); ++it) {
+      std::printf("rank %zu %s\n", r, it->str().c_str());
+    }
+  }
+}
+
+// Entries of /dev/shm whose name contains `needle`.
+std::vector<std::string> shm_entries(const std::string& needle) {
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).find(needle) != std::string::npos) found.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return found;
+}
+
+class Faults : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string backend() const { return "backend=" + GetParam(); }
+};
+
+// A.1-A.3: a forked child cannot use, corrupt or hang on its parent's groups.
+TEST_P(Faults, AForkedChildLeavesTheParentsGroupsAlone) {
+  // Through a TCP store that rank 0 hosts: the child inherits the server too.
+  expect_all_ok(run("fork", 2, "tcp://127.0.0.1:" + std::to_string(free_port()),
+                    milliseconds(60000), {backend(), "timeout=10000"}));
+}
+
+// A.4: two threads issuing same-signature ops on one group never swap their data.
+TEST_P(Faults, TwoThreadsOnOneGroupNeverMixTheirData) {
+  TempDir dir;
+  expect_all_ok(run("threads", 2, "file://" + dir.path() + "/store", milliseconds(60000),
+                    {backend(), "timeout=10000"}));
+}
+
+// The flight recorder: ranks 0 and 1 time out in allreduce #5 (their aborts dump), rank 2 never
+// called it (SIGUSR1 dumps it); tutti-flight names rank 2 as behind, on allreduce #5.
+TEST_P(Faults, TheFlightRecorderShowsWhichRankIsBehind) {
+  TempDir dir;
+  expect_all_ok(run("flight", 3, "file://" + dir.path() + "/store", milliseconds(60000),
+                    {backend(), "timeout=1000", "dir=" + dir.path() + "/flight"}));
+  WorkerResult merged = run_command({TUTTI_FLIGHT, dir.path() + "/flight"}, milliseconds(10000));
+  EXPECT_EQ(merged.exit_code, 0) << merged.output;
+  EXPECT_NE(merged.output.find("rank 2 is behind: ranks 0, 1 reached allreduce #5 "
+                               "(allreduce float32[1000] sum)"),
+            std::string::npos)
+      << merged.output;
+  EXPECT_NE(merged.output.find("rank 2 has not issued it (its last collective: allreduce #4"),
+            std::string::npos)
+      << merged.output;
+  std::printf("%s", merged.output.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("gloo", "shm"),
+                         [](const auto& info) { return info.param; });
+
+// One rank of three dies mid-allreduce (SIGKILL, SIGTERM, exit(1) from another thread,
+// abort()): the survivors fail within the transport's detection time, naming it, and the group
+// is created again under its name with the rank restarted. Through a TCP store rank 0 hosts.
+class Crash : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(Crash, SurvivorsFailFastAndTheGroupIsCreatedAgain) {
+  const auto& [backend, how] = GetParam();
+  const std::string name = unique_name("crashy-" + how);
+  // A Gloo survivor blocked writing to the dead rank is never woken (a Gloo 0.5 bug: see
+  // stuck_send_ok in fault_worker.cc): it fails at its op timeout, here 5 s, instead; one run in
+  // twenty or so. Every other survivor fails within 2 s, all name the op.
+  auto results = run("crash", 3, "tcp://127.0.0.1:" + std::to_string(free_port()),
+                     milliseconds(90000),
+                     {"backend=" + backend, "how=" + how, "timeout=5000", "name=" + name,
+                      "bound=2000", "size=65536", "stuck_send_ok=1"});
+  for (int r : {0, 1}) {
+    EXPECT_EQ(results[r].exit_code, 0) << "survivor rank " << r << " (signal "
+                                       << results[r].signal << "):\n" << results[r].output;
+  }
+  const int want = how == "kill" ? SIGKILL : how == "term" ? SIGTERM : how == "abort" ? SIGABRT : 0;
+  if (want != 0) {
+    EXPECT_EQ(results[2].signal, want) << results[2].output;
+  } else {
+    EXPECT_EQ(results[2].exit_code, 1) << results[2].output;
+  }
+  expect_all_ok({results[0], results[1]});
+  EXPECT_TRUE(shm_entries(name).empty()) << "left in /dev/shm: " << shm_entries(name)[0];
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, Crash,
+    ::testing::Combine(::testing::Values("gloo", "shm"),
+                       ::testing::Values("kill", "term", "exit", "abort")),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+
+// Mismatched count, dtype, op and root, and a skipped collective, without the op check: named
+// errors on both ranks within the timeout (shm at once), never mixed data; re-created each time.
+TEST_P(Faults, MismatchedAndSkippedCollectivesFailNamedAndTheGroupComesBack) {
+  TempDir dir;
+  expect_all_ok(run("mismatch", 2, "file://" + dir.path() + "/store", milliseconds(90000),
+                    {backend(), "timeout=1000", "name=" + unique_name("mismatched")}));
+}
+
+// A rank late by 300 ms (under the 1 s timeout): the right sum. By 1500 ms: rank 0 times out
+// at 1 s and the late rank fails too, never returning OK alone.
+TEST_P(Faults, ARankDelayedUnderTheTimeoutIsWaitedForAndOverItFailsBoth) {
+  for (const char* delay : {"300", "1500"}) {
+    SCOPED_TRACE(delay);
+    TempDir dir;
+    expect_all_ok(run("delay", 2, "file://" + dir.path() + "/store", milliseconds(60000),
+                      {backend(), "timeout=1000", std::string("delay=") + delay}));
+  }
+}
+
+// Timeouts of 1 ms and of milliseconds::max() (the group's and an op's).
+TEST_P(Faults, TimeoutsOfOneMillisecondAndOfMillisecondsMax) {
+  TempDir dir;
+  auto results = run("timeouts", 2, "file://" + dir.path() + "/store", milliseconds(60000),
+                     {backend()});
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
+  EXPECT_EQ(results[1].signal, SIGKILL) << results[1].output;
+  expect_all_ok({results[0]});
+}
+
+// Stale keys on persistent stores: a lonely rank's timed-out init, a crash after init, then a
+// normal run, all under one job id and group name: every normal run works.
+class StaleKeys : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StaleKeys, EarlierFailuresUnderTheSameNamesNeverBlockALaterRun) {
+  TempDir dir;
+  std::unique_ptr<TuttiStoreProcess> tutti_store;
+  std::string url;
+  if (GetParam() == "file") {
+    url = "file://" + dir.path() + "/store";
+  } else if (GetParam() == "redis") {
+    auto& redis = RedisServer::instance();
+    if (!redis.available()) GTEST_SKIP() << redis.why_not();
+    url = "redis://127.0.0.1:" + std::to_string(redis.port());
+  } else {
+    tutti_store = std::make_unique<TuttiStoreProcess>();
+    url = "tcp://127.0.0.1:" + std::to_string(tutti_store->port());
+  }
+  const std::vector<std::string> common = {"backend=shm", "timeout=5000", "store_kind=" + GetParam(),
+                                           "job=" + unique_name("stalejob"), "name=stale"};
+  auto with = [&](const std::string& step) {
+    auto extra = common;
+    extra.push_back("step=" + step);
+    return extra;
+  };
+  expect_all_ok(run_workers_of(TUTTI_FAULT_WORKER, "stale", 2, url, milliseconds(30000),
+                               with("lonely"), {0}));
+  expect_all_ok(run("stale", 2, url, milliseconds(30000), with("normal")));
+  auto crashed = run("stale", 2, url, milliseconds(30000), with("crash"));
+  EXPECT_EQ(crashed[0].exit_code, 0) << crashed[0].output;
+  EXPECT_EQ(crashed[1].signal, SIGKILL) << crashed[1].output;
+  expect_all_ok(run("stale", 2, url, milliseconds(30000), with("normal")));
+  expect_all_ok(run("stale", 3, url, milliseconds(30000), with("normal")));  // a new world size
+  expect_all_ok(run("stale", 2, url, milliseconds(30000), with("normal")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, StaleKeys, ::testing::Values("file", "redis", "tutti_store"),
+                         [](const auto& info) { return info.param; });
+
+// 1000 destroy/re-create cycles under one name on every store kind (shm; Gloo, whose cycle
+// takes ~35 ms here, 150 of them through the TCP store rank 0 hosts): fds, threads and RSS
+// stay flat.
+class Cycles : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(Cycles, DestroyAndCreateAgainLeavesNothingBehind) {
+  const auto& [backend, kind] = GetParam();
+  TempDir dir;
+  std::unique_ptr<TuttiStoreProcess> tutti_store;
+  std::string url;
+  if (kind == "file") {
+    url = "file://" + dir.path() + "/store";
+  } else if (kind == "tcp_hosted") {
+    url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  } else if (kind == "redis") {
+    auto& redis = RedisServer::instance();
+    if (!redis.available()) GTEST_SKIP() << redis.why_not();
+    url = "redis://127.0.0.1:" + std::to_string(redis.port());
+  } else {
+    tutti_store = std::make_unique<TuttiStoreProcess>();
+    url = "tcp://127.0.0.1:" + std::to_string(tutti_store->port());
+  }
+  const std::string cycles = backend == "gloo" ? "150" : "1000";
+  const std::string name = unique_name("cycled");
+  expect_all_ok(run("cycles", 2, url, milliseconds(120000),
+                    {"backend=" + backend, "cycles=" + cycles, "warm=50", "store_kind=" + kind,
+                     "name=" + name, "job=" + name, "timeout=10000"}));
+  EXPECT_TRUE(shm_entries(name).empty()) << "left in /dev/shm: " << shm_entries(name)[0];
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stores, Cycles,
+    ::testing::Values(std::make_tuple("shm", "file"), std::make_tuple("shm", "tcp_hosted"),
+                      std::make_tuple("shm", "tutti_store"), std::make_tuple("shm", "redis"),
+                      std::make_tuple("gloo", "tcp_hosted")),
+    [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+
+// A.3: a Gloo rank whose peer dies while it sends is not killed by SIGPIPE (at its default, as
+// tutti-run leaves it: the backend ignores it), from 64K to 1M elements, several times. A rank
+// blocked writing megabytes to the dead rank may wait out its (3 s) timeout instead of failing
+// at once: a Gloo 0.5 bug (see stuck_send_ok in fault_worker.cc and docs/RELIABILITY.md).
+TEST(CrashSigpipe, GlooSurvivorsOfAPeerDeathAreNeverKilledBySigpipe) {
+  for (const char* size : {"65536", "262144", "1048576", "65536", "1048576"}) {
+    SCOPED_TRACE(size);
+    auto results = run("crash", 3, "tcp://127.0.0.1:" + std::to_string(free_port()),
+                       milliseconds(90000),
+                       {"backend=gloo", "how=kill", "timeout=3000", std::string("size=") + size,
+                        "name=" + unique_name("sigpipe"), "bound=2000", "stuck_send_ok=1"});
+    for (int r : {0, 1}) {
+      EXPECT_NE(results[r].signal, SIGPIPE) << results[r].output;
+      EXPECT_EQ(results[r].exit_code, 0) << results[r].output;
+    }
+    expect_all_ok({results[0], results[1]});
+  }
+}
+
+}  // namespace
+}  // namespace tutti::testing

@@ -1,0 +1,234 @@
+// The direct transport across real processes where one of them dies: a consumer killed while it
+// borrows or copies (the owner reclaims at once), the owner killed while a consumer borrows or
+// waits (the consumer hears of it at once, its views stay readable). The other side is
+// tests/transfer_worker.cc.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "test_util.h"
+#include "tutti/transfer_agent.h"
+
+extern char** environ;
+
+namespace tutti {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// A worker process; killed (SIGKILL) and reaped when the object goes.
+class Worker {
+ public:
+  Worker(const std::string& mode, const std::string& dir) {
+    std::vector<std::string> args = {TUTTI_TRANSFER_WORKER, mode, dir};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (::posix_spawn(&pid_, TUTTI_TRANSFER_WORKER, nullptr, nullptr, argv.data(), environ) != 0) {
+      pid_ = -1;
+    }
+  }
+  ~Worker() { kill(); }
+  pid_t pid() const { return pid_; }
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    int status;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+bool wait_file(const std::string& path, std::chrono::seconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    if (::access(path.c_str(), F_OK) == 0) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return false;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// ---- the test process owns; a worker consumes and dies ----
+
+class OwnerHere : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TransferAgentOptions o;
+    o.name = "owner";
+    agent = TransferAgent::create(o);
+    arena = agent->allocate((1 << 20) * sizeof(float), DType::kFloat32);
+    float* p = static_cast<float*>(arena.data());
+    for (int i = 0; i < (1 << 20); ++i) p[i] = static_cast<float>(i) * 0.5f;
+    heap.resize(1 << 16);
+    for (int i = 0; i < (1 << 16); ++i) heap[i] = 3 * i;
+  }
+  void publish(ObjectHandle& a, ObjectHandle& h) {
+    a = agent->put({arena});
+    h = agent->put({TensorView(heap)});
+    write_file(dir.path() + "/ref.arena", a.ref().to_text());
+    write_file(dir.path() + "/ref.heap", h.ref().to_text());
+    write_file(dir.path() + "/ref.socket", h.ref().to_text());
+    write_file(dir.path() + "/ref.reserved", h.ref().to_text());
+    write_file(dir.path() + "/ready", "1");
+  }
+  testing::TempDir dir;
+  std::shared_ptr<TransferAgent> agent;
+  TensorView arena;
+  std::vector<int32_t> heap;
+};
+
+TEST_F(OwnerHere, AConsumerKilledWhileBorrowingLeaksNothing) {
+  ObjectHandle a, h;
+  publish(a, h);
+  Worker w("borrow", dir.path());
+  ASSERT_GT(w.pid(), 0);
+  ASSERT_TRUE(wait_file(dir.path() + "/borrowed", 30s)) << "the borrower never borrowed";
+  a.release();
+  // The borrow holds the object, and the owner says who holds it.
+  try {
+    agent->wait_tensor_freed(arena, 50ms);
+    FAIL() << "freed under a borrow";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("leased by agent 'borrower' (pid " +
+                                         std::to_string(w.pid()) + ")"),
+              std::string::npos)
+        << e.what();
+  }
+  const auto killed = Clock::now();
+  w.kill();
+  agent->wait_tensor_freed(arena, 5s);  // well before this: the death closes its connection
+  std::printf("freed %.1f ms after the borrower's death\n", ms_since(killed));
+  agent->deallocate(arena);
+}
+
+TEST_F(OwnerHere, AConsumerKilledMidCopyLeaksNothing) {
+  ObjectHandle a, h;
+  publish(a, h);
+  Worker w("getloop", dir.path());
+  ASSERT_TRUE(wait_file(dir.path() + "/getting", 30s)) << "the getter never got";
+  std::this_thread::sleep_for(20ms);  // kill it somewhere in the middle of its gets
+  const auto killed = Clock::now();
+  w.kill();
+  h.release();
+  agent->wait_tensor_freed(TensorView(heap), 5s);
+  std::printf("freed %.1f ms after the getter's death\n", ms_since(killed));
+}
+
+// ---- a worker owns and dies; the test process consumes ----
+
+class OwnerThere : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TransferAgentOptions o;
+    o.name = "consumer";
+    agent = TransferAgent::create(o);
+    owner = std::make_unique<Worker>("owner", dir.path());
+    ASSERT_TRUE(wait_file(dir.path() + "/ready", 30s)) << "the owner never published";
+  }
+  TensorRef ref(const std::string& which) {
+    return TensorRef::from_text(read_file(dir.path() + "/ref." + which));
+  }
+  testing::TempDir dir;
+  std::shared_ptr<TransferAgent> agent;
+  std::unique_ptr<Worker> owner;
+};
+
+TEST_F(OwnerThere, TheOwnersDeathFailsWaitingAndLaterGetsFastAndBorrowsStayReadable) {
+  Borrowed b = agent->borrow(ref("arena"));
+  Received before = agent->get(ref("heap"));
+  EXPECT_EQ(static_cast<const int32_t*>(before.tensors()[0].data())[1000], 3000);
+  // A get waiting for a reserved object the owner will never fulfil (60 s timeout).
+  GetOptions patient;
+  patient.timeout = 60s;
+  Fetch waiting = agent->get_async(ref("reserved"), patient);
+  std::this_thread::sleep_for(50ms);  // let it reach the owner (it fails either way)
+
+  const auto killed = Clock::now();
+  owner->kill();
+  try {
+    waiting.wait();
+    FAIL() << "a get of a dead owner's object succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIoError) << e.what();
+    EXPECT_NE(std::string(e.what()).find("owner-proc"), std::string::npos) << e.what();
+  }
+  std::printf("the waiting get failed %.1f ms after the owner's death\n", ms_since(killed));
+  EXPECT_LT(ms_since(killed), 30000.0);  // not the 60 s timeout
+
+  // Views of the dead owner's shared block stay readable.
+  const float* p = static_cast<const float*>(b.tensors()[0].data());
+  EXPECT_EQ(p[12345], 12345 * 0.5f);
+  EXPECT_EQ(p[(1 << 20) - 1], ((1 << 20) - 1) * 0.5f);
+
+  // New gets fail at once, saying the owner is gone.
+  for (const char* which : {"heap", "arena", "socket"}) {
+    try {
+      agent->get(ref(which), patient);
+      FAIL() << which;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kIoError) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is gone"), std::string::npos) << e.what();
+    }
+  }
+  b.release();
+}
+
+TEST_F(OwnerThere, ARefNamingAReusedPidOrAStaleGenerationIsRefused) {
+  const TensorRef good = ref("heap");
+  // The same pid, another process start time: as if the owner died and its pid was reused.
+  AgentIdentity reused = good.owner();
+  reused.start_time += 1;
+  reused.uuid[0] ^= 0xff;  // the dead agent's socket is gone too
+  const TensorRef stale_pid(reused, good.object(), good.transport(), good.tensors(), good.places(),
+                            good.blob(), false);
+  try {
+    agent->get(stale_pid);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIoError) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exited or died"), std::string::npos) << e.what();
+  }
+  ObjectId old = good.object();
+  old.generation += 1;
+  const TensorRef stale(good.owner(), old, good.transport(), good.tensors(), good.places(),
+                        good.blob(), false);
+  try {
+    agent->get(stale);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidUsage) << e.what();
+  }
+  // The real one still works.
+  EXPECT_EQ(static_cast<const int32_t*>(agent->get(good).tensors()[0].data())[7], 21);
+  write_file(dir.path() + "/done", "1");
+}
+
+}  // namespace
+}  // namespace tutti

@@ -1,0 +1,165 @@
+// A process on one side of a direct-transport test (tests/transfer_process_test.cc and
+// tests/netns_test.cc start it): the owner that publishes, or a consumer that borrows, gets in a
+// loop, or fetches from another "host". Refs travel as text files in a shared directory.
+//
+//   transfer_worker owner <dir> [tcp-host]   publish, write <dir>/ref.*, wait for <dir>/done
+//   transfer_worker borrow <dir>             borrow ref.arena, write <dir>/borrowed, sleep
+//   transfer_worker getloop <dir>            get ref.heap forever, write <dir>/getting
+//   transfer_worker fetch <dir>              from another host: shm refused, fallback, socket
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "tutti/transfer_agent.h"
+
+using namespace tutti;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int64_t kArena = 1 << 20;  // floats: value i * 0.5
+constexpr int64_t kHeap = 1 << 16;   // int32: value 3 * i
+
+void write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool wait_file(const std::string& path, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::access(path.c_str(), F_OK) == 0) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+bool arena_ok(const TensorView& t) {
+  const float* p = static_cast<const float*>(t.data());
+  if (t.numel() != kArena) return false;
+  for (int64_t i = 0; i < kArena; i += 997) {
+    if (p[i] != static_cast<float>(i) * 0.5f) return false;
+  }
+  return p[kArena - 1] == static_cast<float>(kArena - 1) * 0.5f;
+}
+
+bool heap_ok(const TensorView& t) {
+  const int32_t* p = static_cast<const int32_t*>(t.data());
+  if (t.numel() != kHeap) return false;
+  for (int64_t i = 0; i < kHeap; ++i) {
+    if (p[i] != 3 * i) return false;
+  }
+  return true;
+}
+
+std::shared_ptr<TransferAgent> agent(const std::string& name, const std::string& tcp = "") {
+  TransferAgentOptions o;
+  o.name = name;
+  o.listen_tcp = !tcp.empty();
+  o.tcp_host = tcp;
+  return TransferAgent::create(o);
+}
+
+int owner(const std::string& dir, const std::string& tcp) {
+  auto a = agent("owner-proc", tcp);
+  TensorView arena = a->allocate(kArena * sizeof(float), DType::kFloat32);
+  float* ap = static_cast<float*>(arena.data());
+  for (int64_t i = 0; i < kArena; ++i) ap[i] = static_cast<float>(i) * 0.5f;
+  std::vector<int32_t> heap(kHeap);
+  for (int64_t i = 0; i < kHeap; ++i) heap[i] = static_cast<int32_t>(3 * i);
+  ObjectHandle h_arena = a->put({arena});
+  ObjectHandle h_heap = a->put({TensorView(heap)});
+  PutOptions socket;
+  socket.transport = "socket";
+  ObjectHandle h_socket = a->put({TensorView(heap)}, socket);
+  ObjectHandle h_reserved = a->reserve({{DType::kFloat32, {4}, Device::cpu()}});
+  write_file(dir + "/ref.arena", h_arena.ref().to_text());
+  write_file(dir + "/ref.heap", h_heap.ref().to_text());
+  write_file(dir + "/ref.socket", h_socket.ref().to_text());
+  write_file(dir + "/ref.reserved", h_reserved.ref().to_text());
+  write_file(dir + "/ready", std::to_string(::getpid()));
+  return wait_file(dir + "/done", 120s) ? 0 : 2;
+}
+
+TensorRef ref_from(const std::string& dir, const std::string& which) {
+  if (!wait_file(dir + "/ready", 60s)) {
+    std::fprintf(stderr, "no owner appeared in %s\n", dir.c_str());
+    std::exit(2);
+  }
+  return TensorRef::from_text(read_file(dir + "/ref." + which));
+}
+
+int borrow(const std::string& dir) {
+  auto a = agent("borrower");
+  Borrowed b = a->borrow(ref_from(dir, "arena"));
+  if (!arena_ok(b.tensors()[0])) return 3;
+  write_file(dir + "/borrowed", "1");
+  std::this_thread::sleep_for(120s);  // until killed
+  return 0;
+}
+
+int getloop(const std::string& dir) {
+  auto a = agent("getter");
+  const TensorRef ref = ref_from(dir, "heap");
+  for (long i = 0;; ++i) {
+    Received r = a->get(ref);
+    if (!heap_ok(r.tensors()[0])) return 3;
+    if (i == 0) write_file(dir + "/getting", "1");
+  }
+}
+
+int fetch(const std::string& dir) {
+  auto a = agent("remote");
+  const TensorRef arena = ref_from(dir, "arena");
+  int rc = 0;
+  try {
+    a->get(arena);
+    std::printf("shm: unexpectedly worked\n");
+    rc = 4;
+  } catch (const Error& e) {
+    std::printf("shm: code %d: %s\n", static_cast<int>(e.code()), e.what());
+  }
+  GetOptions fallback;
+  fallback.allow_fallback = true;
+  std::printf("fallback: %s\n", arena_ok(a->get(arena, fallback).tensors()[0]) ? "ok" : "WRONG");
+  std::printf("socket: %s\n",
+              heap_ok(a->get(ref_from(dir, "socket")).tensors()[0]) ? "ok" : "WRONG");
+  std::fflush(stdout);
+  write_file(dir + "/done", "1");
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: transfer_worker owner|borrow|getloop|fetch <dir> [tcp-host]\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const std::string dir = argv[2];
+  try {
+    if (mode == "owner") return owner(dir, argc > 3 ? argv[3] : "");
+    if (mode == "borrow") return borrow(dir);
+    if (mode == "getloop") return getloop(dir);
+    if (mode == "fetch") return fetch(dir);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "transfer_worker %s: %s\n", mode.c_str(), e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}
