@@ -526,6 +526,10 @@ void bind_groups(nb::module_& m) {
       .def("abort", &CollectiveGroup::abort, "reason"_a = "aborted by the application",
            nb::call_guard<nb::gil_scoped_release>())
       .def("destroy", &CollectiveGroup::destroy, nb::call_guard<nb::gil_scoped_release>())
+      .def("issue_from_this_thread", &CollectiveGroup::issue_from_this_thread,
+           "Hands the group to the calling thread: a gloo or shm group takes its ops from one "
+           "thread (its creator, until that thread ends); ops from others fail with "
+           "tutti.InvalidUsageError.")
       .def(
           "split",
           [](CollectiveGroup& g, const std::vector<int>& ranks, const std::string& name,
@@ -626,6 +630,12 @@ void bind_groups(nb::module_& m) {
         nb::call_guard<nb::gil_scoped_release>());
   m.def("abort_collective_group", &abort_collective_group, "group_name"_a = "default",
         "reason"_a = "aborted by the application", nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "issue_from_this_thread",
+      [](std::string_view group_name) { group_named(group_name)->issue_from_this_thread(); },
+      "group_name"_a = "default",
+      "get_group(group_name).issue_from_this_thread(): the named group's ops come from the "
+      "calling thread from now on.");
   m.def("is_group_initialized", &is_group_initialized, "group_name"_a = "default");
   m.def("get_rank", &get_rank, "group_name"_a = "default");
   m.def("get_collective_group_size", &get_collective_group_size, "group_name"_a = "default");

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tutti
-from conftest import NUMPY_DTYPES, REDUCE_OPS, rank_input, reference, run_threads
+from conftest import JOIN_TIMEOUT_S, NUMPY_DTYPES, REDUCE_OPS, rank_input, reference, run_threads
 
 WORLDS = [("shm", 2), ("shm", 4), ("gloo", 2), ("gloo", 3)]
 
@@ -286,3 +286,50 @@ def test_abort_ends_a_waiting_op_promptly():
         return "idle"
 
     assert run_threads(2, body, "shm", timeout=30) == ["aborted", "idle"]
+
+
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_ops_come_from_one_thread_until_another_takes_the_group(backend):
+    """A CPU group takes its ops from the thread that created it: another thread's op fails
+    with InvalidUsageError before any I/O (the group stays usable) until that thread calls
+    issue_from_this_thread(); the creator takes it back the same way."""
+
+    def in_thread(fn):
+        out = {}
+
+        def run():
+            try:
+                out["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 (re-raised below)
+                out["error"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(JOIN_TIMEOUT_S)
+        assert not t.is_alive()
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    def body(g):
+        refused = np.zeros(2)
+        with pytest.raises(tutti.InvalidUsageError, match="issue_from_this_thread"):
+            in_thread(lambda: g.allreduce(refused))
+
+        def adopt_and_reduce():
+            g.issue_from_this_thread()
+            x = np.full(3, g.rank + 1.0)
+            g.allreduce(x)
+            return x
+
+        first = in_thread(adopt_and_reduce)
+        # The helper thread has ended: the next thread to issue an op takes the group over,
+        # here the creator again.
+        g.issue_from_this_thread()
+        second = np.full(3, 10.0 * (g.rank + 1))
+        g.allreduce(second)
+        return first, second
+
+    for first, second in run_threads(2, body, backend):
+        np.testing.assert_array_equal(first, np.full(3, 3.0))
+        np.testing.assert_array_equal(second, np.full(3, 30.0))

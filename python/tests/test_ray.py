@@ -5,6 +5,7 @@ declared from the driver, an actor killed mid-allreduce) and the "TUTTI" RDT ten
 source)."""
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -95,6 +96,21 @@ class Worker:
         col.allreduce(x, name)
         return x
 
+    def allreduce_from_new_thread(self, name, value):
+        """The op from a thread other than the one that made the group (which lives on)."""
+        out = {}
+
+        def run():
+            try:
+                out["x"] = self.allreduce_value(name, value)
+            except Exception as e:  # noqa: BLE001 (reported to the driver)
+                out["x"] = f"{type(e).__name__}: {e}"
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(OP_TIMEOUT_S + 10)
+        return out.get("x", "the thread did not finish")
+
     def allreduce_timed(self, name):
         x = np.ones(1 << 16, dtype=np.float32)
         start = time.monotonic()
@@ -133,6 +149,40 @@ class Worker:
     def get_put(self, refs):
         (t,) = refs
         return float(ray.get(t).sum())
+
+
+@ray.remote(max_concurrency=3)
+class ThreadedWorker:
+    """A threaded actor: each task runs on some thread of its pool."""
+
+    def setup(self, name, world, rank):
+        col.init_collective_group(world, rank, backend="tutti", group_name=name)
+        return threading.get_ident()
+
+    def allreduce_value(self, name, value):
+        x = np.full(4, value, dtype=np.float32)
+        col.allreduce(x, name)
+        return x, threading.get_ident()
+
+    def destroy(self, name):
+        col.destroy_collective_group(name)
+
+
+@ray.remote
+class AsyncWorker:
+    """An async actor: its tasks run on the event loop's thread, not the actor's main one."""
+
+    async def setup(self, name, world, rank):
+        col.init_collective_group(world, rank, backend="tutti", group_name=name)
+        return threading.get_ident()
+
+    async def allreduce_value(self, name, value):
+        x = np.full(4, value, dtype=np.int64)
+        col.allreduce(x, name)
+        return x, threading.get_ident()
+
+    async def destroy(self, name):
+        col.destroy_collective_group(name)
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +262,40 @@ def test_group_declared_from_the_driver(workers):
     for x in out:
         np.testing.assert_array_equal(x, np.full(4, 12.0))
     ray.get([w.destroy.remote(name) for w in workers[:2]])
+
+
+def test_ops_from_other_threads_than_the_groups_creator(workers):
+    """tutti's CPU groups take ops from one thread; the TUTTI backend hands the group to
+    whichever thread Ray runs the op on: a thread the task starts, the threads of a threaded
+    actor's pool, an async actor's event loop."""
+    name = unique("threads")
+    setup_group(workers[:2], name)
+    try:
+        out = ray.get([w.allreduce_from_new_thread.remote(name, float(i + 1))
+                       for i, w in enumerate(workers[:2])])
+        for x in out:
+            np.testing.assert_array_equal(x, np.full(4, 3.0))
+        # And back on the actor's own thread.
+        for x in ray.get([w.allreduce_value.remote(name, 2.0) for w in workers[:2]]):
+            np.testing.assert_array_equal(x, np.full(4, 4.0))
+    finally:
+        ray.get([w.destroy.remote(name) for w in workers[:2]])
+
+    for label, cls in (("threaded", ThreadedWorker), ("async", AsyncWorker)):
+        name = unique(label)
+        actors = [cls.remote() for _ in range(2)]
+        ray.get([a.setup.remote(name, 2, r) for r, a in enumerate(actors)])
+        threads = set()
+        for step in range(6):  # one op at a time per actor, as Ray's collectives require
+            out = ray.get([a.allreduce_value.remote(name, r + step) for r, a in
+                           enumerate(actors)])
+            for x, thread in out:
+                np.testing.assert_array_equal(x, np.full(4, 1 + 2 * step))
+                threads.add(thread)
+        print(label, "actors ran the ops on", len(threads), "threads")
+        ray.get([a.destroy.remote(name) for a in actors])
+        for a in actors:
+            ray.kill(a)
 
 
 def test_an_actor_killed_mid_allreduce_fails_the_others_naming_the_op(cluster):

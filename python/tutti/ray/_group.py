@@ -11,10 +11,23 @@ stale one; rank 0 deletes the KV entry once the group has formed, and on destroy
 Backends: "auto" for CPU tensors (shm between actors on one node, Gloo across nodes), and for
 CUDA tensors a subgroup with the "nccl" backend, split off on the first CUDA op (every rank's
 first CUDA op is the same op, so all ranks split together).
+
+Threads: a tutti CPU group takes its ops from one thread (its creator, or whoever called
+issue_from_this_thread last); ops from any other thread fail with tutti.InvalidUsageError. Ray
+does not promise one thread: a threaded actor (max_concurrency > 1) runs each task on a thread of
+its pool, an async actor on its event loop's thread, concurrency groups on their own threads, and
+a group declared with create_collective_group is made inside whichever task first uses it. Ray's
+own contract is the one that matters for correctness: every rank issues a group's ops in the same
+order, which holds when the actor issues them one at a time. So each op of a TuttiGroup runs
+under the group's lock and first hands the tutti group to the calling thread (a cheap check; the
+hand-over only when the thread changed). Ops of one actor from two threads at once are thereby
+serialised, not refused; their order across ranks is the application's to keep, as with Ray's
+gloo and nccl groups.
 """
 
 import os
 import secrets
+import threading
 import time
 from typing import Any, List, Optional
 
@@ -85,6 +98,8 @@ class TuttiGroup(BaseGroup):
         self._store = None
         self._cuda = None
         self._token = ""
+        self._lock = threading.Lock()
+        self._thread = threading.get_ident()  # the thread the tutti group takes ops from
         try:
             self._store = self._rendezvous()
             self._cpu = tutti.CollectiveGroup.create(
@@ -100,6 +115,25 @@ class TuttiGroup(BaseGroup):
             if rank == 0:
                 # Formed (every rank read the entry) or failed: either way it is spent.
                 self._delete_key()
+
+    # ---- threads ----
+
+    def __enter__(self):
+        """Serialises this group's ops and hands the tutti group to the calling thread."""
+        self._lock.acquire()
+        thread = threading.get_ident()
+        if thread != self._thread:
+            try:
+                self._cpu.issue_from_this_thread()
+            except BaseException:
+                self._lock.release()
+                raise
+            self._thread = thread
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+        return False
 
     # ---- rendezvous ----
 
@@ -167,64 +201,72 @@ class TuttiGroup(BaseGroup):
         return self._cpu
 
     def allreduce(self, tensor, allreduce_options: Optional[AllReduceOptions] = None):
-        g = self._group(tensor)
-        op, timeout = _reduce_op(allreduce_options), _timeout_s(allreduce_options)
-        if len(tensor) == 1:
-            g.allreduce(tensor[0], op, timeout=timeout)
-        else:
-            g.allreduce_multigpu(tensor, op, timeout=timeout)
+        with self:
+            g = self._group(tensor)
+            op, timeout = _reduce_op(allreduce_options), _timeout_s(allreduce_options)
+            if len(tensor) == 1:
+                g.allreduce(tensor[0], op, timeout=timeout)
+            else:
+                g.allreduce_multigpu(tensor, op, timeout=timeout)
 
     def barrier(self, barrier_options: Optional[BarrierOptions] = None):
-        self._cpu.barrier(timeout=_timeout_s(barrier_options))
+        with self:
+            self._cpu.barrier(timeout=_timeout_s(barrier_options))
 
     def reduce(self, tensor, reduce_options: Optional[ReduceOptions] = None):
-        o = reduce_options or ReduceOptions()
-        g = self._group(tensor)
-        if len(tensor) == 1:
-            g.reduce(tensor[0], o.root_rank, _reduce_op(o), timeout=_timeout_s(o))
-        else:
-            g.reduce_multigpu(tensor, o.root_rank, o.root_tensor, _reduce_op(o),
-                              timeout=_timeout_s(o))
+        with self:
+            o = reduce_options or ReduceOptions()
+            g = self._group(tensor)
+            if len(tensor) == 1:
+                g.reduce(tensor[0], o.root_rank, _reduce_op(o), timeout=_timeout_s(o))
+            else:
+                g.reduce_multigpu(tensor, o.root_rank, o.root_tensor, _reduce_op(o),
+                                  timeout=_timeout_s(o))
 
     def broadcast(self, tensor, broadcast_options: Optional[BroadcastOptions] = None):
-        o = broadcast_options or BroadcastOptions()
-        g = self._group(tensor)
-        if len(tensor) == 1:
-            g.broadcast(tensor[0], o.root_rank, timeout=_timeout_s(o))
-        else:
-            g.broadcast_multigpu(tensor, o.root_rank, o.root_tensor, timeout=_timeout_s(o))
+        with self:
+            o = broadcast_options or BroadcastOptions()
+            g = self._group(tensor)
+            if len(tensor) == 1:
+                g.broadcast(tensor[0], o.root_rank, timeout=_timeout_s(o))
+            else:
+                g.broadcast_multigpu(tensor, o.root_rank, o.root_tensor, timeout=_timeout_s(o))
 
     def allgather(self, tensor_lists, tensor, allgather_options: Optional[AllGatherOptions] = None):
-        g = self._group(tensor)
-        timeout = _timeout_s(allgather_options)
-        if len(tensor) == 1:
-            g.allgather(tensor_lists[0], tensor[0], timeout=timeout)
-        else:
-            g.allgather_multigpu(tensor_lists, tensor, timeout=timeout)
+        with self:
+            g = self._group(tensor)
+            timeout = _timeout_s(allgather_options)
+            if len(tensor) == 1:
+                g.allgather(tensor_lists[0], tensor[0], timeout=timeout)
+            else:
+                g.allgather_multigpu(tensor_lists, tensor, timeout=timeout)
 
     def reducescatter(self, tensor, tensor_lists,
                       reducescatter_options: Optional[ReduceScatterOptions] = None):
-        g = self._group(tensor)
-        op, timeout = _reduce_op(reducescatter_options), _timeout_s(reducescatter_options)
-        if len(tensor) == 1:
-            g.reduce_scatter(tensor[0], tensor_lists[0], op, timeout=timeout)
-        else:
-            g.reducescatter_multigpu(tensor, tensor_lists, op, timeout=timeout)
+        with self:
+            g = self._group(tensor)
+            op, timeout = _reduce_op(reducescatter_options), _timeout_s(reducescatter_options)
+            if len(tensor) == 1:
+                g.reduce_scatter(tensor[0], tensor_lists[0], op, timeout=timeout)
+            else:
+                g.reducescatter_multigpu(tensor, tensor_lists, op, timeout=timeout)
 
     def send(self, tensor, send_options: SendOptions):
-        o = send_options
-        g = self._group(tensor)
-        if o.n_elements or _is_cuda(tensor[0]):
-            g.send_multigpu(tensor[0], o.dst_rank, o.dst_gpu_index, o.n_elements,
-                            timeout=_timeout_s(o))
-        else:
-            g.send(tensor[0], o.dst_rank, timeout=_timeout_s(o))
+        with self:
+            o = send_options
+            g = self._group(tensor)
+            if o.n_elements or _is_cuda(tensor[0]):
+                g.send_multigpu(tensor[0], o.dst_rank, o.dst_gpu_index, o.n_elements,
+                                timeout=_timeout_s(o))
+            else:
+                g.send(tensor[0], o.dst_rank, timeout=_timeout_s(o))
 
     def recv(self, tensor, recv_options: RecvOptions):
-        o = recv_options
-        g = self._group(tensor)
-        if o.n_elements or _is_cuda(tensor[0]):
-            g.recv_multigpu(tensor[0], o.src_rank, o.src_gpu_index, o.n_elements,
-                            timeout=_timeout_s(o))
-        else:
-            g.recv(tensor[0], o.src_rank, timeout=_timeout_s(o))
+        with self:
+            o = recv_options
+            g = self._group(tensor)
+            if o.n_elements or _is_cuda(tensor[0]):
+                g.recv_multigpu(tensor[0], o.src_rank, o.src_gpu_index, o.n_elements,
+                                timeout=_timeout_s(o))
+            else:
+                g.recv(tensor[0], o.src_rank, timeout=_timeout_s(o))
