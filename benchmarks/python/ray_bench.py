@@ -117,9 +117,15 @@ class Ranker:
         g = tutti.CollectiveGroup.create(1, 0, "shm", "solo-direct")
         tutti.init_collective_group(1, 0, "shm", "solo-named")
         col.init_collective_group(1, 0, backend="tutti", group_name="solo-ray")
+        from ray.util.collective.types import AllReduceOptions
+
+        handle = col.get_group_handle("solo-ray")  # the TuttiGroup, without Ray's wrapper
+        options = AllReduceOptions()
         paths = {
             "CollectiveGroup.allreduce": lambda: g.allreduce(x),
             "tutti.allreduce(x, name)": lambda: tutti.allreduce(x, "solo-named"),
+            "TuttiGroup.allreduce (tutti.ray's BaseGroup)": lambda: handle.allreduce([x],
+                                                                                    options),
             "ray.util.collective.allreduce (TUTTI)": lambda: col.allreduce(x, "solo-ray"),
         }
         for label, fn in paths.items():
@@ -248,7 +254,9 @@ def markdown(report):
                          f" | {r['gloo']['median_us'] / t:.0f}x | "
                          f"{r['torch-gloo']['median_us'] / t:.0f}x |")
         lines.append("")
-    o = report["overhead"]
+    o = report.get("overhead")
+    if o is None:
+        return "\n".join(lines) + "\n"
     lines += ["### Python's per-call cost, 8 B allreduce, world size 1 (median ns per call)", "",
               "| path | ns | over C++ |", "|---|---:|---:|"]
     cpp = None
@@ -261,6 +269,8 @@ def markdown(report):
         over = f"{v - cpp:.0f}" if cpp is not None else "n/a"
         lines.append(f"| {k} | {v:.0f} | {over} |")
     lines.append("")
+    if "transfer" not in report:
+        return "\n".join(lines) + "\n"
     lines += ["### A CPU torch tensor from one actor to another (median us, end to end)", "",
               "| size | tutti RDT | object store | object store / tutti |", "|---:|---:|---:|---:|"]
     for nbytes, r in report["transfer"].items():
@@ -275,6 +285,8 @@ def main():
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--transfer-max-bytes", type=int, default=256 << 20)
     ap.add_argument("--transfer-reps", type=int, default=7)
+    ap.add_argument("--parts", nargs="+", default=["allreduce", "overhead", "transfer"],
+                    choices=["allreduce", "overhead", "transfer"])
     ap.add_argument("--out", default=os.path.join(ROOT, "results", "python"))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -287,12 +299,15 @@ def main():
                        "torch": torch.__version__, "tutti": tutti.__version__},
               "allreduce": {}}
     size_list = list(sizes(8, args.max_bytes))
-    for world in args.actors:
-        report["allreduce"][world] = allreduce_part(world, ["tutti", "gloo", "torch-gloo"],
-                                                    size_list)
-    report["overhead"] = overhead_part()
-    report["transfer"] = transfer_part(list(sizes(1 << 10, args.transfer_max_bytes)),
-                                       args.transfer_reps)
+    if "allreduce" in args.parts:
+        for world in args.actors:
+            report["allreduce"][world] = allreduce_part(world, ["tutti", "gloo", "torch-gloo"],
+                                                        size_list)
+    if "overhead" in args.parts:
+        report["overhead"] = overhead_part()
+    if "transfer" in args.parts:
+        report["transfer"] = transfer_part(list(sizes(1 << 10, args.transfer_max_bytes)),
+                                           args.transfer_reps)
     ray.shutdown()
     report["wall_s"] = time.monotonic() - started
 
