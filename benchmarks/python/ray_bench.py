@@ -17,9 +17,10 @@ Three parts, each on a local Ray cluster (one node) unless said otherwise:
    ray.util.collective.allreduce on a TUTTI group, each minus the C++ call measured by
    build/bin/tutti-overhead-bench (Google Benchmark) in the same run.
 3. Moving a CPU torch tensor, 1 KiB to 256 MiB, from one actor to another: a task on the
-   producer returns it (with @ray.method(tensor_transport="tutti"), or plainly through Ray's
-   object store), a task on the consumer receives it and touches its last element; the time is
-   the driver's, from submitting both tasks to the consumer's answer (median over reps).
+   producer returns it (with @ray.method(tensor_transport="tutti"), plainly through Ray's
+   object store, or with Ray's own tensor_transport="gloo" over a torch_gloo group), a task
+   on the consumer receives it and touches its last element; the time is the driver's, from
+   submitting both tasks to the consumer's answer (median over reps).
 
 Writes JSON (raw per-iteration times and medians) and a Markdown table into --out.
 """
@@ -162,6 +163,10 @@ class Mover:
     def give_plain(self):
         return self.t
 
+    @ray.method(tensor_transport="gloo")
+    def give_gloo(self):
+        return self.t
+
     def take(self, t):
         return float(t[-1])
 
@@ -209,13 +214,18 @@ def overhead_part():
 
 
 def transfer_part(size_list, reps):
+    from ray.experimental.collective import create_collective_group
+
     producer, consumer = Mover.remote(), Mover.remote()
+    # Ray's own CPU transport needs a torch.distributed Gloo group between the two.
+    create_collective_group([producer, consumer], backend="torch_gloo")
     rows = {}
     for nbytes in size_list:
         ray.get(producer.make.remote(nbytes))
         row = {}
         for label, method in (("tutti", producer.give_tutti), ("object store",
-                                                                 producer.give_plain)):
+                                                                 producer.give_plain),
+                              ("gloo", producer.give_gloo)):
             samples = []
             for i in range(reps + 2):
                 start = time.perf_counter_ns()
@@ -226,8 +236,8 @@ def transfer_part(size_list, reps):
                     samples.append(elapsed)
             row[label] = {"median_us": statistics.median(samples) / 1000, "ns": samples}
         rows[nbytes] = row
-        print(f"transfer {nbytes} B: tutti {row['tutti']['median_us']:.0f} us, object store "
-              f"{row['object store']['median_us']:.0f} us", file=sys.stderr)
+        print(f"transfer {nbytes} B: " + ", ".join(f"{k} {v['median_us']:.0f} us"
+                                                    for k, v in row.items()), file=sys.stderr)
     ray.kill(producer)
     ray.kill(consumer)
     return rows
@@ -272,10 +282,12 @@ def markdown(report):
     if "transfer" not in report:
         return "\n".join(lines) + "\n"
     lines += ["### A CPU torch tensor from one actor to another (median us, end to end)", "",
-              "| size | tutti RDT | object store | object store / tutti |", "|---:|---:|---:|---:|"]
+              "| size | RDT tutti | object store | RDT gloo | object store / tutti | "
+              "gloo / tutti |", "|---:|---:|---:|---:|---:|---:|"]
     for nbytes, r in report["transfer"].items():
-        a, b = r["tutti"]["median_us"], r["object store"]["median_us"]
-        lines.append(f"| {human(int(nbytes))} | {a:.0f} | {b:.0f} | {b / a:.1f}x |")
+        a, b, c = (r[k]["median_us"] for k in ("tutti", "object store", "gloo"))
+        lines.append(f"| {human(int(nbytes))} | {a:.0f} | {b:.0f} | {c:.0f} | {b / a:.1f}x | "
+                     f"{c / a:.1f}x |")
     return "\n".join(lines) + "\n"
 
 

@@ -8,8 +8,9 @@ Then, inside actors, ``ray.util.collective.init_collective_group(world, rank, ba
 group_name=...)`` (or ``create_collective_group(actors, world, ranks, backend="tutti")`` from the
 driver) makes every ``ray.util.collective`` call on that group run on tutti, and
 ``@ray.method(tensor_transport="tutti")`` (actors declared with
-``@ray.remote(enable_tensor_transport=True)``) moves CPU torch tensors through tutti's one-sided
-shm path. Ray needs the collective backend registered in every process that uses it (the setup
+``@ray.remote(enable_tensor_transport=True)``, the consuming actors too: Ray runs the fetch on
+the system thread that option creates) moves CPU torch tensors through tutti's one-sided shm
+path. Ray needs the collective backend registered in every process that uses it (the setup
 hook above does that); the tensor transport Ray registers on actors itself.
 """
 

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, List, Optional
 
+import numpy as np
 import ray
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 from ray.util.collective.types import (
@@ -39,9 +40,11 @@ from ray.util.collective.types import (
     BarrierOptions,
     BroadcastOptions,
     RecvOptions,
+    ReduceOp as RayReduceOp,
     ReduceOptions,
     ReduceScatterOptions,
     SendOptions,
+    unset_timeout_ms,
 )
 
 import tutti
@@ -72,18 +75,28 @@ def _node_address() -> str:
 def _timeout_s(options) -> Optional[float]:
     """An op's timeout from Ray's options (timedelta; negative = unset)."""
     value = getattr(options, "timeout_ms", None) if options is not None else None
-    if value is None:
+    if value is None or value is unset_timeout_ms:
         return None
     seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value) / 1000
     return seconds if seconds >= 0 else None
 
 
+# Ray's ReduceOp to tutti's, looked up once per op instead of parsed by name in the bindings.
+_REDUCE_OPS = {RayReduceOp.SUM: tutti.ReduceOp.SUM, RayReduceOp.PRODUCT: tutti.ReduceOp.PRODUCT,
+               RayReduceOp.MIN: tutti.ReduceOp.MIN, RayReduceOp.MAX: tutti.ReduceOp.MAX}
+
+
 def _reduce_op(options) -> Any:
     op = getattr(options, "reduceOp", None) if options is not None else None
-    return tutti.ReduceOp.SUM if op is None else op  # Ray's ReduceOp: tutti reads its name
+    if op is None:
+        return tutti.ReduceOp.SUM
+    # Anything else (tutti's own, a name): the bindings take it or name it in their error.
+    return _REDUCE_OPS.get(op, op)
 
 
 def _is_cuda(tensor) -> bool:
+    if type(tensor) is np.ndarray:
+        return False
     device = getattr(tensor, "device", None)
     return getattr(device, "type", None) == "cuda" or str(device).startswith("cuda")
 
