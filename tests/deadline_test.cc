@@ -1,5 +1,5 @@
-// Saturating deadlines (src/deadline.h): a timeout too long for the clock means "never".
-#include "deadline.h"
+// Saturating deadlines (src/util/deadline.h): a timeout too long for the clock means "never".
+#include "util/deadline.h"
 
 #include <gtest/gtest.h>
 

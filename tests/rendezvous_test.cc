@@ -8,7 +8,7 @@
 
 #include <thread>
 
-#include "host_identity.h"
+#include "util/host_identity.h"
 #include "test_util.h"
 
 namespace tutti::testing {

@@ -1,6 +1,8 @@
 // The direct transport in one process: two agents (an owner and a consumer) that reach each
 // other the way agents in two processes do (a Unix socket, shared memory, cross-memory reads).
 #include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -77,6 +79,21 @@ Error expect_error(F&& f, ErrorCode code) {
   }
   ADD_FAILURE() << "expected an error with code " << static_cast<int>(code);
   return Error(ErrorCode::kInternal, "none");
+}
+
+// A child's exit status, or -1 if it has not exited within `limit` (then it is killed).
+int exit_status_within(pid_t child, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 class Transfer : public ::testing::Test {
@@ -510,6 +527,147 @@ TEST_F(Transfer, TenThousandCyclesLeakNothing) {
   // A leak of even 1 KiB a cycle would add 10 MiB.
   EXPECT_LT(rss_bytes(), rss + (4u << 20)) << "RSS grew from " << rss << " to " << rss_bytes();
   owner->deallocate(shared);
+}
+
+// ---- what a failed, forged or misused get must not do (review of the first step) ----
+
+// A transport whose fetch always fails, after the agent took its lease.
+class FailingTransport final : public TensorTransport {
+ public:
+  explicit FailingTransport(bool one_sided) : one_sided_(one_sided) {}
+  const char* name() const override { return one_sided_ ? "fail-1-test" : "fail-2-test"; }
+  TransportTraits traits() const override { return {one_sided_, false, false}; }
+  Publication publish(const PublishRequest&) override { return {}; }
+  FetchResult fetch(const FetchRequest&) override {
+    throw Error(ErrorCode::kIoError, "the test's transport fails every fetch");
+  }
+
+ private:
+  bool one_sided_;
+};
+
+TEST_F(Transfer, AFailedGetGivesItsLeaseBack) {
+  for (bool one_sided : {true, false}) {
+    const std::string name = one_sided ? "fail-1-test" : "fail-2-test";
+    if (!is_registered_tensor_transport(name)) {
+      register_tensor_transport(name, [one_sided](const TransportContext&) {
+        return std::make_unique<FailingTransport>(one_sided);
+      });
+    }
+    std::vector<float> x = iota_floats(16, 0.0f);
+    PutOptions p;
+    p.transport = name;
+    ObjectHandle h = owner->put({TensorView(x)}, p);
+    for (int i = 0; i < 3; ++i) expect_error([&] { consumer->get(h.ref()); }, ErrorCode::kIoError);
+    h.release();
+    // Nothing holds it any more: freed without waiting out a lease the failed gets kept.
+    owner->wait_tensor_freed(TensorView(x), 2s);
+  }
+}
+
+TEST_F(Transfer, ABorrowOutlivesItsConsumersDroppedConnection) {
+  TensorView shared = owner->allocate(64 * sizeof(float));
+  std::iota(static_cast<float*>(shared.data()), static_cast<float*>(shared.data()) + 64, 1.0f);
+  ObjectHandle h = owner->put({shared});
+  Borrowed b = consumer->borrow(h.ref());
+  // A get that times out drops the consumer's (only) connection to the owner: the consumer's
+  // process is alive, so its borrow must still hold the object.
+  ObjectHandle pending = owner->reserve({{DType::kFloat32, {1}, Device::cpu()}});
+  GetOptions quick;
+  quick.timeout = 50ms;
+  expect_error([&] { consumer->get(pending.ref(), quick); }, ErrorCode::kTimeout);
+  h.release();
+  const Error e = expect_error([&] { owner->wait_tensor_freed(shared, 300ms); }, ErrorCode::kTimeout);
+  EXPECT_NE(std::string(e.what()).find("leased by agent 'consumer'"), std::string::npos) << e.what();
+  EXPECT_EQ(static_cast<const float*>(b.tensors()[0].data())[63], 64.0f);
+  b.release();
+  owner->wait_tensor_freed(shared, 2s);
+}
+
+TEST_F(Transfer, ForgedRefsAreRefusedNotFollowed) {
+  TensorView shared = owner->allocate(64);
+  ObjectHandle h = owner->put({shared});
+  const TensorRef real = h.ref();
+  auto forged = [&](AgentIdentity who, std::vector<TensorMeta> metas,
+                    std::vector<std::pair<uint16_t, uint64_t>> places) {
+    return TensorRef(who, real.object(), real.transport(), metas, places, real.blob(), false);
+  };
+  // A tensor placed past its block's end (the offset wraps a 64-bit sum).
+  const Error past = expect_error(
+      [&] { consumer->get(forged(real.owner(), real.tensors(), {{1, ~uint64_t{0} - 7}})); },
+      ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(past.what()).find("past the end of block"), std::string::npos) << past.what();
+  // More bytes than the block has.
+  expect_error([&] {
+    consumer->get(forged(real.owner(), {{DType::kUInt8, {1 << 20}, Device::cpu()}}, real.places()));
+  }, ErrorCode::kInvalidArgument);
+  // The owner's id with another process's pid.
+  AgentIdentity other_pid = real.owner();
+  other_pid.pid = 1;
+  const Error pid = expect_error([&] { consumer->get(forged(other_pid, real.tensors(), real.places())); },
+                                 ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(pid.what()).find("names pid 1"), std::string::npos) << pid.what();
+  // The owner's own ref, altered to describe more than the object holds.
+  std::vector<uint8_t> big(1 << 20);
+  GetOptions into;
+  into.targets = {TensorView(big)};
+  expect_error([&] {
+    owner->get(forged(real.owner(), {{DType::kUInt8, {1 << 20}, Device::cpu()}}, real.places()), into);
+  }, ErrorCode::kInvalidArgument);
+  // Still served as it should be.
+  EXPECT_EQ(consumer->get(real).tensors()[0].nbytes(), 64u);
+}
+
+TEST_F(Transfer, MisusedTargetsHandlesAndTimeouts) {
+  std::vector<float> x = iota_floats(8, 0.0f);
+  ObjectHandle h = owner->put({TensorView(x), TensorView(x.data(), 4)});
+  std::vector<float> out(12);
+  GetOptions overlapping;
+  overlapping.targets = {TensorView(out.data(), 8), TensorView(out.data() + 6, 4)};
+  const Error e = expect_error([&] { consumer->get(h.ref(), overlapping); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("targets 0 and 1 overlap"), std::string::npos) << e.what();
+  // Another agent's handle.
+  const Error other = expect_error([&] { consumer->fail(h, "no"); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(other.what()).find("another agent's object"), std::string::npos) << other.what();
+  // "No timeout" is a timeout too: it must not overflow into an immediate one.
+  GetOptions forever;
+  forever.timeout = std::chrono::milliseconds::max();
+  EXPECT_EQ(as_floats(consumer->get(h.ref(), forever).tensors()[0]), x);
+}
+
+TEST_F(Transfer, MoreTensorsThanARefDescribesAreRefusedAtPut) {
+  std::vector<float> x(5000);
+  std::vector<TensorView> many;
+  for (float& f : x) many.emplace_back(&f, 1);
+  const Error e = expect_error([&] { owner->put(many); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("at most 65536"), std::string::npos) << e.what();
+  many.resize(4000);
+  ObjectHandle h = owner->put(many);
+  EXPECT_EQ(consumer->get(h.ref()).tensors().size(), 4000u);
+}
+
+TEST_F(Transfer, AForkedChildCannotUseItsParentsAgent) {
+  std::vector<float> x = iota_floats(4, 0.0f);
+  ObjectHandle h = owner->put({TensorView(x)});
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int code = 0;
+    try {
+      owner->put({TensorView(x)});
+      code = 1;
+    } catch (const Error& e) {
+      code = e.code() == ErrorCode::kInvalidUsage ? 0 : 2;
+    }
+    h.release();      // must not touch the parent's slot page
+    owner.reset();    // nor join the parent's threads
+    consumer.reset();
+    ::_exit(code);
+  }
+  ASSERT_GT(child, 0);
+  EXPECT_EQ(exit_status_within(child, 10s), 0) << "0: refused; 1: the child's put worked; 2: "
+                                                  "another error; -1: it hung (killed)";
+  // The parent's object is untouched by the child's release.
+  EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), x);
 }
 
 // ---- custom transports ----

@@ -1,5 +1,5 @@
 // tutti-flight: merges the flight-recorder dumps of a job's ranks (TUTTI_FLIGHT_RECORDER_DIR)
-// and says, per group, which rank is behind and on which op. See src/flight_recorder.h for the
+// and says, per group, which rank is behind and on which op. See src/group/flight_recorder.h for the
 // dump format.
 #include <dirent.h>
 #include <sys/stat.h>

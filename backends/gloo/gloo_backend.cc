@@ -20,8 +20,8 @@
 
 #include "gloo_store.h"
 #include "gloo_util.h"
-#include "logging.h"
-#include "reduction.h"
+#include "util/logging.h"
+#include "tensor/reduction.h"
 #include "tutti/error.h"
 
 namespace tutti::gloo_backend {

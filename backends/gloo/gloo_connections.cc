@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "logging.h"
+#include "util/logging.h"
 
 namespace tutti::gloo_backend {
 namespace {

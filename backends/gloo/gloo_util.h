@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "logging.h"
+#include "util/logging.h"
 #include "tutti/error.h"
 
 namespace tutti::gloo_backend {

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "host_identity.h"
-#include "logging.h"
+#include "util/host_identity.h"
+#include "util/logging.h"
 #include "nccl_api.h"
 #include "nccl_types.h"
 #include "nccl_util.h"

@@ -12,9 +12,9 @@
 #include <optional>
 #include <thread>
 
-#include "group_util.h"
-#include "host_identity.h"
-#include "logging.h"
+#include "group/group_util.h"
+#include "util/host_identity.h"
+#include "util/logging.h"
 #include "shm_internal.h"
 #include "shm_layout.h"
 #include "tutti/error.h"

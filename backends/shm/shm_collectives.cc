@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "reduction.h"
+#include "tensor/reduction.h"
 #include "shm_internal.h"
 
 namespace tutti::shm_backend {

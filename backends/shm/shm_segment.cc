@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "group_util.h"
-#include "logging.h"
+#include "group/group_util.h"
+#include "util/logging.h"
 #include "tutti/error.h"
 
 namespace tutti::shm_backend {

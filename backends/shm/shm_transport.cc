@@ -9,6 +9,7 @@
 // The agent's lease keeps the owner from freeing an object while a consumer reads it.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -19,7 +20,7 @@
 #include <map>
 #include <mutex>
 
-#include "logging.h"
+#include "util/logging.h"
 #include "tutti/error.h"
 #include "tutti/tensor_transport.h"
 
@@ -110,13 +111,18 @@ class ShmTransport final : public TensorTransport {
                       " shareable bytes: " + std::strerror(saved));
     }
     // Its size is fixed: a consumer's mapping can never lose its pages to a shrink.
-    ::fcntl(c.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    ::fcntl(c.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
     void* p = ::mmap(nullptr, c.size, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, 0);
     if (p == MAP_FAILED) {
       const int saved = errno;
       ::close(c.fd);
       throw Error(ErrorCode::kUnavailable, "shm transport: mapping " + std::to_string(c.size) +
                                                " bytes: " + std::strerror(saved));
+    }
+    // Only the owner's mapping (made above) may write: a consumer handed the descriptor can map
+    // it read-only, never writable (Linux 5.1+; older kernels keep the size seals only).
+    if (::fcntl(c.fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+      TUTTI_LOG_DEBUG("shm transport: F_SEAL_FUTURE_WRITE: {}", std::strerror(errno));
     }
     c.base = static_cast<char*>(p);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -147,12 +153,15 @@ class ShmTransport final : public TensorTransport {
   Publication publish(const PublishRequest& request) override {
     Publication pub;
     std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<uint64_t>& used = published_[request.object.id];
     for (const TensorView& t : request.tensors) {
       const Chunk* c = chunk_of(static_cast<const char*>(t.data()), t.nbytes());
       if (c != nullptr) {
         pub.places.emplace_back(kInArena, static_cast<uint64_t>(static_cast<const char*>(t.data()) - c->base));
         put64(pub.blob, c->id);
         put64(pub.blob, c->size);
+        used.push_back(c->id);
+        ++publications_[c->id];
       } else {
         pub.places.emplace_back(kInProcess, reinterpret_cast<uint64_t>(t.data()));
         put64(pub.blob, 0);
@@ -162,8 +171,19 @@ class ShmTransport final : public TensorTransport {
     return pub;
   }
 
-  // "chunk <id>": the chunk's memfd, to a consumer of this user on this host (the agent checked
-  // both when it accepted the connection).
+  void unpublish(ObjectId object) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = published_.find(object.id);
+    if (it == published_.end()) return;
+    for (uint64_t chunk : it->second) {
+      auto p = publications_.find(chunk);
+      if (p != publications_.end() && --p->second == 0) publications_.erase(p);
+    }
+    published_.erase(it);
+  }
+
+  // "chunk <id>": the memfd of a block a live object publishes, to a consumer of this user on
+  // this host (the agent checked both when it accepted the connection). Sealed: read-only there.
   std::string answer(const std::string& request, const AgentIdentity& consumer,
                      std::vector<int>* fds) override {
     if (request.rfind("chunk ", 0) != 0) {
@@ -176,6 +196,10 @@ class ShmTransport final : public TensorTransport {
     if (it == by_id_.end()) {
       throw Error(ErrorCode::kInvalidUsage,
                   "shm transport: shareable block " + std::to_string(id) + " was deallocated");
+    }
+    if (publications_.count(id) == 0) {
+      throw Error(ErrorCode::kInvalidUsage, "shm transport: shareable block " + std::to_string(id) +
+                                                " holds no published object");
     }
     const int fd = ::fcntl(chunks_[it->second].fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) throw Error(ErrorCode::kIoError, std::string("shm transport: dup: ") + std::strerror(errno));
@@ -197,12 +221,15 @@ class ShmTransport final : public TensorTransport {
       const uint64_t bytes = metas[i].nbytes();
       if (places[i].first == kInArena) {
         const uint64_t chunk = get64(ref.blob(), i * 16);
-        const uint64_t size = get64(ref.blob(), i * 16 + 8);
-        if (places[i].second + bytes > size) {
+        auto m = mapping(request, chunk);
+        // Against the block as mapped (its real size), never the ref's word for it.
+        if (bytes > m->size || places[i].second > m->size - bytes) {
           throw Error(ErrorCode::kInvalidArgument,
-                      "shm transport: tensor " + std::to_string(i) + " lies past its block's end");
+                      "shm transport: tensor " + std::to_string(i) + " (" + std::to_string(bytes) +
+                          " bytes at offset " + std::to_string(places[i].second) +
+                          ") lies past the end of block " + std::to_string(chunk) + " (" +
+                          std::to_string(m->size) + " bytes)");
         }
-        auto m = mapping(request, chunk, size);
         sources[i] = {static_cast<const char*>(m->base) + places[i].second, bytes};
         keep.push_back(std::move(m));
       } else if (places[i].first != kInProcess) {
@@ -257,7 +284,7 @@ class ShmTransport final : public TensorTransport {
     return p >= c.base && p + bytes <= c.base + c.size ? &c : nullptr;
   }
 
-  std::shared_ptr<Mapping> mapping(const FetchRequest& request, uint64_t chunk, uint64_t size) {
+  std::shared_ptr<Mapping> mapping(const FetchRequest& request, uint64_t chunk) {
     const Key key{request.owner.owner().uuid, chunk};
     {
       std::lock_guard<std::mutex> lock(cache_mutex_);
@@ -274,6 +301,13 @@ class ShmTransport final : public TensorTransport {
                                             std::to_string(chunk));
     }
     for (size_t i = 1; i < fds.size(); ++i) ::close(fds[i]);
+    struct stat st;
+    if (::fstat(fds[0], &st) != 0 || st.st_size <= 0) {
+      ::close(fds[0]);
+      throw Error(ErrorCode::kIoError, "shm transport: the owner's block " +
+                                           std::to_string(chunk) + " has no size");
+    }
+    const size_t size = static_cast<size_t>(st.st_size);
     auto m = std::make_shared<Mapping>();
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fds[0], 0);
     const int saved = errno;
@@ -361,6 +395,8 @@ class ShmTransport final : public TensorTransport {
   mutable std::mutex mutex_;
   std::map<char*, Chunk> chunks_;  // by base address
   std::map<uint64_t, char*> by_id_;
+  std::map<uint64_t, std::vector<uint64_t>> published_;  // object id -> the blocks it publishes
+  std::map<uint64_t, int> publications_;                  // block -> objects publishing it
   uint64_t next_chunk_ = 0;
 
   using Key = std::pair<std::array<uint8_t, 16>, uint64_t>;  // owner, block

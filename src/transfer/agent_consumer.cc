@@ -7,11 +7,12 @@
 #include <cstring>
 #include <thread>
 
-#include "agent_core.h"
-#include "host_identity.h"
-#include "logging.h"
-#include "sha256.h"
-#include "wire.h"
+#include "transfer/agent_core.h"
+#include "util/deadline.h"
+#include "util/host_identity.h"
+#include "util/logging.h"
+#include "util/sha256.h"
+#include "transfer/wire.h"
 
 namespace tutti::detail {
 namespace {
@@ -41,6 +42,13 @@ bool split_endpoint(const std::string& endpoint, std::string& host, uint16_t& po
   if (p <= 0 || p > 65535) return false;
   port = static_cast<uint16_t>(p);
   return true;
+}
+
+// What is left until `deadline`, as a request's timeout: at least 1 ms, at most a day (the owner
+// caps it too).
+uint64_t wire_timeout(Clock::time_point deadline) {
+  const auto left = time_left(deadline);
+  return static_cast<uint64_t>(std::clamp<int64_t>(left.count(), 1, 86400000));
 }
 
 // Registers a get's cancel flag for abort() while it runs.
@@ -110,8 +118,8 @@ class PeerLink final : public TransportPeer {
     WireWriter w;
     w.u64(object_.id);
     w.u32(object_.generation);
-    w.u64(static_cast<uint64_t>(std::max<int64_t>(
-        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count())));
+    w.u64(wire_timeout(deadline_));
+    w.u8(stream_counts_ ? 1 : 0);
     conn->send(MsgType::kStream, w.out(), {}, deadline_, cancelled_);
     Message m = conn->receive(deadline_, cancelled_);
     if (m.type == MsgType::kError) {
@@ -132,6 +140,9 @@ class PeerLink final : public TransportPeer {
   }
 
   void set_transport(std::string name) { transport_name_ = std::move(name); }
+  // Whether the owner counts a completed stream as one of the object's expected gets: the
+  // socket path does; a transport streaming inside a lease does not (ending the lease counts).
+  void set_stream_counts(bool counts) { stream_counts_ = counts; }
 
  private:
   AgentCore& core_;
@@ -140,6 +151,27 @@ class PeerLink final : public TransportPeer {
   const std::atomic<bool>* cancelled_;
   ObjectId object_;
   std::string transport_name_;
+  bool stream_counts_ = false;
+};
+
+// A lease taken for one get: a get that fails, is cancelled or times out gives it back on the way
+// out (with a second of its own for the messages, its deadline may be gone).
+class LeaseGuard {
+ public:
+  LeaseGuard(AgentCore& core, const AgentCore::Resolved& r, AgentCore::Lease lease);
+  ~LeaseGuard();
+  LeaseGuard(const LeaseGuard&) = delete;
+  LeaseGuard& operator=(const LeaseGuard&) = delete;
+  // The get completed: the lease ends, counted as a get.
+  void complete(PeerLink& link);
+  // The caller keeps the lease from now on.
+  AgentCore::Lease release();
+
+ private:
+  AgentCore& core_;
+  const AgentCore::Resolved& r_;
+  AgentCore::Lease lease_;
+  bool held_ = true;
 };
 
 Peer::~Peer() {
@@ -235,9 +267,18 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
     throw Error(ErrorCode::kIoError, "a different agent ('" + them.name + "') answers at " +
                                          owner_text(owner) + "'s address");
   }
+  // On one host the kernel says which process answers: the ref's pid must be it (cross-memory
+  // reads go to that pid).
+  if (peer.local && conn->peer_pid() != static_cast<long>(owner.pid)) {
+    for (int f : m.fds) ::close(f);
+    throw Error(ErrorCode::kInvalidArgument,
+                owner_text(owner) + " answers from pid " + std::to_string(conn->peer_pid()) +
+                    ": the ref names another process");
+  }
   std::lock_guard<std::mutex> lock(peer.mutex);
   if (peer.local && !peer.slots && !m.fds.empty()) {
     peer.slots = std::make_unique<SlotView>(m.fds[0]);
+    peer.slot_view.store(peer.slots.get(), std::memory_order_release);
     m.fds.erase(m.fds.begin());
   }
   for (int f : m.fds) ::close(f);
@@ -247,6 +288,14 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
 void AgentCore::checkin(Peer& peer, std::unique_ptr<Connection> connection) {
   std::lock_guard<std::mutex> lock(peer.mutex);
   if (peer.idle.size() < 8) peer.idle.push_back(std::move(connection));
+}
+
+void AgentCore::reap_peers() {
+  std::lock_guard<std::mutex> lock(peers_mutex);
+  for (auto it = peers.begin(); it != peers.end();) {
+    // A borrow that still reads from it holds its own reference to the Peer.
+    it = it->second->owner_exited() ? peers.erase(it) : std::next(it);
+  }
 }
 
 void AgentCore::abort_gets() {
@@ -279,6 +328,21 @@ void check_targets(const AgentCore& core, const char* op, const TensorRef& ref,
                                                    "; gets receive into CPU memory");
     }
   }
+  // Targets may not share bytes: sorted by address, each ends before the next begins.
+  std::vector<std::pair<uintptr_t, size_t>> spans;  // (start, index)
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i].nbytes() > 0) spans.emplace_back(reinterpret_cast<uintptr_t>(targets[i].data()), i);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t k = 1; k < spans.size(); ++k) {
+    const TensorView& prev = targets[spans[k - 1].second];
+    if (spans[k - 1].first + prev.nbytes() > spans[k].first) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  context() + ": targets " + std::to_string(std::min(spans[k - 1].second, spans[k].second)) +
+                      " and " + std::to_string(std::max(spans[k - 1].second, spans[k].second)) +
+                      " overlap");
+    }
+  }
 }
 
 // Buffers get allocates when it is given no targets.
@@ -308,15 +372,19 @@ std::string AgentCore::context(const char* op, const TensorRef& ref) const {
   return std::string(op) + " of " + ref.describe() + " on " + who();
 }
 
-AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& opts,
-                                       const char* op) {
-  Resolved r;
+void AgentCore::verify_own(const TensorRef& ref, const char* op) const {
   if (!options.secret.empty() && !ref.verify(options.secret)) {
     throw Error(ErrorCode::kInvalidArgument,
                 context(op, ref) + ": the ref is " +
                     (ref.is_signed() ? "signed with another secret" : "not signed") +
                     " (this agent only takes refs signed with its secret)");
   }
+}
+
+AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& opts,
+                                       const char* op) {
+  Resolved r;
+  verify_own(ref, op);
   check_targets(*this, op, ref, opts.targets);
   r.ref = ref;
   r.name = ref.transport();
@@ -341,6 +409,12 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
   }
   r.socket = r.name == "socket";
   r.peer = peer_for(ref.owner(), r.local);
+  if (r.local && (r.peer->owner.pid != ref.owner().pid ||
+                  r.peer->owner.start_time != ref.owner().start_time)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                context(op, ref) + ": the ref names pid " + std::to_string(ref.owner().pid) +
+                    " for an agent that runs as " + owner_text(r.peer->owner));
+  }
   return r;
 }
 
@@ -350,9 +424,10 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
   std::atomic<bool>* flag = cancelled_in != nullptr ? const_cast<std::atomic<bool>*>(cancelled_in)
                                                     : &own_flag;
   ActiveGet active_get(*this, flag);
-  const auto deadline = Clock::now() + (opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
+  const auto deadline = deadline_after(opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
   try {
     if (ref.owner().uuid == identity.uuid) {
+      verify_own(ref, "get");
       check_targets(*this, "get", ref, opts.targets);
       return get_own(ref, opts.targets, false, deadline, *flag).first;
     }
@@ -363,11 +438,12 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
     PeerLink link(*this, r.peer, deadline, flag, ref.object());
     link.set_transport(r.name);
     if (r.socket) {
+      link.set_stream_counts(true);
       link.stream(targets);
     } else {
-      Lease lease = take_lease(r, link, deadline, *flag);
+      LeaseGuard lease(*this, r, take_lease(r, link, deadline, *flag));
       r.transport->fetch(FetchRequest{r.ref, link, targets, false, deadline, *flag});
-      end_lease(*r.peer, link, r.ref.object(), lease, true);
+      lease.complete(link);
     }
     out.views_ = std::move(targets);
     return out;
@@ -390,7 +466,7 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
 Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
   std::atomic<bool> flag{false};
   ActiveGet active_get(*this, &flag);
-  const auto deadline = Clock::now() + (opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
+  const auto deadline = deadline_after(opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
   if (!opts.targets.empty()) {
     throw Error(ErrorCode::kInvalidArgument,
                 context("borrow", ref) + ": borrow takes no targets (use get)");
@@ -398,6 +474,7 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
   try {
     Borrowed out;
     if (ref.owner().uuid == identity.uuid) {
+      verify_own(ref, "borrow");
       auto [received, lease] = get_own(ref, {}, true, deadline, flag);
       out.views_ = received.views_;
       out.lease_ = std::move(lease);
@@ -411,45 +488,43 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
       auto storage = std::make_shared<std::vector<std::shared_ptr<void>>>();
       std::vector<TensorView> views = allocate_targets(ref, *storage);
       if (r.socket) {
+        link.set_stream_counts(true);
         link.stream(views);
       } else {
-        Lease lease = take_lease(r, link, deadline, flag);
+        LeaseGuard lease(*this, r, take_lease(r, link, deadline, flag));
         r.transport->fetch(FetchRequest{r.ref, link, views, false, deadline, flag});
-        end_lease(*r.peer, link, r.ref.object(), lease, true);
+        lease.complete(link);
       }
       out.views_ = std::move(views);
       out.lease_ = std::make_unique<HeldLease>();
       out.lease_->end = [storage] {};
       return out;
     }
-    Lease lease = take_lease(r, link, deadline, flag);
-    FetchResult fetched;
-    try {
-      static const std::vector<TensorView> kNone;
-      fetched = r.transport->fetch(FetchRequest{r.ref, link, kNone, true, deadline, flag});
-      if (fetched.views.size() != ref.tensors().size()) {
-        throw Error(ErrorCode::kInternal, "transport '" + r.name + "' lent " +
-                                              std::to_string(fetched.views.size()) +
-                                              " views for " +
-                                              std::to_string(ref.tensors().size()) + " tensors");
-      }
-    } catch (...) {
-      end_lease(*r.peer, link, r.ref.object(), lease, false);
-      throw;
+    LeaseGuard guard(*this, r, take_lease(r, link, deadline, flag));
+    static const std::vector<TensorView> kNone;
+    FetchResult fetched = r.transport->fetch(FetchRequest{r.ref, link, kNone, true, deadline, flag});
+    if (fetched.views.size() != ref.tensors().size()) {
+      throw Error(ErrorCode::kInternal, "transport '" + r.name + "' lent " +
+                                            std::to_string(fetched.views.size()) + " views for " +
+                                            std::to_string(ref.tensors().size()) + " tensors");
     }
-    count_get(*r.peer, link, r.ref.object(), lease);
+    // From here the Borrowed holds the lease: it ends when the borrow does (or at once, should
+    // counting the get fail below).
+    const Lease lease = guard.release();
     out.views_ = std::move(fetched.views);
     out.lease_ = std::make_unique<HeldLease>();
     auto self = shared_from_this();
     out.lease_->end = [self, r, lease, keep = std::move(fetched.keep)]() mutable {
+      if (self->forked()) return;  // the lease is the parent's
       try {
-        PeerLink link(*self, r.peer, Clock::now() + std::chrono::seconds(1), nullptr,
+        PeerLink link(*self, r.peer, deadline_after(std::chrono::seconds(1)), nullptr,
                       r.ref.object());
         self->end_lease(*r.peer, link, r.ref.object(), lease, false);
       } catch (const std::exception& e) {
         TUTTI_LOG_DEBUG("direct transport: ending a borrow of {}: {}", r.ref.describe(), e.what());
       }
     };
+    count_get(*r.peer, link, r.ref.object(), lease);
     return out;
   } catch (const Error& e) {
     const std::string context = this->context("borrow", ref);
@@ -486,6 +561,29 @@ std::pair<Received, std::unique_ptr<HeldLease>> AgentCore::get_own(
     changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)));
   }
   Object& o = objects.find(id)->second;
+  // The ref may be stale or made up: it must describe the object exactly, and targets may not
+  // overlap its tensors.
+  const auto& metas = ref.tensors();
+  bool same = metas.size() == o.metas.size();
+  for (size_t i = 0; same && i < metas.size(); ++i) {
+    same = metas[i].dtype == o.metas[i].dtype && metas[i].shape == o.metas[i].shape &&
+           metas[i].device == o.metas[i].device;
+  }
+  if (!same) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "the ref describes " + std::to_string(metas.size()) +
+                    " tensor(s) unlike the object's (" + std::to_string(o.metas.size()) +
+                    "): it was altered or made up");
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const auto* a = static_cast<const char*>(targets[i].data());
+    const auto* b = static_cast<const char*>(o.tensors[i].data());
+    const size_t n = targets[i].nbytes();
+    if (n > 0 && a < b + n && b < a + n) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "target " + std::to_string(i) + " overlaps the object's own tensor");
+    }
+  }
   ++o.local_leases;
   if (o.expected_gets > 0 && --o.expected_gets == 0) slots.slot(o.slot).flags.store(0);
   const std::vector<TensorView> tensors = o.tensors;
@@ -493,7 +591,8 @@ std::pair<Received, std::unique_ptr<HeldLease>> AgentCore::get_own(
   auto lease = std::make_unique<HeldLease>();
   std::weak_ptr<AgentCore> weak = weak_from_this();
   lease->end = [weak, id] {
-    if (auto self = weak.lock()) {
+    auto self = weak.lock();
+    if (self && !self->forked()) {
       std::lock_guard<std::mutex> lock(self->mutex);
       auto it = self->objects.find(id);
       if (it != self->objects.end()) {
@@ -533,16 +632,18 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
     if (cancelled.load()) throw Error(ErrorCode::kAborted, "cancelled");
     uint32_t state = kSlotFree;
     if (r.local && r.transport->traits().one_sided) {
-      if (!r.peer->slots) {
+      const SlotView* slots = r.peer->slot_view.load(std::memory_order_acquire);
+      if (slots == nullptr) {
         // The first connection brings the owner's slot page.
         auto conn = checkout(*r.peer, deadline, &cancelled);
         checkin(*r.peer, std::move(conn));
+        slots = r.peer->slot_view.load(std::memory_order_acquire);
       }
-      if (r.peer->slots && !r.ref.is_pending()) {
-        const int entry = r.peer->lane->acquire(*r.peer->slots, object.slot, object.generation, state);
+      if (slots != nullptr && !r.ref.is_pending()) {
+        const int entry = r.peer->lane->acquire(*slots, object.slot, object.generation, state);
         if (entry >= 0) {
           if (r.peer->owner_exited()) {
-            r.peer->lane->release(*r.peer->slots, entry, object.slot);
+            r.peer->lane->release(*slots, entry, object.slot);
             throw Error(ErrorCode::kIoError, owner_text(r.ref.owner()) +
                                                  " is gone (its process exited or died)");
           }
@@ -582,8 +683,7 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
     WireWriter w;
     w.u64(object.id);
     w.u32(object.generation);
-    w.u64(static_cast<uint64_t>(std::max<int64_t>(
-        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count())));
+    w.u64(wire_timeout(deadline));
     Message m = link.request(MsgType::kWait, w.out());
     WireReader rd(m.payload, "a wait reply from " + owner_text(r.ref.owner()));
     const uint32_t now_state = rd.u32("state");
@@ -614,10 +714,10 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
 }
 
 void AgentCore::count_get(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease) {
-  const bool counts = lease.entry >= 0
-                          ? (peer.slots->slot(object.slot).flags.load() & kSlotCountsGets) != 0
-                          : true;
-  if (!counts) return;
+  if (lease.entry >= 0) {
+    const SlotView* slots = peer.slot_view.load(std::memory_order_acquire);
+    if ((slots->slot(object.slot).flags.load() & kSlotCountsGets) == 0) return;
+  }
   WireWriter w;
   w.u64(object.id);
   w.u32(object.generation);
@@ -626,9 +726,15 @@ void AgentCore::count_get(Peer& peer, PeerLink& link, ObjectId object, const Lea
 
 void AgentCore::end_lease(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease,
                           bool completed) {
-  if (completed) count_get(peer, link, object, lease);
+  // The hold ends first, whatever becomes of the messages after it; the count of expected gets
+  // keeps the object until the owner has counted this one.
   if (lease.entry >= 0) {
-    if (peer.lane->release(*peer.slots, lease.entry, object.slot)) {
+    const SlotView* slots = peer.slot_view.load(std::memory_order_acquire);
+    const bool counts = completed && (slots->slot(object.slot).flags.load() & kSlotCountsGets) != 0;
+    const bool owner_waits = peer.lane->release(*slots, lease.entry, object.slot);
+    if (counts) {
+      count_get(peer, link, object, Lease{-1, false});  // the owner settles the object on it
+    } else if (owner_waits) {
       link.request(MsgType::kReleased, "");  // the owner waits on it: look again now
     }
   } else if (lease.remote) {
@@ -636,7 +742,31 @@ void AgentCore::end_lease(Peer& peer, PeerLink& link, ObjectId object, const Lea
     w.u64(object.id);
     w.u32(object.generation);
     link.request(MsgType::kUnlease, w.out());
+    if (completed) count_get(peer, link, object, lease);
   }
+}
+
+LeaseGuard::LeaseGuard(AgentCore& core, const AgentCore::Resolved& r, AgentCore::Lease lease)
+    : core_(core), r_(r), lease_(lease) {}
+
+LeaseGuard::~LeaseGuard() {
+  if (!held_) return;
+  try {
+    PeerLink link(core_, r_.peer, deadline_after(std::chrono::seconds(1)), nullptr, r_.ref.object());
+    core_.end_lease(*r_.peer, link, r_.ref.object(), lease_, false);
+  } catch (const std::exception& e) {
+    TUTTI_LOG_DEBUG("direct transport: giving back a lease on {}: {}", r_.ref.describe(), e.what());
+  }
+}
+
+void LeaseGuard::complete(PeerLink& link) {
+  held_ = false;
+  core_.end_lease(*r_.peer, link, r_.ref.object(), lease_, true);
+}
+
+AgentCore::Lease LeaseGuard::release() {
+  held_ = false;
+  return lease_;
 }
 
 Fetch AgentCore::get_async(const TensorRef& ref, const GetOptions& opts) {

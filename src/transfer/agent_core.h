@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "channel.h"
-#include "lease_table.h"
+#include "transfer/channel.h"
+#include "transfer/lease_table.h"
 #include "tutti/error.h"
 #include "tutti/tensor_transport.h"
 #include "tutti/transfer_agent.h"
@@ -64,6 +64,7 @@ struct Object {
   TensorRef ref;
   Publication publication;
   bool published = false;
+  bool fulfilling = false;  // a fulfil() is publishing it
   bool snapshot = false;
   std::vector<std::shared_ptr<void>> storage;  // snapshot copies
   int handles = 0;                 // live ObjectPins (1 from put)
@@ -78,6 +79,7 @@ struct Object {
 struct Consumer {
   AgentIdentity identity;
   std::unique_ptr<LaneView> lane;  // on this host
+  int pidfd = -1;                  // on this host: readable once the consumer's process exited
   int connections = 0;
   std::map<uint64_t, int> leases;  // held through kLease (no lane): object id -> count
 };
@@ -89,7 +91,8 @@ struct Peer {
   std::mutex mutex;
   std::vector<std::unique_ptr<Connection>> idle;
   std::unique_ptr<Lane> lane;
-  std::unique_ptr<SlotView> slots;
+  std::unique_ptr<SlotView> slots;            // set once, under `mutex`
+  std::atomic<const SlotView*> slot_view{nullptr};  // `slots`, for readers without the mutex
   int pidfd = -1;  // one host: readable once the owner's process has exited
   ~Peer();
   // One host: whether the owner's process has exited (one poll, no blocking).
@@ -132,9 +135,16 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::mutex active_mutex;
   std::vector<std::atomic<bool>*> active;  // cancel flags of gets in progress
 
+  uint64_t fork_gen = 0;  // the fork generation this agent was made in
+
   explicit AgentCore(const TransferAgentOptions& options);
   void start();
   void stop();
+  // In a child forked from the process that made this agent: its threads stayed in the parent,
+  // and its slot page and lanes are shared with it. Nothing there may touch them.
+  bool forked() const;
+  // kInvalidUsage naming the op in a forked child.
+  void check_process(const char* op) const;
 
   TensorTransport& transport(const std::string& name);
   std::string resolve_transport(const std::string& requested) const;
@@ -157,6 +167,11 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   void accept_loop(int listener, bool local);
   void serve(std::unique_ptr<Connection> connection, bool local);
   void housekeeping_loop();
+  // Under `mutex`: forgets a consumer, and the holds it had (its process is gone, or it is
+  // remote and its last connection closed).
+  void drop_consumer_locked(const std::string& uuid);
+  // Under `mutex`: drops the local consumers with no connection whose process has exited.
+  void reap_consumers_locked();
 
   // Consumer side (agent_consumer.cc).
   struct Resolved;
@@ -165,6 +180,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
     bool remote = false;  // held by the owner for us (kLease)
   };
   Resolved resolve(const TensorRef& ref, const GetOptions& options, const char* op);
+  // kInvalidArgument unless the ref carries this agent's signature (when it has a secret).
+  void verify_own(const TensorRef& ref, const char* op) const;
   // "get of object 3 of agent 'a' (shm) on agent 'b'": built only for a message.
   std::string context(const char* op, const TensorRef& ref) const;
   Lease take_lease(Resolved& r, PeerLink& link, Clock::time_point deadline,
@@ -184,6 +201,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
                                        const std::atomic<bool>* cancelled);
   void checkin(Peer& peer, std::unique_ptr<Connection> connection);
   void abort_gets();
+  // Forgets the owners whose process has exited (their lanes, mappings, sockets and pidfds).
+  void reap_peers();
 
   // Messages of this agent's wire protocol.
   static std::string encode_identity(const AgentIdentity& id);

@@ -1,9 +1,11 @@
 // The owner's side of a TransferAgent: identity, the object table and its lifetime, and the
 // connections consumers make to it.
 #include <arpa/inet.h>
+#include <poll.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,11 +13,13 @@
 #include <cstring>
 #include <random>
 
-#include "agent_core.h"
-#include "host_identity.h"
-#include "logging.h"
-#include "sha256.h"
-#include "wire.h"
+#include "transfer/agent_core.h"
+#include "util/deadline.h"
+#include "util/fork_watch.h"
+#include "util/host_identity.h"
+#include "util/logging.h"
+#include "util/sha256.h"
+#include "transfer/wire.h"
 
 namespace tutti::detail {
 namespace {
@@ -50,6 +54,17 @@ std::string seconds_ago(Clock::time_point t) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f s", s);
   return buf;
+}
+
+// A consumer's timeout off the wire as a deadline: at most a day.
+Clock::time_point wire_deadline(uint64_t ms) {
+  return deadline_after(std::chrono::milliseconds(std::min<uint64_t>(ms, 86400000)));
+}
+
+// Whether the other end of a connection hung up (one poll, no blocking).
+bool hung_up(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 // The publication of a live object, as a WAIT reply carries it.
@@ -87,7 +102,13 @@ std::vector<TensorView> snapshot_copy(TensorTransport& t, const std::vector<Tens
 }
 
 std::shared_ptr<void> allocate_bytes(size_t bytes) {
-  void* p = ::operator new(std::max<size_t>(bytes, 1), std::align_val_t(64));
+  void* p = nullptr;
+  try {
+    p = ::operator new(std::max<size_t>(bytes, 1), std::align_val_t(64));
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::kUnavailable,
+                "cannot allocate " + std::to_string(bytes) + " bytes to receive into");
+  }
   return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t(64)); });
 }
 
@@ -134,7 +155,7 @@ AgentIdentity AgentCore::decode_identity(const std::string& bytes) {
   return id;
 }
 
-AgentCore::AgentCore(const TransferAgentOptions& opts) : options(opts) {
+AgentCore::AgentCore(const TransferAgentOptions& opts) : options(opts), fork_gen(fork_generation()) {
   std::random_device rd;
   for (auto& b : identity.uuid) b = static_cast<uint8_t>(rd());
   const std::string where = host_identity() + "/" + std::to_string(namespace_inode("net")) + "/" +
@@ -157,16 +178,33 @@ AgentCore::AgentCore(const TransferAgentOptions& opts) : options(opts) {
 
 std::string AgentCore::who() const { return "agent '" + identity.name + "'"; }
 
+bool AgentCore::forked() const { return fork_gen != fork_generation(); }
+
+void AgentCore::check_process(const char* op) const {
+  if (forked()) {
+    throw Error(ErrorCode::kInvalidUsage,
+                std::string(op) + " on " + who() + ": the agent belongs to the parent process (pid " +
+                    std::to_string(identity.pid) + "); a forked child makes its own agent");
+  }
+}
+
 void AgentCore::start() {
+  // Both listeners first: a failure leaves no thread behind.
   unix_listener = listen_unix("tutti-agent/" + identity.uuid_text());
-  acceptors.emplace_back([this] { accept_loop(unix_listener, true); });
   if (options.listen_tcp) {
     const std::string host = options.tcp_host.empty() ? default_tcp_host() : options.tcp_host;
     uint16_t port = 0;
-    tcp_listener = listen_tcp(host, port);
+    try {
+      tcp_listener = listen_tcp(host, port);
+    } catch (...) {
+      ::close(unix_listener);
+      unix_listener = -1;
+      throw;
+    }
     identity.tcp_endpoint = host + ":" + std::to_string(port);
-    acceptors.emplace_back([this] { accept_loop(tcp_listener, false); });
   }
+  acceptors.emplace_back([this] { accept_loop(unix_listener, true); });
+  if (tcp_listener >= 0) acceptors.emplace_back([this] { accept_loop(tcp_listener, false); });
   housekeeper = std::thread([this] { housekeeping_loop(); });
   TUTTI_LOG_DEBUG("direct transport: {} listening on @tutti-agent/{}{}", who(),
                   identity.uuid_text(),
@@ -175,6 +213,13 @@ void AgentCore::start() {
 
 void AgentCore::stop() {
   if (stopping.exchange(true)) return;
+  if (forked()) {
+    // The threads are the parent's, the objects too: leave all of it (the child's copy of the
+    // memory goes with the child).
+    new std::vector<std::thread>(std::move(acceptors));  // never joined, never destroyed here
+    new std::thread(std::move(housekeeper));
+    return;
+  }
   abort_gets();
   for (int fd : {unix_listener, tcp_listener}) {
     if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
@@ -256,6 +301,14 @@ ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
     try {
       if (opts.snapshot) published = snapshot_copy(t, tensors, storage);
       pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published});
+      if (pub.blob.size() > TensorRef::kMaxBlob) {
+        t.unpublish(ObjectId{id, generation, slot});
+        throw Error(ErrorCode::kInvalidArgument,
+                    "put on " + who() + ": transport '" + name + "' describes these " +
+                        std::to_string(tensors.size()) + " tensors in " +
+                        std::to_string(pub.blob.size()) + " bytes, a ref holds at most " +
+                        std::to_string(TensorRef::kMaxBlob) + " (put fewer tensors per object)");
+      }
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex);
       objects.erase(id);
@@ -297,10 +350,12 @@ void AgentCore::fulfil(uint64_t id, const std::vector<TensorView>& tensors) {
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = objects.find(id);
-    if (it == objects.end() || it->second.state != kSlotReserved) {
+    if (it == objects.end() || it->second.state != kSlotReserved || it->second.fulfilling) {
       throw Error(ErrorCode::kInvalidUsage,
                   "fulfil on " + who() + ": object " + std::to_string(id) +
-                      (it == objects.end() ? " is gone" : " is not reserved (fulfilled or failed)"));
+                      (it == objects.end() ? " is gone"
+                       : it->second.fulfilling ? " is being fulfilled by another call"
+                                               : " is not reserved (fulfilled or failed)"));
     }
     o = &it->second;
     if (tensors.size() != o->metas.size()) {
@@ -322,12 +377,28 @@ void AgentCore::fulfil(uint64_t id, const std::vector<TensorView>& tensors) {
     generation = o->generation;
     slot = o->slot;
     snapshot = o->snapshot;
+    o->fulfilling = true;  // one fulfil at a time: a second one is refused above
   }
   TensorTransport& t = transport(name);
   std::vector<std::shared_ptr<void>> storage;
-  const std::vector<TensorView> published =
-      snapshot ? snapshot_copy(t, tensors, storage) : tensors;
-  const Publication pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published});
+  std::vector<TensorView> published;
+  Publication pub;
+  try {
+    published = snapshot ? snapshot_copy(t, tensors, storage) : tensors;
+    pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published});
+    if (pub.blob.size() > TensorRef::kMaxBlob) {
+      t.unpublish(ObjectId{id, generation, slot});
+      throw Error(ErrorCode::kInvalidArgument,
+                  "fulfil on " + who() + ": transport '" + name + "' describes these tensors in " +
+                      std::to_string(pub.blob.size()) + " bytes, a ref holds at most " +
+                      std::to_string(TensorRef::kMaxBlob));
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = objects.find(id);
+    if (it != objects.end()) it->second.fulfilling = false;
+    throw;
+  }
   std::lock_guard<std::mutex> lock(mutex);
   auto it = objects.find(id);
   if (it == objects.end() || it->second.state != kSlotReserved) {
@@ -335,6 +406,7 @@ void AgentCore::fulfil(uint64_t id, const std::vector<TensorView>& tensors) {
     throw Error(ErrorCode::kInvalidUsage,
                 "fulfil on " + who() + ": object " + std::to_string(id) + " went meanwhile");
   }
+  it->second.fulfilling = false;
   it->second.publication = pub;
   it->second.published = true;
   it->second.tensors = published;
@@ -360,6 +432,7 @@ void AgentCore::fail(uint64_t id, std::string_view message) {
 }
 
 void AgentCore::drop_pin(uint64_t id) {
+  if (forked()) return;  // the parent's object
   std::lock_guard<std::mutex> lock(mutex);
   auto it = objects.find(id);
   if (it == objects.end()) return;
@@ -474,6 +547,7 @@ void AgentCore::wait_tensor_freed(const TensorView& tensor, std::chrono::millise
                                            std::to_string(timeout.count()) + " ms: " + list);
     }
     changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+    reap_consumers_locked();  // a consumer that exited after its connections closed
     settle_all_locked();  // a lane may have let go without telling (a consumer thread's exit)
   }
 }
@@ -488,8 +562,34 @@ void AgentCore::housekeeping_loop() {
       }
     }
     changed.wait_until(lock, wake);
+    reap_consumers_locked();
     settle_all_locked();
+    lock.unlock();
+    reap_peers();
+    lock.lock();
   }
+}
+
+void AgentCore::drop_consumer_locked(const std::string& uuid) {
+  auto c = consumers.find(uuid);
+  if (c == consumers.end()) return;
+  for (const auto& [id, count] : c->second->leases) {
+    auto it = objects.find(id);
+    if (it != objects.end()) it->second.local_leases -= count;
+  }
+  if (c->second->pidfd >= 0) ::close(c->second->pidfd);
+  consumers.erase(c);
+  settle_all_locked();
+}
+
+void AgentCore::reap_consumers_locked() {
+  std::vector<std::string> gone;
+  for (const auto& [uuid, c] : consumers) {
+    if (c->connections > 0 || c->pidfd < 0) continue;
+    pollfd p{c->pidfd, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) gone.push_back(uuid);
+  }
+  for (const std::string& uuid : gone) drop_consumer_locked(uuid);
 }
 
 void AgentCore::accept_loop(int listener, bool local) {
@@ -505,6 +605,15 @@ void AgentCore::accept_loop(int listener, bool local) {
     auto conn = std::make_unique<Connection>(fd, local ? "a consumer on this host" : "a remote consumer");
     if (local && conn->peer_uid() != static_cast<long>(::getuid())) {
       TUTTI_LOG_WARN("direct transport: {} refused a connection from uid {}", who(), conn->peer_uid());
+      try {
+        const Error e(ErrorCode::kUnavailable,
+                      who() + " runs as uid " + std::to_string(::getuid()) +
+                          " and serves no other user on its host (uid " +
+                          std::to_string(conn->peer_uid()) +
+                          "): the owner's TCP listener (TransferAgentOptions::listen_tcp) is the way");
+        conn->send(MsgType::kError, error_payload(e), {}, Clock::now() + std::chrono::milliseconds(100));
+      } catch (const Error&) {
+      }
       continue;
     }
     std::lock_guard<std::mutex> lock(mutex);
@@ -542,20 +651,53 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
         if (e.code() == ErrorCode::kTimeout) continue;
         break;  // the consumer went
       }
+      if (m.type != MsgType::kHello) {
+        for (int f : m.fds) ::close(f);  // only a hello carries descriptors
+        m.fds.clear();
+        if (!consumer) {
+          // Nothing is served before a hello that passed: answer once, then hang up.
+          const Error e(ErrorCode::kInvalidUsage,
+                        who() + " serves nothing to a connection that has not said hello");
+          conn->send(MsgType::kError, error_payload(e), {}, Clock::now() + std::chrono::seconds(1));
+          break;
+        }
+      }
       try {
         WireReader r(m.payload, "a request to " + who());
         switch (m.type) {
           case MsgType::kHello: {
-            const AgentIdentity them = decode_identity(r.str32("identity", 4096));
-            const std::string proof = r.str32("proof", 64);
+            if (consumer) {
+              for (int f : m.fds) ::close(f);
+              throw Error(ErrorCode::kInvalidUsage, "a second hello on one connection");
+            }
+            AgentIdentity them;
+            std::string proof;
+            try {
+              them = decode_identity(r.str32("identity", 4096));
+              proof = r.str32("proof", 64);
+            } catch (...) {
+              for (int f : m.fds) ::close(f);
+              throw;
+            }
+            std::string refused;
             if (!options.secret.empty()) {
               const auto want = hmac_sha256(options.secret, identity.uuid_text() + them.uuid_text());
               if (proof != std::string(reinterpret_cast<const char*>(want.data()), want.size())) {
-                for (int f : m.fds) ::close(f);
-                throw Error(ErrorCode::kInvalidArgument,
-                            "hello to " + who() + ": agent '" + them.name +
-                                "' does not know the shared secret");
+                refused = "hello to " + who() + ": agent '" + them.name +
+                          "' does not know the shared secret";
               }
+            }
+            if (refused.empty() && local && conn->peer_pid() != static_cast<long>(them.pid)) {
+              refused = "hello to " + who() + ": agent '" + them.name + "' says it is pid " +
+                        std::to_string(them.pid) + ", its socket is pid " +
+                        std::to_string(conn->peer_pid());
+            }
+            if (!refused.empty()) {
+              for (int f : m.fds) ::close(f);
+              const Error e(ErrorCode::kInvalidArgument, refused);
+              conn->send(MsgType::kError, error_payload(e), {}, Clock::now() + std::chrono::seconds(1));
+              TUTTI_LOG_WARN("direct transport: {}", refused);
+              throw Error(ErrorCode::kIoError, "hung up: " + refused);  // ends the connection
             }
             conn->set_peer("agent '" + them.name + "'");
             {
@@ -564,6 +706,16 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
               if (!c) {
                 c = std::make_shared<Consumer>();
                 c->identity = them;
+                if (local) {
+                  // Its exit shows on a pidfd, taken while the pid is still its process.
+                  const int pfd = static_cast<int>(
+                      ::syscall(SYS_pidfd_open, static_cast<pid_t>(them.pid), 0));
+                  if (pfd >= 0 && process_start_time(static_cast<long>(them.pid)) == them.start_time) {
+                    c->pidfd = pfd;
+                  } else if (pfd >= 0) {
+                    ::close(pfd);
+                  }
+                }
               }
               if (local && !m.fds.empty()) {
                 if (!c->lane) {
@@ -601,15 +753,20 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
           case MsgType::kWait: {
             const uint64_t id = r.u64("id");
             const uint32_t gen = r.u32("generation");
-            const auto deadline = Clock::now() + std::chrono::milliseconds(r.u64("timeout"));
+            const auto deadline = wire_deadline(r.u64("timeout"));
             WireWriter w;
             {
               std::unique_lock<std::mutex> lock(mutex);
-              changed.wait_until(lock, deadline, [&] {
+              auto ready = [&] {
                 auto it = objects.find(id);
                 return stopping || it == objects.end() || it->second.generation != gen ||
                        it->second.state != kSlotReserved;
-              });
+              };
+              // In slices: a consumer that dies while it waits must not keep its holds.
+              while (!ready() && Clock::now() < deadline) {
+                changed.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
+                if (hung_up(fd)) throw Error(ErrorCode::kIoError, "the consumer hung up while waiting");
+              }
               Object& o = find_live(lock, id, gen, "get");
               if (o.state == kSlotReserved) {
                 throw Error(ErrorCode::kTimeout, "object " + std::to_string(id) +
@@ -687,7 +844,8 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
           case MsgType::kStream: {
             const uint64_t id = r.u64("id");
             const uint32_t gen = r.u32("generation");
-            const auto deadline = Clock::now() + std::chrono::milliseconds(r.u64("timeout"));
+            const auto deadline = wire_deadline(r.u64("timeout"));
+            const bool counts = r.u8("counts") != 0;
             std::vector<iovec> parts;
             uint64_t total = 0;
             {
@@ -720,7 +878,8 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
               auto it = objects.find(id);
               if (it == objects.end()) return;
               --it->second.local_leases;
-              if (completed && it->second.expected_gets > 0 && --it->second.expected_gets == 0) {
+              if (completed && counts && it->second.expected_gets > 0 &&
+                  --it->second.expected_gets == 0) {
                 slots.slot(it->second.slot).flags.store(0);
               }
               settle_locked(it->second);
@@ -750,15 +909,22 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
   } catch (const std::exception& e) {
     TUTTI_LOG_DEBUG("direct transport: {} stops serving {}: {}", who(), conn->peer(), e.what());
   }
+  // A local consumer's last connection closing says little: a live one may have dropped it (a
+  // cancelled or timed-out request). Its process's exit is what ends its holds; a dying process
+  // closes its sockets just before its pidfd reads as exited, so look for a moment.
+  bool exited = false;
+  int pidfd = -1;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (consumer && consumer->connections == 1 && consumer->pidfd >= 0) pidfd = consumer->pidfd;
+  }
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    exited = ::poll(&p, 1, 50) > 0;
+  }
   std::lock_guard<std::mutex> lock(mutex);
-  if (consumer && --consumer->connections == 0) {
-    // The consumer's last connection: it is gone, and so are its holds.
-    for (const auto& [id, count] : consumer->leases) {
-      auto it = objects.find(id);
-      if (it != objects.end()) it->second.local_leases -= count;
-    }
-    consumers.erase(consumer->identity.uuid_text());
-    settle_all_locked();
+  if (consumer && --consumer->connections == 0 && (consumer->pidfd < 0 || exited)) {
+    drop_consumer_locked(consumer->identity.uuid_text());
   }
   serving_fds.erase(fd);
   conn.reset();

@@ -1,4 +1,4 @@
-#include "channel.h"
+#include "transfer/channel.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

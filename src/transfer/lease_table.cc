@@ -1,7 +1,8 @@
-#include "lease_table.h"
+#include "transfer/lease_table.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,13 +30,26 @@ SharedPages::SharedPages(const char* name, size_t bytes) : size_(bytes) {
     throw Error(ErrorCode::kIoError, std::string("direct transport: mapping ") + name + ": " + why);
   }
   // Its size is fixed, and nobody else may map it writable.
-  ::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE);
+  if (::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE) != 0) {
+    ::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);  // before Linux 5.1
+  }
 }
 
 SharedPages SharedPages::map_read_only(int fd, size_t bytes) {
   SharedPages p;
   p.fd_ = fd;
   p.size_ = bytes;
+  // A peer's pages must be the size this build expects, and sealed at it (a smaller or
+  // shrinkable file would fault on access).
+  struct stat st {};
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes || seals < 0 ||
+      (seals & F_SEAL_SHRINK) == 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "direct transport: a peer's shared pages are " + std::to_string(st.st_size) +
+                    " bytes" + ((seals >= 0 && (seals & F_SEAL_SHRINK)) ? "" : ", not sealed") +
+                    ", expected " + std::to_string(bytes) + " (another tutti version?)");
+  }
   p.base_ = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   if (p.base_ == MAP_FAILED) {
     p.base_ = nullptr;

@@ -4,8 +4,9 @@
 #include <limits>
 #include <sstream>
 
-#include "sha256.h"
-#include "wire.h"
+#include "transfer/lease_table.h"
+#include "transfer/wire.h"
+#include "util/sha256.h"
 
 namespace tutti {
 namespace {
@@ -26,6 +27,10 @@ uint64_t checked_nbytes(const TensorMeta& m, const std::string& what) {
       throw Error(ErrorCode::kInvalidArgument, what + ": shape overflows a 64-bit byte count");
     }
     n *= static_cast<uint64_t>(d);
+  }
+  // Beyond 2^62 bytes no machine holds it, and numel() would no longer fit an int64.
+  if (n > (uint64_t{1} << 62)) {
+    throw Error(ErrorCode::kInvalidArgument, what + ": " + std::to_string(n) + " bytes");
   }
   return n;
 }
@@ -161,6 +166,10 @@ TensorRef TensorRef::parse(std::string_view bytes) {
   ref.object_.id = r.u64("object id");
   ref.object_.generation = r.u32("object generation");
   ref.object_.slot = r.u32("object slot");
+  if (ref.object_.slot >= detail::SlotPage::kCapacity) {
+    r.fail("object slot " + std::to_string(ref.object_.slot) + " (owners have " +
+           std::to_string(detail::SlotPage::kCapacity) + ")");
+  }
   ref.transport_ = r.str8("transport");
   if (ref.transport_.empty() || ref.transport_.size() > kMaxTransportName) {
     r.fail("transport name of " + std::to_string(ref.transport_.size()) + " bytes");

@@ -7,8 +7,8 @@
 #include <map>
 #include <mutex>
 
-#include "agent_core.h"
-#include "logging.h"
+#include "transfer/agent_core.h"
+#include "util/logging.h"
 
 namespace tutti {
 namespace {
@@ -200,7 +200,15 @@ std::shared_ptr<TransferAgent> TransferAgent::create(const TransferAgentOptions&
   return std::shared_ptr<TransferAgent>(new TransferAgent(std::move(core)));
 }
 
-TransferAgent::~TransferAgent() { core_->stop(); }
+TransferAgent::~TransferAgent() {
+  if (core_->forked()) {
+    // A forked child's copy of its parent's agent: its threads, locks and condition variables
+    // are the parent's state at the fork; destroying them could wait forever. Left as it is.
+    new std::shared_ptr<detail::AgentCore>(std::move(core_));
+    return;
+  }
+  core_->stop();
+}
 
 const AgentIdentity& TransferAgent::identity() const { return core_->identity; }
 
@@ -213,10 +221,16 @@ std::vector<TensorMeta> metas_of(const std::vector<TensorView>& tensors) {
   return out;
 }
 
-uint64_t handle_id(const ObjectHandle& handle, const char* op, const std::string& who) {
+uint64_t handle_id(const ObjectHandle& handle, const char* op, const detail::AgentCore& core) {
+  core.check_process(op);
   if (!handle) {
     throw Error(ErrorCode::kInvalidArgument,
-                std::string(op) + " on " + who + ": the handle is empty or released");
+                std::string(op) + " on " + core.who() + ": the handle is empty or released");
+  }
+  if (handle.ref().owner().uuid != core.identity.uuid) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + " on " + core.who() + ": the handle is for " +
+                    handle.ref().describe() + ", another agent's object");
   }
   return handle.ref().object().id;
 }
@@ -224,6 +238,7 @@ uint64_t handle_id(const ObjectHandle& handle, const char* op, const std::string
 }  // namespace
 
 ObjectHandle TransferAgent::put(const std::vector<TensorView>& tensors, const PutOptions& options) {
+  core_->check_process("put");
   if (tensors.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "put on " + core_->who() + ": no tensors");
   }
@@ -231,6 +246,7 @@ ObjectHandle TransferAgent::put(const std::vector<TensorView>& tensors, const Pu
 }
 
 ObjectHandle TransferAgent::reserve(const std::vector<TensorMeta>& metas, const PutOptions& options) {
+  core_->check_process("reserve");
   if (metas.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "reserve on " + core_->who() + ": no tensors");
   }
@@ -247,26 +263,30 @@ ObjectHandle TransferAgent::reserve(const std::vector<TensorMeta>& metas, const 
 }
 
 void TransferAgent::fulfil(const ObjectHandle& handle, const std::vector<TensorView>& tensors) {
-  core_->fulfil(handle_id(handle, "fulfil", core_->who()), tensors);
+  core_->fulfil(handle_id(handle, "fulfil", *core_), tensors);
 }
 
 void TransferAgent::fail(const ObjectHandle& handle, std::string_view message) {
-  core_->fail(handle_id(handle, "fail", core_->who()), message);
+  core_->fail(handle_id(handle, "fail", *core_), message);
 }
 
 Received TransferAgent::get(const TensorRef& ref, const GetOptions& options) {
+  core_->check_process("get");
   return core_->get(ref, options);
 }
 
 Borrowed TransferAgent::borrow(const TensorRef& ref, const GetOptions& options) {
+  core_->check_process("borrow");
   return core_->borrow(ref, options);
 }
 
 Fetch TransferAgent::get_async(const TensorRef& ref, const GetOptions& options) {
+  core_->check_process("get_async");
   return core_->get_async(ref, options);
 }
 
 void TransferAgent::wait_tensor_freed(const TensorView& tensor, std::chrono::milliseconds timeout) {
+  core_->check_process("wait_tensor_freed");
   core_->wait_tensor_freed(tensor, timeout);
 }
 

@@ -11,11 +11,11 @@
 #include <optional>
 #include <thread>
 
-#include "deadline.h"
-#include "logging.h"
-#include "sha256.h"
-#include "store_util.h"
-#include "tcp_store_protocol.h"
+#include "util/deadline.h"
+#include "util/logging.h"
+#include "util/sha256.h"
+#include "store/store_util.h"
+#include "store/tcp_store_protocol.h"
 #include "tutti/error.h"
 
 namespace tutti {

@@ -5,10 +5,10 @@
 #include <optional>
 #include <type_traits>
 
-#include "group_state.h"
-#include "group_util.h"
-#include "logging.h"
-#include "op_check.h"
+#include "group/group_state.h"
+#include "group/group_util.h"
+#include "util/logging.h"
+#include "group/op_check.h"
 #include "tutti/collective_group.h"
 
 namespace tutti {

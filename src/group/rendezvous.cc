@@ -1,4 +1,4 @@
-#include "rendezvous.h"
+#include "group/rendezvous.h"
 
 #include <unistd.h>
 
@@ -11,9 +11,9 @@
 #include <sstream>
 #include <thread>
 
-#include "deadline.h"
-#include "group_util.h"
-#include "host_identity.h"
+#include "util/deadline.h"
+#include "group/group_util.h"
+#include "util/host_identity.h"
 #include "tutti/env.h"
 #include "tutti/error.h"
 #include "tutti/hash_store.h"

@@ -1,6 +1,6 @@
 #include "tutti/prefix_store.h"
 
-#include "store_util.h"
+#include "store/store_util.h"
 #include "tutti/error.h"
 
 namespace tutti {

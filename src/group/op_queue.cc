@@ -1,4 +1,4 @@
-#include "op_queue.h"
+#include "group/op_queue.h"
 
 namespace tutti::detail {
 

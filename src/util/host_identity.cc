@@ -1,4 +1,4 @@
-#include "host_identity.h"
+#include "util/host_identity.h"
 
 #include <unistd.h>
 

@@ -4,8 +4,8 @@
 #include <mutex>
 #include <thread>
 
-#include "deadline.h"
-#include "store_util.h"
+#include "util/deadline.h"
+#include "store/store_util.h"
 #include "tutti/error.h"
 
 #if TUTTI_HAVE_HIREDIS

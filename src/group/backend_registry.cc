@@ -1,4 +1,4 @@
-#include "backend_registry.h"
+#include "group/backend_registry.h"
 
 #include <algorithm>
 #include <cctype>

@@ -10,7 +10,7 @@
 #include "tutti/hash_store.h"
 #include "tutti/redis_store.h"
 #include "tutti/tcp_store.h"
-#include "store_util.h"
+#include "store/store_util.h"
 
 namespace tutti {
 

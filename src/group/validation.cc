@@ -4,8 +4,8 @@
 #include <atomic>
 #include <memory>
 
-#include "group_state.h"
-#include "group_util.h"
+#include "group/group_state.h"
+#include "group/group_util.h"
 
 namespace tutti {
 

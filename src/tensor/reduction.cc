@@ -1,4 +1,4 @@
-#include "reduction.h"
+#include "tensor/reduction.h"
 
 #include <algorithm>
 #include <cstdint>

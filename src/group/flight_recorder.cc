@@ -1,4 +1,4 @@
-#include "flight_recorder.h"
+#include "group/flight_recorder.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -12,9 +12,9 @@
 #include <cstring>
 #include <thread>
 
-#include "group_util.h"
-#include "host_identity.h"
-#include "logging.h"
+#include "group/group_util.h"
+#include "util/host_identity.h"
+#include "util/logging.h"
 
 namespace tutti::detail {
 namespace {

@@ -12,8 +12,8 @@
 #include <mutex>
 #include <thread>
 
-#include "deadline.h"
-#include "store_util.h"
+#include "util/deadline.h"
+#include "store/store_util.h"
 
 namespace tutti {
 namespace {

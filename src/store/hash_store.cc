@@ -1,7 +1,7 @@
 #include "tutti/hash_store.h"
 
-#include "deadline.h"
-#include "store_util.h"
+#include "util/deadline.h"
+#include "store/store_util.h"
 
 namespace tutti {
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "flight_recorder.h"
-#include "fork_watch.h"
-#include "group_util.h"
-#include "op_queue.h"
+#include "group/flight_recorder.h"
+#include "util/fork_watch.h"
+#include "group/group_util.h"
+#include "group/op_queue.h"
 #include "tutti/backend.h"
 #include "tutti/collective_group.h"
 #include "tutti/error.h"

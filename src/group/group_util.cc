@@ -1,4 +1,4 @@
-#include "group_util.h"
+#include "group/group_util.h"
 
 namespace tutti::detail {
 

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <set>
 
-#include "logging.h"
+#include "util/logging.h"
 #include "tutti/error.h"
 
 namespace tutti {

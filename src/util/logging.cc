@@ -1,4 +1,4 @@
-#include "logging.h"
+#include "util/logging.h"
 
 #include <spdlog/sinks/stdout_sinks.h>
 

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "group_util.h"
+#include "group/group_util.h"
 #include "tutti/error.h"
 
 namespace tutti {

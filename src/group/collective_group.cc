@@ -8,13 +8,13 @@
 #include <chrono>
 #include <numeric>
 
-#include "backend_registry.h"
-#include "group_state.h"
-#include "group_util.h"
-#include "host_identity.h"
-#include "logging.h"
-#include "op_check.h"
-#include "rendezvous.h"
+#include "group/backend_registry.h"
+#include "group/group_state.h"
+#include "group/group_util.h"
+#include "util/host_identity.h"
+#include "util/logging.h"
+#include "group/op_check.h"
+#include "group/rendezvous.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"
 #include "tutti/store.h"

@@ -1,4 +1,4 @@
-#include "op_check.h"
+#include "group/op_check.h"
 
 #include <strings.h>
 
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <map>
 
-#include "group_util.h"
+#include "group/group_util.h"
 #include "tutti/error.h"
 
 namespace tutti::detail {

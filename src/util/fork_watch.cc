@@ -1,4 +1,4 @@
-#include "fork_watch.h"
+#include "util/fork_watch.h"
 
 #include <pthread.h>
 
