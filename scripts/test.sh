@@ -12,8 +12,10 @@ if [ "${TUTTI_TEST_LARGE:-0}" = "1" ]; then
 fi
 (cd build && ctest -j"$(nproc)" --output-on-failure --timeout 600 "${exclude[@]}")
 if [ "${TUTTI_TEST_PYTHON:-1}" = "1" ]; then
+  start=$SECONDS
   python=$(scripts/python-env.sh | tail -n 1)
   # From the top level: run inside python/, the source tree's tutti/ (no extension module)
   # would shadow the installed package.
   "$python" -m pytest -q python/tests
+  echo "test.sh: the Python part took $((SECONDS - start)) s (venv, package build, tests)"
 fi
