@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command (what CI runs): set-up, build, and every test except the "large" (>2 GiB)
-# cases. TUTTI_TEST_LARGE=1 runs those too.
+# cases; then the Python package's tests (pytest, in the venv scripts/python-env.sh makes, Ray
+# included). TUTTI_TEST_LARGE=1 runs the large cases too; TUTTI_TEST_PYTHON=0 skips the Python
+# part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
@@ -8,5 +10,12 @@ exclude=(-LE large)
 if [ "${TUTTI_TEST_LARGE:-0}" = "1" ]; then
   exclude=()
 fi
-cd build
-ctest -j"$(nproc)" --output-on-failure --timeout 600 "${exclude[@]}"
+(cd build && ctest -j"$(nproc)" --output-on-failure --timeout 600 "${exclude[@]}")
+if [ "${TUTTI_TEST_PYTHON:-1}" = "1" ]; then
+  start=$SECONDS
+  python=$(scripts/python-env.sh | tail -n 1)
+  # From the top level: run inside python/, the source tree's tutti/ (no extension module)
+  # would shadow the installed package.
+  "$python" -m pytest -q python/tests
+  echo "test.sh: the Python part took $((SECONDS - start)) s (venv, package build, tests)"
+fi

@@ -291,6 +291,19 @@ TEST_F(Transfer, BorrowOfSharedMemoryIsZeroCopyAndOfHeapIsACopy) {
   owner->deallocate(shared);
 }
 
+// A Borrowed declared first and assigned later (a member, a loop variable): its default
+// constructor must compile in code that sees only the public headers, as this file does.
+TEST_F(Transfer, BorrowedIsDefaultConstructibleAndAssignedLater) {
+  Borrowed b;
+  EXPECT_TRUE(b.tensors().empty());
+  std::vector<float> x = iota_floats(8, 1.0f);
+  ObjectHandle h = owner->put({TensorView(x)});
+  b = consumer->borrow(h.ref());
+  EXPECT_EQ(as_floats(b.tensors()[0]), iota_floats(8, 1.0f));
+  b.release();
+  EXPECT_TRUE(b.tensors().empty());
+}
+
 TEST_F(Transfer, SnapshotIsNotChangedByLaterWrites) {
   std::vector<float> x = iota_floats(64, 0.0f);
   PutOptions p;

@@ -101,7 +101,7 @@ class TUTTI_API Received {
 // dies. Movable, not copyable.
 class TUTTI_API Borrowed {
  public:
-  Borrowed();
+  Borrowed();  // out of line: HeldLease is complete only in the library
   Borrowed(Borrowed&&) noexcept;
   Borrowed& operator=(Borrowed&&) noexcept;
   Borrowed(const Borrowed&) = delete;

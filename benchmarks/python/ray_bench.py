@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""tutti from Python and inside Ray, measured against what Ray users have today.
+
+    build/venv/bin/python benchmarks/python/ray_bench.py [--actors 2 4] [--out results/python]
+
+Three parts, each on a local Ray cluster (one node) unless said otherwise:
+
+1. allreduce, float32 sum, 8 B to 64 MiB, between N actors, by
+   - ray.util.collective with backend="tutti" (tutti.ray: shm between actors on one node),
+   - ray.util.collective with backend="gloo" (Ray's own: torch.distributed's Gloo),
+   - torch.distributed's gloo called directly in the same kind of actors (no Ray layer).
+   Each actor times every iteration on its own clock (time.perf_counter_ns around the call);
+   an iteration counts at its slowest actor's time; the table gives the median over the
+   timed iterations (warm-up iterations first, not counted).
+2. Python's per-call cost over C++'s, at 8 B, world size 1 (no communication: what the bindings
+   add): tutti.CollectiveGroup.allreduce, tutti.allreduce by group name, and
+   ray.util.collective.allreduce on a TUTTI group, each minus the C++ call measured by
+   build/bin/tutti-overhead-bench (Google Benchmark) in the same run.
+3. Moving a CPU torch tensor, 1 KiB to 256 MiB, from one actor to another: a task on the
+   producer returns it (with @ray.method(tensor_transport="tutti"), plainly through Ray's
+   object store, or with Ray's own tensor_transport="gloo" over a torch_gloo group), a task
+   on the consumer receives it and touches its last element; the time is the driver's, from
+   submitting both tasks to the consumer's answer (median over reps).
+
+Writes JSON (raw per-iteration times and medians) and a Markdown table into --out.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+os.environ.setdefault("TUTTI_GLOO_HOSTNAME", "127.0.0.1")
+
+import ray  # noqa: E402
+import torch  # noqa: E402
+
+import tutti  # noqa: E402
+import tutti.ray  # noqa: E402
+
+tutti.ray.register()
+
+
+def sizes(lo, hi):
+    s = lo
+    while s <= hi:
+        yield s
+        s *= 2
+
+
+def iters_for(nbytes):
+    """Timed iterations per size: enough for a stable median, bounded for large messages."""
+    if nbytes <= 64 << 10:
+        return 5, 100
+    if nbytes <= 4 << 20:
+        return 3, 30
+    return 2, 10
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@ray.remote
+class Ranker:
+    """One rank: joins a group of one kind, then times allreduce per size."""
+
+    def setup(self, kind, world, rank, name, url=None):
+        import torch.distributed as dist
+        import ray.util.collective as col
+
+        self.kind, self.name = kind, name
+        if kind == "torch-gloo":
+            dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world)
+            self.call = lambda t: dist.all_reduce(t)
+        else:
+            col.init_collective_group(world, rank, backend=kind, group_name=name)
+            self.call = lambda t: col.allreduce(t, name)
+        t = torch.ones(2)
+        self.call(t)  # the group formed and every rank in step
+        return float(t[0])
+
+    def sweep(self, size_list):
+        out = {}
+        for nbytes in size_list:
+            warm, reps = iters_for(nbytes)
+            t = torch.ones(nbytes // 4, dtype=torch.float32)
+            for _ in range(warm):
+                self.call(t)
+            times = []
+            for _ in range(reps):
+                start = time.perf_counter_ns()
+                self.call(t)
+                times.append(time.perf_counter_ns() - start)
+            t.fill_(1.0)
+            self.call(t)
+            world = float(t[0])
+            out[nbytes] = (times, world)
+        return out
+
+    def per_call(self, reps):
+        """Python's own cost: world size 1, every path, 8 bytes."""
+        import ray.util.collective as col
+
+        res = {}
+        x = np.ones(2, dtype=np.float32)
+        g = tutti.CollectiveGroup.create(1, 0, "shm", "solo-direct")
+        tutti.init_collective_group(1, 0, "shm", "solo-named")
+        col.init_collective_group(1, 0, backend="tutti", group_name="solo-ray")
+        from ray.util.collective.types import AllReduceOptions
+
+        handle = col.get_group_handle("solo-ray")  # the TuttiGroup, without Ray's wrapper
+        options = AllReduceOptions()
+        paths = {
+            "CollectiveGroup.allreduce": lambda: g.allreduce(x),
+            "tutti.allreduce(x, name)": lambda: tutti.allreduce(x, "solo-named"),
+            "TuttiGroup.allreduce (tutti.ray's BaseGroup)": lambda: handle.allreduce([x],
+                                                                                    options),
+            "ray.util.collective.allreduce (TUTTI)": lambda: col.allreduce(x, "solo-ray"),
+        }
+        for label, fn in paths.items():
+            for _ in range(1000):
+                fn()
+            samples = []
+            for _ in range(reps):  # batches of 1000 calls: the timer's own cost amortised
+                start = time.perf_counter_ns()
+                for _ in range(1000):
+                    fn()
+                samples.append((time.perf_counter_ns() - start) / 1000)
+            res[label] = statistics.median(samples)
+        col.destroy_collective_group("solo-ray")
+        tutti.destroy_collective_group("solo-named")
+        g.destroy()
+        return res
+
+    def done(self):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@ray.remote(enable_tensor_transport=True)
+class Mover:
+    def make(self, nbytes):
+        self.t = torch.ones(nbytes // 4, dtype=torch.float32)
+
+    @ray.method(tensor_transport="tutti")
+    def give_tutti(self):
+        return self.t
+
+    def give_plain(self):
+        return self.t
+
+    @ray.method(tensor_transport="gloo")
+    def give_gloo(self):
+        return self.t
+
+    def take(self, t):
+        return float(t[-1])
+
+
+def allreduce_part(world, kinds, size_list):
+    rows = {}
+    for kind in kinds:
+        actors = [Ranker.remote() for _ in range(world)]
+        name = f"bench-{kind}-{world}"
+        url = f"tcp://127.0.0.1:{free_port()}"
+        assert ray.get([a.setup.remote(kind, world, r, name, url)
+                        for r, a in enumerate(actors)]) == [float(world)] * world
+        results = ray.get([a.sweep.remote(size_list) for a in actors])
+        for nbytes in size_list:
+            per_rank = [results[r][nbytes][0] for r in range(world)]
+            worlds = {results[r][nbytes][1] for r in range(world)}
+            assert worlds == {float(world)}, (kind, nbytes, worlds)  # the sum was right
+            slowest = [max(it) for it in zip(*per_rank)]
+            rows.setdefault(nbytes, {})[kind] = {
+                "median_us": statistics.median(slowest) / 1000,
+                "iters_ns": slowest,
+            }
+        ray.get([a.done.remote() for a in actors])
+        for a in actors:
+            ray.kill(a)
+        print(f"allreduce {kind} x{world}: done", file=sys.stderr)
+    return rows
+
+
+def overhead_part():
+    actor = Ranker.remote()
+    py = ray.get(actor.per_call.remote(21))
+    ray.kill(actor)
+    bench = os.path.join(ROOT, "build", "bin", "tutti-overhead-bench")
+    cpp = None
+    if os.access(bench, os.X_OK):
+        done = subprocess.run([bench, "--benchmark_filter=Allreduce8B", "--benchmark_format=json",
+                               "--benchmark_repetitions=5"],
+                              capture_output=True, text=True, timeout=300)
+        data = json.loads(done.stdout)
+        medians = {b["run_name"]: b["real_time"] for b in data["benchmarks"]
+                   if b.get("aggregate_name") == "median"}
+        cpp = {"benchmarks": medians}
+    return {"python_ns": py, "cpp": cpp}
+
+
+def transfer_part(size_list, reps):
+    from ray.experimental.collective import create_collective_group
+
+    producer, consumer = Mover.remote(), Mover.remote()
+    # Ray's own CPU transport needs a torch.distributed Gloo group between the two.
+    create_collective_group([producer, consumer], backend="torch_gloo")
+    rows = {}
+    for nbytes in size_list:
+        ray.get(producer.make.remote(nbytes))
+        row = {}
+        for label, method in (("tutti", producer.give_tutti), ("object store",
+                                                                 producer.give_plain),
+                              ("gloo", producer.give_gloo)):
+            samples = []
+            for i in range(reps + 2):
+                start = time.perf_counter_ns()
+                got = ray.get(consumer.take.remote(method.remote()))
+                elapsed = time.perf_counter_ns() - start
+                assert got == 1.0
+                if i >= 2:  # two warm-up transfers
+                    samples.append(elapsed)
+            row[label] = {"median_us": statistics.median(samples) / 1000, "ns": samples}
+        rows[nbytes] = row
+        print(f"transfer {nbytes} B: " + ", ".join(f"{k} {v['median_us']:.0f} us"
+                                                    for k, v in row.items()), file=sys.stderr)
+    ray.kill(producer)
+    ray.kill(consumer)
+    return rows
+
+
+def human(nbytes):
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def markdown(report):
+    lines = []
+    for world, rows in report["allreduce"].items():
+        kinds = list(next(iter(rows.values())).keys())
+        lines += [f"### allreduce, {world} actors (median us per call; float32 sum)", "",
+                  "| size | " + " | ".join(kinds) + " | gloo / tutti | torch-gloo / tutti |",
+                  "|---:|" + "---:|" * (len(kinds) + 2)]
+        for nbytes, r in rows.items():
+            t = r["tutti"]["median_us"]
+            cells = [f"{r[k]['median_us']:.1f}" for k in kinds]
+            lines.append(f"| {human(int(nbytes))} | " + " | ".join(cells) +
+                         f" | {r['gloo']['median_us'] / t:.0f}x | "
+                         f"{r['torch-gloo']['median_us'] / t:.0f}x |")
+        lines.append("")
+    o = report.get("overhead")
+    if o is None:
+        return "\n".join(lines) + "\n"
+    lines += ["### Python's per-call cost, 8 B allreduce, world size 1 (median ns per call)", "",
+              "| path | ns | over C++ |", "|---|---:|---:|"]
+    cpp = None
+    if o["cpp"]:
+        # The C++ call the Python paths make: an 8-byte allreduce on a shm group of one.
+        cpp = o["cpp"]["benchmarks"].get("BM_Allreduce8B/shm")
+        for k, v in o["cpp"]["benchmarks"].items():
+            lines.append(f"| C++ {k} (tutti-overhead-bench) | {v:.0f} | |")
+    for k, v in o["python_ns"].items():
+        over = f"{v - cpp:.0f}" if cpp is not None else "n/a"
+        lines.append(f"| {k} | {v:.0f} | {over} |")
+    lines.append("")
+    if "transfer" not in report:
+        return "\n".join(lines) + "\n"
+    lines += ["### A CPU torch tensor from one actor to another (median us, end to end)", "",
+              "| size | RDT tutti | object store | RDT gloo | object store / tutti | "
+              "gloo / tutti |", "|---:|---:|---:|---:|---:|---:|"]
+    for nbytes, r in report["transfer"].items():
+        a, b, c = (r[k]["median_us"] for k in ("tutti", "object store", "gloo"))
+        lines.append(f"| {human(int(nbytes))} | {a:.0f} | {b:.0f} | {c:.0f} | {b / a:.1f}x | "
+                     f"{c / a:.1f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--actors", type=int, nargs="+", default=[2])
+    ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--transfer-max-bytes", type=int, default=256 << 20)
+    ap.add_argument("--transfer-reps", type=int, default=7)
+    ap.add_argument("--parts", nargs="+", default=["allreduce", "overhead", "transfer"],
+                    choices=["allreduce", "overhead", "transfer"])
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", "python"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"worker_process_setup_hook": "tutti.ray.register",
+                          "env_vars": {"TUTTI_GLOO_HOSTNAME": "127.0.0.1"}})
+    started = time.monotonic()
+    report = {"host": {"cpus": os.cpu_count(), "ray": ray.__version__,
+                       "torch": torch.__version__, "tutti": tutti.__version__},
+              "allreduce": {}}
+    size_list = list(sizes(8, args.max_bytes))
+    if "allreduce" in args.parts:
+        for world in args.actors:
+            report["allreduce"][world] = allreduce_part(world, ["tutti", "gloo", "torch-gloo"],
+                                                        size_list)
+    if "overhead" in args.parts:
+        report["overhead"] = overhead_part()
+    if "transfer" in args.parts:
+        report["transfer"] = transfer_part(list(sizes(1 << 10, args.transfer_max_bytes)),
+                                           args.transfer_reps)
+    ray.shutdown()
+    report["wall_s"] = time.monotonic() - started
+
+    with open(os.path.join(args.out, "ray_bench.json"), "w") as f:
+        json.dump(report, f)
+    table = markdown(report)
+    with open(os.path.join(args.out, "ray_bench.md"), "w") as f:
+        f.write(table)
+    print(table)
+    print(f"wall {report['wall_s']:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""Every op and dtype through the bindings, ranks as threads (the ops release the GIL: a rank
+that held it would stall the others into a timeout), against numpy references."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import tutti
+from conftest import JOIN_TIMEOUT_S, NUMPY_DTYPES, REDUCE_OPS, rank_input, reference, run_threads
+
+WORLDS = [("shm", 2), ("shm", 4), ("gloo", 2), ("gloo", 3)]
+
+
+@pytest.mark.parametrize("backend,world", WORLDS)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_allreduce_every_op(backend, world, dtype):
+    ops = [op for op in REDUCE_OPS if op != "avg" or dtype.startswith("float")]
+
+    def body(g):
+        out = {}
+        for op in ops:
+            x = rank_input(g.rank, dtype, salt=len(op))
+            g.allreduce(x, op)
+            out[op] = x
+        return out
+
+    results = run_threads(world, body, backend)
+    for op in ops:
+        expected = reference([rank_input(r, dtype, salt=len(op)) for r in range(world)], op, dtype)
+        for r in range(world):
+            np.testing.assert_array_equal(results[r][op], expected, err_msg=f"{op} rank {r}")
+
+
+@pytest.mark.parametrize("backend,world", WORLDS)
+def test_avg_of_integers_is_refused_before_any_io(backend, world):
+    def body(g):
+        with pytest.raises(tutti.InvalidArgumentError, match="avg"):
+            g.allreduce(np.ones(4, dtype=np.int32), tutti.ReduceOp.AVG)
+        # No rank sent anything: the group is in step and usable.
+        x = np.full(4, g.rank + 1, dtype=np.int32)
+        g.allreduce(x)
+        return x
+
+    for x in run_threads(world, body, backend):
+        np.testing.assert_array_equal(x, np.full(4, world * (world + 1) // 2))
+
+
+@pytest.mark.parametrize("backend,world", WORLDS)
+@pytest.mark.parametrize("dtype", ["int8", "uint64", "float16", "float32", "float64", "bool"])
+def test_rooted_and_gathering_ops(backend, world, dtype):
+    root = world - 1
+
+    def body(g):
+        r = g.rank
+        out = {}
+        x = rank_input(r, dtype)
+        g.reduce(x, root, "max")
+        out["reduce"] = x
+        b = rank_input(r, dtype, salt=5)
+        g.broadcast(b, root)
+        out["broadcast"] = b
+        lst = [np.zeros(6, dtype=dtype) for _ in range(world)]
+        g.allgather(lst, rank_input(r, dtype))
+        out["allgather_list"] = lst
+        buf = np.zeros(6 * world, dtype=dtype)
+        g.allgather(buf, rank_input(r, dtype))
+        out["allgather_buffer"] = buf
+        rs = np.zeros(6, dtype=dtype)
+        g.reducescatter(rs, [rank_input(r, dtype, salt=k) for k in range(world)], "max")
+        out["reducescatter_list"] = rs
+        rs2 = np.zeros(6, dtype=dtype)
+        g.reduce_scatter(rs2, np.concatenate([rank_input(r, dtype, salt=k) for k in range(world)]),
+                         "min")
+        out["reduce_scatter_buffer"] = rs2
+        a2a = [np.zeros(6, dtype=dtype) for _ in range(world)]
+        g.alltoall(a2a, [rank_input(r, dtype, salt=10 + k) for k in range(world)])
+        out["alltoall_list"] = a2a
+        a2b = np.zeros(6 * world, dtype=dtype)
+        g.alltoall(a2b, np.concatenate([rank_input(r, dtype, salt=20 + k) for k in range(world)]))
+        out["alltoall_buffer"] = a2b
+        gl = [np.zeros(6, dtype=dtype) for _ in range(world)] if r == root else None
+        g.gather(gl, rank_input(r, dtype, salt=30), root)
+        out["gather"] = gl
+        sc = np.zeros(6, dtype=dtype)
+        src = [rank_input(root, dtype, salt=40 + k) for k in range(world)] if r == root else None
+        g.scatter(sc, src, root)
+        out["scatter"] = sc
+        g.barrier()
+        return out
+
+    res = run_threads(world, body, backend)
+    ins = lambda salt=0: [rank_input(r, dtype, salt=salt) for r in range(world)]  # noqa: E731
+    for r in range(world):
+        o = res[r]
+        want_reduce = reference(ins(), "max", dtype) if r == root else rank_input(r, dtype)
+        np.testing.assert_array_equal(o["reduce"], want_reduce)
+        np.testing.assert_array_equal(o["broadcast"], rank_input(root, dtype, salt=5))
+        for k in range(world):
+            np.testing.assert_array_equal(o["allgather_list"][k], rank_input(k, dtype))
+            np.testing.assert_array_equal(o["allgather_buffer"][6 * k:6 * k + 6],
+                                          rank_input(k, dtype))
+            np.testing.assert_array_equal(o["alltoall_list"][k],
+                                          rank_input(k, dtype, salt=10 + r))
+            np.testing.assert_array_equal(o["alltoall_buffer"][6 * k:6 * k + 6],
+                                          rank_input(k, dtype, salt=20 + r))
+        np.testing.assert_array_equal(o["reducescatter_list"], reference(
+            [rank_input(k, dtype, salt=r) for k in range(world)], "max", dtype))
+        np.testing.assert_array_equal(o["reduce_scatter_buffer"], reference(
+            [rank_input(k, dtype, salt=r) for k in range(world)], "min", dtype))
+        np.testing.assert_array_equal(o["scatter"], rank_input(root, dtype, salt=40 + r))
+    for k in range(world):
+        np.testing.assert_array_equal(res[root]["gather"][k], rank_input(k, dtype, salt=30))
+
+
+@pytest.mark.parametrize("backend,world", WORLDS)
+def test_v_ops_and_point_to_point(backend, world):
+    counts = [r + 1 for r in range(world)]
+
+    def body(g):
+        r = g.rank
+        out = {}
+        mine = np.full(counts[r], r * 10, dtype=np.int64)
+        gathered = np.zeros(sum(counts), dtype=np.int64)
+        g.allgatherv(gathered, mine, counts)
+        out["allgatherv"] = gathered
+        # alltoallv: rank r sends (k + 1) elements valued 100r + k to rank k.
+        send_counts = [k + 1 for k in range(world)]
+        recv_counts = [r + 1] * world
+        send = np.concatenate([np.full(k + 1, 100 * r + k) for k in range(world)]).astype(np.int64)
+        recv = np.zeros(sum(recv_counts), dtype=np.int64)
+        g.alltoallv(recv, send, recv_counts, send_counts)
+        out["alltoallv"] = recv
+        # A ring in one batch, then plain send/recv between 0 and 1.
+        right, left = (r + 1) % world, (r - 1) % world
+        got = np.zeros(3, dtype=np.float32)
+        g.batch_isend_irecv([tutti.P2POp("send", np.full(3, r, dtype=np.float32), right),
+                             tutti.P2POp(tutti.irecv, got, left)])
+        out["ring"] = got
+        if r == 0:
+            g.send(np.arange(5, dtype=np.float64), 1)
+        elif r == 1:
+            p = np.zeros(5, dtype=np.float64)
+            g.recv(p, 0)
+            out["p2p"] = p
+        return out
+
+    res = run_threads(world, body, backend)
+    expect_gathered = np.concatenate([np.full(counts[k], k * 10) for k in range(world)])
+    for r in range(world):
+        np.testing.assert_array_equal(res[r]["allgatherv"], expect_gathered)
+        np.testing.assert_array_equal(res[r]["alltoallv"], np.concatenate(
+            [np.full(r + 1, 100 * k + r) for k in range(world)]))
+        np.testing.assert_array_equal(res[r]["ring"], np.full(3, (r - 1) % world))
+    np.testing.assert_array_equal(res[1]["p2p"], np.arange(5))
+
+
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_torch_tensors_in_place_every_dtype(backend):
+    dtypes = [torch.bool, torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16,
+              torch.bfloat16, torch.float32, torch.float64]
+
+    def body(g):
+        out = []
+        for dt in dtypes:
+            t = torch.from_numpy(rank_input(g.rank, "float32")).to(dt)
+            if dt == torch.bool:
+                t = torch.from_numpy(rank_input(g.rank, "bool"))
+            g.allreduce(t, tutti.ReduceOp.MAX)
+            out.append(t)
+        return out
+
+    res = run_threads(2, body, backend)
+    for i, dt in enumerate(dtypes):
+        name = "bool" if dt == torch.bool else "float32"
+        want = reference([rank_input(r, name) for r in range(2)], "max", name)
+        for r in range(2):
+            np.testing.assert_array_equal(res[r][i].to(torch.float64).numpy(),
+                                          want.astype(np.float64), err_msg=str(dt))
+
+
+def test_anything_with_dlpack_is_used_in_place():
+    class Wrapped:  # no buffer protocol, no torch type: only __dlpack__
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, *args, **kwargs):
+            return self.t.__dlpack__(*args, **kwargs)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    def body(g):
+        t = torch.full((2, 3), float(g.rank + 1))
+        g.allreduce(Wrapped(t))
+        return t
+
+    for t in run_threads(2, body):
+        assert torch.equal(t, torch.full((2, 3), 3.0))
+
+
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_async_ops_return_works_that_keep_their_tensors(backend):
+    def body(g):
+        works, keep = [], []
+        for k in range(4):
+            x = np.full(1000, g.rank + k, dtype=np.float64)
+            keep.append(x)
+            works.append(g.allreduce(x, async_op=True))
+        # The op holds its tensor: dropping the caller's last reference is safe.
+        y = np.full(8, 1.0)
+        w2 = g.allreduce(y, async_op=True)
+        view = y.view()
+        del y
+        for w in works:
+            assert isinstance(w, tutti.Work)
+            assert w.wait() is True
+            assert w.is_completed() and w.is_success() and w.exception() is None
+        w2.wait(timeout=10)
+        assert works[0].op == "allreduce"
+        return [x.copy() for x in keep], view.copy()
+
+    for xs, y in run_threads(2, body, backend):
+        for k, x in enumerate(xs):
+            np.testing.assert_array_equal(x, np.full(1000, 1 + 2 * k))
+        np.testing.assert_array_equal(y, np.full(8, 2.0))
+
+
+def test_named_groups_free_functions_and_new_group():
+    """Ray's free functions on process-wide named groups (one rank: every backend returns at
+    once), and the query functions."""
+    name = "solo-free-functions"
+    assert not tutti.is_group_initialized(name)
+    assert tutti.get_rank(name) == -1
+    tutti.init_collective_group(1, 0, "shm", name)
+    try:
+        assert tutti.is_group_initialized(name)
+        assert tutti.get_rank(name) == 0 and tutti.get_collective_group_size(name) == 1
+        x = np.arange(4, dtype=np.float32)
+        tutti.allreduce(x, name, tutti.ReduceOp.SUM)
+        tutti.reduce(x, 0, name)
+        tutti.broadcast(x, 0, name)
+        tutti.barrier(name)
+        out = [np.zeros(4, dtype=np.float32)]
+        tutti.allgather(out, x, name)
+        np.testing.assert_array_equal(out[0], np.arange(4))
+        rs = np.zeros(4, dtype=np.float32)
+        tutti.reducescatter(rs, [x], name)
+        tutti.reduce_scatter(rs, x, name)
+        np.testing.assert_array_equal(rs, np.arange(4))
+        w = tutti.barrier(name, async_op=True)
+        assert w.wait()
+        tutti.synchronize("cpu", name)
+        tutti.allreduce_multigpu([x], name)
+        np.testing.assert_array_equal(x, np.arange(4))
+        sub = tutti.new_group([0], group_name=name + ".sub", parent=name)
+        assert sub is not None and sub.world_size == 1
+        assert tutti.is_group_initialized(name + ".sub")
+        tutti.destroy_collective_group(name + ".sub")
+    finally:
+        tutti.destroy_collective_group(name)
+    assert not tutti.is_group_initialized(name)
+    with pytest.raises(tutti.InvalidUsageError, match=name):
+        tutti.allreduce(np.zeros(1), name)
+
+
+def test_abort_ends_a_waiting_op_promptly():
+    done = threading.Event()
+
+    def body(g):
+        if g.rank == 0:
+            try:
+                x = np.zeros(4)
+                w = g.recv(x, 1, async_op=True)  # rank 1 never sends
+                g.abort("the test gives up")
+                with pytest.raises(tutti.AbortedError, match="the test gives up"):
+                    w.wait(timeout=5)
+                assert g.is_aborted
+                with pytest.raises(tutti.AbortedError):
+                    g.barrier()
+            finally:
+                done.set()
+            return "aborted"
+        assert done.wait(30)  # stays in the group until rank 0 is through
+        return "idle"
+
+    assert run_threads(2, body, "shm", timeout=30) == ["aborted", "idle"]
+
+
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_ops_come_from_one_thread_until_another_takes_the_group(backend):
+    """A CPU group takes its ops from the thread that created it: another thread's op fails
+    with InvalidUsageError before any I/O (the group stays usable) until that thread calls
+    issue_from_this_thread(); the creator takes it back the same way."""
+
+    def in_thread(fn):
+        out = {}
+
+        def run():
+            try:
+                out["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 (re-raised below)
+                out["error"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(JOIN_TIMEOUT_S)
+        assert not t.is_alive()
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    def body(g):
+        refused = np.zeros(2)
+        with pytest.raises(tutti.InvalidUsageError, match="issue_from_this_thread"):
+            in_thread(lambda: g.allreduce(refused))
+
+        def adopt_and_reduce():
+            g.issue_from_this_thread()
+            x = np.full(3, g.rank + 1.0)
+            g.allreduce(x)
+            return x
+
+        first = in_thread(adopt_and_reduce)
+        # The helper thread has ended: the next thread to issue an op takes the group over,
+        # here the creator again.
+        g.issue_from_this_thread()
+        second = np.full(3, 10.0 * (g.rank + 1))
+        g.allreduce(second)
+        return first, second
+
+    for first, second in run_threads(2, body, backend):
+        np.testing.assert_array_equal(first, np.full(3, 3.0))
+        np.testing.assert_array_equal(second, np.full(3, 30.0))

@@ -1,0 +1,345 @@
+"""tutti inside a local Ray cluster: the "TUTTI" collective backend with 2 and 4 actors (every
+op and dtype against numpy references, groups side by side, destroy and re-create, a group
+declared from the driver, an actor killed mid-allreduce) and the "TUTTI" RDT tensor transport
+(nested containers, a ref back to its owner, ray.put/ray.get, wait_tensor_freed, a dead
+source)."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+
+import ray.util.collective as col  # noqa: E402
+from ray.util.collective.types import ReduceOp  # noqa: E402
+
+import tutti  # noqa: E402
+import tutti.ray  # noqa: E402
+from conftest import rank_input, reference, unique  # noqa: E402
+
+DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
+OPS = {"sum": ReduceOp.SUM, "product": ReduceOp.PRODUCT, "min": ReduceOp.MIN,
+       "max": ReduceOp.MAX}
+OP_TIMEOUT_S = 20
+
+# Before any class uses tensor_transport="tutti": Ray checks the name when it decorates.
+tutti.ray.register(timeout=OP_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"worker_process_setup_hook": "tutti.ray.register",
+                          # The actors import this module (and conftest) by name.
+                          "env_vars": {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__)),
+                                       "TUTTI_RAY_TIMEOUT_S": str(OP_TIMEOUT_S),
+                                       "TUTTI_GLOO_HOSTNAME": "127.0.0.1"}})
+    yield
+    ray.shutdown()
+
+
+@ray.remote(enable_tensor_transport=True)
+class Worker:
+    def setup(self, name, world, rank):
+        col.init_collective_group(world, rank, backend="tutti", group_name=name)
+        return col.get_rank(name), col.get_collective_group_size(name)
+
+    def destroy(self, name):
+        col.destroy_collective_group(name)
+        return col.is_group_initialized(name)
+
+    def pid(self):
+        import os
+
+        return os.getpid()
+
+    def matrix(self, name, dtypes):
+        """Every op of ray.util.collective on inputs derived from the rank alone."""
+        r, w = col.get_rank(name), col.get_collective_group_size(name)
+        out = {}
+        for dtype in dtypes:
+            for op_name, op in OPS.items():
+                x = rank_input(r, dtype, salt=len(op_name))
+                col.allreduce(x, name, op)
+                out[("allreduce", dtype, op_name)] = x
+            x = rank_input(r, dtype)
+            col.reduce(x, w - 1, name, ReduceOp.MAX)
+            out[("reduce", dtype)] = x
+            b = rank_input(r, dtype, salt=3)
+            col.broadcast(b, 1, name)
+            out[("broadcast", dtype)] = b
+            lst = [np.zeros(6, dtype=dtype) for _ in range(w)]
+            col.allgather(lst, rank_input(r, dtype, salt=4), name)
+            out[("allgather", dtype)] = lst
+            rs = np.zeros(6, dtype=dtype)
+            col.reducescatter(rs, [rank_input(r, dtype, salt=10 + k) for k in range(w)], name,
+                              ReduceOp.MIN)
+            out[("reducescatter", dtype)] = rs
+            if r == 0:
+                col.send(rank_input(0, dtype, salt=7), 1, name)
+            elif r == 1:
+                got = np.zeros(6, dtype=dtype)
+                col.recv(got, 0, name)
+                out[("p2p", dtype)] = got
+            col.barrier(name)
+        t = torch.full((5,), float(r + 1), dtype=torch.bfloat16)
+        col.allreduce(t, name)
+        out["torch"] = t.float().numpy()
+        return out
+
+    def allreduce_value(self, name, value, n=4):
+        x = np.full(n, value, dtype=np.float64)
+        col.allreduce(x, name)
+        return x
+
+    def allreduce_from_new_thread(self, name, value):
+        """The op from a thread other than the one that made the group (which lives on)."""
+        out = {}
+
+        def run():
+            try:
+                out["x"] = self.allreduce_value(name, value)
+            except Exception as e:  # noqa: BLE001 (reported to the driver)
+                out["x"] = f"{type(e).__name__}: {e}"
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(OP_TIMEOUT_S + 10)
+        return out.get("x", "the thread did not finish")
+
+    def allreduce_timed(self, name):
+        x = np.ones(1 << 16, dtype=np.float32)
+        start = time.monotonic()
+        try:
+            col.allreduce(x, name)
+            return "no error", "", time.monotonic() - start
+        except Exception as e:  # noqa: BLE001 (reported to the driver)
+            return type(e).__name__, str(e), time.monotonic() - start
+
+    def stall(self, name):
+        col.barrier(name)
+        time.sleep(600)  # killed here by the test
+
+    # ---- RDT ----
+    @ray.method(tensor_transport="tutti")
+    def produce(self, n):
+        self.kept = torch.arange(n, dtype=torch.float32)
+        return {"weights": [self.kept, torch.ones(3, dtype=torch.int64)],
+                "bias": (torch.full((2, 2), 2.5),)}
+
+    def consume(self, obj):
+        w, ones = obj["weights"]
+        (bias,) = obj["bias"]
+        return float(w.sum()), int(ones.sum()), float(bias.sum())
+
+    def is_kept(self, obj):
+        return obj["weights"][0] is self.kept
+
+    def wait_freed(self, timeout):
+        try:
+            tutti.ray.wait_tensor_freed(self.kept, timeout=timeout)
+            return "freed"
+        except TimeoutError as e:
+            return f"timeout: {e}"
+
+    def get_put(self, refs):
+        (t,) = refs
+        return float(ray.get(t).sum())
+
+
+@ray.remote(max_concurrency=3)
+class ThreadedWorker:
+    """A threaded actor: each task runs on some thread of its pool."""
+
+    def setup(self, name, world, rank):
+        col.init_collective_group(world, rank, backend="tutti", group_name=name)
+        return threading.get_ident()
+
+    def allreduce_value(self, name, value):
+        x = np.full(4, value, dtype=np.float32)
+        col.allreduce(x, name)
+        return x, threading.get_ident()
+
+    def destroy(self, name):
+        col.destroy_collective_group(name)
+
+
+@ray.remote
+class AsyncWorker:
+    """An async actor: its tasks run on the event loop's thread, not the actor's main one."""
+
+    async def setup(self, name, world, rank):
+        col.init_collective_group(world, rank, backend="tutti", group_name=name)
+        return threading.get_ident()
+
+    async def allreduce_value(self, name, value):
+        x = np.full(4, value, dtype=np.int64)
+        col.allreduce(x, name)
+        return x, threading.get_ident()
+
+    async def destroy(self, name):
+        col.destroy_collective_group(name)
+
+
+@pytest.fixture(scope="module")
+def workers(cluster):
+    ws = [Worker.remote() for _ in range(4)]
+    ray.get([w.pid.remote() for w in ws])
+    return ws
+
+
+def setup_group(actors, name):
+    world = len(actors)
+    assert ray.get([a.setup.remote(name, world, r) for r, a in enumerate(actors)]) == [
+        (r, world) for r in range(world)]
+
+
+def check_matrix(results, world, dtypes):
+    for r, out in enumerate(results):
+        for dtype in dtypes:
+            for op_name in OPS:
+                want = reference([rank_input(k, dtype, salt=len(op_name)) for k in range(world)],
+                                 op_name, dtype)
+                np.testing.assert_array_equal(out[("allreduce", dtype, op_name)], want,
+                                              err_msg=f"rank {r} {dtype} {op_name}")
+            want_reduce = (reference([rank_input(k, dtype) for k in range(world)], "max", dtype)
+                           if r == world - 1 else rank_input(r, dtype))
+            np.testing.assert_array_equal(out[("reduce", dtype)], want_reduce)
+            np.testing.assert_array_equal(out[("broadcast", dtype)], rank_input(1, dtype, salt=3))
+            for k in range(world):
+                np.testing.assert_array_equal(out[("allgather", dtype)][k],
+                                              rank_input(k, dtype, salt=4))
+            np.testing.assert_array_equal(out[("reducescatter", dtype)], reference(
+                [rank_input(k, dtype, salt=10 + r) for k in range(world)], "min", dtype))
+            if r == 1:
+                np.testing.assert_array_equal(out[("p2p", dtype)], rank_input(0, dtype, salt=7))
+        np.testing.assert_array_equal(out["torch"], np.full(5, world * (world + 1) / 2))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_op_and_dtype(workers, world):
+    name = unique(f"matrix{world}")
+    actors = workers[:world]
+    setup_group(actors, name)
+    try:
+        results = ray.get([a.matrix.remote(name, DTYPES) for a in actors])
+        check_matrix(results, world, DTYPES)
+    finally:
+        ray.get([a.destroy.remote(name) for a in actors])
+
+
+def test_groups_side_by_side_destroy_and_recreate(workers):
+    a, b = unique("side-a"), unique("side-b")
+    setup_group(workers[:2], a)
+    setup_group([workers[3], workers[2], workers[1]], b)  # other actors, other rank order
+    # Interleaved: each group's allreduce sees only its own members.
+    ra = [workers[0].allreduce_value.remote(a, 1.0), workers[1].allreduce_value.remote(a, 2.0)]
+    rb = [w.allreduce_value.remote(b, 10.0 * (i + 1)) for i, w in
+          enumerate([workers[3], workers[2], workers[1]])]
+    for x in ray.get(ra):
+        np.testing.assert_array_equal(x, np.full(4, 3.0))
+    for x in ray.get(rb):
+        np.testing.assert_array_equal(x, np.full(4, 60.0))
+    # Destroy a, re-create the same name with a different world, use it again.
+    assert ray.get([w.destroy.remote(a) for w in workers[:2]]) == [False, False]
+    setup_group(workers, a)
+    for x in ray.get([w.allreduce_value.remote(a, 1.0) for w in workers]):
+        np.testing.assert_array_equal(x, np.full(4, 4.0))
+    ray.get([w.destroy.remote(a) for w in workers])
+    ray.get([w.destroy.remote(b) for w in [workers[3], workers[2], workers[1]]])
+
+
+def test_group_declared_from_the_driver(workers):
+    name = unique("declared")
+    col.create_collective_group(workers[:2], 2, [1, 0], backend="tutti", group_name=name)
+    # The actors join on first use, with the ranks the driver gave them.
+    out = ray.get([workers[0].allreduce_value.remote(name, 5.0),
+                   workers[1].allreduce_value.remote(name, 7.0)])
+    for x in out:
+        np.testing.assert_array_equal(x, np.full(4, 12.0))
+    ray.get([w.destroy.remote(name) for w in workers[:2]])
+
+
+def test_ops_from_other_threads_than_the_groups_creator(workers):
+    """tutti's CPU groups take ops from one thread; the TUTTI backend hands the group to
+    whichever thread Ray runs the op on: a thread the task starts, the threads of a threaded
+    actor's pool, an async actor's event loop."""
+    name = unique("threads")
+    setup_group(workers[:2], name)
+    try:
+        out = ray.get([w.allreduce_from_new_thread.remote(name, float(i + 1))
+                       for i, w in enumerate(workers[:2])])
+        for x in out:
+            np.testing.assert_array_equal(x, np.full(4, 3.0))
+        # And back on the actor's own thread.
+        for x in ray.get([w.allreduce_value.remote(name, 2.0) for w in workers[:2]]):
+            np.testing.assert_array_equal(x, np.full(4, 4.0))
+    finally:
+        ray.get([w.destroy.remote(name) for w in workers[:2]])
+
+    for label, cls in (("threaded", ThreadedWorker), ("async", AsyncWorker)):
+        name = unique(label)
+        actors = [cls.remote() for _ in range(2)]
+        ray.get([a.setup.remote(name, 2, r) for r, a in enumerate(actors)])
+        threads = set()
+        for step in range(6):  # one op at a time per actor, as Ray's collectives require
+            out = ray.get([a.allreduce_value.remote(name, r + step) for r, a in
+                           enumerate(actors)])
+            for x, thread in out:
+                np.testing.assert_array_equal(x, np.full(4, 1 + 2 * step))
+                threads.add(thread)
+        print(label, "actors ran the ops on", len(threads), "threads")
+        ray.get([a.destroy.remote(name) for a in actors])
+        for a in actors:
+            ray.kill(a)
+
+
+def test_an_actor_killed_mid_allreduce_fails_the_others_naming_the_op(cluster):
+    name = unique("killed")
+    survivor, victim = Worker.remote(), Worker.remote()
+    setup_group([survivor, victim], name)
+    stalled = victim.stall.remote(name)  # joins the barrier, then never the allreduce
+    pending = survivor.allreduce_timed.remote(name)
+    ray.kill(victim)
+    kind, message, elapsed = ray.get(pending, timeout=OP_TIMEOUT_S + 30)
+    assert kind in ("RemoteError", "IoError", "AbortedError"), (kind, message)
+    assert "allreduce" in message and "rank 1" in message, message
+    assert elapsed < OP_TIMEOUT_S, f"{elapsed:.1f} s: the op's timeout is {OP_TIMEOUT_S} s"
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(stalled, timeout=30)
+    ray.kill(survivor)
+
+
+def test_rdt_moves_nested_tensors_and_returns_the_owners_own(workers):
+    producer, consumer = workers[0], workers[1]
+    ref = producer.produce.remote(1000)
+    assert ray.get(consumer.consume.remote(ref)) == (499500.0, 3, 10.0)
+    assert ray.get(producer.is_kept.remote(ref)) is True  # back to its owner: the same tensor
+    local = ray.get(ref)  # the driver fetches through tutti too
+    assert float(local["weights"][0].sum()) == 499500.0
+    # Freed once no ref is left; until then wait_tensor_freed times out.
+    assert ray.get(producer.wait_freed.remote(0.2)).startswith("timeout")
+    del ref, local
+    assert ray.get(producer.wait_freed.remote(30)) == "freed"
+
+
+def test_rdt_put_from_the_driver(workers):
+    t = torch.arange(100, dtype=torch.float64)
+    ref = ray.put(t, _tensor_transport="tutti")
+    assert ray.get(workers[2].get_put.remote([ref])) == 4950.0
+
+
+def test_rdt_a_dead_source_fails_the_consumer(cluster):
+    producer, consumer = Worker.remote(), Worker.remote()
+    ref = producer.produce.remote(10)
+    ray.get(producer.is_kept.remote(ref))  # produced and published
+    ray.kill(producer)
+    with pytest.raises(Exception) as info:
+        ray.get(consumer.consume.remote(ref), timeout=120)
+    print("dead source:", type(info.value).__name__, str(info.value)[:600])
+    assert "gone" in str(info.value) or "died" in str(info.value), str(info.value)
+    ray.kill(consumer)

@@ -1,0 +1,164 @@
+"""tutti.transfer: put in place, get (copies, into targets, as numpy or torch), borrow
+(zero-copy, read-only), get_async, references as bytes/text/pickle, own refs, lifetime
+(wait_tensor_freed), reserve/fulfil/fail, and a dead owner, between agents in one process and
+across processes."""
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+import tutti
+from tutti import transfer
+from conftest import run_processes
+
+
+@pytest.fixture(scope="module")
+def agents():
+    return transfer.TransferAgent("owner"), transfer.TransferAgent("consumer")
+
+
+def test_put_get_round_trips_every_form(agents):
+    owner, consumer = agents
+    a = np.arange(1000, dtype=np.float32)
+    b = torch.arange(10, dtype=torch.int64)
+    c = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    h = owner.put([a, b, c])
+    ref = h.ref
+    assert ref.tensors == [("float32", (1000,), "cpu"), ("int64", (10,), "cpu"),
+                           ("bfloat16", (2,), "cpu")]
+    assert ref.owner_name == "owner" and ref.transport == "shm"
+    for form in (ref, ref.to_bytes(), ref.to_text(), pickle.loads(pickle.dumps(ref))):
+        got = consumer.get(form, framework="torch")
+        assert torch.equal(got[0], torch.from_numpy(a))
+        assert torch.equal(got[1], b)
+        assert torch.equal(got[2], c)
+    got = consumer.get(ref.to_text(), framework="torch")
+    got[0][0] = 99  # a copy: the owner's tensor is untouched
+    assert a[0] == 0
+    with pytest.raises(tutti.TensorTypeError, match="bfloat16"):
+        consumer.get(ref)  # numpy has no bfloat16
+    h.release()
+
+
+def test_get_into_targets_is_checked_before_any_io(agents):
+    owner, consumer = agents
+    a = np.arange(16, dtype=np.float64)
+    with owner.put([a]) as h:
+        target = np.zeros(16)
+        (same,) = consumer.get(h.ref, targets=[target])
+        assert same is target
+        np.testing.assert_array_equal(target, a)
+        with pytest.raises(tutti.InvalidArgumentError, match="consumer"):
+            consumer.get(h.ref, targets=[np.zeros(15)])
+        with pytest.raises(tutti.InvalidArgumentError, match="not contiguous"):
+            consumer.get(h.ref, targets=[np.zeros(32)[::2]])
+        f = consumer.get_async(h.ref, targets=[np.zeros(16)])
+        (t,) = f.wait()
+        assert f.done()
+        np.testing.assert_array_equal(t, a)
+
+
+def test_own_refs_return_the_very_objects_put(agents):
+    owner, _ = agents
+    t = torch.ones(3)
+    with owner.put([t]) as h:
+        (same,) = owner.get(h.ref)
+        assert same is t
+
+
+def test_borrow_of_allocated_memory_is_zero_copy_and_read_only(agents):
+    owner, consumer = agents
+    shared = owner.allocate(64 * 4, "float32")
+    shared[:] = np.arange(64)
+    h = owner.put([shared])
+    with consumer.borrow(h.ref) as (view,):
+        assert not view.flags.writeable
+        shared[5] = -1  # the owner writes: the borrower sees the same pages
+        assert view[5] == -1
+        h.release()
+        with pytest.raises(tutti.TimeoutError, match="leased by agent 'consumer'"):
+            owner.wait_tensor_freed(shared, timeout=0.2)
+        del view
+    owner.wait_tensor_freed(shared, timeout=10)
+
+
+def test_wait_tensor_freed_names_what_holds_the_tensor(agents):
+    owner, _ = agents
+    x = np.zeros(8)
+    h = owner.put([x], expected_gets=0)
+    with pytest.raises(tutti.TimeoutError, match="wait_tensor_freed"):
+        owner.wait_tensor_freed(x, timeout=0.1)
+    h.release()
+    owner.wait_tensor_freed(x, timeout=10)
+    assert owner.collect() == 0  # the agent let go of the array
+
+
+def test_reserve_fulfil_and_fail(agents):
+    owner, consumer = agents
+    h = owner.reserve([("float32", (4,)), (torch.int64, (2,))])
+    assert h.ref.is_pending
+    f = consumer.get_async(h.ref, timeout=10)
+    assert not f.done()
+    owner.fulfil(h, [np.full(4, 2.0, dtype=np.float32), np.array([7, 8])])
+    x, y = f.wait()
+    np.testing.assert_array_equal(x, np.full(4, 2.0))
+    np.testing.assert_array_equal(y, [7, 8])
+    h.release()
+    bad = owner.reserve([("float32", (1,))])
+    owner.fail(bad, "the producer crashed")
+    with pytest.raises(tutti.RemoteError, match="the producer crashed"):
+        consumer.get(bad.ref, timeout=10)
+
+
+def test_bad_refs_and_tensors_are_refused():
+    with pytest.raises(tutti.InvalidArgumentError):
+        transfer.TensorRef.from_text("tutti-ref:1:bm90IGEgcmVm")
+    with pytest.raises(tutti.TensorTypeError, match="ref must be"):
+        transfer.get(12)
+    with pytest.raises(tutti.InvalidArgumentError, match="not contiguous"):
+        transfer.put([np.zeros(8)[::2]])
+    with pytest.raises(tutti.TensorTypeError, match="int16"):
+        transfer.put([np.zeros(8, dtype=np.int16)])
+
+
+def owner_process(conn):
+    data = np.arange(1 << 20, dtype=np.float32)  # 4 MiB
+    h = transfer.put([data, torch.full((3,), 7, dtype=torch.int32)])
+    kept = transfer.put([np.ones(4)])  # alive until the process dies
+    conn.send((h.ref.to_bytes(), kept.ref.to_text()))
+    conn.recv()  # the consumer is done
+    h.release()
+    transfer.wait_tensor_freed(data, timeout=20)
+    conn.send("freed")
+    conn.recv()
+
+
+def test_across_processes_and_a_dead_owner():
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=owner_process, args=(there,), daemon=True)
+    p.start()
+    try:
+        assert here.poll(60)
+        ref, kept = here.recv()
+        data, small = transfer.get(ref)
+        np.testing.assert_array_equal(data, np.arange(1 << 20, dtype=np.float32))
+        np.testing.assert_array_equal(small, [7, 7, 7])
+        here.send("done")
+        assert here.poll(30) and here.recv() == "freed"
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        with pytest.raises(tutti.InvalidUsageError, match="freed"):
+            transfer.get(ref, timeout=10)  # freed before the owner went
+        with pytest.raises(tutti.IoError) as info:
+            transfer.get(kept, timeout=10)
+        print("dead owner:", info.value)
+    finally:
+        if p.is_alive():
+            p.kill()
+        p.join(5)

@@ -1,0 +1,48 @@
+"""tutti inside Ray: a collective backend and an RDT tensor transport, both named "TUTTI".
+
+    import ray, tutti.ray
+    tutti.ray.register()                        # in the driver, before creating actors
+    ray.init(runtime_env={"worker_process_setup_hook": "tutti.ray.register"})  # and in actors
+
+Then, inside actors, ``ray.util.collective.init_collective_group(world, rank, backend="tutti",
+group_name=...)`` (or ``create_collective_group(actors, world, ranks, backend="tutti")`` from the
+driver) makes every ``ray.util.collective`` call on that group run on tutti, and
+``@ray.method(tensor_transport="tutti")`` (actors declared with
+``@ray.remote(enable_tensor_transport=True)``, the consuming actors too: Ray runs the fetch on
+the system thread that option creates) moves CPU torch tensors through tutti's one-sided shm
+path. Ray needs the collective backend registered in every process that uses it (the setup
+hook above does that); the tensor transport Ray registers on actors itself.
+"""
+
+from typing import Optional
+
+from . import _group
+from ._group import TuttiGroup
+from ._transport import TuttiTensorTransport, wait_tensor_freed
+
+NAME = "TUTTI"
+
+
+def register(timeout: Optional[float] = None, collective: bool = True,
+             tensor_transport: bool = True) -> None:
+    """Registers TuttiGroup as Ray's collective backend "TUTTI" and TuttiTensorTransport as the
+    RDT tensor transport "TUTTI" in this process. Idempotent. timeout: seconds each op and the
+    rendezvous may take (default 30, or TUTTI_RAY_TIMEOUT_S)."""
+    if timeout is not None:
+        _group.DEFAULT_TIMEOUT_S = float(timeout)
+    if collective:
+        from ray.util.collective.backend_registry import _global_registry, register_collective_backend
+
+        if not _global_registry.is_registered(NAME):
+            register_collective_backend(NAME, TuttiGroup)
+    if tensor_transport:
+        import torch
+        from ray.experimental import register_tensor_transport
+        from ray.experimental.rdt import util as rdt_util
+
+        rdt_util._ensure_default_transports_registered()
+        if NAME not in rdt_util.transport_manager_info:
+            register_tensor_transport(NAME, ["cpu"], TuttiTensorTransport, torch.Tensor)
+
+
+__all__ = ["NAME", "TuttiGroup", "TuttiTensorTransport", "register", "wait_tensor_freed"]

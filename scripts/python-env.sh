@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The Python side's environment: a venv (build/venv, or $TUTTI_VENV) with the pinned packages of
+# python/requirements.txt, and tutti's Python package built and installed into it from ./python.
+# Idempotent: the venv is made again only when requirements.txt changes; the package rebuilds
+# incrementally (its build tree is build/python/). Prints the venv's python on its last line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${TUTTI_VENV:-$PWD/build/venv}
+req=python/requirements.txt
+stamp="$venv/.tutti-requirements"
+# Debian's interpreter: python3-venv and python3-dev are installed for it (setup-debian.sh).
+base=${TUTTI_PYTHON:-/usr/bin/python3}
+
+if [ ! -x "$venv/bin/python" ] || ! cmp -s "$req" "$stamp"; then
+  echo "python-env: creating $venv (pinned packages of $req)" >&2
+  rm -rf "$venv"
+  "$base" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q -r "$req" >&2
+  cp "$req" "$stamp"
+fi
+# --no-build-isolation: build with the venv's pinned scikit-build-core and nanobind.
+"$venv/bin/python" -m pip install -q --no-build-isolation --no-deps ./python >&2
+echo "$venv/bin/python"
