@@ -230,5 +230,68 @@ TEST_F(OwnerThere, ARefNamingAReusedPidOrAStaleGenerationIsRefused) {
   write_file(dir.path() + "/done", "1");
 }
 
+// ---- two-sided: the owner is stopped in the middle of a gloo get ----
+
+// The worker owns (rank 0 of the agents' gloo group), this process consumes (rank 1). SIGSTOP
+// the owner: a gloo get times out (kTimeout, not a hang), the group is aborted (later gloo gets
+// fail with kAborted quoting the first failure), the shm transport keeps working (it needs
+// nothing from the stopped owner), and after SIGCONT a reset of both sides heals the gloo group
+// for the same refs.
+TEST(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
+  testing::TempDir dir;
+  Worker owner("gloo-owner", dir.path());
+  ASSERT_GT(owner.pid(), 0);
+  TransferAgentOptions o;
+  o.name = "gloo-consumer";
+  auto agent = TransferAgent::create(o);
+  GroupOptions go;
+  go.store_url = "file://" + dir.path() + "/store";
+  go.timeout = 30s;
+  go.job_id = "rdt-worker";  // as the worker's
+  agent->join_group("gloo", 2, 1, go);
+  ASSERT_TRUE(wait_file(dir.path() + "/ready", 30s)) << "the owner never published";
+  const TensorRef gloo = TensorRef::from_text(read_file(dir.path() + "/ref.gloo"));
+  const TensorRef arena = TensorRef::from_text(read_file(dir.path() + "/ref.arena"));
+  auto heap_at = [](const Received& r, int i) {
+    return static_cast<const int32_t*>(r.tensors()[0].data())[i];
+  };
+  auto arena_at = [](const Received& r, int i) {
+    return static_cast<const float*>(r.tensors()[0].data())[i];
+  };
+  EXPECT_EQ(heap_at(agent->get(gloo), 1000), 3000);
+  EXPECT_EQ(arena_at(agent->get(arena), 4321), 4321 * 0.5f);
+
+  ASSERT_EQ(::kill(owner.pid(), SIGSTOP), 0);
+  GetOptions quick;
+  quick.timeout = 1500ms;
+  const auto start = Clock::now();
+  try {
+    agent->get(gloo, quick);
+    FAIL() << "a get from a stopped owner succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("gloo-owner"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("gloo-consumer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(gloo)"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(ms_since(start), 30000.0);  // a hang guard, not a timing
+  try {
+    agent->get(gloo, quick);
+    FAIL() << "a get over an aborted group succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAborted) << e.what();
+    EXPECT_NE(std::string(e.what()).find("reset_transport('gloo')"), std::string::npos) << e.what();
+  }
+  // shm goes on while the owner is still stopped: the mapping and the lease need nothing of it.
+  EXPECT_EQ(arena_at(agent->get(arena), 77777), 77777 * 0.5f);
+
+  ASSERT_EQ(::kill(owner.pid(), SIGCONT), 0);
+  write_file(dir.path() + "/reset", "1");
+  agent->reset_transport("gloo");  // collective: the owner resets too
+  EXPECT_EQ(heap_at(agent->get(gloo), 65535), 3 * 65535);
+  EXPECT_EQ(agent->transport_group("gloo")->name(), "rdt.gloo#2");
+  write_file(dir.path() + "/done", "1");
+}
+
 }  // namespace
 }  // namespace tutti

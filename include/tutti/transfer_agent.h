@@ -8,6 +8,10 @@
 //   the agent's shareable arena (allocate()), one copy by cross-memory read elsewhere, or a
 //   snapshot taken at put (PutOptions::snapshot).
 // - "socket" (built in, any host): the owner streams the bytes over the agents' connection.
+// - "gloo" (and "nccl" for CUDA tensors), two-sided, any host: the owner sends, the consumer
+//   receives, over a dedicated CollectiveGroup of the agents (join_group / attach_group) that
+//   one thread per agent drives with batched send/recv. A failure there aborts only that group:
+//   later gets of the transport fail with kAborted until every member calls reset_transport.
 // - custom ones (tutti/tensor_transport.h).
 // "auto" picks shm on one host, else socket.
 //
@@ -36,11 +40,14 @@
 
 #include "tutti/export.h"
 #include "tutti/error.h"
+#include "tutti/options.h"
 #include "tutti/store.h"
 #include "tutti/tensor_ref.h"
 #include "tutti/tensor_view.h"
 
 namespace tutti {
+
+class CollectiveGroup;
 
 struct PutOptions {
   std::string transport = "auto";  // "auto": shm when every consumer may be on this host
@@ -169,8 +176,34 @@ class TUTTI_API TransferAgent {
   TensorView allocate(size_t bytes, DType dtype = DType::kUInt8);
   void deallocate(const TensorView& memory);
 
+  // Makes the caller's CPU memory shareable once, so that puts of tensors inside it are cheap and
+  // (with an fd) zero-copy: `fd` is the file the region is mapped MAP_SHARED from (a memfd, a
+  // /dev/shm file: e.g. a tensor moved to shared memory), at `fd_offset` (page-aligned, like
+  // region.data()); shm consumers then map it read-only (through a read-only descriptor) and
+  // borrow it in place. Without an fd, shm gets copy it by cross-memory read. The agent keeps
+  // its own descriptor; the caller keeps the memory alive until unregister_memory, which fails
+  // with kInvalidUsage while an object in it is still published.
+  void register_memory(const TensorView& region, int fd = -1, uint64_t fd_offset = 0);
+  void unregister_memory(const TensorView& region);
+
   // Fails every get in progress with kAborted; the agent stays usable. Never throws.
   void abort() noexcept;
+
+  // Two-sided transports ("gloo", "nccl"): the group their bytes travel over, one per transport
+  // and agent, used by nothing else. join_group makes it (collective: every member calls it with
+  // its rank and a store they share; its name is "<set>.<transport>#<incarnation>"), attach_group
+  // takes the application's (the agent then owns it: no other op may use it). A process outside
+  // the group that gets such a ref fails with kInvalidUsage (or, with allow_fallback, uses the
+  // socket transport).
+  void join_group(std::string_view transport, int world_size, int rank,
+                  const GroupOptions& options, std::string_view set = "rdt");
+  void attach_group(std::string_view transport, std::shared_ptr<CollectiveGroup> group);
+  // After a two-sided failure (the group is aborted and gets fail with kAborted): destroys the
+  // group and joins its next incarnation (collective: every member calls it). Objects and refs
+  // stay valid. kInvalidUsage for a group given by attach_group (attach a new one instead).
+  void reset_transport(std::string_view transport);
+  // The group of a two-sided transport, or null.
+  std::shared_ptr<CollectiveGroup> transport_group(std::string_view transport);
 
  private:
   friend struct detail::AgentCore;

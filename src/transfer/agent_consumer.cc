@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "agent_core.h"
+#include "group_transport.h"
 #include "host_identity.h"
 #include "logging.h"
 #include "sha256.h"
@@ -87,6 +88,18 @@ class PeerLink final : public TransportPeer {
       for (int f : m.fds) ::close(f);
       throw_error_payload(m.payload);
     }
+    return m;
+  }
+
+  // One request, one reply, kError replies included; the request is made once a connection is
+  // up (`sent` says whether it may have reached the owner).
+  Message exchange(MsgType type, const std::function<std::string()>& make, bool* sent) {
+    auto conn = core_.checkout(*peer_, deadline_, cancelled_);
+    const std::string payload = make();
+    *sent = true;
+    conn->send(type, payload, {}, deadline_, cancelled_);
+    Message m = conn->receive(deadline_, cancelled_);
+    core_.checkin(*peer_, std::move(conn));
     return m;
   }
 
@@ -257,7 +270,7 @@ void AgentCore::abort_gets() {
 namespace {
 
 void check_targets(const AgentCore& core, const char* op, const TensorRef& ref,
-                   const std::vector<TensorView>& targets) {
+                   const std::vector<TensorView>& targets, bool cuda = false) {
   auto context = [&] { return core.context(op, ref); };
   const auto& metas = ref.tensors();
   if (targets.empty()) return;
@@ -273,10 +286,11 @@ void check_targets(const AgentCore& core, const char* op, const TensorRef& ref,
       throw Error(ErrorCode::kInvalidArgument, context() + ": target " + std::to_string(i) + " is " +
                                                    t.str() + ", the tensor is " + m.str());
     }
-    if (t.device().type != DeviceType::kCPU) {
+    if ((t.device().type == DeviceType::kCUDA) != cuda) {
       throw Error(ErrorCode::kInvalidArgument, context() + ": target " + std::to_string(i) +
-                                                   " is on " + t.device().str() +
-                                                   "; gets receive into CPU memory");
+                                                   " is on " + t.device().str() + "; transport '" +
+                                                   ref.transport() + "' receives into " +
+                                                   (cuda ? "CUDA" : "CPU") + " memory");
     }
   }
 }
@@ -302,6 +316,8 @@ struct AgentCore::Resolved {
   bool socket = false;  // the owner streams it (the built-in path)
   bool local = false;   // the owner is on this host (a lease lane)
   std::shared_ptr<Peer> peer;
+  GroupTransport* group = nullptr;  // two-sided: the transport, and the owner's rank in its group
+  int owner_rank = -1;
 };
 
 std::string AgentCore::context(const char* op, const TensorRef& ref) const {
@@ -317,13 +333,33 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
                     (ref.is_signed() ? "signed with another secret" : "not signed") +
                     " (this agent only takes refs signed with its secret)");
   }
-  check_targets(*this, op, ref, opts.targets);
   r.ref = ref;
   r.name = ref.transport();
   r.local = ref.owner().same_host(identity);
+  if (r.name == "socket") check_targets(*this, op, ref, opts.targets);
   if (r.name != "socket") {
     TensorTransport& t = transport(r.name);  // kUnavailable when not registered
-    if (!t.traits().cross_host && !r.local) {
+    check_targets(*this, op, ref, opts.targets, t.traits().cuda);
+    auto* group = dynamic_cast<GroupTransport*>(&t);
+    bool member = false;
+    const int owner_rank = group != nullptr ? group->check_member(ref, &member) : -1;
+    if (group != nullptr && !member) {
+      if (!opts.allow_fallback || (!r.local && ref.owner().tcp_endpoint.empty()) ||
+          t.traits().cuda) {
+        try {
+          group->check_member(ref, nullptr);  // throws, naming the group
+        } catch (const Error& e) {
+          rethrow_with(context(op, ref), e);
+        }
+      }
+      TUTTI_LOG_DEBUG("direct transport: {}: not in the group, falls back to the socket",
+                      context(op, ref));
+      r.name = "socket";
+    } else if (group != nullptr) {
+      r.transport = &t;
+      r.group = group;
+      r.owner_rank = owner_rank;
+    } else if (!t.traits().cross_host && !r.local) {
       if (!opts.allow_fallback || ref.owner().tcp_endpoint.empty()) {
         throw Error(ErrorCode::kUnavailable,
                     context(op, ref) + ": transport '" + r.name + "' works on one host, and " +
@@ -359,11 +395,17 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
     Resolved r = resolve(ref, opts, "get");
     Received out;
     std::vector<TensorView> targets = opts.targets;
+    if (targets.empty() && r.transport != nullptr && r.transport->traits().cuda) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "transport '" + r.name + "' receives into CUDA memory: give targets");
+    }
     if (targets.empty()) targets = allocate_targets(ref, out.storage_);
     PeerLink link(*this, r.peer, deadline, flag, ref.object());
     link.set_transport(r.name);
     if (r.socket) {
       link.stream(targets);
+    } else if (r.group != nullptr) {
+      get_two_sided(r, link, targets, deadline, *flag);
     } else {
       Lease lease = take_lease(r, link, deadline, *flag);
       r.transport->fetch(FetchRequest{r.ref, link, targets, false, deadline, *flag});
@@ -410,8 +452,14 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
       // Nothing to borrow in place: a private copy, held like a borrow.
       auto storage = std::make_shared<std::vector<std::shared_ptr<void>>>();
       std::vector<TensorView> views = allocate_targets(ref, *storage);
+      if (r.transport != nullptr && r.transport->traits().cuda) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "transport '" + r.name + "' cannot lend views: get into CUDA targets");
+      }
       if (r.socket) {
         link.stream(views);
+      } else if (r.group != nullptr) {
+        get_two_sided(r, link, views, deadline, flag);
       } else {
         Lease lease = take_lease(r, link, deadline, flag);
         r.transport->fetch(FetchRequest{r.ref, link, views, false, deadline, flag});
@@ -637,6 +685,57 @@ void AgentCore::end_lease(Peer& peer, PeerLink& link, ObjectId object, const Lea
     w.u32(object.generation);
     link.request(MsgType::kUnlease, w.out());
   }
+}
+
+void AgentCore::get_two_sided(Resolved& r, PeerLink& link, const std::vector<TensorView>& targets,
+                              Clock::time_point deadline, const std::atomic<bool>& cancelled) {
+  GroupTransport& g = *r.group;
+  const int owner_rank = r.owner_rank;
+  const ObjectId object = r.ref.object();
+  uint64_t seq = 0;  // this rank's number for the transfer, when it leads the pair
+  uint64_t incarnation = 0;
+  bool sent = false;
+  Message m;
+  try {
+    m = link.exchange(MsgType::kFetch, [&] {
+      seq = g.lead(owner_rank, &incarnation);
+      WireWriter w;
+      w.u64(object.id);
+      w.u32(object.generation);
+      w.u64(static_cast<uint64_t>(std::max<int64_t>(
+          1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count())));
+      w.str8(r.name);
+      w.str8(g.set());
+      w.u64(incarnation);
+      w.u32(static_cast<uint32_t>(g.rank()));
+      w.u64(seq);
+      return std::move(w.out());
+    }, &sent);
+  } catch (const Error& e) {
+    // The owner may have numbered (and queued) the transfer: the pair is out of step.
+    if (sent || seq > 0) {
+      g.abort("a fetch from " + owner_text(r.ref.owner()) + " (rank " +
+              std::to_string(owner_rank) + ") broke off: " + e.what());
+    }
+    throw;
+  }
+  if (m.type == MsgType::kError) {
+    if (seq > 0) g.abort("the owner refused a numbered fetch it could not read");
+    throw_error_payload(m.payload);
+  }
+  WireReader rd(m.payload, "a fetch grant from " + owner_text(r.ref.owner()));
+  const uint8_t status = rd.u8("status");
+  if (status != 0) {
+    const std::string error = rd.str32("error", 1u << 20);
+    if (seq > 0 && status == 1) g.skip(owner_rank, seq, incarnation);
+    if (seq > 0 && status != 1) g.abort("the owner refused a fetch before it numbered it");
+    throw_error_payload(error);
+  }
+  const uint64_t granted = rd.u64("number");
+  auto job = g.enqueue(GroupJob::Kind::kRecv, owner_rank, granted, incarnation, targets, deadline,
+                       nullptr);
+  g.wait(*job, deadline, cancelled,
+         owner_text(r.ref.owner()) + " (rank " + std::to_string(owner_rank) + ")");
 }
 
 Fetch AgentCore::get_async(const TensorRef& ref, const GetOptions& opts) {

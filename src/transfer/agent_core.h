@@ -25,6 +25,8 @@
 namespace tutti::detail {
 
 class PeerLink;
+class WireReader;
+class GroupTransport;
 
 // The pin that ObjectHandle copies share: the object may go once it is destroyed.
 struct ObjectPin {
@@ -154,6 +156,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   bool leased_by_a_lane_locked(const Object& o, std::string* who = nullptr) const;
   std::string freed_text_locked(uint64_t id) const;
   std::string blockers_locked(const Object& o) const;
+  void serve_fetch(WireReader& r, const std::function<void(const std::string&)>& reply,
+                   const std::string& consumer);
   void accept_loop(int listener, bool local);
   void serve(std::unique_ptr<Connection> connection, bool local);
   void housekeeping_loop();
@@ -177,6 +181,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
                                                           const std::atomic<bool>& cancelled);
   Received get(const TensorRef& ref, const GetOptions& options,
                const std::atomic<bool>* cancelled = nullptr);
+  // Two-sided: the owner sends `targets` over the transport's group.
+  void get_two_sided(Resolved& r, PeerLink& link, const std::vector<TensorView>& targets,
+                     Clock::time_point deadline, const std::atomic<bool>& cancelled);
   Borrowed borrow(const TensorRef& ref, const GetOptions& options);
   Fetch get_async(const TensorRef& ref, const GetOptions& options);
   std::shared_ptr<Peer> peer_for(const AgentIdentity& owner, bool local);

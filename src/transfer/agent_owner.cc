@@ -12,6 +12,7 @@
 #include <random>
 
 #include "agent_core.h"
+#include "group_transport.h"
 #include "host_identity.h"
 #include "logging.h"
 #include "sha256.h"
@@ -212,14 +213,16 @@ ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
                                 bool reserved) {
   const std::string name = resolve_transport(opts.transport);
   TensorTransport& t = transport(name);
+  const bool cuda = t.traits().cuda;
   for (size_t i = 0; i < metas.size(); ++i) {
-    if (metas[i].device.type != DeviceType::kCPU) {
+    if ((metas[i].device.type == DeviceType::kCUDA) != cuda) {
       throw Error(ErrorCode::kInvalidArgument,
                   (reserved ? "reserve on " : "put on ") + who() + ": tensor " + std::to_string(i) +
-                      " is on " + metas[i].device.str() + "; transport '" + name +
-                      "' carries CPU tensors");
+                      " is on " + metas[i].device.str() + "; transport '" + name + "' carries " +
+                      (cuda ? "CUDA" : "CPU") + " tensors");
     }
   }
+  auto* group = dynamic_cast<GroupTransport*>(&t);
   uint64_t id;
   uint32_t slot, generation;
   {
@@ -252,9 +255,10 @@ ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
   Publication pub;
   std::vector<TensorView> published = tensors;
   std::vector<std::shared_ptr<void>> storage;
-  if (!reserved) {
+  if (!reserved || group != nullptr) {
     try {
-      if (opts.snapshot) published = snapshot_copy(t, tensors, storage);
+      if (opts.snapshot && !reserved) published = snapshot_copy(t, tensors, storage);
+      // A two-sided ref names its group even before the data exists.
       pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published});
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex);
@@ -737,6 +741,11 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
             done(true);
             break;
           }
+          case MsgType::kFetch: {
+            serve_fetch(r, [&](const std::string& payload) { reply(payload); },
+                        consumer ? consumer->identity.name : std::string("?"));
+            break;
+          }
           default:
             throw Error(ErrorCode::kInvalidArgument,
                         who() + " got a message of unknown type " +
@@ -763,6 +772,105 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
   serving_fds.erase(fd);
   conn.reset();
   if (--serving_threads == 0) serving_done.notify_all();
+}
+
+}  // namespace tutti::detail
+
+namespace tutti::detail {
+
+// A consumer's two-sided fetch: hold the object, queue its send on the transport's group and
+// grant the pair's number. The reply is a status (kGranted + number, or kRefused / kRefusedUnseen
+// + the error), never kError, so that the consumer knows whether its number was used up.
+void AgentCore::serve_fetch(WireReader& r, const std::function<void(const std::string&)>& reply,
+                            const std::string& consumer) {
+  const uint64_t id = r.u64("id");
+  const uint32_t gen = r.u32("generation");
+  const std::chrono::milliseconds timeout(r.u64("timeout"));
+  const auto deadline = Clock::now() + timeout;
+  // A reservation not fulfilled in time is refused a little before the consumer gives up, so
+  // that the refusal reaches it (a consumer that gives up first must abort the group).
+  const auto wait_deadline = deadline - std::min<std::chrono::milliseconds>(
+                                            timeout / 4, std::chrono::milliseconds(500));
+  const std::string name = r.str8("transport");
+  const std::string set = r.str8("group set");
+  const uint64_t incarnation = r.u64("incarnation");
+  const int rank = static_cast<int>(r.u32("rank"));
+  const uint64_t seq = r.u64("seq");
+  WireWriter w;
+  GroupTransport* g = nullptr;
+  bool seen = false;  // the consumer's number is this side's to skip on a refusal
+  try {
+    g = dynamic_cast<GroupTransport*>(&transport(name));
+    if (g == nullptr) {
+      throw Error(ErrorCode::kInvalidArgument, "transport '" + name + "' is not two-sided");
+    }
+    g->check_peer(set, incarnation, rank, wait_deadline);
+    seen = true;
+    std::vector<TensorView> tensors;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait_until(lock, wait_deadline, [&] {
+        auto it = objects.find(id);
+        return stopping || it == objects.end() || it->second.generation != gen ||
+               it->second.state != kSlotReserved;
+      });
+      auto it = objects.find(id);
+      if (it == objects.end() || it->second.generation != gen) {
+        throw Error(ErrorCode::kInvalidUsage,
+                    "object " + std::to_string(id) + " " + freed_text_locked(id) + " at its owner");
+      }
+      Object& o = it->second;
+      if (o.state == kSlotReserved) {
+        throw Error(ErrorCode::kTimeout,
+                    "object " + std::to_string(id) + " is still reserved (never fulfilled)");
+      }
+      if (o.state == kSlotFailed) {
+        throw Error(ErrorCode::kRemoteError, "the owner failed it: " + o.failure);
+      }
+      if (o.state != kSlotLive) {
+        throw Error(ErrorCode::kInvalidUsage,
+                    "object " + std::to_string(id) + " is being freed at its owner");
+      }
+      if (o.t != g) {
+        throw Error(ErrorCode::kInvalidArgument, "object " + std::to_string(id) +
+                                                     " was published on '" + o.transport + "'");
+      }
+      ++o.local_leases;  // until the send is done
+      tensors = o.tensors;
+    }
+    std::weak_ptr<AgentCore> weak = weak_from_this();
+    auto done = [weak, id](bool ok) {
+      auto self = weak.lock();
+      if (!self) return;
+      std::lock_guard<std::mutex> lock(self->mutex);
+      auto it = self->objects.find(id);
+      if (it == self->objects.end()) return;
+      --it->second.local_leases;
+      if (ok && it->second.expected_gets > 0 && --it->second.expected_gets == 0) {
+        self->slots.slot(it->second.slot).flags.store(0);
+      }
+      self->settle_locked(it->second);
+    };
+    std::shared_ptr<GroupJob> job;
+    try {
+      job = g->enqueue(GroupJob::Kind::kSend, rank, seq, incarnation, std::move(tensors), deadline,
+                       done);
+    } catch (...) {
+      done(false);
+      throw;
+    }
+    w.u8(0);
+    w.u64(job->seq);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kIoError) throw;
+    if (seen && seq > 0) g->skip(rank, seq, incarnation);
+    TUTTI_LOG_DEBUG("direct transport: {} refuses a two-sided fetch of object {} by agent '{}': {}",
+                    who(), id, consumer, e.what());
+    w = WireWriter();
+    w.u8(seen ? 1 : 2);
+    w.str32(error_payload(e));
+  }
+  reply(w.out());
 }
 
 }  // namespace tutti::detail
