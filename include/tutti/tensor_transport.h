@@ -41,6 +41,7 @@ struct TransportTraits {
 struct PublishRequest {
   ObjectId object;
   const std::vector<TensorView>& tensors;
+  void* stream = nullptr;  // PutOptions::stream (CUDA: the producer's stream)
 };
 
 struct Publication {
@@ -72,6 +73,7 @@ struct FetchRequest {
   bool borrow = false;
   std::chrono::steady_clock::time_point deadline;
   const std::atomic<bool>& cancelled;  // long copies check it now and then
+  void* stream = nullptr;              // GetOptions::stream (CUDA: the consumer's stream)
 };
 
 struct FetchResult {

@@ -7,6 +7,8 @@
 // - "shm" (one host, tutti::shm): the consumer reads the owner's memory itself: zero-copy from
 //   the agent's shareable arena (allocate()), one copy by cross-memory read elsewhere, or a
 //   snapshot taken at put (PutOptions::snapshot).
+// - "cuda_ipc" (one host, tutti::cuda_ipc): CUDA tensors, exported per allocation with CUDA IPC;
+//   the consumer copies device to device, or borrows views of the owner's GPU memory.
 // - "socket" (built in, any host): the owner streams the bytes over the agents' connection.
 // - "gloo" (and "nccl" for CUDA tensors), two-sided, any host: the owner sends, the consumer
 //   receives, over a dedicated CollectiveGroup of the agents (join_group / attach_group) that
@@ -54,6 +56,9 @@ struct PutOptions {
   bool snapshot = false;  // copy now: later writes to the tensors are not seen by consumers
   uint32_t expected_gets = 0;  // after the last handle: live until this many gets completed
   std::chrono::milliseconds keep_for{0};  // after the last handle: live at least this long
+  // CUDA tensors (cuda_ipc): the producer's cudaStream_t; consumers' reads are ordered after the
+  // work queued on it so far. Null: the legacy default stream.
+  void* stream = nullptr;
 };
 
 struct GetOptions {
@@ -65,6 +70,9 @@ struct GetOptions {
   // A one-host transport's ref used on another host (or network or pid namespace): fall back to
   // "socket" instead of failing with kUnavailable.
   bool allow_fallback = false;
+  // CUDA tensors (cuda_ipc): the consumer's cudaStream_t. A get's copy and a borrow's views are
+  // ordered on it after the producer's work; null: the host waits for the producer instead.
+  void* stream = nullptr;
 };
 
 namespace detail {

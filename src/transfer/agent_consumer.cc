@@ -389,6 +389,12 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
   const auto deadline = Clock::now() + (opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
   try {
     if (ref.owner().uuid == identity.uuid) {
+      const bool cuda = !ref.tensors().empty() && ref.tensors()[0].device.type == DeviceType::kCUDA;
+      if (cuda && !opts.targets.empty()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "the ref is this agent's own CUDA object: get it without targets (its own "
+                    "tensors) and copy on your stream");
+      }
       check_targets(*this, "get", ref, opts.targets);
       return get_own(ref, opts.targets, false, deadline, *flag).first;
     }
@@ -408,7 +414,7 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
       get_two_sided(r, link, targets, deadline, *flag);
     } else {
       Lease lease = take_lease(r, link, deadline, *flag);
-      r.transport->fetch(FetchRequest{r.ref, link, targets, false, deadline, *flag});
+      r.transport->fetch(FetchRequest{r.ref, link, targets, false, deadline, *flag, opts.stream});
       end_lease(*r.peer, link, r.ref.object(), lease, true);
     }
     out.views_ = std::move(targets);
@@ -462,7 +468,7 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
         get_two_sided(r, link, views, deadline, flag);
       } else {
         Lease lease = take_lease(r, link, deadline, flag);
-        r.transport->fetch(FetchRequest{r.ref, link, views, false, deadline, flag});
+        r.transport->fetch(FetchRequest{r.ref, link, views, false, deadline, flag, opts.stream});
         end_lease(*r.peer, link, r.ref.object(), lease, true);
       }
       out.views_ = std::move(views);
@@ -474,7 +480,7 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
     FetchResult fetched;
     try {
       static const std::vector<TensorView> kNone;
-      fetched = r.transport->fetch(FetchRequest{r.ref, link, kNone, true, deadline, flag});
+      fetched = r.transport->fetch(FetchRequest{r.ref, link, kNone, true, deadline, flag, opts.stream});
       if (fetched.views.size() != ref.tensors().size()) {
         throw Error(ErrorCode::kInternal, "transport '" + r.name + "' lent " +
                                               std::to_string(fetched.views.size()) +

@@ -259,7 +259,7 @@ ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
     try {
       if (opts.snapshot && !reserved) published = snapshot_copy(t, tensors, storage);
       // A two-sided ref names its group even before the data exists.
-      pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published});
+      pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published, opts.stream});
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex);
       objects.erase(id);
