@@ -14,6 +14,7 @@
 // Before the sweep rank 0 times a put of 1000 tensors of 200 KB of its shareable memory.
 // --transport cuda_ipc: GPU tensors on device 0 of both ranks; staged is D2H, the socket and
 // H2D, and memcpy an in-process device-to-device copy of the same size.
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -196,8 +197,8 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     }
   }
 
-  // A put of 1000 tensors of 200 KB (views into one shareable block).
-  double put_us = -1;
+  // A put of 1000 tensors of 200 KB (views into one shareable block, then into registered memory).
+  double put_us = -1, registered_put_us = -1, register_us = -1;
   if (owner && shm) {
     const size_t each = 200 * 1000;
     TensorView block = agent->allocate(each * 1000);
@@ -214,8 +215,37 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     agent->wait_tensor_freed(block, std::chrono::seconds(10));
     agent->deallocate(block);
     put_us = quantile(t, 0.5);
+    // The same from the application's memory, registered once (register_memory with its memfd).
+    const int fd = ::memfd_create("bench-registered", MFD_CLOEXEC);
+    void* mem = MAP_FAILED;
+    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(each * 1000)) == 0) {
+      mem = ::mmap(nullptr, each * 1000, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    if (mem != MAP_FAILED) {
+      std::memset(mem, 2, each * 1000);
+      TensorView region(mem, DType::kUInt8, {static_cast<int64_t>(each * 1000)});
+      const auto r0 = Clock::now();
+      agent->register_memory(region, fd);
+      register_us = us_since(r0);
+      views.clear();
+      for (int i = 0; i < 1000; ++i) views.push_back(region.slice(static_cast<int64_t>(i * each), each));
+      t.clear();
+      for (int r = 0; r < 20; ++r) {
+        const auto t0 = Clock::now();
+        ObjectHandle h = agent->put(views);
+        t.push_back(us_since(t0));
+        h.release();
+      }
+      agent->wait_tensor_freed(region, std::chrono::seconds(10));
+      agent->unregister_memory(region);
+      ::munmap(mem, each * 1000);
+      registered_put_us = quantile(t, 0.5);
+    }
+    if (fd >= 0) ::close(fd);
   }
   put_us = share_number(meta, put_us);
+  registered_put_us = share_number(meta, registered_put_us);
+  register_us = share_number(meta, register_us);
 
   if (!owner) {
     std::printf("# tutti-bench %s: transfer, transport %s, mode %s, rank 0 (owner) -> rank 1\n",
@@ -225,6 +255,11 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     if (put_us >= 0) {
       std::printf("# put of 1000 tensors x 200 KB of allocate()d memory: %.1f us (median of 20)\n",
                   put_us);
+    }
+    if (registered_put_us >= 0) {
+      std::printf("# put of 1000 tensors x 200 KB of registered memory (a memfd): %.1f us (median "
+                  "of 20; register_memory once: %.1f us)\n",
+                  registered_put_us, register_us);
     }
     if (two_sided) {
       std::printf("# p2p: tutti's own send/recv of the same bytes on a %s group, asked for with a "
@@ -268,6 +303,15 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     }
     ref_text = share(meta, ref_text);
     if (owner) {
+      if (two_sided) {
+        // The p2p baseline's answers, while the consumer alternates gets and p2p requests (the
+        // agent serves gets from its own threads meanwhile).
+        std::vector<uint8_t> ask(1);
+        for (int r = 0; r < reps; ++r) {
+          p2p->recv(TensorView(ask), 1);
+          p2p->send(source, 1);
+        }
+      }
       meta.barrier();  // the consumer timed its gets
       if (c.baseline) {
         std::vector<uint8_t> buffer(bytes);
@@ -281,14 +325,6 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
         }
       }
       meta.barrier();
-      if (two_sided) {
-        std::vector<uint8_t> ask(1);
-        for (int r = 0; r < reps; ++r) {
-          p2p->recv(TensorView(ask), 1);
-          p2p->send(source, 1);
-        }
-        meta.barrier();
-      }
       handle.release();
       agent->wait_tensor_freed(source, std::chrono::seconds(30));
       if (shm) agent->deallocate(source);
@@ -315,13 +351,23 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     auto t0 = Clock::now();
     once();
     row.cold_us = us_since(t0);
+    std::vector<double> t_p2p;
+    std::vector<uint8_t> ask(1, 1);
     for (int r = 0; r < reps; ++r) {
       t0 = Clock::now();
       once();
       if (r >= c.warmup) t.push_back(us_since(t0));
+      if (two_sided) {
+        // Alternating with the gets, so that both see the same load on a shared machine.
+        t0 = Clock::now();
+        p2p->send(TensorView(ask), 0);
+        p2p->recv(local.view(bytes), 0);  // not the target: the check below reads the get
+        if (r >= c.warmup) t_p2p.push_back(us_since(t0));
+      }
     }
     row.time_us = quantile(t, 0.5);
     row.p99_us = quantile(t, 0.99);
+    if (two_sided) row.p2p_us = quantile(t_p2p, 0.5);
     if (c.check) {
       Borrowed b;
       const uint8_t* got = static_cast<const uint8_t*>(target_buffer.data());
@@ -360,19 +406,6 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       row.staged_us = quantile(t, 0.5);
     }
     meta.barrier();
-    if (two_sided) {
-      std::vector<uint8_t> ask(1, 1);
-      TensorView into = target_buffer.view(bytes);
-      t.clear();
-      for (int r = 0; r < reps; ++r) {
-        t0 = Clock::now();
-        p2p->send(TensorView(ask), 0);
-        p2p->recv(into, 0);
-        if (r >= c.warmup) t.push_back(us_since(t0));
-      }
-      row.p2p_us = quantile(t, 0.5);
-      meta.barrier();
-    }
     total_wrong += row.wrong;
     rows.push_back(row);
     auto num = [](double v, const char* f) {
@@ -398,6 +431,7 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       out << "{\"config\": {\"op\": \"transfer\", \"transport\": \"" << c.transport
           << "\", \"mode\": \"" << (c.borrow ? "borrow" : "copy") << "\", \"warmup\": " << c.warmup
           << ", \"iters\": " << c.iters << ", \"put_1000x200KB_us\": " << put_us
+          << ", \"put_1000x200KB_registered_us\": " << registered_put_us
           << "},\n  \"rows\": [\n";
       for (size_t i = 0; i < rows.size(); ++i) {
         const TransferRow& r = rows[i];

@@ -544,6 +544,35 @@ TEST_F(Transfer, RegisteredMemoryIsBorrowedInPlace) {
   ::munmap(p, bytes);
 }
 
+// PutOptions::check_writes: the owner writing a published tensor is caught when the object is
+// freed, and reported by the wait_tensor_freed that covers it (a slice of it is enough).
+TEST_F(Transfer, CheckWritesCatchesTheOwnerWritingAPublishedTensor) {
+  std::vector<float> data(1000, 1.0f);
+  PutOptions p;
+  p.check_writes = true;
+  ObjectHandle h = owner->put({TensorView(data)}, p);
+  EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0])[5], 1.0f);
+  data[5] = 2.0f;  // the mistake: written while published
+  h.release();
+  const Error e = expect_error(
+      [&] { owner->wait_tensor_freed(TensorView(data).slice(4, 2), 10s); }, ErrorCode::kRemoteError);
+  EXPECT_NE(std::string(e.what()).find("changed after put"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("tensor(s) 0"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("agent 'owner'"), std::string::npos) << e.what();
+  owner->wait_tensor_freed(TensorView(data), 1s);  // reported once
+  // Written only after it was freed: nothing to report.
+  ObjectHandle h2 = owner->put({TensorView(data)}, p);
+  h2.release();
+  owner->wait_tensor_freed(TensorView(data), 10s);
+  data[7] = 3.0f;
+  owner->wait_tensor_freed(TensorView(data), 1s);
+  // Without the check, the same mistake goes unseen.
+  ObjectHandle h3 = owner->put({TensorView(data)});
+  data[9] = 4.0f;
+  h3.release();
+  owner->wait_tensor_freed(TensorView(data), 10s);
+}
+
 TEST_F(Transfer, AnUnknownTransportIsNamed) {
   std::vector<float> x(4);
   PutOptions p;

@@ -6,12 +6,14 @@
 //   transfer_worker borrow <dir>             borrow ref.arena, write <dir>/borrowed, sleep
 //   transfer_worker getloop <dir>            get ref.heap forever, write <dir>/getting
 //   transfer_worker fetch <dir>              from another host: shm refused, fallback, socket
+//   transfer_worker threads <dir>           8 threads getting and borrowing ref.* at once
 //   transfer_worker gloo-owner <dir>         rank 0 of a gloo group (store <dir>/store): put,
 //                                            reset_transport when <dir>/reset appears
 // With TUTTI_RDT_GROUP_STORE set, owner (rank 0) and fetch (rank 1) also join a gloo group
 // through that store and move ref.gloo over it.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -163,6 +165,45 @@ int gloo_owner(const std::string& dir) {
   return wait_file(dir + "/done", 120s) ? 0 : 2;
 }
 
+// 8 threads, each getting and borrowing the owner's objects (the same ones at once), checking
+// every byte read; exit status 0 when all were right.
+int threads(const std::string& dir) {
+  auto a = agent("threads-" + std::to_string(::getpid()));
+  const TensorRef arena = ref_from(dir, "arena");
+  const TensorRef heap = ref_from(dir, "heap");
+  const TensorRef socket = ref_from(dir, "socket");
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 8; ++t) {
+    pool.emplace_back([&, t] {
+      std::vector<float> into(kArena);
+      GetOptions g;
+      g.targets = {TensorView(into)};
+      for (int i = 0; i < 60; ++i) {
+        switch ((i + t) % 4) {
+          case 0: {
+            Borrowed b = a->borrow(arena);
+            if (!arena_ok(b.tensors()[0])) ++wrong;
+            break;
+          }
+          case 1:
+            a->get(arena, g);
+            if (!arena_ok(g.targets[0])) ++wrong;
+            break;
+          case 2:
+            if (!heap_ok(a->get(heap).tensors()[0])) ++wrong;
+            break;
+          default:
+            if (!heap_ok(a->get(socket).tensors()[0])) ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  std::printf("threads: %d wrong\n", wrong.load());
+  return wrong.load() == 0 ? 0 : 3;
+}
+
 int fetch(const std::string& dir) {
   auto a = agent("remote");
   const char* group_store = std::getenv("TUTTI_RDT_GROUP_STORE");
@@ -204,6 +245,7 @@ int main(int argc, char** argv) {
     if (mode == "getloop") return getloop(dir);
     if (mode == "fetch") return fetch(dir);
     if (mode == "gloo-owner") return gloo_owner(dir);
+    if (mode == "threads") return threads(dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "transfer_worker %s: %s\n", mode.c_str(), e.what());
     return 1;

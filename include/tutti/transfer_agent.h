@@ -59,6 +59,10 @@ struct PutOptions {
   // CUDA tensors (cuda_ipc): the producer's cudaStream_t; consumers' reads are ordered after the
   // work queued on it so far. Null: the legacy default stream.
   void* stream = nullptr;
+  // Debugging (also TUTTI_RDT_CHECK=1): a checksum of the CPU tensors at put, compared when the
+  // object is freed; a difference means the owner wrote to them while they were published, and
+  // the owner's next wait_tensor_freed covering them fails with kRemoteError saying so.
+  bool check_writes = false;
 };
 
 struct GetOptions {

@@ -74,6 +74,14 @@ struct Object {
   Clock::time_point keep_until{};  // set when the last handle goes
   int local_leases = 0;            // holds the owner keeps itself: streams, own borrows, remote
   std::string failure;             // fail()'s message
+  bool check_writes = false;       // PutOptions::check_writes: crcs of the tensors at publication
+  std::vector<uint32_t> crcs;
+};
+
+// An object the owner wrote to while it was published (PutOptions::check_writes).
+struct WriteViolation {
+  std::vector<TensorView> tensors;
+  std::string text;
 };
 
 // A consumer agent that connected to this owner.
@@ -112,6 +120,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::map<uint64_t, Object> objects;
   uint64_t next_id = 1;
   std::deque<std::pair<uint64_t, Clock::time_point>> freed;  // recently freed ids
+  std::deque<WriteViolation> violations;  // reported by the next wait_tensor_freed over them
+  bool check_writes_env = false;          // TUTTI_RDT_CHECK=1
   std::map<std::string, std::shared_ptr<Consumer>> consumers;  // by uuid
   std::set<int> serving_fds;  // connections being served (shut down at the end)
   int serving_threads = 0;

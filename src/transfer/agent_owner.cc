@@ -87,6 +87,17 @@ std::vector<TensorView> snapshot_copy(TensorTransport& t, const std::vector<Tens
   return out;
 }
 
+// PutOptions::check_writes: a CRC32C per CPU tensor.
+std::vector<uint32_t> checksums(const std::vector<TensorView>& tensors) {
+  std::vector<uint32_t> out;
+  for (const TensorView& t : tensors) {
+    out.push_back(t.device().type == DeviceType::kCPU && t.nbytes() > 0
+                      ? crc32c(std::string_view(static_cast<const char*>(t.data()), t.nbytes()))
+                      : 0);
+  }
+  return out;
+}
+
 std::shared_ptr<void> allocate_bytes(size_t bytes) {
   void* p = ::operator new(std::max<size_t>(bytes, 1), std::align_val_t(64));
   return std::shared_ptr<void>(p, [](void* q) { ::operator delete(q, std::align_val_t(64)); });
@@ -154,6 +165,7 @@ AgentCore::AgentCore(const TransferAgentOptions& opts) : options(opts) {
     if (const char* s = std::getenv("TUTTI_STORE_SECRET")) options.secret = s;
   }
   fetch_timeout = options.fetch_timeout.count() > 0 ? options.fetch_timeout : env_timeout();
+  if (const char* v = std::getenv("TUTTI_RDT_CHECK")) check_writes_env = std::string(v) == "1";
 }
 
 std::string AgentCore::who() const { return "agent '" + identity.name + "'"; }
@@ -250,6 +262,7 @@ ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
     o.t = &t;
     o.expected_gets = opts.expected_gets;
     o.keep_for = opts.keep_for;
+    o.check_writes = opts.check_writes || check_writes_env;
     o.handles = 1;  // the pin made below: nothing frees it meanwhile
   }
   Publication pub;
@@ -280,6 +293,7 @@ ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
     if (!reserved) {
       o.tensors = std::move(published);
       o.storage = std::move(storage);
+      if (o.check_writes) o.crcs = checksums(o.tensors);
     }
     o.state = reserved ? kSlotReserved : kSlotLive;
     Slot& s = slots.slot(slot);
@@ -342,6 +356,7 @@ void AgentCore::fulfil(uint64_t id, const std::vector<TensorView>& tensors) {
   it->second.publication = pub;
   it->second.published = true;
   it->second.tensors = published;
+  if (it->second.check_writes) it->second.crcs = checksums(published);
   it->second.storage = std::move(storage);
   it->second.state = kSlotLive;
   slots.slot(it->second.slot).state.store(kSlotLive);
@@ -409,6 +424,20 @@ void AgentCore::settle_all_locked() {
 
 void AgentCore::free_locked(std::map<uint64_t, Object>::iterator it) {
   Object& o = it->second;
+  if (o.check_writes && !o.crcs.empty() && checksums(o.tensors) != o.crcs) {
+    const std::vector<uint32_t> now = checksums(o.tensors);
+    std::string which;
+    for (size_t i = 0; i < now.size(); ++i) {
+      if (now[i] != o.crcs[i]) which += (which.empty() ? "" : ", ") + std::to_string(i);
+    }
+    WriteViolation v;
+    v.tensors = o.tensors;
+    v.text = "object " + std::to_string(o.id) + " (" + o.transport + ") changed after put: tensor(s) " +
+             which + " were written while published; call wait_tensor_freed before writing";
+    TUTTI_LOG_ERROR("direct transport: {}: {}", who(), v.text);
+    violations.push_back(std::move(v));
+    if (violations.size() > 1024) violations.pop_front();
+  }
   if (o.published) o.t->unpublish(ObjectId{o.id, o.generation, o.slot});
   slots.slot(o.slot).state.store(kSlotFree);
   free_slots.push_back(o.slot);
@@ -469,7 +498,20 @@ void AgentCore::wait_tensor_freed(const TensorView& tensor, std::chrono::millise
   };
   while (true) {
     const auto held = holders();
-    if (held.empty()) return;
+    if (held.empty()) {
+      // Objects over these bytes that the owner wrote while published (check_writes).
+      for (auto v = violations.begin(); v != violations.end(); ++v) {
+        for (const TensorView& t : v->tensors) {
+          const char* a = static_cast<const char*>(t.data());
+          if (t.device() == tensor.device() && t.nbytes() > 0 && a < hi && lo < a + t.nbytes()) {
+            const std::string text = v->text;
+            violations.erase(v);
+            throw Error(ErrorCode::kRemoteError, "wait_tensor_freed on " + who() + ": " + text);
+          }
+        }
+      }
+      return;
+    }
     if (Clock::now() >= deadline) {
       std::string list;
       for (const Object* o : held) list += (list.empty() ? "" : ", ") + blockers_locked(*o);
