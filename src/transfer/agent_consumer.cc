@@ -587,16 +587,19 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
     if (cancelled.load()) throw Error(ErrorCode::kAborted, "cancelled");
     uint32_t state = kSlotFree;
     if (r.local && r.transport->traits().one_sided) {
-      if (!r.peer->slots) {
+      // Read under the peer's lock: another get's first connection may be setting it.
+      SlotView* slot_page = r.peer->slot_view();
+      if (slot_page == nullptr) {
         // The first connection brings the owner's slot page.
         auto conn = checkout(*r.peer, deadline, &cancelled);
         checkin(*r.peer, std::move(conn));
+        slot_page = r.peer->slot_view();
       }
-      if (r.peer->slots && !r.ref.is_pending()) {
-        const int entry = r.peer->lane->acquire(*r.peer->slots, object.slot, object.generation, state);
+      if (slot_page != nullptr && !r.ref.is_pending()) {
+        const int entry = r.peer->lane->acquire(*slot_page, object.slot, object.generation, state);
         if (entry >= 0) {
           if (r.peer->owner_exited()) {
-            r.peer->lane->release(*r.peer->slots, entry, object.slot);
+            r.peer->lane->release(*slot_page, entry, object.slot);
             throw Error(ErrorCode::kIoError, owner_text(r.ref.owner()) +
                                                  " is gone (its process exited or died)");
           }
@@ -669,7 +672,7 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
 
 void AgentCore::count_get(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease) {
   const bool counts = lease.entry >= 0
-                          ? (peer.slots->slot(object.slot).flags.load() & kSlotCountsGets) != 0
+                          ? (peer.slot_view()->slot(object.slot).flags.load() & kSlotCountsGets) != 0
                           : true;
   if (!counts) return;
   WireWriter w;
@@ -682,7 +685,7 @@ void AgentCore::end_lease(Peer& peer, PeerLink& link, ObjectId object, const Lea
                           bool completed) {
   if (completed) count_get(peer, link, object, lease);
   if (lease.entry >= 0) {
-    if (peer.lane->release(*peer.slots, lease.entry, object.slot)) {
+    if (peer.lane->release(*peer.slot_view(), lease.entry, object.slot)) {
       link.request(MsgType::kReleased, "");  // the owner waits on it: look again now
     }
   } else if (lease.remote) {

@@ -102,6 +102,11 @@ struct Peer {
   std::unique_ptr<SlotView> slots;
   int pidfd = -1;  // one host: readable once the owner's process has exited
   ~Peer();
+  // The owner's slot page once a connection brought it (set once, under `mutex`), or null.
+  SlotView* slot_view() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return slots.get();
+  }
   // One host: whether the owner's process has exited (one poll, no blocking).
   bool owner_exited() const;
 };
