@@ -247,6 +247,7 @@ TEST(TransferGroup, ReservedFailedFreedAndCountedObjects) {
 TEST(TransferGroup, ACancelAbortsOnlyTheGroupUntilReset) {
   auto agents = agents_in_group({"o", "c"});
   std::vector<float> v = {1, 2, 3};
+  std::vector<float> w = {4, 5, 6};  // fulfils `pending` below; outlives the handles
   ObjectHandle h = agents[0]->put({TensorView(v)}, on_gloo());
   ObjectHandle plain = agents[0]->put({TensorView(v)}, PutOptions{});  // shm or socket
   ObjectHandle pending = agents[0]->reserve({{DType::kFloat32, {3}, Device::cpu()}}, on_gloo());
@@ -263,7 +264,6 @@ TEST(TransferGroup, ACancelAbortsOnlyTheGroupUntilReset) {
   EXPECT_EQ(static_cast<const float*>(agents[1]->get(plain.ref()).tensors()[0].data())[2], 3.0f);
   reset_all(agents);
   EXPECT_EQ(static_cast<const float*>(agents[1]->get(h.ref()).tensors()[0].data())[2], 3.0f);
-  std::vector<float> w = {4, 5, 6};
   agents[0]->fulfil(pending, {TensorView(w)});
   EXPECT_EQ(static_cast<const float*>(agents[1]->get(pending.ref()).tensors()[0].data())[0], 4.0f);
 }
