@@ -8,13 +8,21 @@
 //           and writes it to a Unix socket, the consumer reads it and deserialises into its
 //           buffer
 //   memcpy  a same-size memcpy in the consumer (the copy's ceiling)
+//   p2p     (--transport gloo) the same bytes over tutti's own send/recv on a Gloo group of the
+//           two ranks, asked for the same way (rank 1 sends a 1-byte request, rank 0 answers
+//           with the tensor): what a two-sided get adds to the collective library's p2p
 // Before the sweep rank 0 times a put of 1000 tensors of 200 KB of its shareable memory.
+// --transport cuda_ipc: GPU tensors on device 0 of both ranks; staged is D2H, the socket and
+// H2D, and memcpy an in-process device-to-device copy of the same size.
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -23,6 +31,10 @@
 #include "bench_math.h"
 #include "tutti/tutti.h"
 #include "tutti/transfer_agent.h"
+
+#if TUTTI_BENCH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace tutti::bench {
 namespace {
@@ -82,9 +94,52 @@ sockaddr_un staged_address(const std::string& job, socklen_t& len) {
   return a;
 }
 
+// Device memory for --transport cuda_ipc (host memory otherwise).
+struct Buffer {
+  bool cuda = false;
+  std::vector<uint8_t> host;
+  void* device = nullptr;
+  Buffer(bool on_gpu, size_t bytes, uint8_t fill) : cuda(on_gpu) {
+#if TUTTI_BENCH_CUDA
+    if (cuda) {
+      if (cudaMalloc(&device, std::max<size_t>(bytes, 1)) != cudaSuccess) {
+        throw Error(ErrorCode::kUnavailable, "tutti-bench: cudaMalloc of " + std::to_string(bytes));
+      }
+      cudaMemset(device, fill, bytes);
+      cudaDeviceSynchronize();
+      return;
+    }
+#endif
+    host.assign(bytes, fill);
+  }
+  ~Buffer() {
+#if TUTTI_BENCH_CUDA
+    if (device != nullptr) cudaFree(device);
+#endif
+  }
+  void* data() { return cuda ? device : host.data(); }
+  TensorView view(size_t bytes) {
+    return TensorView(data(), DType::kUInt8, {static_cast<int64_t>(bytes)},
+                      cuda ? Device::cuda(0) : Device::cpu());
+  }
+};
+
+// Copies between host and (for cuda) device memory, synchronously.
+void copy_bytes(void* dst, const void* src, size_t bytes, bool cuda) {
+#if TUTTI_BENCH_CUDA
+  if (cuda) {
+    cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    cudaDeviceSynchronize();  // (device-to-device cudaMemcpy does not wait on the host)
+    return;
+  }
+#endif
+  (void)cuda;
+  std::memcpy(dst, src, bytes);
+}
+
 struct TransferRow {
   uint64_t bytes = 0;
-  double cold_us = 0, time_us = 0, p99_us = 0, staged_us = -1, memcpy_us = 0;
+  double cold_us = 0, time_us = 0, p99_us = 0, staged_us = -1, memcpy_us = 0, p2p_us = -1;
   int64_t wrong = 0;
 };
 
@@ -97,11 +152,28 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
   }
   const bool owner = meta.rank() == 0;
   const bool shm = c.transport == "shm" || c.transport == "auto";
+  const bool cuda = c.transport == "cuda_ipc";
+#if !TUTTI_BENCH_CUDA
+  if (cuda) {
+    if (owner) std::fprintf(stderr, "tutti-bench: built without CUDA: no --transport cuda_ipc\n");
+    return 2;
+  }
+#endif
   TransferAgentOptions ao;
   ao.name = owner ? "bench-owner" : "bench-consumer";
   auto agent = TransferAgent::create(ao);
   const std::string job = std::getenv("TUTTI_JOB_ID") ? std::getenv("TUTTI_JOB_ID") : "local";
   const int reps = c.warmup + c.iters;
+  // Two-sided transports: the agents' dedicated group, and a plain group for the p2p baseline.
+  const bool two_sided = c.transport == "gloo" || c.transport == "nccl";
+  std::shared_ptr<CollectiveGroup> p2p;
+  if (two_sided) {
+    GroupOptions go;
+    go.store_url = "env://";
+    go.timeout = std::chrono::minutes(2);
+    agent->join_group(c.transport, 2, meta.rank(), go, "tutti-bench");
+    p2p = CollectiveGroup::create(2, meta.rank(), c.transport, "tutti-bench-p2p", go);
+  }
 
   // The staged baseline's socket: the owner listens, the consumer connects.
   int staged = -1;
@@ -125,8 +197,8 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     }
   }
 
-  // A put of 1000 tensors of 200 KB (views into one shareable block).
-  double put_us = -1;
+  // A put of 1000 tensors of 200 KB (views into one shareable block, then into registered memory).
+  double put_us = -1, registered_put_us = -1, register_us = -1;
   if (owner && shm) {
     const size_t each = 200 * 1000;
     TensorView block = agent->allocate(each * 1000);
@@ -143,8 +215,37 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     agent->wait_tensor_freed(block, std::chrono::seconds(10));
     agent->deallocate(block);
     put_us = quantile(t, 0.5);
+    // The same from the application's memory, registered once (register_memory with its memfd).
+    const int fd = ::memfd_create("bench-registered", MFD_CLOEXEC);
+    void* mem = MAP_FAILED;
+    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(each * 1000)) == 0) {
+      mem = ::mmap(nullptr, each * 1000, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    if (mem != MAP_FAILED) {
+      std::memset(mem, 2, each * 1000);
+      TensorView region(mem, DType::kUInt8, {static_cast<int64_t>(each * 1000)});
+      const auto r0 = Clock::now();
+      agent->register_memory(region, fd);
+      register_us = us_since(r0);
+      views.clear();
+      for (int i = 0; i < 1000; ++i) views.push_back(region.slice(static_cast<int64_t>(i * each), each));
+      t.clear();
+      for (int r = 0; r < 20; ++r) {
+        const auto t0 = Clock::now();
+        ObjectHandle h = agent->put(views);
+        t.push_back(us_since(t0));
+        h.release();
+      }
+      agent->wait_tensor_freed(region, std::chrono::seconds(10));
+      agent->unregister_memory(region);
+      ::munmap(mem, each * 1000);
+      registered_put_us = quantile(t, 0.5);
+    }
+    if (fd >= 0) ::close(fd);
   }
   put_us = share_number(meta, put_us);
+  registered_put_us = share_number(meta, registered_put_us);
+  register_us = share_number(meta, register_us);
 
   if (!owner) {
     std::printf("# tutti-bench %s: transfer, transport %s, mode %s, rank 0 (owner) -> rank 1\n",
@@ -155,10 +256,21 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       std::printf("# put of 1000 tensors x 200 KB of allocate()d memory: %.1f us (median of 20)\n",
                   put_us);
     }
-    std::printf("# %10s %10s %10s %10s %8s %6s %11s %8s %10s %8s\n", "size", "cold", "time", "p99",
-                "GB/s", "#wrong", "staged", "staged/t", "memcpy", "memcpy/t");
-    std::printf("# %10s %10s %10s %10s %8s %6s %11s %8s %10s %8s\n", "(B)", "(us)", "(us)", "(us)",
-                "", "", "(us)", "", "(us)", "");
+    if (registered_put_us >= 0) {
+      std::printf("# put of 1000 tensors x 200 KB of registered memory (a memfd): %.1f us (median "
+                  "of 20; register_memory once: %.1f us)\n",
+                  registered_put_us, register_us);
+    }
+    if (two_sided) {
+      std::printf("# p2p: tutti's own send/recv of the same bytes on a %s group, asked for with a "
+                  "1-byte send (t/p2p: what the direct transport costs on top)\n",
+                  c.transport.c_str());
+    }
+    std::printf("# %10s %10s %10s %10s %8s %6s %11s %8s %10s %8s%s\n", "size", "cold", "time", "p99",
+                "GB/s", "#wrong", "staged", "staged/t", "memcpy", "memcpy/t",
+                two_sided ? "        p2p    t/p2p" : "");
+    std::printf("# %10s %10s %10s %10s %8s %6s %11s %8s %10s %8s%s\n", "(B)", "(us)", "(us)", "(us)",
+                "", "", "(us)", "", "(us)", "", two_sided ? "       (us)         " : "");
   }
   std::vector<TransferRow> rows;
   int64_t total_wrong = 0;
@@ -169,6 +281,7 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     ObjectHandle handle;
     TensorView source;
     std::vector<uint8_t> heap;
+    std::unique_ptr<Buffer> gpu_source;
     if (owner) {
       if (shm) {
         source = agent->allocate(bytes);
@@ -178,6 +291,11 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       }
       uint8_t* p = static_cast<uint8_t*>(source.data());
       for (uint64_t i = 0; i < bytes; ++i) p[i] = pattern(i);
+      if (cuda) {
+        gpu_source = std::make_unique<Buffer>(true, bytes, 0);
+        copy_bytes(gpu_source->data(), heap.data(), bytes, true);
+        source = gpu_source->view(bytes);
+      }
       PutOptions po;
       po.transport = c.transport;
       handle = agent->put({source}, po);
@@ -185,13 +303,22 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     }
     ref_text = share(meta, ref_text);
     if (owner) {
+      if (two_sided) {
+        // The p2p baseline's answers, while the consumer alternates gets and p2p requests (the
+        // agent serves gets from its own threads meanwhile).
+        std::vector<uint8_t> ask(1);
+        for (int r = 0; r < reps; ++r) {
+          p2p->recv(TensorView(ask), 1);
+          p2p->send(source, 1);
+        }
+      }
       meta.barrier();  // the consumer timed its gets
       if (c.baseline) {
         std::vector<uint8_t> buffer(bytes);
         for (int r = 0; r < reps; ++r) {
           char ask;
           full_read(staged, &ask, 1);
-          std::memcpy(buffer.data(), source.data(), bytes);  // serialise
+          copy_bytes(buffer.data(), source.data(), bytes, cuda);  // serialise (D2H for GPU)
           const uint64_t n = bytes;
           full_write(staged, &n, sizeof(n));
           full_write(staged, buffer.data(), bytes);
@@ -201,18 +328,22 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       handle.release();
       agent->wait_tensor_freed(source, std::chrono::seconds(30));
       if (shm) agent->deallocate(source);
+      gpu_source.reset();
       continue;
     }
     const TensorRef ref = TensorRef::from_text(ref_text);
-    std::vector<uint8_t> target(bytes, 0), local(bytes, 1);
+    Buffer target_buffer(cuda, bytes, 0), local(cuda, bytes, 1);
+    std::vector<uint8_t> host_copy;
     GetOptions go;
-    go.targets = {TensorView(target)};
+    go.targets = {target_buffer.view(bytes)};
     std::vector<double> t;
     auto once = [&] {
       if (c.borrow) {
         Borrowed b = agent->borrow(ref);
-        volatile uint8_t x = static_cast<const uint8_t*>(b.tensors()[0].data())[bytes - 1];
-        (void)x;
+        if (!cuda) {
+          volatile uint8_t x = static_cast<const uint8_t*>(b.tensors()[0].data())[bytes - 1];
+          (void)x;
+        }
       } else {
         agent->get(ref, go);
       }
@@ -220,26 +351,41 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     auto t0 = Clock::now();
     once();
     row.cold_us = us_since(t0);
+    std::vector<double> t_p2p;
+    std::vector<uint8_t> ask(1, 1);
     for (int r = 0; r < reps; ++r) {
       t0 = Clock::now();
       once();
       if (r >= c.warmup) t.push_back(us_since(t0));
+      if (two_sided) {
+        // Alternating with the gets, so that both see the same load on a shared machine.
+        t0 = Clock::now();
+        p2p->send(TensorView(ask), 0);
+        p2p->recv(local.view(bytes), 0);  // not the target: the check below reads the get
+        if (r >= c.warmup) t_p2p.push_back(us_since(t0));
+      }
     }
     row.time_us = quantile(t, 0.5);
     row.p99_us = quantile(t, 0.99);
+    if (two_sided) row.p2p_us = quantile(t_p2p, 0.5);
     if (c.check) {
       Borrowed b;
-      const uint8_t* got = target.data();
+      const uint8_t* got = static_cast<const uint8_t*>(target_buffer.data());
       if (c.borrow) {
         b = agent->borrow(ref);
         got = static_cast<const uint8_t*>(b.tensors()[0].data());
+      }
+      if (cuda) {
+        host_copy.resize(bytes);
+        copy_bytes(host_copy.data(), got, bytes, true);
+        got = host_copy.data();
       }
       for (uint64_t i = 0; i < bytes; ++i) row.wrong += got[i] != pattern(i);
     }
     t.clear();
     for (int r = 0; r < reps; ++r) {
       t0 = Clock::now();
-      std::memcpy(target.data(), local.data(), bytes);
+      copy_bytes(target_buffer.data(), local.data(), bytes, cuda);  // D2D for GPU
       if (r >= c.warmup) t.push_back(us_since(t0));
     }
     row.memcpy_us = quantile(t, 0.5);
@@ -254,7 +400,7 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
         uint64_t n = 0;
         full_read(staged, &n, sizeof(n));
         full_read(staged, buffer.data(), n);
-        std::memcpy(target.data(), buffer.data(), n);  // deserialise
+        copy_bytes(target_buffer.data(), buffer.data(), n, cuda);  // deserialise (H2D for GPU)
         if (r >= c.warmup) t.push_back(us_since(t0));
       }
       row.staged_us = quantile(t, 0.5);
@@ -267,12 +413,14 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       std::snprintf(b, sizeof(b), f, v);
       return std::string(b);
     };
-    std::printf("  %10llu %10.1f %10.2f %10.2f %8.3f %6lld %11s %8s %10.2f %8.2f\n",
+    const std::string p2p_text =
+        two_sided ? num(row.p2p_us, " %10.2f") + num(row.time_us / row.p2p_us, " %8.3f") : "";
+    std::printf("  %10llu %10.1f %10.2f %10.2f %8.3f %6lld %11s %8s %10.2f %8.2f%s\n",
                 static_cast<unsigned long long>(bytes), row.cold_us, row.time_us, row.p99_us,
                 row.time_us > 0 ? bytes / row.time_us / 1e3 : 0.0, static_cast<long long>(row.wrong),
                 row.staged_us >= 0 ? num(row.staged_us, "%11.2f").c_str() : "        N/A",
                 row.staged_us >= 0 ? num(row.staged_us / row.time_us, "%8.1f").c_str() : "     N/A",
-                row.memcpy_us, row.memcpy_us / row.time_us);
+                row.memcpy_us, row.memcpy_us / row.time_us, p2p_text.c_str());
     std::fflush(stdout);
   }
   if (!owner) {
@@ -283,12 +431,14 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       out << "{\"config\": {\"op\": \"transfer\", \"transport\": \"" << c.transport
           << "\", \"mode\": \"" << (c.borrow ? "borrow" : "copy") << "\", \"warmup\": " << c.warmup
           << ", \"iters\": " << c.iters << ", \"put_1000x200KB_us\": " << put_us
+          << ", \"put_1000x200KB_registered_us\": " << registered_put_us
           << "},\n  \"rows\": [\n";
       for (size_t i = 0; i < rows.size(); ++i) {
         const TransferRow& r = rows[i];
         out << "    {\"bytes\": " << r.bytes << ", \"cold_us\": " << r.cold_us
             << ", \"time_us\": " << r.time_us << ", \"p99_us\": " << r.p99_us
             << ", \"staged_us\": " << r.staged_us << ", \"memcpy_us\": " << r.memcpy_us
+            << ", \"p2p_us\": " << r.p2p_us
             << ", \"wrong\": " << r.wrong << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
       }
       out << "  ]\n}\n";
@@ -296,6 +446,7 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     std::fflush(stdout);
   }
   if (staged >= 0) ::close(staged);
+  if (p2p) p2p->destroy();
   std::vector<int64_t> wrong = {total_wrong};
   meta.allreduce(TensorView(wrong));
   return wrong[0] == 0 ? 0 : 1;

@@ -37,7 +37,8 @@ run() {  # run OUT_DIR [VAR=value...]: run.sh with the fake layout; prints its e
   shift
   mkdir -p "$out"
   env OUT="$out" PATH="$tmp/fakebin:$PATH" PYTHONPATH="$tmp/site" \
-    TUTTI_DEVICE_BUNDLE="$tmp/bundle" TUTTI_DEVICE_BENCH_MAX=64K LD_LIBRARY_PATH= "$@" \
+    TUTTI_DEVICE_BUNDLE="$tmp/bundle" TUTTI_DEVICE_BENCH_MAX=64K TUTTI_DEVICE_IPC_MIN=4K \
+    TUTTI_DEVICE_IPC_MAX=64K LD_LIBRARY_PATH= "$@" \
     bash "$repo/scripts/device/run.sh" >"$out.stdout" 2>&1
   echo $?
 }
@@ -48,7 +49,7 @@ cat "$tmp/ok.stdout"
 [ "$rc" = 0 ] || fail "run.sh exited $rc with everything in place"
 files=$(find "$tmp/ok" -type f | wc -l)
 [ "$files" -le 8 ] || fail "$files files in \$OUT (at most 8 come back)"
-for f in run.log result.json bench-nccl.json; do
+for f in run.log result.json bench-nccl.json bench-cuda-ipc.json; do
   [ -s "$tmp/ok/$f" ] || fail "no $f in \$OUT"
 done
 python3 - "$tmp/ok/result.json" <<'EOF' || fail "result.json is not what it should be"
@@ -56,11 +57,12 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 names = [s["name"] for s in r["steps"]]
 want = ["libraries", "nccl_test", "nccl_gpu_test", "nccl_world_test", "bench_nccl",
-        "gpu_allreduce", "multigpu_allreduce"]
+        "gpu_allreduce", "multigpu_allreduce", "cuda_ipc_test", "bench_cuda_ipc",
+        "bench_cuda_ipc_borrow"]
 assert r["status"] == "passed", r
 assert names == want, names
 assert all(s["passed"] and s["seconds"] <= s["limit_seconds"] for s in r["steps"]), r["steps"]
-assert sum(s["limit_seconds"] for s in r["steps"]) <= 300, "limits add up past 5 minutes"
+assert sum(s["limit_seconds"] for s in r["steps"]) <= 360, "limits add up past 6 minutes"
 assert r["nccl_library"].endswith("nvidia/nccl/lib/libnccl.so.2"), r["nccl_library"]
 assert "Stand-in GPU" in r["device"], r["device"]
 EOF

@@ -129,18 +129,22 @@ TEST_F(TwoHosts, CuttingAHostOffFailsBothRanksWithinTheTimeout) {
 }
 
 // The direct transport between the two hosts: a one-host transport (shm) is refused naming the
-// fallback, the fallback and the socket transport carry the bytes over the veth link.
+// fallback, the fallback and the socket transport carry the bytes over the veth link, and so does
+// the two-sided gloo transport over the agents' group (its store hosted by host A).
 TEST_F(TwoHosts, DirectTransportFallsBackToTheSocketAcrossHosts) {
   ASSERT_TRUE(made_);
   TempDir dir;
+  const std::string group_store = "tcp://" + addr_a_ + ":29612";
   WorkerResult owner;
   std::thread host_a([&] {
-    owner = run_command({"ip", "netns", "exec", ns_a_, TUTTI_TRANSFER_WORKER, "owner", dir.path(),
-                         addr_a_},
+    owner = run_command({"ip", "netns", "exec", ns_a_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_a_,
+                         "TUTTI_RDT_GROUP_STORE=" + group_store, TUTTI_TRANSFER_WORKER, "owner",
+                         dir.path(), addr_a_},
                         milliseconds(90000));
   });
   WorkerResult fetch = run_command(
-      {"ip", "netns", "exec", ns_b_, TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
+      {"ip", "netns", "exec", ns_b_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_b_,
+       "TUTTI_RDT_GROUP_STORE=" + group_store, TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
       milliseconds(60000));
   host_a.join();
   EXPECT_EQ(owner.exit_code, 0) << owner.output;
@@ -150,6 +154,7 @@ TEST_F(TwoHosts, DirectTransportFallsBackToTheSocketAcrossHosts) {
   EXPECT_NE(fetch.output.find("allow_fallback"), std::string::npos) << fetch.output;
   EXPECT_NE(fetch.output.find("fallback: ok"), std::string::npos) << fetch.output;
   EXPECT_NE(fetch.output.find("socket: ok"), std::string::npos) << fetch.output;
+  EXPECT_NE(fetch.output.find("gloo: ok"), std::string::npos) << fetch.output;
   std::printf("%s", fetch.output.c_str());
 }
 

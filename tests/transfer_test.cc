@@ -2,6 +2,7 @@
 // other the way agents in two processes do (a Unix socket, shared memory, cross-memory reads).
 #include <dirent.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -457,6 +458,149 @@ TEST_F(Transfer, CancelAndAbortEndGetsAndTheAgentStaysUsable) {
   std::vector<float> data = {1, 2, 3};
   owner->fulfil(h, {TensorView(data)});
   EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), data);
+}
+
+// Cancel and abort in the middle of a 1 GiB copy: the get ends with kAborted after the slice in
+// progress (copies run in 256 MiB slices), and the target holds a slice-aligned prefix of the
+// object and its old bytes after it (the documented partial state). The real latency is printed;
+// the bound asserted is only a guard against a hang.
+TEST_F(Transfer, CancelAndAbortEndA1GiBCopyMidway) {
+  constexpr size_t kBytes = size_t{1} << 30;
+  constexpr size_t kSlice = size_t{256} << 20;
+  TensorView source = owner->allocate(kBytes);
+  uint8_t* src = static_cast<uint8_t*>(source.data());
+  for (size_t i = 0; i < kBytes; i += 4096) std::memset(src + i, static_cast<int>((i >> 12) % 251 + 1), 4096);
+  PutOptions sock;
+  sock.transport = "socket";
+  ObjectHandle shm_obj = owner->put({source});
+  ObjectHandle sock_obj = owner->put({source}, sock);
+  std::vector<uint8_t> target(kBytes, 0);
+  for (int how = 0; how < 2; ++how) {  // 0: shm copy + Fetch::cancel, 1: socket + abort()
+    std::fill(target.begin(), target.end(), 0);
+    GetOptions g;
+    g.targets = {TensorView(target)};
+    g.timeout = 120s;
+    Fetch f = consumer->get_async(how == 0 ? shm_obj.ref() : sock_obj.ref(), g);
+    // The copy has begun once the target's first byte is the object's.
+    const auto begun = std::chrono::steady_clock::now();
+    while (*static_cast<volatile uint8_t*>(target.data()) == 0 && !f.done() &&
+           std::chrono::steady_clock::now() - begun < 60s) {
+      std::this_thread::yield();
+    }
+    ASSERT_FALSE(f.done()) << "the copy ended before it could be cancelled";
+    const auto asked = std::chrono::steady_clock::now();
+    if (how == 0) {
+      f.cancel();
+    } else {
+      consumer->abort();
+    }
+    const Error e = expect_error([&] { f.wait(); }, ErrorCode::kAborted);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - asked).count();
+    std::printf("%s of a 1 GiB %s get: ended %.1f ms after the request\n",
+                how == 0 ? "cancel" : "abort", how == 0 ? "shm" : "socket", ms);
+    EXPECT_LT(ms, 5000.0);  // a hang guard; the latency is what the line above reports
+    EXPECT_NE(std::string(e.what()).find("agent 'consumer'"), std::string::npos) << e.what();
+    // A prefix of the object, then untouched bytes.
+    size_t copied = 0;
+    while (copied < kBytes && target[copied] == src[copied]) ++copied;
+    for (size_t i = copied; i < kBytes; i += 4096) ASSERT_EQ(target[i], 0) << "at " << i;
+    if (how == 0) EXPECT_EQ(copied % kSlice, 0u) << copied;
+    EXPECT_LT(copied, kBytes);
+  }
+  // The agent stays usable, and a full get still works.
+  GetOptions g;
+  g.targets = {TensorView(target)};
+  consumer->get(shm_obj.ref(), g);
+  EXPECT_EQ(std::memcmp(target.data(), src, kBytes), 0);
+  shm_obj.release();
+  sock_obj.release();
+  owner->wait_tensor_freed(source, 30s);
+  owner->deallocate(source);
+}
+
+// Memory of the application's, registered once with the file it is mapped from: puts are cheap,
+// borrows map it read-only and see the owner's bytes in place (a live view, no copy).
+TEST_F(Transfer, RegisteredMemoryIsBorrowedInPlace) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t bytes = 1000 * 4096;
+  const int fd = ::memfd_create("app-memory", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(page + bytes)), 0);
+  // The region is the file's bytes from one page on.
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(page));
+  ASSERT_NE(p, MAP_FAILED);
+  uint8_t* mem = static_cast<uint8_t*>(p);
+  for (size_t i = 0; i < bytes; ++i) mem[i] = static_cast<uint8_t>(i * 13 + 5);
+  TensorView region(mem, DType::kUInt8, {static_cast<int64_t>(bytes)});
+  owner->register_memory(region, fd, page);
+  ::close(fd);  // the agent keeps its own descriptor
+  std::vector<TensorView> slices;
+  for (int i = 0; i < 1000; ++i) slices.push_back(region.slice(i * 4096, 4096));
+  ObjectHandle h = owner->put(slices);
+  {
+    Borrowed b = consumer->borrow(h.ref());
+    ASSERT_EQ(b.tensors().size(), 1000u);
+    const uint8_t* seen = static_cast<const uint8_t*>(b.tensors()[999].data());
+    EXPECT_NE(seen, mem + 999 * 4096);  // the consumer's own (read-only) mapping
+    EXPECT_EQ(seen[7], static_cast<uint8_t>((999 * 4096 + 7) * 13 + 5));
+    mem[999 * 4096 + 7] = 0xAB;  // the owner writes: a borrow is a live view of its memory
+    EXPECT_EQ(seen[7], 0xAB);
+  }
+  expect_error([&] { owner->unregister_memory(region); }, ErrorCode::kInvalidUsage);
+  // Registering again, or overlapping, is refused.
+  expect_error([&] { owner->register_memory(region.slice(4096, 4096), -1); },
+               ErrorCode::kInvalidArgument);
+  h.release();
+  owner->wait_tensor_freed(region, 10s);
+  owner->unregister_memory(region);
+  // Without a file: gets copy it across processes.
+  owner->register_memory(region);
+  ObjectHandle plain = owner->put({region.slice(4096, 4096)});
+  EXPECT_EQ(static_cast<const uint8_t*>(consumer->get(plain.ref()).tensors()[0].data())[1],
+            static_cast<uint8_t>((4097) * 13 + 5));
+  plain.release();
+  owner->wait_tensor_freed(region, 10s);
+  owner->unregister_memory(region);
+  // Bad registrations.
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  expect_error([&] { owner->register_memory(region, pipe_fds[0]); }, ErrorCode::kInvalidArgument);
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  expect_error([&] { owner->register_memory(region.slice(1, 64), 3); }, ErrorCode::kInvalidArgument);
+  std::vector<float> empty;
+  expect_error([&] { owner->register_memory(TensorView(empty)); }, ErrorCode::kInvalidArgument);
+  ::munmap(p, bytes);
+}
+
+// PutOptions::check_writes: the owner writing a published tensor is caught when the object is
+// freed, and reported by the wait_tensor_freed that covers it (a slice of it is enough).
+TEST_F(Transfer, CheckWritesCatchesTheOwnerWritingAPublishedTensor) {
+  std::vector<float> data(1000, 1.0f);
+  PutOptions p;
+  p.check_writes = true;
+  ObjectHandle h = owner->put({TensorView(data)}, p);
+  EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0])[5], 1.0f);
+  data[5] = 2.0f;  // the mistake: written while published
+  h.release();
+  const Error e = expect_error(
+      [&] { owner->wait_tensor_freed(TensorView(data).slice(4, 2), 10s); }, ErrorCode::kRemoteError);
+  EXPECT_NE(std::string(e.what()).find("changed after put"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("tensor(s) 0"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("agent 'owner'"), std::string::npos) << e.what();
+  owner->wait_tensor_freed(TensorView(data), 1s);  // reported once
+  // Written only after it was freed: nothing to report.
+  ObjectHandle h2 = owner->put({TensorView(data)}, p);
+  h2.release();
+  owner->wait_tensor_freed(TensorView(data), 10s);
+  data[7] = 3.0f;
+  owner->wait_tensor_freed(TensorView(data), 1s);
+  // Without the check, the same mistake goes unseen.
+  ObjectHandle h3 = owner->put({TensorView(data)});
+  data[9] = 4.0f;
+  h3.release();
+  owner->wait_tensor_freed(TensorView(data), 10s);
 }
 
 TEST_F(Transfer, AnUnknownTransportIsNamed) {

@@ -6,10 +6,17 @@
 //   transfer_worker borrow <dir>             borrow ref.arena, write <dir>/borrowed, sleep
 //   transfer_worker getloop <dir>            get ref.heap forever, write <dir>/getting
 //   transfer_worker fetch <dir>              from another host: shm refused, fallback, socket
+//   transfer_worker threads <dir>           8 threads getting and borrowing ref.* at once
+//   transfer_worker gloo-owner <dir>         rank 0 of a gloo group (store <dir>/store): put,
+//                                            reset_transport when <dir>/reset appears
+// With TUTTI_RDT_GROUP_STORE set, owner (rank 0) and fetch (rank 1) also join a gloo group
+// through that store and move ref.gloo over it.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -73,8 +80,18 @@ std::shared_ptr<TransferAgent> agent(const std::string& name, const std::string&
   return TransferAgent::create(o);
 }
 
+GroupOptions group_options(const std::string& url) {
+  GroupOptions go;
+  go.store_url = url;
+  go.timeout = 30s;
+  go.job_id = "rdt-worker";
+  return go;
+}
+
 int owner(const std::string& dir, const std::string& tcp) {
   auto a = agent("owner-proc", tcp);
+  const char* group_store = std::getenv("TUTTI_RDT_GROUP_STORE");
+  if (group_store != nullptr) a->join_group("gloo", 2, 0, group_options(group_store));
   TensorView arena = a->allocate(kArena * sizeof(float), DType::kFloat32);
   float* ap = static_cast<float*>(arena.data());
   for (int64_t i = 0; i < kArena; ++i) ap[i] = static_cast<float>(i) * 0.5f;
@@ -86,6 +103,13 @@ int owner(const std::string& dir, const std::string& tcp) {
   socket.transport = "socket";
   ObjectHandle h_socket = a->put({TensorView(heap)}, socket);
   ObjectHandle h_reserved = a->reserve({{DType::kFloat32, {4}, Device::cpu()}});
+  ObjectHandle h_gloo;
+  if (group_store != nullptr) {
+    PutOptions gloo;
+    gloo.transport = "gloo";
+    h_gloo = a->put({TensorView(heap)}, gloo);
+    write_file(dir + "/ref.gloo", h_gloo.ref().to_text());
+  }
   write_file(dir + "/ref.arena", h_arena.ref().to_text());
   write_file(dir + "/ref.heap", h_heap.ref().to_text());
   write_file(dir + "/ref.socket", h_socket.ref().to_text());
@@ -121,8 +145,69 @@ int getloop(const std::string& dir) {
   }
 }
 
+int gloo_owner(const std::string& dir) {
+  auto a = agent("gloo-owner");
+  a->join_group("gloo", 2, 0, group_options("file://" + dir + "/store"));
+  TensorView arena = a->allocate(kArena * sizeof(float), DType::kFloat32);
+  float* ap = static_cast<float*>(arena.data());
+  for (int64_t i = 0; i < kArena; ++i) ap[i] = static_cast<float>(i) * 0.5f;
+  std::vector<int32_t> heap(kHeap);
+  for (int64_t i = 0; i < kHeap; ++i) heap[i] = static_cast<int32_t>(3 * i);
+  PutOptions gloo;
+  gloo.transport = "gloo";
+  ObjectHandle h_arena = a->put({arena});
+  ObjectHandle h_gloo = a->put({TensorView(heap)}, gloo);
+  write_file(dir + "/ref.arena", h_arena.ref().to_text());
+  write_file(dir + "/ref.gloo", h_gloo.ref().to_text());
+  write_file(dir + "/ready", std::to_string(::getpid()));
+  if (!wait_file(dir + "/reset", 120s)) return 2;
+  a->reset_transport("gloo");
+  return wait_file(dir + "/done", 120s) ? 0 : 2;
+}
+
+// 8 threads, each getting and borrowing the owner's objects (the same ones at once), checking
+// every byte read; exit status 0 when all were right.
+int threads(const std::string& dir) {
+  auto a = agent("threads-" + std::to_string(::getpid()));
+  const TensorRef arena = ref_from(dir, "arena");
+  const TensorRef heap = ref_from(dir, "heap");
+  const TensorRef socket = ref_from(dir, "socket");
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 8; ++t) {
+    pool.emplace_back([&, t] {
+      std::vector<float> into(kArena);
+      GetOptions g;
+      g.targets = {TensorView(into)};
+      for (int i = 0; i < 60; ++i) {
+        switch ((i + t) % 4) {
+          case 0: {
+            Borrowed b = a->borrow(arena);
+            if (!arena_ok(b.tensors()[0])) ++wrong;
+            break;
+          }
+          case 1:
+            a->get(arena, g);
+            if (!arena_ok(g.targets[0])) ++wrong;
+            break;
+          case 2:
+            if (!heap_ok(a->get(heap).tensors()[0])) ++wrong;
+            break;
+          default:
+            if (!heap_ok(a->get(socket).tensors()[0])) ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  std::printf("threads: %d wrong\n", wrong.load());
+  return wrong.load() == 0 ? 0 : 3;
+}
+
 int fetch(const std::string& dir) {
   auto a = agent("remote");
+  const char* group_store = std::getenv("TUTTI_RDT_GROUP_STORE");
+  if (group_store != nullptr) a->join_group("gloo", 2, 1, group_options(group_store));
   const TensorRef arena = ref_from(dir, "arena");
   int rc = 0;
   try {
@@ -137,6 +222,9 @@ int fetch(const std::string& dir) {
   std::printf("fallback: %s\n", arena_ok(a->get(arena, fallback).tensors()[0]) ? "ok" : "WRONG");
   std::printf("socket: %s\n",
               heap_ok(a->get(ref_from(dir, "socket")).tensors()[0]) ? "ok" : "WRONG");
+  if (group_store != nullptr) {
+    std::printf("gloo: %s\n", heap_ok(a->get(ref_from(dir, "gloo")).tensors()[0]) ? "ok" : "WRONG");
+  }
   std::fflush(stdout);
   write_file(dir + "/done", "1");
   return rc;
@@ -156,6 +244,8 @@ int main(int argc, char** argv) {
     if (mode == "borrow") return borrow(dir);
     if (mode == "getloop") return getloop(dir);
     if (mode == "fetch") return fetch(dir);
+    if (mode == "gloo-owner") return gloo_owner(dir);
+    if (mode == "threads") return threads(dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "transfer_worker %s: %s\n", mode.c_str(), e.what());
     return 1;

@@ -15,7 +15,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <list>
 #include <map>
 #include <mutex>
@@ -53,12 +56,14 @@ size_t page_round(size_t bytes) {
   return (std::max<size_t>(bytes, 1) + page - 1) / page * page;
 }
 
-// One of the owner's shareable allocations.
+// One of the owner's shareable allocations, or memory the application registered with its file.
 struct Chunk {
   uint64_t id = 0;
-  int fd = -1;
+  int fd = -1;  // registered memory: a read-only descriptor of the application's file
   char* base = nullptr;
   size_t size = 0;
+  bool registered = false;  // the application's memory (not unmapped here)
+  uint64_t offset = 0;      // where in the file `base` lies
 };
 
 // A consumer's read-only mapping of an owner's chunk.
@@ -89,7 +94,7 @@ class ShmTransport final : public TensorTransport {
 
   ~ShmTransport() override {
     for (auto& [base, c] : chunks_) {
-      ::munmap(c.base, c.size);
+      if (!c.registered) ::munmap(c.base, c.size);
       ::close(c.fd);
     }
   }
@@ -135,7 +140,7 @@ class ShmTransport final : public TensorTransport {
   void deallocate(const TensorView& memory) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = chunks_.find(static_cast<char*>(memory.data()));
-    if (it == chunks_.end()) {
+    if (it == chunks_.end() || it->second.registered) {
       throw Error(ErrorCode::kInvalidArgument,
                   "shm transport: " + memory.str() + " is not the start of an allocate()d block");
     }
@@ -147,7 +152,71 @@ class ShmTransport final : public TensorTransport {
 
   bool owns(const TensorView& memory) const override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return chunks_.count(static_cast<char*>(memory.data())) != 0;
+    auto it = chunks_.find(static_cast<char*>(memory.data()));
+    return it != chunks_.end() && !it->second.registered;
+  }
+
+  void register_memory(const TensorView& region, int fd, uint64_t fd_offset) override {
+    char* base = static_cast<char*>(region.data());
+    const size_t bytes = region.nbytes();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto next = chunks_.lower_bound(base);
+    const bool overlaps = (next != chunks_.end() && next->first < base + bytes) ||
+                          (next != chunks_.begin() &&
+                           std::prev(next)->second.base + std::prev(next)->second.size > base);
+    if (overlaps || plain_.count(base) != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "shm transport: " + region.str() + " overlaps memory already registered or allocated");
+    }
+    if (fd < 0) {
+      // Nothing to map: gets read it across processes; registering only records it.
+      plain_[base] = bytes;
+      return;
+    }
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    struct stat st {};
+    if (reinterpret_cast<uintptr_t>(base) % page != 0 || fd_offset % page != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "shm transport: register_memory needs a page-aligned region and file offset (" +
+                      region.str() + ", offset " + std::to_string(fd_offset) + ")");
+    }
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<uint64_t>(st.st_size) < fd_offset + bytes) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "shm transport: descriptor " + std::to_string(fd) + " is not a file holding " +
+                      std::to_string(bytes) + " bytes at offset " + std::to_string(fd_offset));
+    }
+    // Consumers get a read-only descriptor: they cannot map the application's memory writable.
+    const std::string self = "/proc/self/fd/" + std::to_string(fd);
+    const int ro = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
+    if (ro < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "shm transport: reopening descriptor " +
+                                                   std::to_string(fd) + " read-only: " +
+                                                   std::strerror(errno));
+    }
+    Chunk c;
+    c.id = ++next_chunk_;
+    c.fd = ro;
+    c.base = base;
+    c.size = bytes;
+    c.registered = true;
+    c.offset = fd_offset;
+    chunks_[base] = c;
+    by_id_[c.id] = base;
+  }
+
+  void unregister_memory(const TensorView& region) override {
+    char* base = static_cast<char*>(region.data());
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (plain_.erase(base) != 0) return;
+    auto it = chunks_.find(base);
+    if (it == chunks_.end() || !it->second.registered) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "shm transport: " + region.str() + " is not the start of registered memory");
+    }
+    ::close(it->second.fd);
+    by_id_.erase(it->second.id);
+    chunks_.erase(it);
   }
 
   Publication publish(const PublishRequest& request) override {
@@ -201,11 +270,12 @@ class ShmTransport final : public TensorTransport {
       throw Error(ErrorCode::kInvalidUsage, "shm transport: shareable block " + std::to_string(id) +
                                                 " holds no published object");
     }
-    const int fd = ::fcntl(chunks_[it->second].fd, F_DUPFD_CLOEXEC, 0);
+    const Chunk& c = chunks_[it->second];
+    const int fd = ::fcntl(c.fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) throw Error(ErrorCode::kIoError, std::string("shm transport: dup: ") + std::strerror(errno));
     fds->push_back(fd);
     (void)consumer;
-    return "ok";
+    return "ok " + std::to_string(c.offset) + " " + std::to_string(c.size);
   }
 
   // ---- consumer ----
@@ -295,21 +365,29 @@ class ShmTransport final : public TensorTransport {
       }
     }
     std::vector<int> fds;
-    request.owner.call("chunk " + std::to_string(chunk), &fds);
+    const std::string reply = request.owner.call("chunk " + std::to_string(chunk), &fds);
+    // "ok <offset in the file> <bytes>"
+    unsigned long long at = 0, bytes = 0;
+    const bool parsed = std::sscanf(reply.c_str(), "ok %llu %llu", &at, &bytes) == 2 && bytes > 0;
     if (fds.empty()) {
       throw Error(ErrorCode::kInternal, "shm transport: the owner sent no descriptor for block " +
                                             std::to_string(chunk));
     }
     for (size_t i = 1; i < fds.size(); ++i) ::close(fds[i]);
+    // The block must lie inside the file as it is (a shorter file would fault the reader).
     struct stat st;
-    if (::fstat(fds[0], &st) != 0 || st.st_size <= 0) {
+    if (!parsed || ::fstat(fds[0], &st) != 0 || st.st_size < 0 ||
+        at > static_cast<unsigned long long>(st.st_size) ||
+        bytes > static_cast<unsigned long long>(st.st_size) - at) {
       ::close(fds[0]);
-      throw Error(ErrorCode::kIoError, "shm transport: the owner's block " +
-                                           std::to_string(chunk) + " has no size");
+      throw Error(ErrorCode::kIoError, "shm transport: the owner's block " + std::to_string(chunk) +
+                                           " does not lie inside its file ('" +
+                                           reply.substr(0, 64) + "')");
     }
-    const size_t size = static_cast<size_t>(st.st_size);
+    const off_t offset = static_cast<off_t>(at);
+    const size_t size = static_cast<size_t>(bytes);
     auto m = std::make_shared<Mapping>();
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fds[0], 0);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fds[0], offset);
     const int saved = errno;
     ::close(fds[0]);
     if (p == MAP_FAILED) {
@@ -397,6 +475,7 @@ class ShmTransport final : public TensorTransport {
   std::map<uint64_t, char*> by_id_;
   std::map<uint64_t, std::vector<uint64_t>> published_;  // object id -> the blocks it publishes
   std::map<uint64_t, int> publications_;                  // block -> objects publishing it
+  std::map<char*, size_t> plain_;  // registered without a file
   uint64_t next_chunk_ = 0;
 
   using Key = std::pair<std::array<uint8_t, 16>, uint64_t>;  // owner, block

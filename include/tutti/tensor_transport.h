@@ -33,6 +33,7 @@ struct TransportTraits {
   bool one_sided = true;    // the consumer reads the owner's memory (the agent leases it)
   bool can_borrow = false;  // fetch can return views of the owner's memory
   bool cross_host = false;  // works between hosts (else only where the host keys match)
+  bool cuda = false;        // carries CUDA tensors (else CPU tensors)
 };
 
 // The owner's side of put. (PutOptions::snapshot is the agent's business: it copies first, into
@@ -40,6 +41,7 @@ struct TransportTraits {
 struct PublishRequest {
   ObjectId object;
   const std::vector<TensorView>& tensors;
+  void* stream = nullptr;  // PutOptions::stream (CUDA: the producer's stream)
 };
 
 struct Publication {
@@ -71,6 +73,7 @@ struct FetchRequest {
   bool borrow = false;
   std::chrono::steady_clock::time_point deadline;
   const std::atomic<bool>& cancelled;  // long copies check it now and then
+  void* stream = nullptr;              // GetOptions::stream (CUDA: the consumer's stream)
 };
 
 struct FetchResult {
@@ -98,6 +101,11 @@ class TUTTI_API TensorTransport {
   virtual void deallocate(const TensorView& memory);
   // Whether `memory` came from allocate().
   virtual bool owns(const TensorView& memory) const;
+  // The caller's CPU memory, made shareable once (TransferAgent::register_memory): with `fd`, the
+  // file it is mapped MAP_SHARED from at `fd_offset` (the transport keeps its own descriptor).
+  // Default: kUnavailable.
+  virtual void register_memory(const TensorView& region, int fd, uint64_t fd_offset);
+  virtual void unregister_memory(const TensorView& region);
 };
 
 // What a transport is created with, once per agent.

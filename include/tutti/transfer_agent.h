@@ -7,7 +7,13 @@
 // - "shm" (one host, tutti::shm): the consumer reads the owner's memory itself: zero-copy from
 //   the agent's shareable arena (allocate()), one copy by cross-memory read elsewhere, or a
 //   snapshot taken at put (PutOptions::snapshot).
+// - "cuda_ipc" (one host, tutti::cuda_ipc): CUDA tensors, exported per allocation with CUDA IPC;
+//   the consumer copies device to device, or borrows views of the owner's GPU memory.
 // - "socket" (built in, any host): the owner streams the bytes over the agents' connection.
+// - "gloo" (and "nccl" for CUDA tensors), two-sided, any host: the owner sends, the consumer
+//   receives, over a dedicated CollectiveGroup of the agents (join_group / attach_group) that
+//   one thread per agent drives with batched send/recv. A failure there aborts only that group:
+//   later gets of the transport fail with kAborted until every member calls reset_transport.
 // - custom ones (tutti/tensor_transport.h).
 // "auto" picks shm on one host, else socket.
 //
@@ -36,17 +42,27 @@
 
 #include "tutti/export.h"
 #include "tutti/error.h"
+#include "tutti/options.h"
 #include "tutti/store.h"
 #include "tutti/tensor_ref.h"
 #include "tutti/tensor_view.h"
 
 namespace tutti {
 
+class CollectiveGroup;
+
 struct PutOptions {
   std::string transport = "auto";  // "auto": shm when every consumer may be on this host
   bool snapshot = false;  // copy now: later writes to the tensors are not seen by consumers
   uint32_t expected_gets = 0;  // after the last handle: live until this many gets completed
   std::chrono::milliseconds keep_for{0};  // after the last handle: live at least this long
+  // CUDA tensors (cuda_ipc): the producer's cudaStream_t; consumers' reads are ordered after the
+  // work queued on it so far. Null: the legacy default stream.
+  void* stream = nullptr;
+  // Debugging (also TUTTI_RDT_CHECK=1): a checksum of the CPU tensors at put, compared when the
+  // object is freed; a difference means the owner wrote to them while they were published, and
+  // the owner's next wait_tensor_freed covering them fails with kRemoteError saying so.
+  bool check_writes = false;
 };
 
 struct GetOptions {
@@ -58,6 +74,9 @@ struct GetOptions {
   // A one-host transport's ref used on another host (or network or pid namespace): fall back to
   // "socket" instead of failing with kUnavailable.
   bool allow_fallback = false;
+  // CUDA tensors (cuda_ipc): the consumer's cudaStream_t. A get's copy and a borrow's views are
+  // ordered on it after the producer's work; null: the host waits for the producer instead.
+  void* stream = nullptr;
 };
 
 namespace detail {
@@ -171,8 +190,35 @@ class TUTTI_API TransferAgent {
   TensorView allocate(size_t bytes, DType dtype = DType::kUInt8);
   void deallocate(const TensorView& memory);
 
+  // Makes the caller's CPU memory shareable once, so that puts of tensors inside it are cheap and
+  // (with an fd) zero-copy: `fd` is the file the region is mapped MAP_SHARED from (a memfd, a
+  // /dev/shm file: e.g. a tensor moved to shared memory), at `fd_offset` (page-aligned, like
+  // region.data()); shm consumers then map it read-only (through a read-only descriptor) and
+  // borrow it in place. Without an fd, shm gets copy it by cross-memory read. The agent keeps
+  // its own descriptor; the caller keeps the memory alive until unregister_memory, which fails
+  // with kInvalidUsage while an object in it is still published.
+  void register_memory(const TensorView& region, int fd = -1, uint64_t fd_offset = 0);
+  void unregister_memory(const TensorView& region);
+
   // Fails every get in progress with kAborted; the agent stays usable. Never throws.
   void abort() noexcept;
+
+  // Two-sided transports ("gloo", "nccl"): the group their bytes travel over, one per transport
+  // and agent, used by nothing else. join_group makes it (collective: every member calls it with
+  // its rank and a store they share; its name is "<set>.<transport>#<incarnation>"), attach_group
+  // takes the application's (the agent then owns it: its thread issues the group's ops, and
+  // another thread's ops on it fail with kInvalidUsage). A process outside
+  // the group that gets such a ref fails with kInvalidUsage (or, with allow_fallback, uses the
+  // socket transport).
+  void join_group(std::string_view transport, int world_size, int rank,
+                  const GroupOptions& options, std::string_view set = "rdt");
+  void attach_group(std::string_view transport, std::shared_ptr<CollectiveGroup> group);
+  // After a two-sided failure (the group is aborted and gets fail with kAborted): destroys the
+  // group and joins its next incarnation (collective: every member calls it). Objects and refs
+  // stay valid. kInvalidUsage for a group given by attach_group (attach a new one instead).
+  void reset_transport(std::string_view transport);
+  // The group of a two-sided transport, or null.
+  std::shared_ptr<CollectiveGroup> transport_group(std::string_view transport);
 
  private:
   friend struct detail::AgentCore;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the GPU checks here and packs what run.sh needs into .device/ (in .gitignore: it travels
 # when the device tool's `carry` names it; under 60 MiB, since a call carries at most 64 MiB,
-# the working tree included): the NCCL test binaries, tutti-bench, tutti-run, the two GPU
-# examples, tutti's libraries, and the shared libraries they load that the device image lacks
+# the working tree included): the NCCL test binaries, the cuda_ipc test and its worker,
+# tutti-bench, tutti-run, the two GPU examples, tutti's libraries, and the shared libraries they load that the device image lacks
 # (Gloo, fmt, spdlog, hiredis, ibverbs, libnl, the CUDA runtime).
 #
 # Not bundled: the C library and the loader (the binaries need GLIBC_2.34); libstdc++ and
@@ -21,7 +21,7 @@ scripts/setup-debian.sh
 # NCCL brings its own kernels and tutti has no CUDA code: no CUDA architectures to name.
 cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DTUTTI_WITH_NCCL=ON >/dev/null
 bins=(tests/nccl_test tests/nccl_gpu_test tests/nccl_world_test bin/tutti-bench bin/tutti-run
-      examples/gpu_allreduce examples/multigpu_allreduce)
+      examples/gpu_allreduce examples/multigpu_allreduce tests/cuda_ipc_test tests/cuda_ipc_worker)
 targets=()
 for b in "${bins[@]}"; do targets+=("$(basename "$b")"); done
 cmake --build build-device -j"$(nproc)" --target "${targets[@]}" >&2

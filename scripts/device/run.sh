@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
 # The GPU checks, on the device machine (one H200), over the .device/ bundle from prepare.sh:
 # the NCCL unit and GPU tests, every op at world size 1 on the GPU, tutti-bench's NCCL backend
-# against raw NCCL in one run, and the two GPU examples.
+# against raw NCCL in one run, the two GPU examples, and the direct transport's cuda_ipc (its
+# tests between two processes, and tutti-bench --op transfer --transport cuda_ipc: copy against
+# the staged path and an in-process device-to-device copy, then warm borrows).
 #
 #   bash scripts/device/run.sh            (the `device` tool, carrying .device; one call)
 #
-# Bounded: every step runs under `timeout`, and the limits add up to 295 s (see STEPS below),
-# well inside a 7-minute command. NCCL is the nvidia-nccl-cu13 wheel that the device image
+# Bounded: every step runs under `timeout`, and the limits add up to 355 s (see STEPS below),
+# inside a 7-minute command. NCCL is the nvidia-nccl-cu13 wheel that the device image
 # ships (no pip: the machine has no network); without it the script stops at once with exit
 # status 3. NCCL_DEBUG=WARN. A GPU test that skips counts as a failure (on the device every
 # selected test must run). Writes at most three files to $OUT (default /tmp/tutti-device):
 # run.log (everything, step by step), result.json (each step's status, seconds and limit, the
-# GPU, driver, compute mode and NCCL found) and bench-nccl.json. Prints one line per step, and
+# GPU, driver, compute mode and NCCL found), bench-nccl.json and bench-cuda-ipc.json. Prints one line per step, and
 # a failed step's last lines. Exit status: 0 when every step passed, 1 when one failed, 3
 # without NCCL.
 #
 # For the CPU check of this script (tests/device_run_test.sh, against the stand-in):
 # TUTTI_DEVICE_BUNDLE (default .device), TUTTI_DEVICE_BENCH_MAX (tutti-bench's largest size,
-# default 256M), TUTTI_DEVICE_PYTHON (default python3).
+# default 256M), TUTTI_DEVICE_IPC_MIN / TUTTI_DEVICE_IPC_MAX (the cuda_ipc sweep, default 1M to
+# 1G), TUTTI_DEVICE_PYTHON (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bundle=${TUTTI_DEVICE_BUNDLE:-.device}
 bench_max=${TUTTI_DEVICE_BENCH_MAX:-256M}
+ipc_min=${TUTTI_DEVICE_IPC_MIN:-1M}
+ipc_max=${TUTTI_DEVICE_IPC_MAX:-1G}
 python=${TUTTI_DEVICE_PYTHON:-python3}
 out=${OUT:-/tmp/tutti-device}
 mkdir -p "$out"
@@ -135,7 +140,7 @@ step() {
   fi
 }
 
-# STEPS: 10 + 20 + 75 + 45 + 105 + 20 + 20 = 295 s at most.
+# STEPS: 10 + 20 + 75 + 45 + 105 + 20 + 20 + 15 + 35 + 10 = 355 s at most.
 # Every library the bundle's binaries need resolves on this image (a missing one, or a C++
 # runtime older than the GLIBCXX version they were built against, shows here first).
 step libraries 10 - bash -c "! ldd $bin/* $bundle/lib/*.so* 2>&1 | grep -B3 'not found'"
@@ -152,6 +157,15 @@ step bench_nccl 105 'Out of bounds values : 0 OK' "$bin/tutti-bench" --backend n
 step gpu_allreduce 20 sums "$bin/tutti-run" -n 1 --backend nccl --timeout 15 \
   "$bin/gpu_allreduce"
 step multigpu_allreduce 20 sums "$bin/multigpu_allreduce"
+# The direct transport's cuda_ipc between two processes on the GPU (handles opened once, events,
+# borrows), then its benchmark: two processes, copy into a ready device buffer against staged
+# (D2H, Unix socket, H2D) and an in-process D2D copy (cold and warm rows), then warm borrows.
+step cuda_ipc_test 15 gtest "$bin/cuda_ipc_test"
+step bench_cuda_ipc 35 'Out of bounds values : 0 OK' "$bin/tutti-bench" --ranks 2 --op transfer \
+  --transport cuda_ipc -b "$ipc_min" -e "$ipc_max" -f 4 -w 2 -n 10 --baseline \
+  --json "$out/bench-cuda-ipc.json"
+step bench_cuda_ipc_borrow 10 'Out of bounds values : 0 OK' "$bin/tutti-bench" --ranks 2 \
+  --op transfer --transport cuda_ipc --mode borrow -b "$ipc_min" -e "$ipc_max" -f 4 -w 5 -n 50
 
 write_result
 say "run.sh: $status (log: $log, summary: $result)"

@@ -8,11 +8,12 @@
 #include <thread>
 
 #include "transfer/agent_core.h"
+#include "transfer/group_transport.h"
+#include "transfer/wire.h"
 #include "util/deadline.h"
 #include "util/host_identity.h"
 #include "util/logging.h"
 #include "util/sha256.h"
-#include "transfer/wire.h"
 
 namespace tutti::detail {
 namespace {
@@ -95,6 +96,18 @@ class PeerLink final : public TransportPeer {
       for (int f : m.fds) ::close(f);
       throw_error_payload(m.payload);
     }
+    return m;
+  }
+
+  // One request, one reply, kError replies included; the request is made once a connection is
+  // up (`sent` says whether it may have reached the owner).
+  Message exchange(MsgType type, const std::function<std::string()>& make, bool* sent) {
+    auto conn = core_.checkout(*peer_, deadline_, cancelled_);
+    const std::string payload = make();
+    *sent = true;
+    conn->send(type, payload, {}, deadline_, cancelled_);
+    Message m = conn->receive(deadline_, cancelled_);
+    core_.checkin(*peer_, std::move(conn));
     return m;
   }
 
@@ -278,7 +291,6 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
   std::lock_guard<std::mutex> lock(peer.mutex);
   if (peer.local && !peer.slots && !m.fds.empty()) {
     peer.slots = std::make_unique<SlotView>(m.fds[0]);
-    peer.slot_view.store(peer.slots.get(), std::memory_order_release);
     m.fds.erase(m.fds.begin());
   }
   for (int f : m.fds) ::close(f);
@@ -306,7 +318,7 @@ void AgentCore::abort_gets() {
 namespace {
 
 void check_targets(const AgentCore& core, const char* op, const TensorRef& ref,
-                   const std::vector<TensorView>& targets) {
+                   const std::vector<TensorView>& targets, bool cuda = false) {
   auto context = [&] { return core.context(op, ref); };
   const auto& metas = ref.tensors();
   if (targets.empty()) return;
@@ -322,10 +334,11 @@ void check_targets(const AgentCore& core, const char* op, const TensorRef& ref,
       throw Error(ErrorCode::kInvalidArgument, context() + ": target " + std::to_string(i) + " is " +
                                                    t.str() + ", the tensor is " + m.str());
     }
-    if (t.device().type != DeviceType::kCPU) {
+    if ((t.device().type == DeviceType::kCUDA) != cuda) {
       throw Error(ErrorCode::kInvalidArgument, context() + ": target " + std::to_string(i) +
-                                                   " is on " + t.device().str() +
-                                                   "; gets receive into CPU memory");
+                                                   " is on " + t.device().str() + "; transport '" +
+                                                   ref.transport() + "' receives into " +
+                                                   (cuda ? "CUDA" : "CPU") + " memory");
     }
   }
   // Targets may not share bytes: sorted by address, each ends before the next begins.
@@ -366,6 +379,8 @@ struct AgentCore::Resolved {
   bool socket = false;  // the owner streams it (the built-in path)
   bool local = false;   // the owner is on this host (a lease lane)
   std::shared_ptr<Peer> peer;
+  GroupTransport* group = nullptr;  // two-sided: the transport, and the owner's rank in its group
+  int owner_rank = -1;
 };
 
 std::string AgentCore::context(const char* op, const TensorRef& ref) const {
@@ -385,13 +400,33 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
                                        const char* op) {
   Resolved r;
   verify_own(ref, op);
-  check_targets(*this, op, ref, opts.targets);
   r.ref = ref;
   r.name = ref.transport();
   r.local = ref.owner().same_host(identity);
+  if (r.name == "socket") check_targets(*this, op, ref, opts.targets);
   if (r.name != "socket") {
     TensorTransport& t = transport(r.name);  // kUnavailable when not registered
-    if (!t.traits().cross_host && !r.local) {
+    check_targets(*this, op, ref, opts.targets, t.traits().cuda);
+    auto* group = dynamic_cast<GroupTransport*>(&t);
+    bool member = false;
+    const int owner_rank = group != nullptr ? group->check_member(ref, &member) : -1;
+    if (group != nullptr && !member) {
+      if (!opts.allow_fallback || (!r.local && ref.owner().tcp_endpoint.empty()) ||
+          t.traits().cuda) {
+        try {
+          group->check_member(ref, nullptr);  // throws, naming the group
+        } catch (const Error& e) {
+          rethrow_with(context(op, ref), e);
+        }
+      }
+      TUTTI_LOG_DEBUG("direct transport: {}: not in the group, falls back to the socket",
+                      context(op, ref));
+      r.name = "socket";
+    } else if (group != nullptr) {
+      r.transport = &t;
+      r.group = group;
+      r.owner_rank = owner_rank;
+    } else if (!t.traits().cross_host && !r.local) {
       if (!opts.allow_fallback || ref.owner().tcp_endpoint.empty()) {
         throw Error(ErrorCode::kUnavailable,
                     context(op, ref) + ": transport '" + r.name + "' works on one host, and " +
@@ -428,21 +463,33 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
   try {
     if (ref.owner().uuid == identity.uuid) {
       verify_own(ref, "get");
+      const bool cuda = !ref.tensors().empty() && ref.tensors()[0].device.type == DeviceType::kCUDA;
+      if (cuda && !opts.targets.empty()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "the ref is this agent's own CUDA object: get it without targets (its own "
+                    "tensors) and copy on your stream");
+      }
       check_targets(*this, "get", ref, opts.targets);
       return get_own(ref, opts.targets, false, deadline, *flag).first;
     }
     Resolved r = resolve(ref, opts, "get");
     Received out;
     std::vector<TensorView> targets = opts.targets;
+    if (targets.empty() && r.transport != nullptr && r.transport->traits().cuda) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "transport '" + r.name + "' receives into CUDA memory: give targets");
+    }
     if (targets.empty()) targets = allocate_targets(ref, out.storage_);
     PeerLink link(*this, r.peer, deadline, flag, ref.object());
     link.set_transport(r.name);
     if (r.socket) {
       link.set_stream_counts(true);
       link.stream(targets);
+    } else if (r.group != nullptr) {
+      get_two_sided(r, link, targets, deadline, *flag);
     } else {
       LeaseGuard lease(*this, r, take_lease(r, link, deadline, *flag));
-      r.transport->fetch(FetchRequest{r.ref, link, targets, false, deadline, *flag});
+      r.transport->fetch(FetchRequest{r.ref, link, targets, false, deadline, *flag, opts.stream});
       lease.complete(link);
     }
     out.views_ = std::move(targets);
@@ -487,12 +534,18 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
       // Nothing to borrow in place: a private copy, held like a borrow.
       auto storage = std::make_shared<std::vector<std::shared_ptr<void>>>();
       std::vector<TensorView> views = allocate_targets(ref, *storage);
+      if (r.transport != nullptr && r.transport->traits().cuda) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "transport '" + r.name + "' cannot lend views: get into CUDA targets");
+      }
       if (r.socket) {
         link.set_stream_counts(true);
         link.stream(views);
+      } else if (r.group != nullptr) {
+        get_two_sided(r, link, views, deadline, flag);
       } else {
         LeaseGuard lease(*this, r, take_lease(r, link, deadline, flag));
-        r.transport->fetch(FetchRequest{r.ref, link, views, false, deadline, flag});
+        r.transport->fetch(FetchRequest{r.ref, link, views, false, deadline, flag, opts.stream});
         lease.complete(link);
       }
       out.views_ = std::move(views);
@@ -502,7 +555,8 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
     }
     LeaseGuard guard(*this, r, take_lease(r, link, deadline, flag));
     static const std::vector<TensorView> kNone;
-    FetchResult fetched = r.transport->fetch(FetchRequest{r.ref, link, kNone, true, deadline, flag});
+    FetchResult fetched =
+        r.transport->fetch(FetchRequest{r.ref, link, kNone, true, deadline, flag, opts.stream});
     if (fetched.views.size() != ref.tensors().size()) {
       throw Error(ErrorCode::kInternal, "transport '" + r.name + "' lent " +
                                             std::to_string(fetched.views.size()) + " views for " +
@@ -632,18 +686,19 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
     if (cancelled.load()) throw Error(ErrorCode::kAborted, "cancelled");
     uint32_t state = kSlotFree;
     if (r.local && r.transport->traits().one_sided) {
-      const SlotView* slots = r.peer->slot_view.load(std::memory_order_acquire);
-      if (slots == nullptr) {
+      // Read under the peer's lock: another get's first connection may be setting it.
+      SlotView* slot_page = r.peer->slot_view();
+      if (slot_page == nullptr) {
         // The first connection brings the owner's slot page.
         auto conn = checkout(*r.peer, deadline, &cancelled);
         checkin(*r.peer, std::move(conn));
-        slots = r.peer->slot_view.load(std::memory_order_acquire);
+        slot_page = r.peer->slot_view();
       }
-      if (slots != nullptr && !r.ref.is_pending()) {
-        const int entry = r.peer->lane->acquire(*slots, object.slot, object.generation, state);
+      if (slot_page != nullptr && !r.ref.is_pending()) {
+        const int entry = r.peer->lane->acquire(*slot_page, object.slot, object.generation, state);
         if (entry >= 0) {
           if (r.peer->owner_exited()) {
-            r.peer->lane->release(*slots, entry, object.slot);
+            r.peer->lane->release(*slot_page, entry, object.slot);
             throw Error(ErrorCode::kIoError, owner_text(r.ref.owner()) +
                                                  " is gone (its process exited or died)");
           }
@@ -714,9 +769,9 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
 }
 
 void AgentCore::count_get(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease) {
-  if (lease.entry >= 0) {
-    const SlotView* slots = peer.slot_view.load(std::memory_order_acquire);
-    if ((slots->slot(object.slot).flags.load() & kSlotCountsGets) == 0) return;
+  if (lease.entry >= 0 &&
+      (peer.slot_view()->slot(object.slot).flags.load() & kSlotCountsGets) == 0) {
+    return;
   }
   WireWriter w;
   w.u64(object.id);
@@ -729,7 +784,7 @@ void AgentCore::end_lease(Peer& peer, PeerLink& link, ObjectId object, const Lea
   // The hold ends first, whatever becomes of the messages after it; the count of expected gets
   // keeps the object until the owner has counted this one.
   if (lease.entry >= 0) {
-    const SlotView* slots = peer.slot_view.load(std::memory_order_acquire);
+    const SlotView* slots = peer.slot_view();
     const bool counts = completed && (slots->slot(object.slot).flags.load() & kSlotCountsGets) != 0;
     const bool owner_waits = peer.lane->release(*slots, lease.entry, object.slot);
     if (counts) {
@@ -767,6 +822,56 @@ void LeaseGuard::complete(PeerLink& link) {
 AgentCore::Lease LeaseGuard::release() {
   held_ = false;
   return lease_;
+}
+
+void AgentCore::get_two_sided(Resolved& r, PeerLink& link, const std::vector<TensorView>& targets,
+                              Clock::time_point deadline, const std::atomic<bool>& cancelled) {
+  GroupTransport& g = *r.group;
+  const int owner_rank = r.owner_rank;
+  const ObjectId object = r.ref.object();
+  uint64_t seq = 0;  // this rank's number for the transfer, when it leads the pair
+  uint64_t incarnation = 0;
+  bool sent = false;
+  Message m;
+  try {
+    m = link.exchange(MsgType::kFetch, [&] {
+      seq = g.lead(owner_rank, &incarnation);
+      WireWriter w;
+      w.u64(object.id);
+      w.u32(object.generation);
+      w.u64(wire_timeout(deadline));
+      w.str8(r.name);
+      w.str8(g.set());
+      w.u64(incarnation);
+      w.u32(static_cast<uint32_t>(g.rank()));
+      w.u64(seq);
+      return std::move(w.out());
+    }, &sent);
+  } catch (const Error& e) {
+    // The owner may have numbered (and queued) the transfer: the pair is out of step.
+    if (sent || seq > 0) {
+      g.abort("a fetch from " + owner_text(r.ref.owner()) + " (rank " +
+              std::to_string(owner_rank) + ") broke off: " + e.what());
+    }
+    throw;
+  }
+  if (m.type == MsgType::kError) {
+    if (seq > 0) g.abort("the owner refused a numbered fetch it could not read");
+    throw_error_payload(m.payload);
+  }
+  WireReader rd(m.payload, "a fetch grant from " + owner_text(r.ref.owner()));
+  const uint8_t status = rd.u8("status");
+  if (status != 0) {
+    const std::string error = rd.str32("error", 1u << 20);
+    if (seq > 0 && status == 1) g.skip(owner_rank, seq, incarnation);
+    if (seq > 0 && status != 1) g.abort("the owner refused a fetch before it numbered it");
+    throw_error_payload(error);
+  }
+  const uint64_t granted = rd.u64("number");
+  auto job = g.enqueue(GroupJob::Kind::kRecv, owner_rank, granted, incarnation, targets, deadline,
+                       nullptr);
+  g.wait(*job, deadline, cancelled,
+         owner_text(r.ref.owner()) + " (rank " + std::to_string(owner_rank) + ")");
 }
 
 Fetch AgentCore::get_async(const TensorRef& ref, const GetOptions& opts) {

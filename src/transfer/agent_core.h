@@ -25,6 +25,8 @@
 namespace tutti::detail {
 
 class PeerLink;
+class WireReader;
+class GroupTransport;
 
 // The pin that ObjectHandle copies share: the object may go once it is destroyed.
 struct ObjectPin {
@@ -73,6 +75,14 @@ struct Object {
   Clock::time_point keep_until{};  // set when the last handle goes
   int local_leases = 0;            // holds the owner keeps itself: streams, own borrows, remote
   std::string failure;             // fail()'s message
+  bool check_writes = false;       // PutOptions::check_writes: crcs of the tensors at publication
+  std::vector<uint32_t> crcs;
+};
+
+// An object the owner wrote to while it was published (PutOptions::check_writes).
+struct WriteViolation {
+  std::vector<TensorView> tensors;
+  std::string text;
 };
 
 // A consumer agent that connected to this owner.
@@ -92,9 +102,13 @@ struct Peer {
   std::vector<std::unique_ptr<Connection>> idle;
   std::unique_ptr<Lane> lane;
   std::unique_ptr<SlotView> slots;            // set once, under `mutex`
-  std::atomic<const SlotView*> slot_view{nullptr};  // `slots`, for readers without the mutex
   int pidfd = -1;  // one host: readable once the owner's process has exited
   ~Peer();
+  // The owner's slot page once a connection brought it (set once, under `mutex`), or null.
+  SlotView* slot_view() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return slots.get();
+  }
   // One host: whether the owner's process has exited (one poll, no blocking).
   bool owner_exited() const;
 };
@@ -113,6 +127,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::map<uint64_t, Object> objects;
   uint64_t next_id = 1;
   std::deque<std::pair<uint64_t, Clock::time_point>> freed;  // recently freed ids
+  std::deque<WriteViolation> violations;  // reported by the next wait_tensor_freed over them
+  bool check_writes_env = false;          // TUTTI_RDT_CHECK=1
   std::map<std::string, std::shared_ptr<Consumer>> consumers;  // by uuid
   std::set<int> serving_fds;  // connections being served (shut down at the end)
   int serving_threads = 0;
@@ -164,6 +180,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   bool leased_by_a_lane_locked(const Object& o, std::string* who = nullptr) const;
   std::string freed_text_locked(uint64_t id) const;
   std::string blockers_locked(const Object& o) const;
+  void serve_fetch(WireReader& r, const std::function<void(const std::string&)>& reply,
+                   const std::string& consumer);
   void accept_loop(int listener, bool local);
   void serve(std::unique_ptr<Connection> connection, bool local);
   void housekeeping_loop();
@@ -194,6 +212,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
                                                           const std::atomic<bool>& cancelled);
   Received get(const TensorRef& ref, const GetOptions& options,
                const std::atomic<bool>* cancelled = nullptr);
+  // Two-sided: the owner sends `targets` over the transport's group.
+  void get_two_sided(Resolved& r, PeerLink& link, const std::vector<TensorView>& targets,
+                     Clock::time_point deadline, const std::atomic<bool>& cancelled);
   Borrowed borrow(const TensorRef& ref, const GetOptions& options);
   Fetch get_async(const TensorRef& ref, const GetOptions& options);
   std::shared_ptr<Peer> peer_for(const AgentIdentity& owner, bool local);

@@ -16,12 +16,13 @@
 #include <random>
 
 #include "transfer/agent_core.h"
+#include "transfer/group_transport.h"
+#include "transfer/wire.h"
 #include "util/deadline.h"
 #include "util/fork_watch.h"
 #include "util/host_identity.h"
 #include "util/logging.h"
 #include "util/sha256.h"
-#include "transfer/wire.h"
 
 namespace tutti::detail {
 namespace {
@@ -125,6 +126,17 @@ std::vector<TensorView> snapshot_copy(TensorTransport& t, const std::vector<Tens
   return out;
 }
 
+// PutOptions::check_writes: a CRC32C per CPU tensor.
+std::vector<uint32_t> checksums(const std::vector<TensorView>& tensors) {
+  std::vector<uint32_t> out;
+  for (const TensorView& t : tensors) {
+    out.push_back(t.device().type == DeviceType::kCPU && t.nbytes() > 0
+                      ? crc32c(std::string_view(static_cast<const char*>(t.data()), t.nbytes()))
+                      : 0);
+  }
+  return out;
+}
+
 std::shared_ptr<void> allocate_bytes(size_t bytes) {
   void* p = nullptr;
   try {
@@ -198,6 +210,7 @@ AgentCore::AgentCore(const TransferAgentOptions& opts) : options(opts), fork_gen
     if (const char* s = std::getenv("TUTTI_STORE_SECRET")) options.secret = s;
   }
   fetch_timeout = options.fetch_timeout.count() > 0 ? options.fetch_timeout : env_timeout();
+  if (const char* v = std::getenv("TUTTI_RDT_CHECK")) check_writes_env = std::string(v) == "1";
 }
 
 std::string AgentCore::who() const { return "agent '" + identity.name + "'"; }
@@ -281,14 +294,16 @@ ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
                                 bool reserved) {
   const std::string name = resolve_transport(opts.transport);
   TensorTransport& t = transport(name);
+  const bool cuda = t.traits().cuda;
   for (size_t i = 0; i < metas.size(); ++i) {
-    if (metas[i].device.type != DeviceType::kCPU) {
+    if ((metas[i].device.type == DeviceType::kCUDA) != cuda) {
       throw Error(ErrorCode::kInvalidArgument,
                   (reserved ? "reserve on " : "put on ") + who() + ": tensor " + std::to_string(i) +
-                      " is on " + metas[i].device.str() + "; transport '" + name +
-                      "' carries CPU tensors");
+                      " is on " + metas[i].device.str() + "; transport '" + name + "' carries " +
+                      (cuda ? "CUDA" : "CPU") + " tensors");
     }
   }
+  auto* group = dynamic_cast<GroupTransport*>(&t);
   uint64_t id;
   uint32_t slot, generation;
   {
@@ -316,15 +331,17 @@ ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
     o.t = &t;
     o.expected_gets = opts.expected_gets;
     o.keep_for = opts.keep_for;
+    o.check_writes = opts.check_writes || check_writes_env;
     o.handles = 1;  // the pin made below: nothing frees it meanwhile
   }
   Publication pub;
   std::vector<TensorView> published = tensors;
   std::vector<std::shared_ptr<void>> storage;
-  if (!reserved) {
+  if (!reserved || group != nullptr) {
     try {
-      if (opts.snapshot) published = snapshot_copy(t, tensors, storage);
-      pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published});
+      if (opts.snapshot && !reserved) published = snapshot_copy(t, tensors, storage);
+      // A two-sided ref names its group even before the data exists.
+      pub = t.publish(PublishRequest{ObjectId{id, generation, slot}, published, opts.stream});
       if (pub.blob.size() > TensorRef::kMaxBlob) {
         t.unpublish(ObjectId{id, generation, slot});
         throw Error(ErrorCode::kInvalidArgument,
@@ -353,6 +370,7 @@ ObjectHandle AgentCore::publish(const std::vector<TensorView>& tensors,
     if (!reserved) {
       o.tensors = std::move(published);
       o.storage = std::move(storage);
+      if (o.check_writes) o.crcs = checksums(o.tensors);
     }
     o.state = reserved ? kSlotReserved : kSlotLive;
     Slot& s = slots.slot(slot);
@@ -434,6 +452,7 @@ void AgentCore::fulfil(uint64_t id, const std::vector<TensorView>& tensors) {
   it->second.publication = pub;
   it->second.published = true;
   it->second.tensors = published;
+  if (it->second.check_writes) it->second.crcs = checksums(published);
   it->second.storage = std::move(storage);
   it->second.state = kSlotLive;
   slots.slot(it->second.slot).state.store(kSlotLive);
@@ -502,6 +521,20 @@ void AgentCore::settle_all_locked() {
 
 void AgentCore::free_locked(std::map<uint64_t, Object>::iterator it) {
   Object& o = it->second;
+  if (o.check_writes && !o.crcs.empty() && checksums(o.tensors) != o.crcs) {
+    const std::vector<uint32_t> now = checksums(o.tensors);
+    std::string which;
+    for (size_t i = 0; i < now.size(); ++i) {
+      if (now[i] != o.crcs[i]) which += (which.empty() ? "" : ", ") + std::to_string(i);
+    }
+    WriteViolation v;
+    v.tensors = o.tensors;
+    v.text = "object " + std::to_string(o.id) + " (" + o.transport + ") changed after put: tensor(s) " +
+             which + " were written while published; call wait_tensor_freed before writing";
+    TUTTI_LOG_ERROR("direct transport: {}: {}", who(), v.text);
+    violations.push_back(std::move(v));
+    if (violations.size() > 1024) violations.pop_front();
+  }
   if (o.published) o.t->unpublish(ObjectId{o.id, o.generation, o.slot});
   slots.slot(o.slot).state.store(kSlotFree);
   free_slots.push_back(o.slot);
@@ -562,7 +595,20 @@ void AgentCore::wait_tensor_freed(const TensorView& tensor, std::chrono::millise
   };
   while (true) {
     const auto held = holders();
-    if (held.empty()) return;
+    if (held.empty()) {
+      // Objects over these bytes that the owner wrote while published (check_writes).
+      for (auto v = violations.begin(); v != violations.end(); ++v) {
+        for (const TensorView& t : v->tensors) {
+          const char* a = static_cast<const char*>(t.data());
+          if (t.device() == tensor.device() && t.nbytes() > 0 && a < hi && lo < a + t.nbytes()) {
+            const std::string text = v->text;
+            violations.erase(v);
+            throw Error(ErrorCode::kRemoteError, "wait_tensor_freed on " + who() + ": " + text);
+          }
+        }
+      }
+      return;
+    }
     if (Clock::now() >= deadline) {
       std::string list;
       for (const Object* o : held) list += (list.empty() ? "" : ", ") + blockers_locked(*o);
@@ -920,6 +966,11 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
             done(true);
             break;
           }
+          case MsgType::kFetch: {
+            serve_fetch(r, [&](const std::string& payload) { reply(payload); },
+                        consumer ? consumer->identity.name : std::string("?"));
+            break;
+          }
           default:
             throw Error(ErrorCode::kInvalidArgument,
                         who() + " got a message of unknown type " +
@@ -953,6 +1004,105 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
   serving_fds.erase(fd);
   conn.reset();
   if (--serving_threads == 0) serving_done.notify_all();
+}
+
+}  // namespace tutti::detail
+
+namespace tutti::detail {
+
+// A consumer's two-sided fetch: hold the object, queue its send on the transport's group and
+// grant the pair's number. The reply is a status (kGranted + number, or kRefused / kRefusedUnseen
+// + the error), never kError, so that the consumer knows whether its number was used up.
+void AgentCore::serve_fetch(WireReader& r, const std::function<void(const std::string&)>& reply,
+                            const std::string& consumer) {
+  const uint64_t id = r.u64("id");
+  const uint32_t gen = r.u32("generation");
+  const std::chrono::milliseconds timeout(r.u64("timeout"));
+  const auto deadline = Clock::now() + timeout;
+  // A reservation not fulfilled in time is refused a little before the consumer gives up, so
+  // that the refusal reaches it (a consumer that gives up first must abort the group).
+  const auto wait_deadline = deadline - std::min<std::chrono::milliseconds>(
+                                            timeout / 4, std::chrono::milliseconds(500));
+  const std::string name = r.str8("transport");
+  const std::string set = r.str8("group set");
+  const uint64_t incarnation = r.u64("incarnation");
+  const int rank = static_cast<int>(r.u32("rank"));
+  const uint64_t seq = r.u64("seq");
+  WireWriter w;
+  GroupTransport* g = nullptr;
+  bool seen = false;  // the consumer's number is this side's to skip on a refusal
+  try {
+    g = dynamic_cast<GroupTransport*>(&transport(name));
+    if (g == nullptr) {
+      throw Error(ErrorCode::kInvalidArgument, "transport '" + name + "' is not two-sided");
+    }
+    g->check_peer(set, incarnation, rank, wait_deadline);
+    seen = true;
+    std::vector<TensorView> tensors;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait_until(lock, wait_deadline, [&] {
+        auto it = objects.find(id);
+        return stopping || it == objects.end() || it->second.generation != gen ||
+               it->second.state != kSlotReserved;
+      });
+      auto it = objects.find(id);
+      if (it == objects.end() || it->second.generation != gen) {
+        throw Error(ErrorCode::kInvalidUsage,
+                    "object " + std::to_string(id) + " " + freed_text_locked(id) + " at its owner");
+      }
+      Object& o = it->second;
+      if (o.state == kSlotReserved) {
+        throw Error(ErrorCode::kTimeout,
+                    "object " + std::to_string(id) + " is still reserved (never fulfilled)");
+      }
+      if (o.state == kSlotFailed) {
+        throw Error(ErrorCode::kRemoteError, "the owner failed it: " + o.failure);
+      }
+      if (o.state != kSlotLive) {
+        throw Error(ErrorCode::kInvalidUsage,
+                    "object " + std::to_string(id) + " is being freed at its owner");
+      }
+      if (o.t != g) {
+        throw Error(ErrorCode::kInvalidArgument, "object " + std::to_string(id) +
+                                                     " was published on '" + o.transport + "'");
+      }
+      ++o.local_leases;  // until the send is done
+      tensors = o.tensors;
+    }
+    std::weak_ptr<AgentCore> weak = weak_from_this();
+    auto done = [weak, id](bool ok) {
+      auto self = weak.lock();
+      if (!self) return;
+      std::lock_guard<std::mutex> lock(self->mutex);
+      auto it = self->objects.find(id);
+      if (it == self->objects.end()) return;
+      --it->second.local_leases;
+      if (ok && it->second.expected_gets > 0 && --it->second.expected_gets == 0) {
+        self->slots.slot(it->second.slot).flags.store(0);
+      }
+      self->settle_locked(it->second);
+    };
+    std::shared_ptr<GroupJob> job;
+    try {
+      job = g->enqueue(GroupJob::Kind::kSend, rank, seq, incarnation, std::move(tensors), deadline,
+                       done);
+    } catch (...) {
+      done(false);
+      throw;
+    }
+    w.u8(0);
+    w.u64(job->seq);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kIoError) throw;
+    if (seen && seq > 0) g->skip(rank, seq, incarnation);
+    TUTTI_LOG_DEBUG("direct transport: {} refuses a two-sided fetch of object {} by agent '{}': {}",
+                    who(), id, consumer, e.what());
+    w = WireWriter();
+    w.u8(seen ? 1 : 2);
+    w.str32(error_payload(e));
+  }
+  reply(w.out());
 }
 
 }  // namespace tutti::detail

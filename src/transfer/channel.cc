@@ -161,6 +161,10 @@ void Connection::receive_raw(void* data, size_t bytes, Clock::time_point deadlin
   auto* out = static_cast<char*>(data);
   size_t got = 0;
   while (got < bytes) {
+    // Bytes may keep coming faster than they are read: look at cancel on every read too.
+    if (cancelled != nullptr && cancelled->load()) {
+      throw Error(ErrorCode::kAborted, "receiving from " + peer_ + ": cancelled");
+    }
     const ssize_t n = ::recv(fd_, out + got, bytes - got, 0);
     if (n > 0) {
       got += static_cast<size_t>(n);

@@ -27,6 +27,7 @@ enum class MsgType : uint8_t {
   kUnlease,
   kReply,
   kError,        // payload: code u8, message
+  kFetch,        // two-sided: send the object over the transport's group (reply: the grant)
 };
 
 struct Message {

@@ -8,6 +8,9 @@
 #include <mutex>
 
 #include "transfer/agent_core.h"
+#include "transfer/group_transport.h"
+#include "tutti/backend.h"
+#include "tutti/collective_group.h"
 #include "util/logging.h"
 
 namespace tutti {
@@ -53,6 +56,15 @@ void register_builtins() {
   std::call_once(once, [] {
     registry()["socket"] = {[](const TransportContext&) { return std::make_unique<SocketTransport>(); },
                             nullptr};
+    // Two-sided, over a group of the collective backend of the same name (when it is linked).
+    for (const char* backend : {"gloo", "nccl"}) {
+      const std::string name = backend;
+      registry()[name] = {
+          [name](const TransportContext& ctx) {
+            return std::make_unique<detail::GroupTransport>(name, name == "nccl", ctx.agent.name);
+          },
+          [name] { return is_backend_available(name); }};
+    }
   });
 }
 
@@ -76,6 +88,14 @@ void TensorTransport::deallocate(const TensorView& memory) {
                                                "' did not allocate " + memory.str());
 }
 bool TensorTransport::owns(const TensorView&) const { return false; }
+void TensorTransport::register_memory(const TensorView& region, int, uint64_t) {
+  throw Error(ErrorCode::kUnavailable, std::string("transport '") + name() +
+                                           "' cannot register memory (" + region.str() + ")");
+}
+void TensorTransport::unregister_memory(const TensorView& region) {
+  throw Error(ErrorCode::kInvalidArgument, std::string("transport '") + name() +
+                                               "' did not register " + region.str());
+}
 
 // ---- the registry ----
 
@@ -328,7 +348,87 @@ void TransferAgent::deallocate(const TensorView& memory) {
               "deallocate on " + core_->who() + ": " + memory.str() + " did not come from allocate()");
 }
 
+void TransferAgent::register_memory(const TensorView& region, int fd, uint64_t fd_offset) {
+  if (region.device().type != DeviceType::kCPU || region.data() == nullptr || region.nbytes() == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "register_memory on " + core_->who() + ": " +
+                                                 region.str() + " is not CPU memory with bytes");
+  }
+  const std::string name = core_->resolve_transport("auto");
+  core_->transport(name).register_memory(region, fd, fd_offset);
+}
+
+void TransferAgent::unregister_memory(const TensorView& region) {
+  {
+    std::lock_guard<std::mutex> lock(core_->mutex);
+    const char* lo = static_cast<const char*>(region.data());
+    const char* hi = lo + region.nbytes();
+    for (const auto& [id, o] : core_->objects) {
+      for (const TensorView& t : o.tensors) {
+        const char* a = static_cast<const char*>(t.data());
+        if (a < hi && lo < a + t.nbytes()) {
+          throw Error(ErrorCode::kInvalidUsage,
+                      "unregister_memory on " + core_->who() + ": " + region.str() +
+                          " is still published: " + core_->blockers_locked(o) +
+                          "; wait_tensor_freed() first");
+        }
+      }
+    }
+  }
+  const std::string name = core_->resolve_transport("auto");
+  core_->transport(name).unregister_memory(region);
+}
+
 void TransferAgent::abort() noexcept { core_->abort_gets(); }
+
+namespace {
+
+detail::GroupTransport& group_transport(detail::AgentCore& core, std::string_view transport,
+                                        const char* op) {
+  auto* g = dynamic_cast<detail::GroupTransport*>(&core.transport(std::string(transport)));
+  if (g == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(op) + " on " + core.who() +
+                                                 ": transport '" + std::string(transport) +
+                                                 "' is not two-sided (gloo, nccl)");
+  }
+  return *g;
+}
+
+}  // namespace
+
+void TransferAgent::join_group(std::string_view transport, int world_size, int rank,
+                               const GroupOptions& options, std::string_view set) {
+  detail::GroupTransport& g = group_transport(*core_, transport, "join_group");
+  const std::string name = lower(transport);
+  const std::string set_name = std::string(set) + "." + name;
+  auto make = [world_size, rank, name, set_name, options](uint64_t incarnation) {
+    return CollectiveGroup::create(world_size, rank, name,
+                                   set_name + "#" + std::to_string(incarnation), options);
+  };
+  g.attach(make(g.incarnation() + 1), set_name, make);
+}
+
+void TransferAgent::attach_group(std::string_view transport, std::shared_ptr<CollectiveGroup> group) {
+  if (!group) {
+    throw Error(ErrorCode::kInvalidArgument, "attach_group on " + core_->who() + ": a null group");
+  }
+  detail::GroupTransport& g = group_transport(*core_, transport, "attach_group");
+  if (lower(group->backend_name()) != lower(transport)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "attach_group on " + core_->who() + ": " + group->describe() + " runs backend '" +
+                    group->backend_name() + "', transport '" + std::string(transport) +
+                    "' needs its own");
+  }
+  const std::string set = group->name();
+  g.attach(std::move(group), set, nullptr);
+}
+
+void TransferAgent::reset_transport(std::string_view transport) {
+  group_transport(*core_, transport, "reset_transport").reset();
+}
+
+std::shared_ptr<CollectiveGroup> TransferAgent::transport_group(std::string_view transport) {
+  return group_transport(*core_, transport, "transport_group").group();
+}
 
 // ---- the process-wide agent ----
 

@@ -16,8 +16,18 @@
 //   was current at its creation and is recorded only on that device's streams.
 // - Handles are never reused, so a call on a destroyed stream or event reliably fails with
 //   cudaErrorInvalidResourceHandle (and is counted: tutti_standin_cuda_bad_handles).
+// - IPC: device memory is a memfd mapping, so cudaIpcGetMemHandle names it (pid, descriptor,
+//   size, buffer id) and another process's cudaIpcOpenMemHandle maps it through /proc/<pid>/fd
+//   (as with CUDA, not in the exporting process). A record of an interprocess event waits on the
+//   host for the stream to reach it, so an event opened from its handle is always complete: the
+//   ordering CUDA gives a consumer's stream, reached conservatively. The driver's
+//   cuMemGetAddressRange and cuPointerGetAttribute (buffer id) come from
+//   cudaGetDriverEntryPointByVersion. Each device has a fixed UUID.
 // Thread-safe throughout. Host functions run on the stream's worker thread.
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -120,6 +130,7 @@ std::shared_ptr<Stream> start_stream(int device, bool blocking, bool legacy) {
 struct Event {
   int device = 0;
   bool timing = true;
+  bool interprocess = false;
   std::shared_ptr<Mark> last;  // the most recent record; null until recorded
 };
 
@@ -127,6 +138,24 @@ struct Allocation {
   size_t bytes = 0;
   int device = 0;
   bool pinned = false;  // cudaMallocHost
+  int fd = -1;          // device memory: its memfd
+  size_t mapped = 0;    // device memory: the mapping's length
+  uint64_t buffer_id = 0;
+  bool opened = false;  // mapped by cudaIpcOpenMemHandle
+};
+
+// What an IPC handle holds (in its 64 bytes).
+struct IpcMem {
+  char magic[4];
+  int32_t pid;
+  int32_t fd;
+  uint64_t mapped;
+  uint64_t buffer_id;
+};
+struct IpcEvent {
+  char magic[4];
+  int32_t pid;
+  uint64_t handle;
 };
 
 // Everything the runtime knows; deliberately never destroyed (worker threads may still run at
@@ -140,6 +169,8 @@ struct Runtime {
   std::map<uintptr_t, Allocation> allocations;                     // by base address
   uintptr_t next_handle = 0x1000;
   std::atomic<int> bad_handles{0};
+  std::atomic<int> ipc_opens{0};
+  uint64_t next_buffer = 0;
 
   Runtime() {
     if (const char* env = std::getenv("TUTTI_STANDIN_DEVICES")) devices = std::atoi(env);
@@ -219,6 +250,15 @@ void synchronize_device(int device) {
   for (auto& s : all) s->mark()->wait();
 }
 
+void drop(void* ptr, const Allocation& a) {
+  if (a.fd >= 0 || a.opened) {
+    ::munmap(ptr, a.mapped);
+    if (a.fd >= 0) ::close(a.fd);
+  } else {
+    std::free(ptr);
+  }
+}
+
 cudaError_t release(void* ptr, bool pinned) {
   if (ptr == nullptr) return cudaSuccess;
   Allocation a;
@@ -226,7 +266,9 @@ cudaError_t release(void* ptr, bool pinned) {
     Runtime& r = rt();
     std::lock_guard<std::mutex> lock(r.m);
     auto it = r.allocations.find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == r.allocations.end() || it->second.pinned != pinned) return cudaErrorInvalidValue;
+    if (it == r.allocations.end() || it->second.pinned != pinned || it->second.opened) {
+      return cudaErrorInvalidValue;
+    }
     a = it->second;
   }
   synchronize_device(a.device);
@@ -235,18 +277,32 @@ cudaError_t release(void* ptr, bool pinned) {
     std::lock_guard<std::mutex> lock(r.m);
     r.allocations.erase(reinterpret_cast<uintptr_t>(ptr));
   }
-  std::free(ptr);
+  drop(ptr, a);
   return cudaSuccess;
 }
 
 cudaError_t allocate(void** ptr, size_t bytes, int device, bool pinned) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
   const size_t rounded = (bytes + 255) / 256 * 256 + 256;
-  void* p = std::aligned_alloc(256, rounded);
+  Allocation a{bytes, device, pinned};
+  void* p = nullptr;
+  if (pinned) {
+    p = std::aligned_alloc(256, rounded);
+  } else {
+    // Shareable with another process (cudaIpcGetMemHandle).
+    a.fd = ::memfd_create("cuda-standin", MFD_CLOEXEC);
+    if (a.fd >= 0 && ::ftruncate(a.fd, static_cast<off_t>(rounded)) == 0) {
+      p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
+      if (p == MAP_FAILED) p = nullptr;
+    }
+    if (p == nullptr && a.fd >= 0) ::close(a.fd);
+    a.mapped = rounded;
+  }
   if (p == nullptr) return cudaErrorMemoryAllocation;
   Runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.m);
-  r.allocations[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, device, pinned};
+  a.buffer_id = ++r.next_buffer;
+  r.allocations[reinterpret_cast<uintptr_t>(p)] = a;
   *ptr = p;
   return cudaSuccess;
 }
@@ -352,14 +408,19 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
     Runtime& r = rt();
     std::lock_guard<std::mutex> lock(r.m);
     auto it = r.allocations.find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == r.allocations.end() || it->second.pinned) return cudaErrorInvalidValue;
+    if (it == r.allocations.end() || it->second.pinned || it->second.opened) {
+      return cudaErrorInvalidValue;
+    }
   }
   enqueue(s, [ptr] {
+    Allocation a;
     {
       std::lock_guard<std::mutex> lock(rt().m);
-      rt().allocations.erase(reinterpret_cast<uintptr_t>(ptr));
+      auto it = rt().allocations.find(reinterpret_cast<uintptr_t>(ptr));
+      a = it->second;
+      rt().allocations.erase(it);
     }
-    std::free(ptr);
+    drop(ptr, a);
   });
   return cudaSuccess;
 }
@@ -510,6 +571,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   auto e = std::make_shared<Event>();
   e->device = current_device;
   e->timing = (flags & cudaEventDisableTiming) == 0;
+  e->interprocess = (flags & cudaEventInterprocess) != 0;
+  if (e->interprocess && e->timing) return cudaErrorInvalidValue;  // CUDA requires DisableTiming
   std::lock_guard<std::mutex> lock(r.m);
   const uintptr_t handle = r.new_handle();
   r.events[handle] = std::move(e);
@@ -541,6 +604,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (s->device != e->device) return cudaErrorInvalidResourceHandle;  // another device's stream
   auto mark = std::make_shared<Mark>();
   enqueue(s, [mark] { mark->set(); });
+  if (e->interprocess) mark->wait();  // see the header: opened handles are then complete
   std::lock_guard<std::mutex> lock(rt().m);
   e->last = std::move(mark);
   return cudaSuccess;
@@ -601,3 +665,152 @@ int tutti_standin_cuda_live_events(void) {
 }
 
 int tutti_standin_cuda_bad_handles(void) { return rt().bad_handles.load(); }
+
+// ---- IPC, device properties, driver entry points --------------------------------------------
+
+namespace {
+
+// The allocation holding ptr (any address inside it); allocations.end() when none.
+std::map<uintptr_t, Allocation>::iterator containing(Runtime& r, uintptr_t p) {
+  auto it = r.allocations.upper_bound(p);
+  if (it == r.allocations.begin()) return r.allocations.end();
+  --it;
+  return p < it->first + std::max<size_t>(it->second.bytes, 1) ? it : r.allocations.end();
+}
+
+// CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr ptr)
+int standin_get_address_range(unsigned long long* base, size_t* size, unsigned long long ptr) {
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.m);
+  auto it = containing(r, static_cast<uintptr_t>(ptr));
+  if (it == r.allocations.end() || it->second.pinned) return 1;  // CUDA_ERROR_INVALID_VALUE
+  if (base != nullptr) *base = it->first;
+  if (size != nullptr) *size = it->second.bytes;
+  return 0;
+}
+
+// CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr):
+// only CU_POINTER_ATTRIBUTE_BUFFER_ID (7).
+int standin_pointer_get_attribute(void* data, int attribute, unsigned long long ptr) {
+  if (attribute != 7 || data == nullptr) return 1;
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.m);
+  auto it = containing(r, static_cast<uintptr_t>(ptr));
+  if (it == r.allocations.end() || it->second.pinned) return 1;
+  *static_cast<unsigned long long*>(data) = it->second.buffer_id;
+  return 0;
+}
+
+}  // namespace
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr,
+                                             unsigned int cudaVersion, unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* driverStatus) {
+  (void)cudaVersion;
+  (void)flags;
+  if (symbol == nullptr || funcPtr == nullptr) return cudaErrorInvalidValue;
+  *funcPtr = nullptr;
+  if (std::strcmp(symbol, "cuMemGetAddressRange") == 0) {
+    *funcPtr = reinterpret_cast<void*>(&standin_get_address_range);
+  } else if (std::strcmp(symbol, "cuPointerGetAttribute") == 0) {
+    *funcPtr = reinterpret_cast<void*>(&standin_pointer_get_attribute);
+  }
+  if (driverStatus != nullptr) {
+    *driverStatus = *funcPtr != nullptr ? cudaDriverEntryPointSuccess
+                                        : cudaDriverEntryPointSymbolNotFound;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (prop == nullptr) return cudaErrorInvalidValue;
+  if (device < 0 || device >= rt().devices) return cudaErrorInvalidDevice;
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "tutti stand-in device %d", device);
+  for (int i = 0; i < 16; ++i) prop->uuid.bytes[i] = static_cast<char>(0xA0 + i * 3 + device);
+  prop->pciBusID = device + 1;
+  prop->major = 9;
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr) {
+  if (handle == nullptr) return cudaErrorInvalidValue;
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.m);
+  auto it = r.allocations.find(reinterpret_cast<uintptr_t>(devPtr));  // the base, as CUDA asks
+  if (it == r.allocations.end() || it->second.fd < 0) return cudaErrorInvalidValue;
+  IpcMem m{{'T', 'S', 'I', 'M'}, static_cast<int32_t>(::getpid()), it->second.fd, it->second.mapped,
+           it->second.buffer_id};
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle->reserved, &m, sizeof(m));
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle, unsigned int flags) {
+  (void)flags;
+  if (devPtr == nullptr) return cudaErrorInvalidValue;
+  IpcMem m;
+  std::memcpy(&m, handle.reserved, sizeof(m));
+  if (std::memcmp(m.magic, "TSIM", 4) != 0) return cudaErrorInvalidValue;
+  if (m.pid == ::getpid()) return cudaErrorInvalidValue;  // CUDA: never in the exporting process
+  const std::string path = "/proc/" + std::to_string(m.pid) + "/fd/" + std::to_string(m.fd);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return cudaErrorInvalidResourceHandle;  // the exporter is gone
+  void* p = ::mmap(nullptr, m.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return cudaErrorMemoryAllocation;
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.m);
+  Allocation a;
+  a.bytes = m.mapped;
+  a.device = current_device;
+  a.mapped = m.mapped;
+  a.opened = true;
+  a.buffer_id = ++r.next_buffer;
+  r.allocations[reinterpret_cast<uintptr_t>(p)] = a;
+  r.ipc_opens.fetch_add(1);
+  *devPtr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void* devPtr) {
+  Allocation a;
+  {
+    Runtime& r = rt();
+    std::lock_guard<std::mutex> lock(r.m);
+    auto it = r.allocations.find(reinterpret_cast<uintptr_t>(devPtr));
+    if (it == r.allocations.end() || !it->second.opened) return cudaErrorInvalidValue;
+    a = it->second;
+    r.allocations.erase(it);
+  }
+  ::munmap(devPtr, a.mapped);
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle, cudaEvent_t event) {
+  if (handle == nullptr) return cudaErrorInvalidValue;
+  auto e = find_event(event);
+  if (e == nullptr) return bad_handle("cudaIpcGetEventHandle");
+  if (!e->interprocess) return cudaErrorInvalidResourceHandle;
+  IpcEvent h{{'T', 'S', 'I', 'E'}, static_cast<int32_t>(::getpid()),
+             static_cast<uint64_t>(reinterpret_cast<uintptr_t>(event))};
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle->reserved, &h, sizeof(h));
+  return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event, cudaIpcEventHandle_t handle) {
+  if (event == nullptr) return cudaErrorInvalidValue;
+  IpcEvent h;
+  std::memcpy(&h, handle.reserved, sizeof(h));
+  if (std::memcmp(h.magic, "TSIE", 4) != 0) return cudaErrorInvalidValue;
+  // Its records completed before the exporter went on (see the header).
+  const cudaError_t rc = cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+  if (rc == cudaSuccess) {
+    auto e = find_event(*event);
+    e->interprocess = true;
+  }
+  return rc;
+}
+
+extern "C" int tutti_standin_cuda_ipc_opens(void) { return rt().ipc_opens.load(); }

@@ -1,0 +1,506 @@
+// The "cuda_ipc" tensor transport of the direct transport (tutti/transfer_agent.h): CUDA tensors
+// between processes on one host, the consumer reading the owner's GPU memory itself.
+//
+// Owner, at put: each tensor's allocation (its base, size and buffer id from the driver) is
+// exported once with cudaIpcGetMemHandle and the handle cached by (base, buffer id), so a freed
+// and reallocated address is exported again. An interprocess event is recorded on the producer's
+// stream (PutOptions::stream); the ref carries the handles, each tensor's offset in its
+// allocation, the GPU's UUID and the event's handle. Events come from a pool and go back to it
+// only once their object is freed, so no consumer ever waits on a later record.
+// Consumer, at get: the GPU UUID is mapped to a local device, handles are opened once and cached
+// (LRU, TUTTI_RDT_IPC_CACHE mappings, default 256) as are event handles; the copy (or the views of
+// a borrow) waits on the owner's event on the consumer's stream (GetOptions::stream). A get's
+// copy is complete (its read-done event synchronised) before the agent ends its lease, so the
+// owner's wait_tensor_freed orders the owner's reuse after the consumer's read.
+//
+// A CPU tensor at put, a CPU target at get, unified or host memory: kInvalidArgument before any
+// I/O. A GPU this process cannot see: kUnavailable naming its UUID.
+#include <cuda_runtime_api.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tutti/error.h"
+#include "tutti/tensor_transport.h"
+
+namespace tutti::cuda_ipc {
+namespace {
+
+// Driver entry points, found through the runtime (no link against libcuda).
+using GetAddressRange = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
+using PointerGetAttribute = int (*)(void* data, int attribute, unsigned long long ptr);
+constexpr int kBufferIdAttribute = 7;  // CU_POINTER_ATTRIBUTE_BUFFER_ID
+
+constexpr size_t kHandle = CUDA_IPC_HANDLE_SIZE;
+constexpr size_t kEventPool = 1024;
+
+[[noreturn]] void cuda_fail(ErrorCode code, const std::string& what, cudaError_t e) {
+  throw Error(code, "cuda_ipc transport: " + what + ": " + cudaGetErrorString(e));
+}
+
+void check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) cuda_fail(ErrorCode::kIoError, what, e);
+}
+
+std::string hex(const uint8_t* p, size_t n) {
+  static const char* d = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += d[p[i] >> 4];
+    out += d[p[i] & 15];
+  }
+  return out;
+}
+
+void put64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// Reads the ref's transport bytes, each length checked.
+class BlobReader {
+ public:
+  explicit BlobReader(const std::string& b) : b_(b) {}
+  const char* take(size_t n, const char* what) {
+    if (pos_ + n > b_.size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("cuda_ipc transport: the ref's bytes end inside ") + what);
+    }
+    const char* p = b_.data() + pos_;
+    pos_ += n;
+    return p;
+  }
+  uint64_t u64(const char* what) {
+    const char* p = take(8, what);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+    return v;
+  }
+
+ private:
+  const std::string& b_;
+  size_t pos_ = 0;
+};
+
+// Sets the current device for a scope.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cudaGetDevice(&old_);
+    if (device != old_) check(cudaSetDevice(device), "selecting device " + std::to_string(device));
+  }
+  ~DeviceScope() {
+    int now = old_;
+    cudaGetDevice(&now);
+    if (now != old_) cudaSetDevice(old_);
+  }
+
+ private:
+  int old_ = 0;
+};
+
+// A consumer's mapping of an owner's allocation; closed when nothing uses it.
+struct Opened {
+  void* base = nullptr;
+  int device = 0;
+  ~Opened() {
+    if (base != nullptr) {
+      DeviceScope scope(device);
+      cudaIpcCloseMemHandle(base);
+    }
+  }
+};
+
+// The events of this process's agents, by their IPC handle: a consumer in the owner's own
+// process waits on the owner's event itself (CUDA opens no IPC handle where it was made).
+std::mutex& local_events_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, cudaEvent_t>& local_events() {
+  static auto* events = new std::map<std::string, cudaEvent_t>();
+  return *events;
+}
+std::string handle_key(const cudaIpcEventHandle_t& h) {
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+struct Exported {
+  uint64_t buffer_id = 0;
+  size_t size = 0;
+  cudaIpcMemHandle_t handle{};
+};
+
+class CudaIpcTransport final : public TensorTransport {
+ public:
+  explicit CudaIpcTransport(const TransportContext& ctx) : agent_(ctx.agent.name) {
+    if (const char* v = std::getenv("TUTTI_RDT_IPC_CACHE")) {
+      const long n = std::strtol(v, nullptr, 10);
+      if (n > 0) cache_limit_ = static_cast<size_t>(n);
+    }
+  }
+
+  ~CudaIpcTransport() override {
+    for (auto& [id, e] : live_events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (auto& [key, e] : opened_events_) cudaEventDestroy(e);
+    for (auto& [device, s] : streams_) cudaStreamDestroy(s);
+  }
+
+  const char* name() const override { return "cuda_ipc"; }
+  TransportTraits traits() const override {
+    TransportTraits t;
+    t.one_sided = true;
+    t.can_borrow = true;
+    t.cross_host = false;
+    t.cuda = true;
+    return t;
+  }
+
+  // ---- owner ----
+
+  Publication publish(const PublishRequest& request) override {
+    load_driver();
+    Publication pub;
+    std::string tensors;
+    int device = -1;
+    for (size_t i = 0; i < request.tensors.size(); ++i) {
+      const TensorView& t = request.tensors[i];
+      if (t.nbytes() == 0) {  // nothing to share
+        tensors.append(kHandle, '\0');
+        for (int k = 0; k < 4; ++k) put64(tensors, 0);
+        continue;
+      }
+      cudaPointerAttributes attr{};
+      const cudaError_t e = cudaPointerGetAttributes(&attr, t.data());
+      if (e != cudaSuccess || attr.type != cudaMemoryTypeDevice) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "cuda_ipc transport: tensor " + std::to_string(i) + " (" + t.str() +
+                        ") is not device memory from cudaMalloc (host, managed or unknown memory "
+                        "cannot be exported)");
+      }
+      if (device >= 0 && attr.device != device) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "cuda_ipc transport: the tensors of one object lie on devices " +
+                        std::to_string(device) + " and " + std::to_string(attr.device));
+      }
+      device = attr.device;
+      unsigned long long base = 0;
+      size_t size = 0;
+      uint64_t buffer_id = 0;
+      const auto ptr = reinterpret_cast<unsigned long long>(t.data());
+      if (get_range_(&base, &size, ptr) != 0 ||
+          get_attribute_(&buffer_id, kBufferIdAttribute, ptr) != 0) {
+        throw Error(ErrorCode::kInvalidArgument, "cuda_ipc transport: tensor " + std::to_string(i) +
+                                                     " (" + t.str() + "): the driver knows no "
+                                                     "allocation at that address");
+      }
+      const cudaIpcMemHandle_t handle = export_allocation(base, size, buffer_id, device);
+      tensors.append(reinterpret_cast<const char*>(&handle), kHandle);
+      put64(tensors, ptr - base);
+      put64(tensors, size);
+      put64(tensors, buffer_id);
+      put64(tensors, base);  // for a consumer in this process (CUDA opens no handle here)
+    }
+    // The object's order point: consumers' reads wait for the producer's work so far.
+    cudaIpcEventHandle_t event_handle{};
+    std::array<uint8_t, 16> uuid{};
+    if (device >= 0) {
+      DeviceScope scope(device);
+      uuid = device_uuid(device);
+      cudaEvent_t e = take_event(request.object.id);
+      check(cudaEventRecord(e, static_cast<cudaStream_t>(request.stream)),
+            "recording the object's event on the producer's stream");
+      check(cudaIpcGetEventHandle(&event_handle, e), "exporting the object's event");
+      std::lock_guard<std::mutex> lock(local_events_mutex());
+      local_events()[handle_key(event_handle)] = e;
+    }
+    pub.blob.append(reinterpret_cast<const char*>(uuid.data()), uuid.size());
+    pub.blob.append(reinterpret_cast<const char*>(&event_handle), sizeof(event_handle));
+    pub.blob += tensors;
+    return pub;
+  }
+
+  void unpublish(ObjectId object) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_events_.find(object.id);
+    if (it == live_events_.end()) return;
+    {
+      cudaIpcEventHandle_t h{};
+      if (cudaIpcGetEventHandle(&h, it->second) == cudaSuccess) {
+        std::lock_guard<std::mutex> events_lock(local_events_mutex());
+        local_events().erase(handle_key(h));
+      }
+    }
+    // Freed: no consumer reads the object any more, so the event may be recorded again.
+    if (free_events_.size() < kEventPool) {
+      free_events_.push_back(it->second);
+    } else {
+      cudaEventDestroy(it->second);
+    }
+    live_events_.erase(it);
+  }
+
+  // ---- consumer ----
+
+  FetchResult fetch(const FetchRequest& request) override {
+    const TensorRef& ref = request.ref;
+    const auto& metas = ref.tensors();
+    BlobReader r(ref.blob());
+    std::array<uint8_t, 16> uuid{};
+    std::memcpy(uuid.data(), r.take(16, "the GPU's UUID"), 16);
+    cudaIpcEventHandle_t event_handle{};
+    std::memcpy(&event_handle, r.take(sizeof(event_handle), "the event's handle"), sizeof(event_handle));
+    struct Place {
+      cudaIpcMemHandle_t handle{};
+      uint64_t offset = 0, size = 0, buffer_id = 0, base = 0;
+    };
+    std::vector<Place> places(metas.size());
+    bool any = false;
+    for (size_t i = 0; i < metas.size(); ++i) {
+      std::memcpy(&places[i].handle, r.take(kHandle, "a memory handle"), kHandle);
+      places[i].offset = r.u64("an offset");
+      places[i].size = r.u64("an allocation size");
+      places[i].buffer_id = r.u64("a buffer id");
+      places[i].base = r.u64("an owner's address");
+      if (metas[i].nbytes() > 0) {
+        any = true;
+        if (places[i].offset + metas[i].nbytes() > places[i].size) {
+          throw Error(ErrorCode::kInvalidArgument, "cuda_ipc transport: tensor " + std::to_string(i) +
+                                                       " lies past its allocation's end");
+        }
+      }
+    }
+    FetchResult out;
+    if (!any) {
+      for (const TensorMeta& m : metas) out.views.emplace_back(nullptr, m.dtype, m.shape, m.device);
+      return out;
+    }
+    const int device = local_device(uuid);
+    DeviceScope scope(device);
+    const std::string owner = hex(request.owner.owner().uuid.data(), 16);
+    cudaEvent_t ready = nullptr;
+    if (request.owner.owner().pid == static_cast<uint32_t>(::getpid())) {
+      std::lock_guard<std::mutex> lock(local_events_mutex());
+      auto it = local_events().find(handle_key(event_handle));
+      if (it != local_events().end()) ready = it->second;
+    } else {
+      ready = open_event(owner, event_handle);
+    }
+    cudaStream_t stream = static_cast<cudaStream_t>(request.stream);
+    const bool own_stream = stream == nullptr;
+    if (own_stream) stream = internal_stream(device);
+    if (ready != nullptr) {
+      check(cudaStreamWaitEvent(stream, ready, 0), "ordering the read after the producer");
+    }
+    std::vector<std::shared_ptr<Opened>> keep;
+    std::vector<const char*> sources(metas.size(), nullptr);
+    // Another agent of this process: the owner's addresses are valid here as they are.
+    const bool same_process = request.owner.owner().pid == static_cast<uint32_t>(::getpid());
+    for (size_t i = 0; i < metas.size(); ++i) {
+      if (metas[i].nbytes() == 0) continue;
+      if (same_process) {
+        sources[i] = reinterpret_cast<const char*>(places[i].base) + places[i].offset;
+        continue;
+      }
+      auto o = open(owner, places[i].handle, places[i].buffer_id, device);
+      sources[i] = static_cast<const char*>(o->base) + places[i].offset;
+      keep.push_back(std::move(o));
+    }
+    if (request.borrow) {
+      for (size_t i = 0; i < metas.size(); ++i) {
+        out.views.emplace_back(const_cast<char*>(sources[i]), metas[i].dtype, metas[i].shape,
+                               Device::cuda(device));
+      }
+      // Views on the caller's stream are ordered by the wait above; without one, wait here.
+      if (own_stream && ready != nullptr) {
+        check(cudaEventSynchronize(ready), "waiting for the producer");
+      }
+      out.keep = std::make_shared<decltype(keep)>(std::move(keep));
+      return out;
+    }
+    for (size_t i = 0; i < metas.size(); ++i) {
+      if (metas[i].nbytes() == 0) continue;
+      check(cudaMemcpyAsync(request.targets[i].data(), sources[i], metas[i].nbytes(),
+                            cudaMemcpyDeviceToDevice, stream),
+            "copying tensor " + std::to_string(i));
+    }
+    // The read is done before the lease ends (the owner may then reuse the memory).
+    cudaEvent_t done = nullptr;
+    check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "creating a read-done event");
+    cudaError_t e = cudaEventRecord(done, stream);
+    if (e == cudaSuccess) e = cudaEventSynchronize(done);
+    cudaEventDestroy(done);
+    check(e, "waiting for the copy");
+    return out;
+  }
+
+ private:
+  void load_driver() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (get_range_ != nullptr) return;
+    void* range = nullptr;
+    void* attribute = nullptr;
+    cudaDriverEntryPointQueryResult q1{}, q2{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &range, 12000, cudaEnableDefault,
+                                         &q1) != cudaSuccess ||
+        cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &attribute, 12000,
+                                         cudaEnableDefault, &q2) != cudaSuccess ||
+        range == nullptr || attribute == nullptr) {
+      throw Error(ErrorCode::kUnavailable,
+                  "cuda_ipc transport: the CUDA driver's cuMemGetAddressRange / "
+                  "cuPointerGetAttribute are not available");
+    }
+    get_range_ = reinterpret_cast<GetAddressRange>(range);
+    get_attribute_ = reinterpret_cast<PointerGetAttribute>(attribute);
+  }
+
+  cudaIpcMemHandle_t export_allocation(unsigned long long base, size_t size, uint64_t buffer_id,
+                                       int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = exported_.find(base);
+    if (it != exported_.end() && it->second.buffer_id == buffer_id && it->second.size == size) {
+      return it->second.handle;
+    }
+    Exported x;
+    x.buffer_id = buffer_id;
+    x.size = size;
+    DeviceScope scope(device);
+    const cudaError_t e = cudaIpcGetMemHandle(&x.handle, reinterpret_cast<void*>(base));
+    if (e != cudaSuccess) {
+      cuda_fail(ErrorCode::kInvalidArgument,
+                "exporting the allocation at 0x" + hex(reinterpret_cast<const uint8_t*>(&base), 8) +
+                    " (memory from a pool or cuMemCreate cannot be exported with cudaIpc)",
+                e);
+    }
+    exported_[base] = x;  // a recycled address has another buffer id: exported again
+    return x.handle;
+  }
+
+  cudaEvent_t take_event(uint64_t object) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cudaEvent_t e = nullptr;
+    if (!free_events_.empty()) {
+      e = free_events_.back();
+      free_events_.pop_back();
+    } else {
+      check(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming),
+            "creating an interprocess event");
+    }
+    live_events_[object] = e;
+    return e;
+  }
+
+  std::array<uint8_t, 16> device_uuid(int device) {
+    cudaDeviceProp p{};
+    check(cudaGetDeviceProperties(&p, device), "reading device " + std::to_string(device));
+    std::array<uint8_t, 16> out{};
+    std::memcpy(out.data(), p.uuid.bytes, 16);
+    return out;
+  }
+
+  int local_device(const std::array<uint8_t, 16>& uuid) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    for (int d = 0; d < n; ++d) {
+      if (device_uuid(d) == uuid) return d;
+    }
+    throw Error(ErrorCode::kUnavailable,
+                "cuda_ipc transport: the owner's GPU (uuid " + hex(uuid.data(), 16) + ") is not one of "
+                    "the " + std::to_string(n) + " this process sees (CUDA_VISIBLE_DEVICES)");
+  }
+
+  cudaStream_t internal_stream(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = streams_.find(device);
+    if (it != streams_.end()) return it->second;
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "creating a stream");
+    streams_[device] = s;
+    return s;
+  }
+
+  cudaEvent_t open_event(const std::string& owner, const cudaIpcEventHandle_t& handle) {
+    const std::string key = owner + hex(reinterpret_cast<const uint8_t*>(&handle), sizeof(handle));
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = opened_events_.find(key);
+    if (it != opened_events_.end()) return it->second;
+    cudaEvent_t e = nullptr;
+    const cudaError_t rc = cudaIpcOpenEventHandle(&e, handle);
+    if (rc != cudaSuccess) cuda_fail(ErrorCode::kIoError, "opening the owner's event", rc);
+    opened_events_[key] = e;
+    return e;
+  }
+
+  std::shared_ptr<Opened> open(const std::string& owner, const cudaIpcMemHandle_t& handle,
+                               uint64_t buffer_id, int device) {
+    const std::string key = owner + hex(reinterpret_cast<const uint8_t*>(&handle), kHandle) + ":" +
+                            std::to_string(buffer_id);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second.second);
+        return it->second.first;
+      }
+    }
+    auto o = std::make_shared<Opened>();
+    o->device = device;
+    const cudaError_t rc = cudaIpcOpenMemHandle(&o->base, handle, cudaIpcMemLazyEnablePeerAccess);
+    if (rc != cudaSuccess) {
+      o->base = nullptr;
+      cuda_fail(ErrorCode::kIoError, "opening the owner's memory (is the owner alive?)", rc);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second.first;  // opened meanwhile by another get
+    lru_.push_front(key);
+    cache_[key] = {o, lru_.begin()};
+    while (cache_.size() > cache_limit_) {
+      cache_.erase(lru_.back());  // borrowed views keep their own reference
+      lru_.pop_back();
+    }
+    return o;
+  }
+
+  const std::string agent_;
+  std::mutex mutex_;
+  GetAddressRange get_range_ = nullptr;
+  PointerGetAttribute get_attribute_ = nullptr;
+  std::map<unsigned long long, Exported> exported_;  // by allocation base
+  std::map<uint64_t, cudaEvent_t> live_events_;       // by object id
+  std::vector<cudaEvent_t> free_events_;
+  std::map<std::string, cudaEvent_t> opened_events_;  // by owner and handle
+  std::map<int, cudaStream_t> streams_;
+  size_t cache_limit_ = 256;
+  std::list<std::string> lru_;
+  std::map<std::string, std::pair<std::shared_ptr<Opened>, std::list<std::string>::iterator>> cache_;
+};
+
+}  // namespace
+
+// Registered when libtutti_cuda_ipc is loaded; available where a GPU is visible.
+struct RegisterCudaIpc {
+  RegisterCudaIpc() {
+    register_tensor_transport(
+        "cuda_ipc",
+        [](const TransportContext& ctx) { return std::make_unique<CudaIpcTransport>(ctx); },
+        [] {
+          int n = 0;
+          return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+        });
+  }
+};
+
+const RegisterCudaIpc kRegisterCudaIpc;
+
+}  // namespace tutti::cuda_ipc

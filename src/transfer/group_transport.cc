@@ -1,0 +1,447 @@
+#include "transfer/group_transport.h"
+
+#include <algorithm>
+
+#include "util/logging.h"
+#include "transfer/wire.h"
+
+namespace tutti::detail {
+namespace {
+
+// How long an aborted receive may take to give its targets back before the get returns anyway.
+constexpr std::chrono::seconds kDrain{5};
+
+std::chrono::milliseconds ms_until(Clock::time_point t) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()));
+}
+
+}  // namespace
+
+GroupTransport::GroupTransport(std::string name, bool cuda, std::string agent_name)
+    : name_(std::move(name)), cuda_(cuda), agent_(std::move(agent_name)) {}
+
+GroupTransport::~GroupTransport() {
+  std::shared_ptr<CollectiveGroup> g;
+  bool busy;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    g = group_;
+    busy = in_flight_;
+  }
+  work_.notify_all();
+  // The agent's own group goes (destroy ends a running batch); the application's is aborted
+  // only when a batch still runs on it.
+  if (g && remake_) {
+    g->destroy();
+  } else if (g && busy) {
+    g->abort("the transfer agent '" + agent_ + "' is going");
+  }
+  if (thread_.joinable()) thread_.join();
+  std::vector<std::shared_ptr<GroupJob>> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fail_waiting_locked("the agent is going", done);
+  }
+  for (auto& j : done) {
+    if (j->on_done) j->on_done(false);
+  }
+  done_.notify_all();
+}
+
+TransportTraits GroupTransport::traits() const {
+  TransportTraits t;
+  t.one_sided = false;
+  t.can_borrow = false;
+  t.cross_host = true;
+  t.cuda = cuda_;
+  return t;
+}
+
+void GroupTransport::attach(std::shared_ptr<CollectiveGroup> group, std::string set,
+                            std::function<std::shared_ptr<CollectiveGroup>(uint64_t)> remake) {
+  std::shared_ptr<CollectiveGroup> old;
+  std::vector<std::shared_ptr<GroupJob>> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    old = std::move(group_);
+    fail_waiting_locked("the group was replaced", done);
+    group_ = std::move(group);
+    set_ = std::move(set);
+    remake_ = std::move(remake);
+    aborted_.clear();
+    pairs_.clear();
+    ++incarnation_;
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  work_.notify_all();
+  for (auto& j : done) {
+    if (j->on_done) j->on_done(false);
+  }
+  done_.notify_all();
+  if (old) old->abort("replaced by another group");
+}
+
+void GroupTransport::reset() {
+  std::shared_ptr<CollectiveGroup> old;
+  std::function<std::shared_ptr<CollectiveGroup>(uint64_t)> remake;
+  uint64_t next;
+  std::vector<std::shared_ptr<GroupJob>> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!group_) {
+      throw Error(ErrorCode::kInvalidUsage, "reset_transport on agent '" + agent_ +
+                                                "': transport '" + name_ + "' has no group");
+    }
+    if (!remake_) {
+      throw Error(ErrorCode::kInvalidUsage,
+                  "reset_transport on agent '" + agent_ + "': the group of transport '" + name_ +
+                      "' is the application's (attach_group): attach a new one instead");
+    }
+    old = group_;
+    remake = remake_;
+    next = incarnation_ + 1;
+    if (aborted_.empty()) aborted_ = "being reset";
+    resetting_ = true;
+    fail_waiting_locked("the group is being reset", done);
+  }
+  for (auto& j : done) {
+    if (j->on_done) j->on_done(false);
+  }
+  done_.notify_all();
+  old->destroy();
+  std::shared_ptr<CollectiveGroup> fresh;
+  try {
+    fresh = remake(next);  // collective: every member resets
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    resetting_ = false;
+    done_.notify_all();
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    group_ = std::move(fresh);
+    incarnation_ = next;
+    aborted_.clear();
+    pairs_.clear();
+    resetting_ = false;
+  }
+  work_.notify_all();
+  done_.notify_all();
+}
+
+std::shared_ptr<CollectiveGroup> GroupTransport::group() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return group_;
+}
+
+bool GroupTransport::has_group() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return group_ != nullptr;
+}
+
+std::string GroupTransport::set() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return set_;
+}
+
+uint64_t GroupTransport::incarnation() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return incarnation_;
+}
+
+int GroupTransport::rank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return group_ ? group_->rank() : -1;
+}
+
+Publication GroupTransport::publish(const PublishRequest&) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!group_) {
+    throw Error(ErrorCode::kInvalidUsage,
+                "transport '" + name_ + "' is two-sided and agent '" + agent_ +
+                    "' has no group for it: call TransferAgent::join_group or attach_group first");
+  }
+  WireWriter w;
+  w.str8(set_);
+  w.u32(static_cast<uint32_t>(group_->world_size()));
+  w.u32(static_cast<uint32_t>(group_->rank()));
+  Publication p;
+  p.blob = std::move(w.out());
+  return p;
+}
+
+FetchResult GroupTransport::fetch(const FetchRequest&) {
+  throw Error(ErrorCode::kInternal, "transport '" + name_ + "': gets go through the agent");
+}
+
+GroupPlace GroupTransport::parse_place(const TensorRef& ref) {
+  WireReader r(ref.blob(), "the two-sided transport bytes of " + ref.describe());
+  GroupPlace p;
+  p.set = r.str8("group set");
+  p.world = static_cast<int>(r.u32("world size"));
+  p.owner_rank = static_cast<int>(r.u32("owner rank"));
+  if (p.world <= 1 || p.owner_rank < 0 || p.owner_rank >= p.world) {
+    r.fail("owner rank " + std::to_string(p.owner_rank) + " of world " + std::to_string(p.world));
+  }
+  return p;
+}
+
+int GroupTransport::check_member(const TensorRef& ref, bool* member) const {
+  const GroupPlace p = parse_place(ref);
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool in = group_ && set_ == p.set && group_->world_size() == p.world &&
+                  group_->rank() != p.owner_rank;
+  if (member != nullptr) *member = in;
+  if (!in) {
+    if (member != nullptr) return p.owner_rank;
+    std::string here = group_ ? "this agent is rank " + std::to_string(group_->rank()) + " of '" +
+                                    set_ + "' (world " + std::to_string(group_->world_size()) + ")"
+                              : "this agent has no group for '" + name_ + "'";
+    throw Error(ErrorCode::kInvalidUsage,
+                "the object is sent two-sided over group '" + p.set + "' (owner rank " +
+                    std::to_string(p.owner_rank) + " of " + std::to_string(p.world) + "); " + here +
+                    ": join or attach that group, republish with 'shm' or 'socket', or pass "
+                    "GetOptions::allow_fallback");
+  }
+  if (!aborted_.empty()) throw Error(ErrorCode::kAborted, aborted_text_locked());
+  return p.owner_rank;
+}
+
+void GroupTransport::check_peer(const std::string& set, uint64_t incarnation, int rank,
+                                Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // A consumer that finished its part of a reset may ask before this side has.
+  done_.wait_until(lock, deadline, [&] { return !resetting_; });
+  if (!group_ || set != set_ || rank < 0 || rank >= group_->world_size() || rank == group_->rank()) {
+    throw Error(ErrorCode::kInvalidUsage,
+                "the consumer claims rank " + std::to_string(rank) + " of group '" + set +
+                    "', the owner is " +
+                    (group_ ? "rank " + std::to_string(group_->rank()) + " of '" + set_ + "'"
+                            : std::string("in no group")));
+  }
+  if (!aborted_.empty()) throw Error(ErrorCode::kAborted, aborted_text_locked());
+  if (incarnation != incarnation_) {
+    throw Error(ErrorCode::kAborted,
+                "the owner's group '" + set_ + "' is at incarnation " + std::to_string(incarnation_) +
+                    ", the consumer's at " + std::to_string(incarnation) +
+                    ": every member must reset_transport('" + name_ + "')");
+  }
+}
+
+std::string GroupTransport::aborted_text_locked() const {
+  return "transport '" + name_ + "' of agent '" + agent_ + "': its group '" + set_ +
+         "' was aborted (" + aborted_ +
+         "); call reset_transport('" + name_ + "') on every member";
+}
+
+uint64_t GroupTransport::lead(int peer, uint64_t* incarnation) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *incarnation = incarnation_;
+  if (!group_ || group_->rank() > peer) return 0;
+  return pairs_[peer].next_assign++;
+}
+
+void GroupTransport::skip(int peer, uint64_t seq, uint64_t incarnation) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_.empty() || incarnation != incarnation_) return;
+    auto job = std::make_shared<GroupJob>();
+    job->kind = GroupJob::Kind::kSkip;
+    job->peer = peer;
+    job->seq = seq;
+    job->deadline = Clock::now() + std::chrono::hours(1);
+    pairs_[peer].waiting[seq] = job;
+  }
+  work_.notify_all();
+}
+
+std::shared_ptr<GroupJob> GroupTransport::enqueue(GroupJob::Kind kind, int peer, uint64_t seq,
+                                                  uint64_t incarnation,
+                                                  std::vector<TensorView> tensors,
+                                                  Clock::time_point deadline,
+                                                  std::function<void(bool)> on_done) {
+  auto job = std::make_shared<GroupJob>();
+  job->kind = kind;
+  job->peer = peer;
+  job->tensors = std::move(tensors);
+  job->deadline = deadline;
+  job->on_done = std::move(on_done);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_.empty()) throw Error(ErrorCode::kAborted, aborted_text_locked());
+    if (incarnation != incarnation_) {
+      throw Error(ErrorCode::kAborted, "transport '" + name_ + "' of agent '" + agent_ +
+                                           "': its group was reset during the transfer");
+    }
+    auto& pair = pairs_[peer];
+    job->seq = seq > 0 ? seq : pair.next_assign++;
+    if (job->seq < pair.next_post || pair.waiting.count(job->seq) != 0) {
+      throw Error(ErrorCode::kInternal, "transport '" + name_ + "': transfer #" +
+                                            std::to_string(job->seq) + " with rank " +
+                                            std::to_string(peer) + " was queued twice");
+    }
+    pair.waiting[job->seq] = job;
+  }
+  work_.notify_all();
+  return job;
+}
+
+void GroupTransport::fail_waiting_locked(const std::string& why,
+                                         std::vector<std::shared_ptr<GroupJob>>& done) {
+  for (auto& [peer, pair] : pairs_) {
+    for (auto& [seq, job] : pair.waiting) {
+      if (job->finished) continue;
+      job->finished = true;
+      job->error = std::make_exception_ptr(Error(
+          ErrorCode::kAborted, "transport '" + name_ + "' of agent '" + agent_ + "': " + why));
+      done.push_back(job);
+    }
+    pair.waiting.clear();
+  }
+}
+
+void GroupTransport::abort(const std::string& reason) noexcept {
+  std::shared_ptr<CollectiveGroup> g;
+  std::vector<std::shared_ptr<GroupJob>> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_.empty()) {
+      aborted_ = reason;
+      TUTTI_LOG_WARN("direct transport: agent '{}' aborts the group '{}' of transport '{}': {}",
+                     agent_, set_, name_, reason);
+    }
+    fail_waiting_locked("its group was aborted: " + aborted_, done);
+    g = group_;
+  }
+  for (auto& j : done) {
+    if (j->on_done) j->on_done(false);
+  }
+  done_.notify_all();
+  if (g) g->abort(reason);
+}
+
+void GroupTransport::wait(GroupJob& job, Clock::time_point deadline,
+                          const std::atomic<bool>& cancelled, const std::string& waiting_for) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::string why;
+  ErrorCode code = ErrorCode::kTimeout;
+  while (!job.finished) {
+    if (cancelled.load()) {
+      why = "cancelled while receiving from " + waiting_for;
+      code = ErrorCode::kAborted;
+      break;
+    }
+    if (Clock::now() >= deadline) {
+      why = "timed out receiving from " + waiting_for;
+      break;
+    }
+    done_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)));
+  }
+  if (job.finished) {
+    if (job.error) std::rethrow_exception(job.error);
+    return;
+  }
+  lock.unlock();
+  abort(why);
+  lock.lock();
+  // The receive may be writing the targets: wait until the aborted batch let go of them.
+  done_.wait_until(lock, Clock::now() + kDrain, [&] { return job.finished; });
+  if (!job.finished) {
+    TUTTI_LOG_WARN("direct transport: agent '{}': the aborted receive from {} did not end within "
+                   "{} s; its targets may still change",
+                   agent_, waiting_for, kDrain.count());
+  }
+  throw Error(code, why + " over transport '" + name_ + "' (its group '" + set_ +
+                        "' is aborted: call reset_transport('" + name_ + "') on every member)");
+}
+
+void GroupTransport::loop() {
+  // The group's ops come from this thread only (a CPU group takes them from one thread): it
+  // takes each group it is given over from the thread that made or attached it.
+  const CollectiveGroup* adopted = nullptr;
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    // What is ready: each pair's next numbers, in order.
+    std::vector<std::shared_ptr<GroupJob>> batch;
+    std::string broken;
+    const auto now = Clock::now();
+    for (auto& [peer, pair] : pairs_) {
+      for (auto it = pair.waiting.find(pair.next_post); it != pair.waiting.end();
+           it = pair.waiting.find(pair.next_post)) {
+        batch.push_back(it->second);
+        pair.waiting.erase(it);
+        ++pair.next_post;
+      }
+      // A number that never comes (a fetch lost on the way) holds everything behind it.
+      for (const auto& [seq, job] : pair.waiting) {
+        if (now >= job->deadline) {
+          broken = "transfer #" + std::to_string(pair.next_post) + " with rank " +
+                   std::to_string(peer) + " never came, and #" + std::to_string(seq) +
+                   " behind it ran past its deadline";
+        }
+      }
+    }
+    std::shared_ptr<CollectiveGroup> g = group_;
+    if (batch.empty() && broken.empty()) {
+      work_.wait_for(lock, std::chrono::milliseconds(100));
+      continue;
+    }
+    if (!broken.empty() && batch.empty()) {
+      lock.unlock();
+      abort(broken);
+      lock.lock();
+      continue;
+    }
+    std::vector<P2POp> ops;
+    Clock::time_point latest = now;
+    for (auto& job : batch) {
+      job->posted = true;
+      latest = std::max(latest, job->deadline);
+      if (job->kind == GroupJob::Kind::kSkip) continue;
+      for (const TensorView& t : job->tensors) {
+        if (t.nbytes() == 0) continue;
+        ops.push_back(job->kind == GroupJob::Kind::kSend ? P2POp::send(t, job->peer)
+                                                         : P2POp::recv(t, job->peer));
+      }
+    }
+    in_flight_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    if (!ops.empty()) {
+      try {
+        if (!g) throw Error(ErrorCode::kAborted, "the transport has no group");
+        if (g.get() != adopted) {
+          g->issue_from_this_thread();
+          adopted = g.get();
+        }
+        BatchP2POptions opts;
+        opts.timeout = ms_until(latest);
+        auto w = g->batch_isend_irecv(ops, opts);
+        if (w) w->wait();
+      } catch (const Error& e) {
+        error = std::make_exception_ptr(
+            Error(e.code() == ErrorCode::kInvalidUsage ? ErrorCode::kAborted : e.code(),
+                  "transport '" + name_ + "' of agent '" + agent_ + "': " + e.what()));
+        abort(e.what());
+      } catch (...) {
+        error = std::current_exception();
+        abort("an unexpected error in a batch");
+      }
+    }
+    for (auto& job : batch) {
+      if (job->on_done) job->on_done(!error);
+    }
+    lock.lock();
+    in_flight_ = false;
+    for (auto& job : batch) {
+      job->finished = true;
+      job->error = error;
+    }
+    done_.notify_all();
+  }
+}
+
+}  // namespace tutti::detail

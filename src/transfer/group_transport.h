@@ -1,0 +1,130 @@
+// The two-sided tensor transports ("gloo", "nccl"): the owner sends, the consumer receives, over
+// a dedicated CollectiveGroup that only this transport uses (internal to the direct transport).
+//
+// One thread per agent and transport issues every op on the group, as batches
+// (batch_isend_irecv) of whatever is ready. The messages between two agents follow one order,
+// which the lower-ranked of the two assigns (the "pair sequence"): its own fetches get a number
+// before they are sent, the other's when it grants them. Both sides post a pair's transfers in
+// that order, so the k-th message of one side meets the k-th of the other, and two agents that
+// fetch from each other at once cannot wait on each other. A transfer that fails, times out or
+// is cancelled once the other side may have seen it leaves the pair out of step: the group is
+// aborted (only it: other transports go on), and later gets fail with kAborted quoting the first
+// failure until reset() (collective: every member resets).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transfer/channel.h"
+#include "tutti/collective_group.h"
+#include "tutti/options.h"
+#include "tutti/tensor_transport.h"
+
+namespace tutti::detail {
+
+// One transfer queued for the group's thread.
+struct GroupJob {
+  enum class Kind { kSend, kRecv, kSkip };
+  Kind kind = Kind::kSend;
+  int peer = 0;
+  uint64_t seq = 0;
+  std::vector<TensorView> tensors;
+  Clock::time_point deadline;
+  std::function<void(bool ok)> on_done;  // the owner's hold ends (called once, no lock held)
+  bool posted = false;
+  bool finished = false;
+  std::exception_ptr error;
+};
+
+// What a ref of a two-sided transport carries in its blob.
+struct GroupPlace {
+  std::string set;  // the group set ("rdt.gloo" or a user group's name)
+  int world = 0;
+  int owner_rank = 0;
+};
+
+class GroupTransport final : public TensorTransport {
+ public:
+  GroupTransport(std::string name, bool cuda, std::string agent_name);
+  ~GroupTransport() override;
+
+  const char* name() const override { return name_.c_str(); }
+  TransportTraits traits() const override;
+  Publication publish(const PublishRequest& request) override;
+  FetchResult fetch(const FetchRequest& request) override;  // not used: the agent drives gets
+
+  // The group. `remake(incarnation)` re-creates it for reset(); null for a user's group.
+  void attach(std::shared_ptr<CollectiveGroup> group, std::string set,
+              std::function<std::shared_ptr<CollectiveGroup>(uint64_t)> remake);
+  // Destroys the group and makes the next incarnation (collective). kInvalidUsage without one.
+  void reset();
+  std::shared_ptr<CollectiveGroup> group() const;
+  bool has_group() const;
+
+  static GroupPlace parse_place(const TensorRef& ref);
+  // Consumer, before any I/O: the owner's rank. kInvalidUsage when this agent is not a member of
+  // the ref's group, kAborted once the group was aborted.
+  int check_member(const TensorRef& ref, bool* member) const;
+  // Owner, for a consumer's fetch: kInvalidUsage unless it names this group and a valid rank.
+  // Waits (until `deadline`) for a reset in progress here to finish.
+  void check_peer(const std::string& set, uint64_t incarnation, int rank, Clock::time_point deadline);
+  std::string set() const;
+  uint64_t incarnation() const;
+  int rank() const;
+
+  // The pair's next sequence number when this rank assigns the pair's order, else 0.
+  // `incarnation` receives the group's incarnation the number belongs to.
+  uint64_t lead(int peer, uint64_t* incarnation);
+  // A number the other side assigned and then gave up (the fetch was refused).
+  void skip(int peer, uint64_t seq, uint64_t incarnation);
+  // Queues a transfer as number `seq` of the pair (0: the next, this rank leads the pair) of the
+  // group's `incarnation`; throws kAborted once the group is aborted or was reset since.
+  std::shared_ptr<GroupJob> enqueue(GroupJob::Kind kind, int peer, uint64_t seq,
+                                    uint64_t incarnation, std::vector<TensorView> tensors,
+                                    Clock::time_point deadline, std::function<void(bool)> on_done);
+  // Consumer: waits for a receive. At the deadline or on cancel it aborts the group, waits (a
+  // bounded time) until the receive no longer touches the targets, and throws kTimeout /
+  // kAborted; the batch's own error otherwise.
+  void wait(GroupJob& job, Clock::time_point deadline, const std::atomic<bool>& cancelled,
+            const std::string& waiting_for);
+  // Aborts the group (idempotent: the first reason stays).
+  void abort(const std::string& reason) noexcept;
+
+ private:
+  struct PairOrder {
+    uint64_t next_post = 1;    // the next number this side posts
+    uint64_t next_assign = 1;  // the next number to assign (the leader's)
+    std::map<uint64_t, std::shared_ptr<GroupJob>> waiting;
+  };
+
+  void loop();
+  void fail_waiting_locked(const std::string& why, std::vector<std::shared_ptr<GroupJob>>& done);
+  std::string aborted_text_locked() const;
+
+  const std::string name_;
+  const bool cuda_;
+  const std::string agent_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_;  // a job was queued, or the group changed
+  std::condition_variable done_;  // a job finished
+  std::shared_ptr<CollectiveGroup> group_;
+  std::function<std::shared_ptr<CollectiveGroup>(uint64_t)> remake_;
+  std::string set_;
+  uint64_t incarnation_ = 0;
+  std::string aborted_;  // the first failure; empty while usable
+  bool resetting_ = false;
+  std::map<int, PairOrder> pairs_;
+  bool stopping_ = false;
+  bool in_flight_ = false;  // the thread runs a batch
+  std::thread thread_;
+};
+
+}  // namespace tutti::detail

@@ -1,0 +1,290 @@
+// The two-sided direct transport ("gloo"): agents in one process, each rank of a dedicated Gloo
+// group (joined over a shared HashStore), the owner sending and the consumer receiving. The
+// process-level faults (an owner stopped mid-get) are in transfer_process_test.cc.
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "test_util.h"
+#include "tutti/collective_group.h"
+#include "tutti/hash_store.h"
+#include "tutti/transfer_agent.h"
+
+namespace tutti {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Agents `names`, rank i of a "gloo" group each, joined concurrently (collective).
+std::vector<std::shared_ptr<TransferAgent>> agents_in_group(const std::vector<std::string>& names,
+                                                            std::shared_ptr<Store> store = nullptr) {
+  if (!store) store = std::make_shared<HashStore>();
+  std::vector<std::shared_ptr<TransferAgent>> out;
+  for (const auto& n : names) {
+    TransferAgentOptions o;
+    o.name = n;
+    out.push_back(TransferAgent::create(o));
+  }
+  GroupOptions go;
+  go.store = store;
+  go.timeout = 20s;
+  const int world = static_cast<int>(names.size());
+  testing::run_ranks(world, [&](int rank) { out[rank]->join_group("gloo", world, rank, go); });
+  return out;
+}
+
+void reset_all(const std::vector<std::shared_ptr<TransferAgent>>& agents) {
+  testing::run_ranks(static_cast<int>(agents.size()),
+                     [&](int rank) { agents[rank]->reset_transport("gloo"); });
+}
+
+// Bytes with a pattern that depends on the seed and the position.
+std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) {
+  std::vector<uint8_t> v(bytes);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < bytes; ++i) {
+    x = x * 1664525u + 1013904223u;
+    v[i] = static_cast<uint8_t>(x >> 24);
+  }
+  return v;
+}
+
+bool same_bytes(const TensorView& t, const std::vector<uint8_t>& want) {
+  return t.nbytes() == want.size() &&
+         (want.empty() || std::memcmp(t.data(), want.data(), want.size()) == 0);
+}
+
+PutOptions on_gloo() {
+  PutOptions p;
+  p.transport = "gloo";
+  return p;
+}
+
+ErrorCode code_of(const std::function<void()>& fn, std::string* what = nullptr) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    if (what != nullptr) *what = e.what();
+    return e.code();
+  }
+  return static_cast<ErrorCode>(-1);
+}
+
+struct Case {
+  DType dtype;
+  std::vector<std::vector<int64_t>> shapes;
+};
+
+// Sizes and dtypes, several tensors per object (an empty one among them), both ways: the owner
+// as the lower rank (it numbers the pair's transfers) and as the higher one.
+TEST(TransferGroup, RoundTripsAtSeveralSizesAndDtypesBothWays) {
+  auto agents = agents_in_group({"gloo-a", "gloo-b"});
+  const std::vector<Case> cases = {
+      {DType::kFloat32, {{1}}},
+      {DType::kInt64, {{3, 5}, {0}, {7}}},
+      {DType::kUInt8, {{1 << 20}}},
+      {DType::kFloat64, {{256, 1024}, {17}}},
+      {DType::kInt32, {{0}}},
+  };
+  uint32_t seed = 1;
+  for (int owner = 0; owner < 2; ++owner) {
+    auto& own = agents[owner];
+    auto& other = agents[1 - owner];
+    for (const Case& c : cases) {
+      std::vector<std::vector<uint8_t>> data;
+      std::vector<TensorView> views;
+      for (const auto& shape : c.shapes) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        data.push_back(pattern(static_cast<size_t>(n) * dtype_size(c.dtype), seed++));
+      }
+      for (size_t i = 0; i < c.shapes.size(); ++i) views.emplace_back(data[i].data(), c.dtype, c.shapes[i]);
+      ObjectHandle h = own->put(views, on_gloo());
+      EXPECT_TRUE(h.ref().is_two_sided());
+      // Through the ref's bytes, as another process would see it.
+      const TensorRef ref = TensorRef::parse(h.ref().serialize());
+      Received r = other->get(ref);
+      ASSERT_EQ(r.tensors().size(), data.size());
+      for (size_t i = 0; i < data.size(); ++i) {
+        EXPECT_EQ(r.tensors()[i].dtype(), c.dtype);
+        EXPECT_EQ(r.tensors()[i].shape(), c.shapes[i]);
+        EXPECT_TRUE(same_bytes(r.tensors()[i], data[i])) << "owner " << owner << " tensor " << i;
+      }
+      // Into targets the caller gives.
+      std::vector<std::vector<uint8_t>> into;
+      std::vector<TensorView> targets;
+      for (size_t i = 0; i < data.size(); ++i) into.emplace_back(data[i].size(), 0xEE);
+      for (size_t i = 0; i < data.size(); ++i) targets.emplace_back(into[i].data(), c.dtype, c.shapes[i]);
+      GetOptions g;
+      g.targets = targets;
+      other->get(ref, g);
+      for (size_t i = 0; i < data.size(); ++i) EXPECT_EQ(into[i], data[i]);
+      // A borrow is a private copy on a two-sided transport.
+      Borrowed b = other->borrow(ref);
+      for (size_t i = 0; i < data.size(); ++i) EXPECT_TRUE(same_bytes(b.tensors()[i], data[i]));
+    }
+  }
+}
+
+// Each agent gets the other's objects from two threads at once, while the other does the same:
+// the pair's single order keeps both groups' threads from waiting on each other.
+TEST(TransferGroup, TwoAgentsFetchingFromEachOtherDoNotDeadlock) {
+  auto agents = agents_in_group({"left", "right"});
+  constexpr int kObjects = 4;
+  constexpr int kRounds = 60;
+  std::vector<std::vector<uint8_t>> data[2];
+  std::vector<ObjectHandle> handles[2];
+  for (int a = 0; a < 2; ++a) {
+    for (int i = 0; i < kObjects; ++i) {
+      data[a].push_back(pattern(static_cast<size_t>(1000 + 70001 * i), 100 * a + i));
+      handles[a].push_back(agents[a]->put({TensorView(data[a].back())}, on_gloo()));
+    }
+  }
+  std::atomic<int> wrong{0};
+  std::atomic<int> done{0};
+  std::vector<std::thread> threads;
+  for (int a = 0; a < 2; ++a) {
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&, a, t] {
+        const int from = 1 - a;
+        for (int k = 0; k < kRounds; ++k) {
+          const int i = (k + t) % kObjects;
+          GetOptions g;
+          g.timeout = 60s;
+          if (k % 3 == 0) {
+            Received r = agents[a]->get_async(handles[from][i].ref(), g).wait();
+            if (!same_bytes(r.tensors()[0], data[from][i])) ++wrong;
+          } else {
+            Received r = agents[a]->get(handles[from][i].ref(), g);
+            if (!same_bytes(r.tensors()[0], data[from][i])) ++wrong;
+          }
+          ++done;
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(done.load(), 4 * kRounds);
+}
+
+TEST(TransferGroup, AProcessOutsideTheGroupIsRefusedBeforeAnyIo) {
+  auto agents = agents_in_group({"member-0", "member-1"});
+  TransferAgentOptions o;
+  o.name = "outsider";
+  auto outsider = TransferAgent::create(o);
+  std::vector<float> v = {1, 2, 3, 4};
+  ObjectHandle h = agents[0]->put({TensorView(v)}, on_gloo());
+  std::string what;
+  EXPECT_EQ(code_of([&] { outsider->get(h.ref()); }, &what), ErrorCode::kInvalidUsage);
+  EXPECT_NE(what.find("agent 'outsider'"), std::string::npos) << what;
+  EXPECT_NE(what.find("agent 'member-0'"), std::string::npos) << what;
+  EXPECT_NE(what.find("group 'rdt.gloo'"), std::string::npos) << what;
+  EXPECT_NE(what.find("(gloo)"), std::string::npos) << what;
+  EXPECT_NE(what.find("allow_fallback"), std::string::npos) << what;
+  // With the fallback, the owner streams it over the agents' socket.
+  GetOptions g;
+  g.allow_fallback = true;
+  Received r = outsider->get(h.ref(), g);
+  EXPECT_EQ(std::vector<float>(static_cast<const float*>(r.tensors()[0].data()),
+                               static_cast<const float*>(r.tensors()[0].data()) + 4),
+            v);
+  // The owner's own ref resolves to its own tensor.
+  EXPECT_EQ(agents[0]->get(h.ref()).tensors()[0].data(), v.data());
+  // No group, no two-sided put.
+  EXPECT_EQ(code_of([&] { outsider->put({TensorView(v)}, on_gloo()); }, &what),
+            ErrorCode::kInvalidUsage);
+  EXPECT_NE(what.find("join_group"), std::string::npos) << what;
+  // Not a two-sided transport.
+  EXPECT_EQ(code_of([&] { outsider->reset_transport("socket"); }), ErrorCode::kInvalidArgument);
+}
+
+TEST(TransferGroup, ReservedFailedFreedAndCountedObjects) {
+  auto agents = agents_in_group({"owner", "consumer"});
+  auto& own = agents[1];  // the higher rank: the consumer numbers the pair's transfers
+  auto& other = agents[0];
+  // Reserved, then fulfilled while the get waits.
+  ObjectHandle h = own->reserve({{DType::kInt32, {5}, Device::cpu()}}, on_gloo());
+  std::vector<int32_t> later = {5, 4, 3, 2, 1};
+  Fetch f = other->get_async(h.ref());
+  own->fulfil(h, {TensorView(later)});
+  Received r = f.wait();
+  EXPECT_EQ(std::vector<int32_t>(static_cast<const int32_t*>(r.tensors()[0].data()),
+                                 static_cast<const int32_t*>(r.tensors()[0].data()) + 5),
+            later);
+  // A refusal (here: a reservation never fulfilled within the get's timeout) leaves the group
+  // usable: the refused transfer's number is skipped on both sides.
+  ObjectHandle never = own->reserve({{DType::kInt32, {5}, Device::cpu()}}, on_gloo());
+  GetOptions quick;
+  quick.timeout = 300ms;
+  EXPECT_EQ(code_of([&] { other->get(never.ref(), quick); }), ErrorCode::kTimeout);
+  // The owner's fail().
+  ObjectHandle failed = own->reserve({{DType::kInt32, {5}, Device::cpu()}}, on_gloo());
+  own->fail(failed, "no data today");
+  std::string what;
+  EXPECT_EQ(code_of([&] { other->get(failed.ref()); }, &what), ErrorCode::kRemoteError);
+  EXPECT_NE(what.find("no data today"), std::string::npos) << what;
+  // expected_gets: the object goes once its one get has been sent.
+  std::vector<float> once = {9, 8, 7};
+  PutOptions counted = on_gloo();
+  counted.expected_gets = 1;
+  ObjectHandle c = own->put({TensorView(once)}, counted);
+  const TensorRef cref = c.ref();
+  c.release();
+  EXPECT_EQ(code_of([&] { own->wait_tensor_freed(TensorView(once), 50ms); }), ErrorCode::kTimeout);
+  EXPECT_EQ(static_cast<const float*>(other->get(cref).tensors()[0].data())[2], 7.0f);
+  own->wait_tensor_freed(TensorView(once), 10s);
+  EXPECT_EQ(code_of([&] { other->get(cref); }, &what), ErrorCode::kInvalidUsage);
+  EXPECT_NE(what.find("freed"), std::string::npos) << what;
+  // And the group still works.
+  std::vector<float> v = {1, 2};
+  ObjectHandle ok = own->put({TensorView(v)}, on_gloo());
+  EXPECT_EQ(static_cast<const float*>(other->get(ok.ref()).tensors()[0].data())[1], 2.0f);
+}
+
+// A cancelled transfer leaves the pair out of step: the group is aborted (only it), later gets
+// fail with kAborted until every member resets, and then the same refs work again.
+TEST(TransferGroup, ACancelAbortsOnlyTheGroupUntilReset) {
+  auto agents = agents_in_group({"o", "c"});
+  std::vector<float> v = {1, 2, 3};
+  std::vector<float> w = {4, 5, 6};  // fulfils `pending` below; outlives the handles
+  ObjectHandle h = agents[0]->put({TensorView(v)}, on_gloo());
+  ObjectHandle plain = agents[0]->put({TensorView(v)}, PutOptions{});  // shm or socket
+  ObjectHandle pending = agents[0]->reserve({{DType::kFloat32, {3}, Device::cpu()}}, on_gloo());
+  // One get first: the connection to the owner is up, so the cancelled fetch is numbered.
+  EXPECT_EQ(static_cast<const float*>(agents[1]->get(h.ref()).tensors()[0].data())[2], 3.0f);
+  Fetch f = agents[1]->get_async(pending.ref());
+  f.cancel();
+  EXPECT_EQ(code_of([&] { f.wait(); }), ErrorCode::kAborted);
+  std::string what;
+  EXPECT_EQ(code_of([&] { agents[1]->get(h.ref()); }, &what), ErrorCode::kAborted);
+  EXPECT_NE(what.find("reset_transport('gloo')"), std::string::npos) << what;
+  EXPECT_NE(what.find("agent 'c'"), std::string::npos) << what;
+  // Other transports are untouched.
+  EXPECT_EQ(static_cast<const float*>(agents[1]->get(plain.ref()).tensors()[0].data())[2], 3.0f);
+  reset_all(agents);
+  EXPECT_EQ(static_cast<const float*>(agents[1]->get(h.ref()).tensors()[0].data())[2], 3.0f);
+  agents[0]->fulfil(pending, {TensorView(w)});
+  EXPECT_EQ(static_cast<const float*>(agents[1]->get(pending.ref()).tensors()[0].data())[0], 4.0f);
+}
+
+// The application's own group, attached.
+TEST(TransferGroup, AnAttachedGroupCarriesTransfers) {
+  auto groups = testing::create_groups(2, "gloo", testing::unique_name("rdt-attached"));
+  std::vector<std::shared_ptr<TransferAgent>> agents;
+  for (int i = 0; i < 2; ++i) {
+    TransferAgentOptions o;
+    o.name = "attached-" + std::to_string(i);
+    agents.push_back(TransferAgent::create(o));
+    agents.back()->attach_group("gloo", groups[i]);
+  }
+  std::vector<uint8_t> data = pattern(3 << 20, 7);
+  ObjectHandle h = agents[1]->put({TensorView(data)}, on_gloo());
+  EXPECT_TRUE(same_bytes(agents[0]->get(h.ref()).tensors()[0], data));
+  EXPECT_EQ(agents[0]->transport_group("gloo"), groups[0]);
+  EXPECT_EQ(code_of([&] { agents[0]->reset_transport("gloo"); }), ErrorCode::kInvalidUsage);
+  EXPECT_EQ(code_of([&] { agents[0]->attach_group("gloo", nullptr); }), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tutti
