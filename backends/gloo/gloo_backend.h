@@ -11,9 +11,10 @@
 // empty buffers crash (the group skips zero-element ops), mismatched sizes terminate the process
 // inside Gloo's I/O thread (the group's per-op tags keep mismatched calls apart).
 //
-// Allreduces of up to TUTTI_GLOO_DIRECT_BYTES (default 16 KiB; 0 turns it off) and barriers take
-// one round trip over a second context in Gloo's synchronous mode (gloo_direct_exchange.h) in
-// groups of up to 64 ranks; larger ones go through Gloo's functions.
+// Allreduces of up to TUTTI_GLOO_DIRECT_BYTES (default 4 MiB at 2 ranks, 256 KiB at 3-4, 64 KiB
+// above; 0 turns it off) and barriers take one round trip per 32 KiB over a second context in
+// Gloo's synchronous mode (gloo_direct_exchange.h), in groups of up to 64 ranks; larger ones go
+// through Gloo's functions.
 //
 // abort() resets the context's connections (see gloo_connections.h): the op waiting in Gloo
 // ends at once with kAborted, and a peer waiting on this rank fails at once too (kIoError naming
