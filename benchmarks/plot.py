@@ -4,17 +4,13 @@ bus bandwidth and latency against message size, one line per run.
 
     python3 benchmarks/plot.py results/allreduce.json other.json -o results/allreduce.png
 
-With --baseline rows, raw Gloo's time is plotted as a line of its own. Needs matplotlib
-(Debian: python3-matplotlib).
+With --baseline rows, raw Gloo's time is plotted as a line of its own. Uses matplotlib where it
+is installed (Debian: python3-matplotlib), else draws the same two panels with png_plot.py, which
+needs nothing beyond Python's standard library.
 """
 import argparse
 import os
 import sys
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_json import load_run  # noqa: E402
@@ -42,14 +38,27 @@ def main():
     p.add_argument("-o", "--output", default="bench.png")
     p.add_argument("--title")
     args = p.parse_args()
-    fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5))
-    ops = set()
+    ops, lines = set(), []
     for path in args.json:
-        op, lines = series(path)
+        op, more = series(path)
         ops.add(op)
-        for name, sizes, times, busbw in lines:
-            bw.plot(sizes, busbw, marker="o", markersize=3, label=name)
-            lat.plot(sizes, times, marker="o", markersize=3, label=name)
+        lines += more
+    title = args.title or f"{', '.join(sorted(ops))}: busbw and latency by message size"
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    try:
+        import matplotlib
+    except ImportError:
+        from png_plot import write_plot
+        write_plot(args.output, title, lines)
+        print(f"wrote {args.output}")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5))
+    for name, sizes, times, busbw in lines:
+        bw.plot(sizes, busbw, marker="o", markersize=3, label=name)
+        lat.plot(sizes, times, marker="o", markersize=3, label=name)
     for ax in (bw, lat):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
@@ -58,9 +67,8 @@ def main():
     bw.set_ylabel("bus bandwidth (GB/s)")
     lat.set_ylabel("time, median (us)")
     lat.set_yscale("log")
-    fig.suptitle(args.title or f"{', '.join(sorted(ops))}: busbw and latency by message size")
+    fig.suptitle(title)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     fig.savefig(args.output, dpi=110)
     print(f"wrote {args.output}")
 

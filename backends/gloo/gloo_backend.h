@@ -11,6 +11,11 @@
 // empty buffers crash (the group skips zero-element ops), mismatched sizes terminate the process
 // inside Gloo's I/O thread (the group's per-op tags keep mismatched calls apart).
 //
+// Allreduces of up to TUTTI_GLOO_DIRECT_BYTES (default 4 MiB at 2 ranks, 256 KiB at 3-4, 64 KiB
+// above; 0 turns it off) and barriers take one round trip per 32 KiB over a second context in
+// Gloo's synchronous mode (gloo_direct_exchange.h), in groups of up to 64 ranks; larger ones go
+// through Gloo's functions.
+//
 // abort() resets the context's connections (see gloo_connections.h): the op waiting in Gloo
 // ends at once with kAborted, and a peer waiting on this rank fails at once too (kIoError naming
 // the rank whose connection reset). SIGPIPE, which a write to a peer that
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "gloo_connections.h"
+#include "gloo_direct_exchange.h"
 #include "tutti/backend.h"
 
 namespace gloo {
@@ -94,6 +100,8 @@ class GlooBackend : public Backend {
   std::vector<std::unique_ptr<char[]>> scratch_;
   std::vector<size_t> scratch_size_;
   GlooConnections connections_;
+  std::unique_ptr<DirectExchange> direct_;  // null: off (one rank, too many, or by choice)
+  size_t direct_limit_ = 0;                 // allreduces up to this many bytes use direct_
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mutex_;  // guards reason_ and waiting_

@@ -103,7 +103,8 @@ void GlooConnections::find(int rank, int world_size) {
     const int peer = accepted != mine.end() ? accepted->second : connected->second;
     // Gloo names an accepted connection's peer by the address it connected from.
     gloo_names_[gloo_name_of(remote)] = peer;
-    sockets_.push_back(Socket{static_cast<int>(fd), static_cast<unsigned long>(st.st_ino)});
+    sockets_.push_back(
+        Socket{static_cast<int>(fd), static_cast<unsigned long>(st.st_ino), peer});
   }
   ::closedir(dir);
   TUTTI_LOG_DEBUG("gloo: rank {}/{} found {} connection(s)", rank, world_size, sockets_.size());
@@ -134,6 +135,14 @@ int GlooConnections::rank_in(const std::string& message) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [name, r] : gloo_names_) {
     if (message.find(name) != std::string::npos) return r;
+  }
+  return -1;
+}
+
+int GlooConnections::socket_for(int peer) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Socket& s : sockets_) {
+    if (s.peer == peer) return s.fd;
   }
   return -1;
 }

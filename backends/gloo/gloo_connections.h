@@ -40,12 +40,16 @@ class GlooConnections {
   void reset_all();
   // The rank whose address (as Gloo prints it in its errors) `message` names, or -1.
   int rank_in(const std::string& message) const;
+  // The descriptor of the connection to `peer` (Gloo's, for polling only), or -1 when none was
+  // found.
+  int socket_for(int peer) const;
   size_t size() const;
 
  private:
   struct Socket {
     int fd;
     unsigned long inode;
+    int peer;
   };
   bool still_ours(const Socket& s) const;
 

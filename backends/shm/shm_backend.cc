@@ -64,11 +64,16 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   const size_t size = mail_off + w * w * 2 * mail_;
   // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
   // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
-  // Either way the wait ends asleep on a futex. TUTTI_SHM_SPINS overrides the spin count.
+  // Either way the wait ends asleep on a futex. TUTTI_SHM_SPINS and TUTTI_SHM_YIELDS override
+  // the base budget (polls, then yields).
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool oversubscribed = static_cast<unsigned>(world_size_) > cores;
-  spin_.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : 2000, 0));
-  spin_.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
+  // The budget then adapts to how the waits end, growing up to TUTTI_SHM_ADAPT times the base
+  // (AdaptiveSpin, shm_wait.h; 1 keeps it fixed).
+  SpinPolicy spin;
+  spin.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : 2000, 0));
+  spin.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
+  spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 16, 0)));
 
   segment_ = ShmSegment(*ctx.store, ctx.instance, rank_, world_size_, size);
   char* base = segment_.data();

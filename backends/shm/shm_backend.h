@@ -117,7 +117,7 @@ class ShmBackend : public Backend {
   int world_size_;
   size_t chunk_ = 0;  // bytes per staging half
   size_t mail_ = 0;   // bytes per mailbox slot
-  SpinPolicy spin_;
+  AdaptiveSpin spin_;
   ShmSegment segment_;
   Header* header_ = nullptr;
   RankSlot* slots_ = nullptr;

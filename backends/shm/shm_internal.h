@@ -39,8 +39,10 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
   auto check_peers = [&] {
     if (auto gone = gone_peer(ctx, waiting); gone && !ready()) throw *gone;
   };
+  WaitOutcome outcome;
   const bool done = await([&] { return ready() || stopped(op_seq); }, word, sleepers, deadline,
-                          spin_, check_peers);
+                          spin_.policy(), check_peers, &outcome);
+  spin_.record(outcome);
   if (aborted_.load()) throw_if_stopped(ctx, op_seq);
   if (ready()) return;
   throw_if_stopped(ctx, op_seq);

@@ -27,14 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::milliseconds kMaxNap{10};
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 inline uint32_t* futex_address(std::atomic<uint32_t>& word) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
                     std::atomic<uint32_t>::is_always_lock_free,
@@ -54,22 +46,89 @@ inline void wake_all(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeper
 
 // How long to busy-wait before sleeping.
 struct SpinPolicy {
-  int spins = 0;   // busy iterations with a pause: worth it while every rank has a core
+  // Polls of the condition, worth it while every rank has a core. No pause instruction between
+  // them: with a CPU-bound process beside 2 ranks on 2 cores, an 8-byte allreduce took ~70 us
+  // with 2000 pauses (~50 us of spinning) and ~10 us with 2000 bare polls (~2 us) before the
+  // yields: a rank that spins long holds up a peer queued on its core. (Spinning 50 us by the
+  // clock without pauses was as bad: ~105 us.)
+  int spins = 0;
   int yields = 0;  // then iterations that give the core to any other runnable thread
 };
 
-// Waits until ready() holds; false when the deadline passed first.
+// How a wait ended, for AdaptiveSpin.
+struct WaitOutcome {
+  bool slept = false;            // the spins and yields ran out and the waiter slept
+  Clock::duration asleep{};      // how long it slept, all naps together
+};
+
+// The spin budget, adapted to what the waits show (one per backend; the group calls one op at
+// a time, so no two waits update it at once).
+//
+// Why: a fixed budget locks a pair of ranks into sleeping on every call once a CPU-bound process
+// shares their cores. A rank preempted for a moment makes its peer outwait the budget and
+// sleep; the peer's wake-up then takes tens of microseconds, which outlasts the first rank's
+// budget, which sleeps in turn, and so on at every call (0.4 us -> ~100 us per 8-byte
+// allreduce at 2 ranks beside one busy process on 2 cores). So a wait that slept only briefly
+// (the peer came soon after: spinning a little longer would have caught it) doubles the budget,
+// up to kMaxScale times the base; a wait that slept long (the peer was busy elsewhere, where
+// spinning only burns the core) halves it, and waits that end while spinning let it decay
+// slowly back to the base.
+class AdaptiveSpin {
+ public:
+  static constexpr std::chrono::microseconds kShortSleep{200};
+
+  AdaptiveSpin() = default;
+  // max_scale: the most the budget grows to, as a multiple of `base` (1: fixed).
+  AdaptiveSpin(SpinPolicy base, int max_scale) : base_(base), max_scale_(std::max(1, max_scale)) {}
+
+  SpinPolicy policy() const {
+    return SpinPolicy{static_cast<int>(scaled(base_.spins)), static_cast<int>(scaled(base_.yields))};
+  }
+  void record(const WaitOutcome& w) {
+    if (max_scale_ == 1) return;
+    if (!w.slept) {
+      // Decay by 1/16 of the way to the base.
+      sixteenths_ = std::max(16, sixteenths_ - std::max(1, (sixteenths_ - 16) / 16));
+    } else if (w.asleep < kShortSleep) {
+      sixteenths_ = std::min(16 * max_scale_, sixteenths_ * 2);
+    } else {
+      sixteenths_ = std::max(16, sixteenths_ / 2);
+    }
+  }
+  int scale_sixteenths() const { return sixteenths_; }
+
+ private:
+  int64_t scaled(int64_t n) const { return n * sixteenths_ / 16; }
+
+  SpinPolicy base_;
+  int max_scale_ = 1;
+  int sixteenths_ = 16;  // the budget is base * sixteenths_ / 16
+};
+
+// Waits until ready() holds; false when the deadline passed first. `outcome`, when given, says
+// whether the wait slept and for how long.
 template <typename Ready, typename OnNap>
 bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
-           Clock::time_point deadline, SpinPolicy policy, OnNap on_nap) {
+           Clock::time_point deadline, SpinPolicy policy, OnNap on_nap,
+           WaitOutcome* outcome = nullptr) {
   for (int i = 0; i < policy.spins; ++i) {
     if (ready()) return true;
-    cpu_relax();
   }
   for (int i = 0; i < policy.yields; ++i) {
     if (ready()) return true;
     sched_yield();
   }
+  const auto sleep_start = Clock::now();
+  struct Report {
+    WaitOutcome* out;
+    Clock::time_point start;
+    ~Report() {
+      if (out != nullptr) {
+        out->slept = true;
+        out->asleep = Clock::now() - start;
+      }
+    }
+  } report{outcome, sleep_start};
   while (true) {
     if (ready()) return true;
     sleepers.fetch_add(1);

@@ -1,7 +1,7 @@
 // The allreduce sweep through Open MPI's MPI_Allreduce, printing tutti-bench's columns and
 // writing the same JSON, so the two can be compared side by side (benchmarks/compare/run.sh).
 //
-//   mpirun -np 2 mpi_allreduce -b 8 -e 64M -f 2 -w 10 -n 50 --json mpi.json
+//   mpirun -np 2 mpi_allreduce -b 8 -e 64M -f 2 -w 10 -n 50 --json mpi.json [--label "openmpi sm"]
 //
 // float32 sum, in place (MPI_IN_PLACE); every rank times every iteration and the slowest
 // rank's time per iteration is combined after the loop, as tutti-bench does.
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   uint64_t min_bytes = 8, max_bytes = 64ull << 20;
   double factor = 2;
   int warmup = 10, iters = 50;
-  std::string json;
+  std::string json, label = "openmpi";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "-b") min_bytes = parse_size(argv[i + 1]);
@@ -54,19 +54,21 @@ int main(int argc, char** argv) {
     else if (a == "-w") warmup = std::atoi(argv[i + 1]);
     else if (a == "-n") iters = std::atoi(argv[i + 1]);
     else if (a == "--json") json = argv[i + 1];
+    else if (a == "--label") label = argv[i + 1];
   }
   std::vector<float> buf(max_bytes / 4 + 1);
   std::vector<double> times(iters), slowest(iters);
   std::ofstream out;
   if (rank == 0) {
-    std::printf("# Open MPI MPI_Allreduce, world size %d, float32 sum, in place\n", world);
+    std::printf("# Open MPI MPI_Allreduce (%s), world size %d, float32 sum, in place\n",
+                label.c_str(), world);
     std::printf("# %10s %12s %9s %9s %7s %7s %6s\n", "size", "count", "time", "p99", "algbw",
                 "busbw", "#wrong");
     if (!json.empty()) {
       out.open(json);
       out.precision(10);
       out << "{\n  \"config\": {\"tool\": \"mpi_allreduce\", \"op\": \"allreduce\", \"backend\": "
-             "\"openmpi\", \"world_size\": " << world << ", \"dtype\": \"float32\", \"redop\": "
+             "\"" << label << "\", \"world_size\": " << world << ", \"dtype\": \"float32\", \"redop\": "
              "\"sum\", \"warmup\": " << warmup << ", \"iters\": " << iters
           << ", \"bus_factor\": " << 2.0 * (world - 1) / world << "},\n  \"rows\": [\n";
     }
