@@ -459,7 +459,9 @@ void open_close_cycles(bool fixed_port) {
   // The server closes a client's connection when it notices the client left: a moment later.
   EXPECT_TRUE(eventually([&] { return entries("/proc/self/fd") <= fds; }))
       << entries("/proc/self/fd") << " descriptors open, " << fds << " before";
-  EXPECT_EQ(entries("/proc/self/task"), threads);
+  // A leak adds threads; one that was still ending when the count began may be gone by now
+  // (seen once under load: 2 before, 1 after).
+  EXPECT_LE(entries("/proc/self/task"), threads);
   std::printf("1000 cycles in %.2f s\n", seconds);
 }
 

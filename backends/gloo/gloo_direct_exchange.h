@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "gloo_connections.h"
-#include "reduction.h"
+#include "tensor/reduction.h"
 #include "tutti/op_type.h"
 #include "tutti/store.h"
 
