@@ -92,6 +92,20 @@ bool hung_up(int fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+// Throws unless the object can be served now: kTimeout while still reserved, kRemoteError once
+// failed (its message), kInvalidUsage while being freed.
+void require_live(const Object& o) {
+  if (o.state == kSlotReserved) {
+    throw Error(ErrorCode::kTimeout,
+                "object " + std::to_string(o.id) + " is still reserved (never fulfilled)");
+  }
+  if (o.state == kSlotFailed) throw Error(ErrorCode::kRemoteError, "the owner failed it: " + o.failure);
+  if (o.state != kSlotLive) {
+    throw Error(ErrorCode::kInvalidUsage,
+                "object " + std::to_string(o.id) + " is being freed at its owner");
+  }
+}
+
 // The publication of a live object, as a WAIT reply carries it.
 void write_publication(WireWriter& w, const Publication& p, size_t tensors) {
   w.str32(p.blob);
@@ -926,17 +940,7 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
                        it->second.state != kSlotReserved;
               });
               Object& o = find_live(lock, id, gen, "get");
-              if (o.state == kSlotReserved) {
-                throw Error(ErrorCode::kTimeout,
-                            "object " + std::to_string(id) + " is still reserved (never fulfilled)");
-              }
-              if (o.state == kSlotFailed) {
-                throw Error(ErrorCode::kRemoteError, "the owner failed it: " + o.failure);
-              }
-              if (o.state != kSlotLive) {
-                throw Error(ErrorCode::kInvalidUsage,
-                            "object " + std::to_string(id) + " is being freed at its owner");
-              }
+              require_live(o);
               ++o.local_leases;
               for (const TensorView& t : o.tensors) {
                 parts.push_back({t.data(), t.nbytes()});
@@ -1052,17 +1056,7 @@ void AgentCore::serve_fetch(WireReader& r, const std::function<void(const std::s
                     "object " + std::to_string(id) + " " + freed_text_locked(id) + " at its owner");
       }
       Object& o = it->second;
-      if (o.state == kSlotReserved) {
-        throw Error(ErrorCode::kTimeout,
-                    "object " + std::to_string(id) + " is still reserved (never fulfilled)");
-      }
-      if (o.state == kSlotFailed) {
-        throw Error(ErrorCode::kRemoteError, "the owner failed it: " + o.failure);
-      }
-      if (o.state != kSlotLive) {
-        throw Error(ErrorCode::kInvalidUsage,
-                    "object " + std::to_string(id) + " is being freed at its owner");
-      }
+      require_live(o);
       if (o.t != g) {
         throw Error(ErrorCode::kInvalidArgument, "object " + std::to_string(id) +
                                                      " was published on '" + o.transport + "'");
