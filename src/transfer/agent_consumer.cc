@@ -32,6 +32,31 @@ bool owner_alive(const AgentIdentity& owner) {
   return process_start_time(static_cast<long>(owner.pid)) == owner.start_time;
 }
 
+// After a broken connection to an owner on this host: whether its process has exited. A dying
+// process's sockets close just before its exit shows, so this waits up to 100 ms for it.
+bool owner_exited_after_break(const AgentIdentity& owner) {
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(owner.pid), 0));
+  if (fd < 0) return !owner_alive(owner);  // no such process
+  pollfd p{fd, POLLIN, 0};
+  const bool exited = ::poll(&p, 1, 100) > 0 || !owner_alive(owner);
+  ::close(fd);
+  return exited;
+}
+
+// A kIoError from a broken connection says "reset by peer"; when the owner's process is what
+// went, say that (the owner died), keeping the transport's words after it.
+[[noreturn]] void rethrow_io(const std::string& context, const AgentIdentity& owner,
+                             const AgentIdentity& me, const Error& e) {
+  const std::string what = e.what();
+  if (e.code() == ErrorCode::kIoError && what.find(" is gone") == std::string::npos &&
+      owner.same_host(me) && owner_exited_after_break(owner)) {
+    throw Error(ErrorCode::kIoError, context + ": " + owner_text(owner) +
+                                         " is gone (its process exited or died): " + what);
+  }
+  if (what.rfind(context, 0) == 0) throw e;
+  rethrow_with(context, e);
+}
+
 bool split_endpoint(const std::string& endpoint, std::string& host, uint16_t& port) {
   const size_t colon = endpoint.rfind(':');
   if (colon == std::string::npos || colon + 1 == endpoint.size()) return false;
@@ -505,8 +530,7 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
                       std::to_string((opts.timeout.count() > 0 ? opts.timeout : fetch_timeout).count()) +
                       " ms, waiting for " + owner_text(ref.owner()) + " (" + e.what() + ")");
     }
-    if (std::string(e.what()).rfind(context, 0) == 0) throw;
-    rethrow_with(context, e);
+    rethrow_io(context, ref.owner(), identity, e);
   }
 }
 
@@ -583,8 +607,7 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
   } catch (const Error& e) {
     const std::string context = this->context("borrow", ref);
     if (flag.load()) throw Error(ErrorCode::kAborted, context + ": cancelled (" + e.what() + ")");
-    if (std::string(e.what()).rfind(context, 0) == 0) throw;
-    rethrow_with(context, e);
+    rethrow_io(context, ref.owner(), identity, e);
   }
 }
 
