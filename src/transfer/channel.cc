@@ -170,15 +170,15 @@ void Connection::receive_raw(void* data, size_t bytes, Clock::time_point deadlin
       got += static_cast<size_t>(n);
       continue;
     }
-    if (n == 0) {
-      throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
-    }
-    if (errno == EAGAIN || errno == EINTR) {
-      wait_for(POLLIN, deadline, cancelled, "waiting for");
-      continue;
-    }
-    io_error("receiving from " + peer_);
+    await_readable(n, deadline, cancelled);
   }
+}
+
+void Connection::await_readable(ssize_t n, Clock::time_point deadline,
+                                const std::atomic<bool>* cancelled) {
+  if (n == 0) throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
+  if (errno != EAGAIN && errno != EINTR) io_error("receiving from " + peer_);
+  wait_for(POLLIN, deadline, cancelled, "waiting for");
 }
 
 Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>* cancelled) {
@@ -207,14 +207,7 @@ Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>*
       }
       break;
     }
-    if (n == 0) {
-      throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
-    }
-    if (errno == EAGAIN || errno == EINTR) {
-      wait_for(POLLIN, deadline, cancelled, "waiting for");
-      continue;
-    }
-    io_error("receiving from " + peer_);
+    await_readable(n, deadline, cancelled);
   }
   try {
     char rest[4];

@@ -62,6 +62,9 @@ class Connection {
 
  private:
   // Waits until the socket is ready for `events`; false at EOF is not its business.
+  // After a read that returned `n` < 1: throws kIoError for a closed connection or a failed
+  // read, else waits until the socket is readable again.
+  void await_readable(ssize_t n, Clock::time_point deadline, const std::atomic<bool>* cancelled);
   void wait_for(short events, Clock::time_point deadline, const std::atomic<bool>* cancelled,
                 const char* doing);
 
