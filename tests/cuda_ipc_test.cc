@@ -45,17 +45,7 @@ std::shared_ptr<TransferAgent> make_agent(const std::string& name) {
   return TransferAgent::create(o);
 }
 
-template <typename F>
-Error expect_error(F&& f, ErrorCode code) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    return e;
-  }
-  ADD_FAILURE() << "expected an error with code " << static_cast<int>(code);
-  return Error(ErrorCode::kInternal, "none");
-}
+using tutti::testing::expect_error;
 
 std::vector<uint8_t> to_host(const TensorView& t) {
   std::vector<uint8_t> out(t.nbytes());

@@ -108,6 +108,20 @@ class TuttiStoreProcess {
   uint16_t port_ = 0;
 };
 
+// Expects f() to throw tutti::Error with `code` and returns it, for more checks of its message
+// (a failure, and an Error of code kInternal, when it throws none).
+template <typename F>
+Error expect_error(F&& f, ErrorCode code) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    return e;
+  }
+  ADD_FAILURE() << "expected an error with code " << static_cast<int>(code);
+  return Error(ErrorCode::kInternal, "none");
+}
+
 // Expects fn to throw tutti::Error with the given code and a message containing every needle.
 #define EXPECT_TUTTI_ERROR(stmt, error_code, ...)                                         \
   do {                                                                                    \

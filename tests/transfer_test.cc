@@ -70,17 +70,7 @@ size_t open_fds() {
   return n;
 }
 
-template <typename F>
-Error expect_error(F&& f, ErrorCode code) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    return e;
-  }
-  ADD_FAILURE() << "expected an error with code " << static_cast<int>(code);
-  return Error(ErrorCode::kInternal, "none");
-}
+using tutti::testing::expect_error;
 
 // A child's exit status, or -1 if it has not exited within `limit` (then it is killed).
 int exit_status_within(pid_t child, std::chrono::milliseconds limit) {
