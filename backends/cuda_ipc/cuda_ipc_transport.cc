@@ -274,7 +274,8 @@ class CudaIpcTransport final : public TensorTransport {
       places[i].base = r.u64("an owner's address");
       if (metas[i].nbytes() > 0) {
         any = true;
-        if (places[i].offset + metas[i].nbytes() > places[i].size) {
+        if (metas[i].nbytes() > places[i].size ||
+            places[i].offset > places[i].size - metas[i].nbytes()) {  // no 64-bit wrap
           throw Error(ErrorCode::kInvalidArgument, "cuda_ipc transport: tensor " + std::to_string(i) +
                                                        " lies past its allocation's end");
         }
@@ -328,15 +329,25 @@ class CudaIpcTransport final : public TensorTransport {
       out.keep = std::make_shared<decltype(keep)>(std::move(keep));
       return out;
     }
-    for (size_t i = 0; i < metas.size(); ++i) {
-      if (metas[i].nbytes() == 0) continue;
-      check(cudaMemcpyAsync(request.targets[i].data(), sources[i], metas[i].nbytes(),
-                            cudaMemcpyDeviceToDevice, stream),
-            "copying tensor " + std::to_string(i));
-    }
-    // The read is done before the lease ends (the owner may then reuse the memory).
     cudaEvent_t done = nullptr;
     check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "creating a read-done event");
+    if (own_stream) {
+      // Without a stream of the caller's, its work on the targets is on the device's legacy
+      // default stream (as for the NCCL backend's ops): the copy waits for it, else a write the
+      // caller queued there before the get could land after the copy.
+      cudaError_t e = cudaEventRecord(done, nullptr);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, done, 0);
+      if (e != cudaSuccess) cudaEventDestroy(done);
+      check(e, "ordering the copy after the caller's default stream");
+    }
+    for (size_t i = 0; i < metas.size(); ++i) {
+      if (metas[i].nbytes() == 0) continue;
+      const cudaError_t copied = cudaMemcpyAsync(request.targets[i].data(), sources[i],
+                                                 metas[i].nbytes(), cudaMemcpyDeviceToDevice, stream);
+      if (copied != cudaSuccess) cudaEventDestroy(done);
+      check(copied, "copying tensor " + std::to_string(i));
+    }
+    // The read is done before the lease ends (the owner may then reuse the memory).
     cudaError_t e = cudaEventRecord(done, stream);
     if (e == cudaSuccess) e = cudaEventSynchronize(done);
     cudaEventDestroy(done);

@@ -75,7 +75,9 @@ struct GetOptions {
   // "socket" instead of failing with kUnavailable.
   bool allow_fallback = false;
   // CUDA tensors (cuda_ipc): the consumer's cudaStream_t. A get's copy and a borrow's views are
-  // ordered on it after the producer's work; null: the host waits for the producer instead.
+  // ordered on it after the producer's work; null: the host waits for the producer instead, and
+  // a get's copy also waits for the work queued on the device's legacy default stream (where
+  // the caller's writes to the targets are then).
   void* stream = nullptr;
 };
 
