@@ -2,6 +2,10 @@
 // by linking the target alone.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "test_util.h"
 
 namespace tutti::testing {
@@ -55,6 +59,58 @@ TEST(Registry, UnsupportedOpsFailBeforeIO) {
   std::vector<float> v(3);
   EXPECT_TUTTI_ERROR(g->allreduce(v), ErrorCode::kUnavailable,
                      "backend 'barrier-only' does not support 'allreduce'", "group 'ops'");
+}
+
+// init returns on no rank before every rank's backend is up: a rank that destroyed its group
+// at once used to close its connections under a rank still connecting (a gloo split failed
+// with "Connection closed by peer" under load).
+TEST(Registry, InitReturnsOnceEveryRanksBackendIsUp) {
+  std::atomic<bool> rank1_up{false};
+  register_collective_backend("slow-on-rank-1", [&](const BackendContext& ctx) {
+    if (ctx.rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      rank1_up = true;
+    }
+    return std::make_unique<NullBackend>();
+  });
+  auto store = std::make_shared<HashStore>(std::chrono::milliseconds(10000));
+  const std::string name = unique_name("slow");
+  run_ranks(2, [&](int r) {
+    GroupOptions options;
+    options.store = store;
+    auto g = CollectiveGroup::create(2, r, "slow-on-rank-1", name, options);
+    EXPECT_TRUE(rank1_up.load()) << "rank " << r << " returned before rank 1's backend was up";
+  });
+}
+
+// A backend that fails on one rank fails the others at once, naming that rank and why, instead
+// of leaving them to their timeout.
+TEST(Registry, ABackendFailingOnOneRankFailsTheOthersNamingIt) {
+  register_collective_backend("fails-on-rank-1", [](const BackendContext& ctx) {
+    if (ctx.rank == 1) throw Error(ErrorCode::kUnavailable, "no device here");
+    return std::make_unique<NullBackend>();
+  });
+  auto store = std::make_shared<HashStore>(std::chrono::milliseconds(60000));
+  const std::string name = unique_name("fails");
+  run_ranks(3, [&](int r) {
+    GroupOptions options;
+    options.store = store;
+    options.timeout = std::chrono::milliseconds(60000);
+    try {
+      CollectiveGroup::create(3, r, "fails-on-rank-1", name, options);
+      ADD_FAILURE() << "rank " << r << ": init succeeded";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("group '" + name + "'"), std::string::npos) << what;
+      if (r == 1) {
+        EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << what;
+        EXPECT_NE(what.find("no device here"), std::string::npos) << what;
+      } else {
+        EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
+        EXPECT_NE(what.find("failed on rank 1: no device here"), std::string::npos) << what;
+      }
+    }
+  });
 }
 
 }  // namespace

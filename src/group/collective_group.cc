@@ -71,15 +71,29 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
                     const std::string& context) {
   std::unique_ptr<Backend> backend;
   const std::string label = context + ": backend '" + info.name + "'";
+  // Tells the other ranks this rank's backend failed (best effort: the store may be the cause).
+  auto tell_failed = [&](const std::string& why) {
+    try {
+      detail::settle_backends(*s.ledger, s.scope, s.world_size, s.rank, why, s.timeout);
+    } catch (const Error& e) {
+      TUTTI_LOG_DEBUG("{}: telling the other ranks: {}", label, e.what());
+    }
+  };
   try {
     if (bctx.parent != nullptr) backend = bctx.parent->split(bctx);
     if (!backend) backend = info.factory(bctx);
+    if (!backend) throw Error(ErrorCode::kInternal, "the factory returned null");
   } catch (const Error& e) {
+    tell_failed(e.what());
     throw Error(e.code(), label + ": " + e.what());
   } catch (const std::exception& e) {
+    tell_failed(e.what());
     throw Error(ErrorCode::kInternal, label + ": " + e.what());
   }
-  if (!backend) throw Error(ErrorCode::kInternal, label + " factory returned null");
+  // Every rank's backend is up before any rank returns (and may destroy it again).
+  prefixed(label, [&] {
+    detail::settle_backends(*s.ledger, s.scope, s.world_size, s.rank, "", s.timeout);
+  });
   for (DeviceType type : {DeviceType::kCPU, DeviceType::kCUDA}) {
     s.device_supported[static_cast<size_t>(type)] = backend->supports_device(type);
   }

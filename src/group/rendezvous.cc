@@ -442,6 +442,39 @@ Membership meet(Store& store, const std::string& base, int world_size, int rank,
   }
 }
 
+void settle_backends(Store& store, const std::string& scope, int world_size, int rank,
+                     const std::string& failure, std::chrono::milliseconds timeout) {
+  if (world_size <= 1) return;
+  const std::string failed_key = scope + "/ready/failed";
+  auto up_key = [&](int r) { return scope + "/ready/" + std::to_string(r); };
+  if (!failure.empty()) {
+    // The first failure stays: the others report the rank that failed first.
+    store.compare_set(failed_key, "", "rank " + std::to_string(rank) + ": " + failure);
+    return;
+  }
+  store.set(up_key(rank), "1");
+  const auto deadline = deadline_after(timeout);
+  Backoff backoff;
+  for (int r = 0; r < world_size; ++r) {
+    while (!store.check({up_key(r)})) {
+      if (store.check({failed_key})) {
+        throw Error(ErrorCode::kRemoteError,
+                    "failed on " + store.get(failed_key));
+      }
+      if (Clock::now() >= deadline) {
+        std::string missing;
+        for (int m = r; m < world_size; ++m) {
+          if (!store.check({up_key(m)})) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
+        }
+        throw Error(ErrorCode::kTimeout, "timed out after " + std::to_string(timeout.count()) +
+                                             " ms waiting for the other ranks' backends: rank(s) " +
+                                             missing + " not up");
+      }
+      nap_on(store, up_key(r), backoff.next(deadline));
+    }
+  }
+}
+
 void leave(Store& store, const std::string& scope, int rank, const JoinRecord& mine) {
   forget_join(mine);
   JoinRecord gone = mine;

@@ -68,6 +68,16 @@ std::string group_base(const std::string& job_id, const std::string& name);
 Membership meet(Store& store, const std::string& base, int world_size, int rank,
                 const JoinRecord& mine, std::chrono::milliseconds timeout);
 
+// The round after each rank made its backend: a rank says its backend is up (`failure` empty)
+// or why it failed, and one whose backend is up waits until every rank's is. So no rank returns
+// from init or split, and may destroy the group and close its connections, while another is still
+// connecting to it; and a rank whose backend failed fails the others at once (kRemoteError,
+// naming it and why) instead of at their timeout. kTimeout names the ranks not up. Returns at
+// once for a failure (the caller rethrows its own error). Messages are not prefixed with the
+// group: the caller does that.
+void settle_backends(Store& store, const std::string& scope, int world_size, int rank,
+                     const std::string& failure, std::chrono::milliseconds timeout);
+
 // What a rank's group does when destroyed: marks its record as left (so it is never taken for
 // a live member) and forgets the join. May throw the store's errors; forget_join alone never.
 void leave(Store& store, const std::string& scope, int rank, const JoinRecord& mine);
