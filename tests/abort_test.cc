@@ -87,6 +87,34 @@ TEST_P(Abort, APeerWaitingOnTheAbortedRankLearnsOfIt) {
   rank1.join();
 }
 
+// Every peer learns of it, whichever side of each connection the aborted rank was (Gloo's
+// pairs: the side with the greater address connects, the other accepts; the aborted rank must
+// find both kinds of socket to reset them).
+TEST_P(Abort, EveryPeerWaitingOnTheAbortedRankLearnsOfIt) {
+  constexpr int kRanks = 4;
+  auto groups = create_groups(kRanks, GetParam(), unique_name("abort-all"), milliseconds(30000));
+  std::vector<std::thread> peers;
+  for (int r = 1; r < kRanks; ++r) {
+    peers.emplace_back([&, r] {
+      std::vector<float> v(16);
+      const auto start = Clock::now();
+      try {
+        groups[r]->recv(v, 0);
+        ADD_FAILURE() << "rank " << r << " received from a rank that never sent";
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_TRUE(e.code() == ErrorCode::kIoError || e.code() == ErrorCode::kRemoteError)
+            << "rank " << r << ": " << what;
+        EXPECT_NE(what.find("rank 0"), std::string::npos) << "rank " << r << ": " << what;
+      }
+      EXPECT_LT(ms_since(start), 5000) << "rank " << r;
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  groups[0]->abort("enough");
+  for (auto& t : peers) t.join();
+}
+
 TEST_P(Abort, DestroyFromAnotherThreadReturnsPromptly) {
   auto groups = create_groups(2, GetParam(), unique_name("abort-destroy"), milliseconds(30000));
   std::vector<float> v(1 << 16, 1.0f);

@@ -57,6 +57,25 @@ sockaddr_storage address_at(const std::vector<char>& list, size_t k) {
   return ss;
 }
 
+// Whether the pair listening on `self` connects to the one listening on `peer` (rather than
+// accepting it): Gloo's tcp::Pair::connect compares the addresses, then the ports as stored
+// (network order), and the greater side connects.
+bool connects_first(const sockaddr_storage& self, const sockaddr_storage& peer) {
+  int cmp = 0;
+  if (self.ss_family == AF_INET && peer.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&self);
+    const auto* b = reinterpret_cast<const sockaddr_in*>(&peer);
+    cmp = std::memcmp(&a->sin_addr, &b->sin_addr, sizeof(in_addr));
+    if (cmp == 0) cmp = static_cast<int>(a->sin_port) - static_cast<int>(b->sin_port);
+  } else if (self.ss_family == AF_INET6 && peer.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&self);
+    const auto* b = reinterpret_cast<const sockaddr_in6*>(&peer);
+    cmp = std::memcmp(&a->sin6_addr, &b->sin6_addr, sizeof(in6_addr));
+    if (cmp == 0) cmp = static_cast<int>(a->sin6_port) - static_cast<int>(b->sin6_port);
+  }
+  return cmp > 0;
+}
+
 }  // namespace
 
 void GlooConnections::record(int r, const std::vector<char>& addresses) {
@@ -67,20 +86,26 @@ void GlooConnections::record(int r, const std::vector<char>& addresses) {
 void GlooConnections::find(int rank, int world_size) {
   std::lock_guard<std::mutex> lock(mutex_);
   // This rank's pair for rank i listens on its own record i (i < rank) or i - 1; rank i's pair
-  // for this rank listens on i's record rank - 1 (i < rank) or rank.
-  std::map<std::string, int> mine, peers;
+  // for this rank listens on i's record rank - 1 (i < rank) or rank. Of the two, the side whose
+  // address compares greater connects and closes its listener (Gloo's rule), so its address is
+  // free for any later socket of this process (another group's, or another rank's where ranks
+  // are threads). A pair's socket is therefore known only by the address that stays taken: its
+  // local address where this rank accepted, its peer's where this rank connected.
+  std::map<std::string, int> accepted_on, connected_to;
+  auto own = published_.find(rank);
   for (int i = 0; i < world_size; ++i) {
     if (i == rank) continue;
-    auto own = published_.find(rank);
     auto theirs = published_.find(i);
-    if (own != published_.end()) {
-      mine[text_of(address_at(own->second, static_cast<size_t>(i < rank ? i : i - 1)))] = i;
-    }
-    if (theirs != published_.end()) {
-      const sockaddr_storage ss =
-          address_at(theirs->second, static_cast<size_t>(i < rank ? rank - 1 : rank));
-      peers[text_of(ss)] = i;
-      gloo_names_[gloo_name_of(ss)] = i;
+    if (own == published_.end() || theirs == published_.end()) continue;
+    const sockaddr_storage mine =
+        address_at(own->second, static_cast<size_t>(i < rank ? i : i - 1));
+    const sockaddr_storage peer =
+        address_at(theirs->second, static_cast<size_t>(i < rank ? rank - 1 : rank));
+    gloo_names_[gloo_name_of(peer)] = i;
+    if (connects_first(mine, peer)) {
+      connected_to[text_of(peer)] = i;
+    } else {
+      accepted_on[text_of(mine)] = i;
     }
   }
   DIR* dir = ::opendir("/proc/self/fd");
@@ -97,10 +122,10 @@ void GlooConnections::find(int rank, int world_size) {
         ::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&remote), &remote_len) != 0) {
       continue;  // not connected
     }
-    auto accepted = mine.find(text_of(local));
-    auto connected = peers.find(text_of(remote));
-    if (accepted == mine.end() && connected == peers.end()) continue;
-    const int peer = accepted != mine.end() ? accepted->second : connected->second;
+    auto accepted = accepted_on.find(text_of(local));
+    auto connected = connected_to.find(text_of(remote));
+    if (accepted == accepted_on.end() && connected == connected_to.end()) continue;
+    const int peer = accepted != accepted_on.end() ? accepted->second : connected->second;
     // Gloo names an accepted connection's peer by the address it connected from.
     gloo_names_[gloo_name_of(remote)] = peer;
     sockets_.push_back(

@@ -5,8 +5,9 @@
 // does not wake them. Resetting a pair's connection does: Gloo's event loop sees the error,
 // signals every buffer waiting on that pair, and the op throws at once. Gloo's pairs each listen
 // on their own address and publish it through the rendezvous store; a socket is this context's
-// when its local address is one of this rank's pair addresses, or its peer's address is one a
-// peer's pair published for this rank. The sockets are looked up in /proc/self/fd once, after
+// when its local address is that of one of this rank's pairs that accepted, or its peer's address
+// is the one a peer's pair that accepted published for this rank (a pair that connected gave its
+// address up, and another socket may hold it by then). The sockets are looked up in /proc/self/fd once, after
 // the context connects, and remembered with their inode so that a reused descriptor is never
 // touched.
 //
