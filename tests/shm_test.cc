@@ -28,7 +28,8 @@ std::vector<std::string> shm_entries(const std::string& needle) {
 std::vector<WorkerResult> run_ranks_env(int world, const std::string& backend,
                                         const std::string& job,
                                         const std::function<std::vector<std::string>(int)>& extra,
-                                        const TempDir& dir) {
+                                        const TempDir& dir,
+                                        const std::string& scenario = "env_backend") {
   std::vector<std::vector<std::string>> envs;
   for (int r = 0; r < world; ++r) {
     std::vector<std::string> env = {"TUTTI_RANK=" + std::to_string(r),
@@ -38,7 +39,7 @@ std::vector<WorkerResult> run_ranks_env(int world, const std::string& backend,
     for (auto& e : extra(r)) env.push_back(e);
     envs.push_back(env);
   }
-  return run_processes({TUTTI_TEST_WORKER, "env_backend"}, envs, milliseconds(60000));
+  return run_processes({TUTTI_TEST_WORKER, scenario}, envs, milliseconds(60000));
 }
 
 TEST(ShmProcesses, NothingIsLeftInDevShm) {
@@ -87,7 +88,7 @@ TEST(ShmProcesses, RanksOnDifferentHostsAreRefused) {
   }
 }
 
-TEST(ShmProcesses, AutoPicksShmOnOneHostAndGlooAcrossHosts) {
+TEST(ShmProcesses, AutoPicksShmOnOneHostGlooAcrossHostsAndHierBetween) {
   {
     TempDir dir;
     auto same = run_ranks_env(3, "auto", unique_name("auto1"),
@@ -97,14 +98,50 @@ TEST(ShmProcesses, AutoPicksShmOnOneHostAndGlooAcrossHosts) {
       EXPECT_NE(r.output.find("backend shm"), std::string::npos) << r.output;
     }
   }
+  {
+    TempDir dir;
+    auto apart = run_ranks_env(
+        2, "auto", unique_name("auto2"),
+        [](int r) { return std::vector<std::string>{"TUTTI_HOST_ID=node-" + std::to_string(r)}; },
+        dir);
+    for (const auto& r : apart) {
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find("backend gloo"), std::string::npos) << r.output;
+    }
+  }
+  // Several hosts, two ranks on one: the two levels.
   TempDir dir;
-  auto apart = run_ranks_env(
-      3, "auto", unique_name("auto2"),
+  auto shared = run_ranks_env(
+      3, "auto", unique_name("auto3"),
       [](int r) { return std::vector<std::string>{"TUTTI_HOST_ID=node-" + std::to_string(r % 2)}; },
       dir);
-  for (const auto& r : apart) {
+  for (const auto& r : shared) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("backend gloo"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("backend hier"), std::string::npos) << r.output;
+  }
+}
+
+// hier on layouts of hosts (TUTTI_HOST_ID makes a process another "host"): every op checked
+// against values the worker computes from the inputs. Layouts by rank: two hosts of two ranks,
+// hosts interleaved and uneven (a b a b a), one host (no leaders' level), and a host per rank (no
+// local level).
+TEST(HierProcesses, EveryOpOnLayoutsOfHosts) {
+  const std::vector<std::vector<std::string>> layouts = {
+      {"a", "a", "b", "b"}, {"a", "b", "a", "b", "a"}, {"a", "a", "a"}, {"a", "b", "c"}};
+  for (const auto& hosts : layouts) {
+    std::string layout;
+    for (const auto& h : hosts) layout += h;
+    TempDir dir;
+    auto results = run_ranks_env(
+        static_cast<int>(hosts.size()), "hier", unique_name("hier-" + layout),
+        [&](int r) { return std::vector<std::string>{"TUTTI_HOST_ID=host-" + hosts[r]}; }, dir,
+        "env_every_op");
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_EQ(results[r].exit_code, 0) << "layout " << layout << ", rank " << r << ":\n"
+                                         << results[r].output;
+      EXPECT_NE(results[r].output.find("every op checked"), std::string::npos)
+          << "layout " << layout << ", rank " << r << ":\n" << results[r].output;
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // A rank of a multi-process test, started by run_workers (test_util.cc):
 //   tutti_test_worker <scenario> <rank> <world_size> <store_url> [timeout_ms [backend]]
 // Exits 0 when every check of the scenario held, 1 with a message on stderr otherwise.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -296,6 +297,71 @@ void scenario_env_backend(const Args&) {
   std::printf("rank %d: failed after %.0f ms naming rank %s\n", rank, ms_since(start), crash);
 }
 
+// Every op on the group the environment describes, each result checked against values computed
+// here from the ranks' inputs: what the hier backend must get right on any layout of hosts
+// (its composed allreduce, broadcast and barrier, and the ops it hands to the flat level).
+void scenario_env_every_op(const Args&) {
+  init_collective_group_from_env("", "every");
+  auto g = get_group("every");
+  const int rank = g->rank(), world = g->world_size();
+  std::printf("rank %d backend %s\n", rank, g->backend_name().c_str());
+  for (size_t n : {size_t{5}, size_t{70000}}) {
+    std::vector<int32_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = (rank + 1) * static_cast<int32_t>(i % 7 + 1);
+    g->allreduce(v);
+    for (size_t i = 0; i < n; ++i) {
+      require(v[i] == world * (world + 1) / 2 * static_cast<int32_t>(i % 7 + 1), "allreduce sum");
+    }
+    std::vector<int64_t> m(n);
+    for (size_t i = 0; i < n; ++i) m[i] = static_cast<int64_t>((rank * 31 + i) % 17);
+    AllreduceOptions mo;
+    mo.reduce_op = ReduceOp::kMax;
+    g->allreduce(m, mo);
+    for (size_t i = 0; i < n; ++i) {
+      int64_t want = 0;
+      for (int r = 0; r < world; ++r) want = std::max<int64_t>(want, (r * 31 + i) % 17);
+      require(m[i] == want, "allreduce max");
+    }
+    std::vector<float> f(n, static_cast<float>(rank + 1));
+    AllreduceOptions ao;
+    ao.reduce_op = ReduceOp::kAvg;
+    g->allreduce(f, ao);
+    for (float x : f) require(x == (world + 1) / 2.0f, "allreduce avg");
+  }
+  std::vector<int64_t> p(3, 2);
+  AllreduceOptions po;
+  po.reduce_op = ReduceOp::kProduct;
+  g->allreduce(p, po);
+  require(p[2] == (int64_t{1} << world), "allreduce product");
+  for (int root = 0; root < world; ++root) {
+    std::vector<int32_t> b(1000, rank == root ? 100 + root : -1);
+    BroadcastOptions bo;
+    bo.root_rank = root;
+    g->broadcast(b, bo);
+    for (int32_t x : b) require(x == 100 + root, "broadcast from rank " + std::to_string(root));
+    g->barrier();
+  }
+  std::vector<int32_t> red(10, rank + 1);
+  ReduceOptions ro;
+  ro.root_rank = world - 1;
+  g->reduce(red, ro);
+  if (rank == world - 1) require(red[9] == world * (world + 1) / 2, "reduce");
+  std::vector<int32_t> mine(4), all(4 * static_cast<size_t>(world));
+  for (int j = 0; j < 4; ++j) mine[j] = rank * 10 + j;
+  g->allgather(TensorView(all), TensorView(mine));
+  for (int r = 0; r < world; ++r) {
+    for (int j = 0; j < 4; ++j) require(all[r * 4 + j] == r * 10 + j, "allgather");
+  }
+  if (world > 1) {
+    std::vector<int32_t> out(8, rank), in(8, -1);
+    const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    g->batch_isend_irecv({P2POp::send(out, next), P2POp::recv(in, prev)})->wait();
+    for (int32_t x : in) require(x == prev, "send and receive around the ring");
+  }
+  destroy_collective_group("every");
+  std::printf("rank %d: every op checked\n", rank);
+}
+
 // World 2. Rank 0 waits in a receive and rank 1 in an allreduce, so neither op can complete
 // (op timeout 20 s); another thread of rank 0 destroys the group 300 ms in. Rank 0's op must end
 // with kAborted, rank 1's with an error naming rank 0 (shm: the abort word; gloo: rank 0's
@@ -366,6 +432,7 @@ int main(int argc, char** argv) {
       {"env_allreduce", scenario_env_allreduce},
       {"env_until_cut", scenario_env_until_cut},
       {"env_backend", scenario_env_backend},
+      {"env_every_op", scenario_env_every_op},
   };
   const std::map<std::string, void (*)(const Args&)> positional = {
       {"allreduce", scenario_allreduce},

@@ -1,7 +1,8 @@
-// Registers "gloo" when libtutti_gloo is loaded. The library is linked with --no-as-needed
+// Registers "gloo" (and "hier", built on it) when libtutti_gloo is loaded. The library is linked with --no-as-needed
 // (see backends/gloo/CMakeLists.txt), so linking tutti::gloo is enough even in a program that
 // names none of its symbols.
 #include "gloo_backend.h"
+#include "hier_backend.h"
 #include "tutti/backend.h"
 
 namespace {
@@ -16,6 +17,18 @@ struct RegisterGloo {
     info.scope = tutti::BackendInfo::Scope::kAnyHost;  // TCP: "auto" across hosts
     info.priority = 10;
     tutti::register_collective_backend(std::move(info));
+
+    // Two levels (shm on each host, Gloo between hosts): "auto" takes it for ranks on several
+    // hosts with several on one.
+    tutti::BackendInfo hier;
+    hier.name = "hier";
+    hier.factory = [](const tutti::BackendContext& ctx) {
+      return std::make_unique<tutti::gloo_backend::HierBackend>(ctx);
+    };
+    hier.scope = tutti::BackendInfo::Scope::kAnyHost;
+    hier.priority = 15;
+    hier.suits = &tutti::gloo_backend::HierBackend::suits;
+    tutti::register_collective_backend(std::move(hier));
   }
 };
 

@@ -182,6 +182,10 @@ struct BackendInfo {
   std::vector<DeviceType> devices{DeviceType::kCPU};
   // "auto" takes the available CPU backend of highest priority whose scope fits the ranks' hosts.
   int priority = 0;
+  // Whether "auto" may take it for ranks on these hosts (one entry per rank), beyond its scope;
+  // null means always. For backends that only pay off for some layouts (hier: several hosts
+  // with several ranks on one).
+  std::function<bool(const std::vector<std::string>& hosts)> suits;
 };
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendContext&)>;
@@ -201,5 +205,10 @@ TUTTI_API bool is_registered_collective_backend(std::string_view name);
 TUTTI_API bool is_backend_available(std::string_view name);
 // Registered names, lower case, sorted.
 TUTTI_API std::vector<std::string> registered_collective_backends();
+// Makes a backend of a registered name with `ctx` (collective over ctx's ranks, like the
+// factory): for backends built from others. Error(kUnavailable) when the name is unknown or
+// not available here.
+TUTTI_API std::unique_ptr<Backend> create_collective_backend(std::string_view name,
+                                                             const BackendContext& ctx);
 
 }  // namespace tutti

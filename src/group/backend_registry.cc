@@ -73,6 +73,7 @@ BackendInfo choose_auto_backend(const std::vector<std::string>& hosts) {
   for (const auto& info : all) {
     if (!on_cpu(info) || !usable(info)) continue;
     if (info.scope == BackendInfo::Scope::kOneHost && !one_host) continue;
+    if (info.suits && !info.suits(hosts)) continue;
     if (best == nullptr || info.priority > best->priority) best = &info;
   }
   if (best == nullptr) {
@@ -141,6 +142,18 @@ bool is_backend_available(std::string_view name) {
     info = it->second;
   }
   return detail::usable(info);
+}
+
+std::unique_ptr<Backend> create_collective_backend(std::string_view name,
+                                                   const BackendContext& ctx) {
+  const BackendInfo info = detail::find_backend(name);
+  if (!detail::usable(info)) {
+    throw Error(ErrorCode::kUnavailable,
+                "backend '" + info.name + "' is registered but not available here");
+  }
+  auto backend = info.factory(ctx);
+  if (!backend) throw Error(ErrorCode::kInternal, "backend '" + info.name + "': factory returned null");
+  return backend;
 }
 
 std::vector<std::string> registered_collective_backends() {
