@@ -49,8 +49,8 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
                    2 ranks)
   --transport T    transfer: shm (default), socket, or a registered transport
   --mode M         transfer: copy (default: get into a buffer) or borrow (a zero-copy view)
-  --backend NAME   auto (default: TUTTI_BACKEND, else auto = shm on one host, else gloo),
-                   shm, gloo
+  --backend NAME   auto (default: TUTTI_BACKEND, else auto = shm on one host, hier across
+                   hosts with several ranks on one, else gloo), shm, gloo, hier, nccl
   --ranks N        start N local ranks through tutti-run (else: the launcher's environment,
                    or a single rank)
   -b SIZE          smallest message (default 8); sizes take K, M, G suffixes (powers of 1024)

@@ -18,13 +18,7 @@ using Clock = std::chrono::steady_clock;
 
 // What a level's collective is named and tagged by.
 OpSignature signature(OpType op, const TensorView& t, int root, int reduce_op) {
-  OpSignature s;
-  s.op = op;
-  s.dtype = t.dtype();
-  s.count = t.numel();
-  s.root = root;
-  s.reduce_op = reduce_op;
-  return s;
+  return detail::signature_of(op, t, root, reduce_op);
 }
 
 }  // namespace

@@ -24,16 +24,7 @@ uint64_t pair_of(int a, int b) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
 }
 
-// An op's signature: op, dtype and element count of `t`, root and reduce op as given.
-OpSignature signature_of(OpType op, const TensorView& t, int root = -1, int reduce_op = -1) {
-  OpSignature sig;
-  sig.op = op;
-  sig.dtype = t.dtype();
-  sig.count = t.numel();
-  sig.root = root;
-  sig.reduce_op = reduce_op;
-  return sig;
-}
+using detail::signature_of;
 
 // Block r of a single buffer, shaped like `like` (what the list forms expect).
 TensorView block(const TensorView& buffer, int r, const TensorView& like) {

@@ -136,6 +136,18 @@ inline uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst) {
       .folded();
 }
 
+// An op's signature: op, dtype and element count of `t`, root and reduce op as given.
+inline OpSignature signature_of(OpType op, const TensorView& t, int root = -1,
+                                int reduce_op = -1) {
+  OpSignature sig;
+  sig.op = op;
+  sig.dtype = t.dtype();
+  sig.count = t.numel();
+  sig.root = root;
+  sig.reduce_op = reduce_op;
+  return sig;
+}
+
 // The tag of collective `seq` of signature `sig`.
 inline uint32_t collective_tag(uint64_t seq, uint64_t sig) {
   return WordMix().mix(seq).mix(sig).folded();
