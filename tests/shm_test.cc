@@ -145,6 +145,30 @@ TEST(HierProcesses, EveryOpOnLayoutsOfHosts) {
   }
 }
 
+// A rank that dies under hier (two hosts of two ranks; rank 3 is not a leader): its host's
+// leader notices through shm and names it by the group's numbering, and the others learn of it
+// from the leaders' level or their leader's abort, each within seconds, not at the timeout.
+TEST(HierProcesses, ACrashedRankIsNoticedOnEveryLevel) {
+  TempDir dir;
+  const std::vector<std::string> hosts = {"a", "a", "b", "b"};
+  auto results = run_ranks_env(
+      4, "hier", unique_name("hier-crash"),
+      [&](int r) {
+        return std::vector<std::string>{"TUTTI_HOST_ID=host-" + hosts[r], "TUTTI_TEST_CRASH_RANK=3"};
+      },
+      dir, "env_crash_noticed");
+  EXPECT_EQ(results[3].signal, SIGABRT) << results[3].output;
+  for (int r : {0, 1, 2}) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("noticed in"), std::string::npos) << results[r].output;
+  }
+  // Rank 2 shares host b with the dead rank: shm's message numbers it 1 on that level, and the
+  // legend says which rank of the group that is.
+  EXPECT_NE(results[2].output.find("died"), std::string::npos) << results[2].output;
+  EXPECT_NE(results[2].output.find("ranks 0, 1 are ranks 2, 3 of group"), std::string::npos)
+      << results[2].output;
+}
+
 TEST(ShmThreads, TwoJobsWithoutJobIdsShareAGroupName) {
   // Separate stores, the same group name and incarnation: segment names must not collide.
   auto a = create_groups(2, "shm", "same-name", std::chrono::seconds(20));

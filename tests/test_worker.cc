@@ -297,6 +297,34 @@ void scenario_env_backend(const Args&) {
   std::printf("rank %d: failed after %.0f ms naming rank %s\n", rank, ms_since(start), crash);
 }
 
+// Rank TUTTI_TEST_CRASH_RANK crashes (SIGABRT) after a first allreduce; every other rank's next
+// allreduce (timeout 20 s) must fail within 5 s with an I/O, remote or abort error, which it
+// prints: however many levels stand between a rank and the dead one (hier), it learns of the
+// death from its neighbours, never at its timeout.
+void scenario_env_crash_noticed(const Args&) {
+  init_collective_group_from_env("", "crash");
+  auto g = get_group("crash");
+  const int rank = g->rank();
+  const int crash = std::atoi(std::getenv("TUTTI_TEST_CRASH_RANK"));
+  std::vector<int32_t> v(50000, rank + 1);
+  g->allreduce(v);
+  require(v[0] == g->world_size() * (g->world_size() + 1) / 2, "first allreduce");
+  if (rank == crash) std::abort();
+  AllreduceOptions opts;
+  opts.timeout = std::chrono::milliseconds(20000);
+  const auto start = Clock::now();
+  try {
+    g->allreduce(v, opts);
+    throw std::runtime_error("allreduce succeeded with a dead rank");
+  } catch (const Error& e) {
+    require(e.code() == ErrorCode::kIoError || e.code() == ErrorCode::kRemoteError ||
+                e.code() == ErrorCode::kAborted,
+            std::string("error code ") + to_string(e.code()) + ": " + e.what());
+    require(ms_since(start) < 5000, "noticed within 5 s: " + std::string(e.what()));
+    std::printf("rank %d noticed in %.0f ms: %s\n", rank, ms_since(start), e.what());
+  }
+}
+
 // Every op on the group the environment describes, each result checked against values computed
 // here from the ranks' inputs: what the hier backend must get right on any layout of hosts
 // (its composed allreduce, broadcast and barrier, and the ops it hands to the flat level).
@@ -433,6 +461,7 @@ int main(int argc, char** argv) {
       {"env_until_cut", scenario_env_until_cut},
       {"env_backend", scenario_env_backend},
       {"env_every_op", scenario_env_every_op},
+      {"env_crash_noticed", scenario_env_crash_noticed},
   };
   const std::map<std::string, void (*)(const Args&)> positional = {
       {"allreduce", scenario_allreduce},

@@ -71,10 +71,17 @@ HierBackend::HierBackend(const BackendContext& ctx) : world_(ctx.world_size) {
     }
     return c;
   };
-  auto fill = [](Level& level, const BackendContext& c) {
+  auto fill = [&](Level& level, const BackendContext& c, const std::vector<int>& ranks) {
     level.name = std::make_shared<const std::string>(c.group_name);
     level.rank = c.rank;
     level.world = c.world_size;
+    std::string theirs, ours;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      theirs += (i == 0 ? "" : ", ") + std::to_string(i);
+      ours += (i == 0 ? "" : ", ") + std::to_string(ranks[i]);
+    }
+    level.legend = "in '" + c.group_name + "', ranks " + theirs + " are ranks " + ours +
+                   " of group '" + ctx.group_name + "'";
   };
 
   // Every member makes the levels in the same order (host, leaders, flat), and each level's
@@ -84,14 +91,14 @@ HierBackend::HierBackend(const BackendContext& ctx) : world_(ctx.world_size) {
     const BackendContext c = level_context(mine, "host" + std::to_string(host_));
     const std::string local = is_backend_available("shm") ? "shm" : "gloo";
     local_.backend = create_collective_backend(local, c);
-    fill(local_, c);
+    fill(local_, c, mine);
   }
   if (hosts.size() > 1 && mine.front() == ctx.rank) {
     std::vector<int> leaders;
     for (const auto& m : members) leaders.push_back(m.front());
     const BackendContext c = level_context(leaders, "leaders");
     leaders_.backend = std::make_unique<GlooBackend>(c);
-    fill(leaders_, c);
+    fill(leaders_, c, leaders);
   }
   std::vector<int> everyone(world_);
   for (int r = 0; r < world_; ++r) everyone[r] = r;
@@ -121,7 +128,7 @@ void HierBackend::run(Level& level, OpType op, const OpSignature& signature,
     WorkPtr work = issue(*level.backend, c);
     if (work) work->wait();
   } catch (const Error& e) {
-    throw Error(e.code(), parent.description() + ": " + e.what());
+    throw Error(e.code(), parent.description() + ": " + e.what() + " (" + level.legend + ")");
   }
 }
 

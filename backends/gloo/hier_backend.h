@@ -81,6 +81,9 @@ class HierBackend final : public Backend {
     int rank = 0;
     int world = 1;
     uint64_t seq = 0;  // the level's collectives, in the same order on each of its ranks
+    // For messages, whose ranks are the level's: "in 'g/host1', ranks 0, 1 are ranks 2, 3 of
+    // group 'g'".
+    std::string legend;
   };
 
   // Runs one collective of `level` for the parent op `parent`, within the parent's deadline;
