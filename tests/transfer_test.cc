@@ -3,12 +3,15 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
 
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -750,6 +753,51 @@ TEST_F(Transfer, ForgedRefsAreRefusedNotFollowed) {
   }, ErrorCode::kInvalidArgument);
   // Still served as it should be.
   EXPECT_EQ(consumer->get(real).tensors()[0].nbytes(), 64u);
+}
+
+// An agent of another tutti build (here: a hello as it was before the protocol had a version)
+// is refused by name, not misread. The hello is written by hand: a frame is a little-endian u32
+// length (payload + 1), a type byte (1: hello) and the payload (identity, proof, version).
+TEST_F(Transfer, AnAgentSpeakingAnotherProtocolIsRefusedByName) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string name = "tutti-agent/" + owner->identity().uuid_text();
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());  // abstract: a leading NUL
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), len), 0) << std::strerror(errno);
+  auto u32 = [](std::string& out, uint32_t v) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  std::string identity(16, '\x07');           // uuid
+  identity += std::string(16, '\x09');         // host key
+  u32(identity, static_cast<uint32_t>(::getpid()));
+  identity += std::string(8, '\0');            // start time
+  identity += std::string(1, '\0');            // no TCP endpoint
+  identity += std::string(1, '\x03') + "old";  // its name
+  std::string payload;
+  u32(payload, static_cast<uint32_t>(identity.size()));
+  payload += identity;
+  u32(payload, 0);  // no proof, and then no version: protocol 0
+  std::string frame;
+  u32(frame, static_cast<uint32_t>(payload.size() + 1));
+  frame.push_back(1);
+  frame += payload;
+  ASSERT_EQ(::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
+  // The answer: an error frame naming both protocols, then the owner hangs up.
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) answer.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  ASSERT_GT(answer.size(), 5u);
+  EXPECT_EQ(answer[4], 10) << "an error frame (type 10)";
+  EXPECT_NE(answer.find("agent 'old' speaks the direct transport's protocol 0, this agent 1"),
+            std::string::npos)
+      << answer.substr(5);
+  // The owner goes on serving agents of its own build.
+  TensorView shared = owner->allocate(16);
+  EXPECT_EQ(consumer->get(owner->put({shared}).ref()).tensors()[0].nbytes(), 16u);
 }
 
 TEST_F(Transfer, MisusedTargetsHandlesAndTimeouts) {

@@ -291,6 +291,7 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
   } else {
     w.str32("");
   }
+  w.u32(kProtocolVersion);
   std::vector<int> fds;
   if (peer.local) fds.push_back(peer.lane->fd());
   conn->send(MsgType::kHello, w.out(), fds, deadline, cancelled);
@@ -299,7 +300,23 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
     for (int f : m.fds) ::close(f);
     throw_error_payload(m.payload);
   }
-  const AgentIdentity them = decode_identity(m.payload);
+  AgentIdentity them;
+  uint32_t version = 0;
+  try {
+    WireReader r(m.payload, "the hello's reply from " + owner_text(owner));
+    them = decode_identity(r.str32("identity", 4096));
+    version = r.u32("protocol version");
+  } catch (...) {
+    for (int f : m.fds) ::close(f);
+    throw;
+  }
+  if (version != kProtocolVersion) {
+    for (int f : m.fds) ::close(f);
+    throw Error(ErrorCode::kInvalidUsage,
+                owner_text(owner) + " speaks the direct transport's protocol " +
+                    std::to_string(version) + ", this agent " +
+                    std::to_string(kProtocolVersion) + " (different tutti versions)");
+  }
   if (them.uuid != owner.uuid) {
     for (int f : m.fds) ::close(f);
     throw Error(ErrorCode::kIoError, "a different agent ('" + them.name + "') answers at " +

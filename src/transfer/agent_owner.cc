@@ -756,15 +756,24 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
             }
             AgentIdentity them;
             std::string proof;
+            uint32_t version = 0;
             try {
               them = decode_identity(r.str32("identity", 4096));
               proof = r.str32("proof", 64);
+              // A hello from before versions ends after the proof: protocol 0.
+              version = r.left() >= 4 ? r.u32("protocol version") : 0;
             } catch (...) {
               for (int f : m.fds) ::close(f);
               throw;
             }
             std::string refused;
-            if (!options.secret.empty()) {
+            if (version != kProtocolVersion) {
+              refused = "hello to " + who() + ": agent '" + them.name +
+                        "' speaks the direct transport's protocol " + std::to_string(version) +
+                        ", this agent " + std::to_string(kProtocolVersion) +
+                        " (different tutti versions)";
+            }
+            if (refused.empty() && !options.secret.empty()) {
               const auto want = hmac_sha256(options.secret, identity.uuid_text() + them.uuid_text());
               if (proof != std::string(reinterpret_cast<const char*>(want.data()), want.size())) {
                 refused = "hello to " + who() + ": agent '" + them.name +
@@ -816,7 +825,10 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
             }
             std::vector<int> fds;
             if (local) fds.push_back(slots.fd());
-            reply(encode_identity(identity), fds);
+            WireWriter answer;
+            answer.str32(encode_identity(identity));
+            answer.u32(kProtocolVersion);
+            reply(answer.out(), fds);
             break;
           }
           case MsgType::kCall: {

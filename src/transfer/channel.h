@@ -16,8 +16,14 @@ namespace tutti::detail {
 
 using Clock = std::chrono::steady_clock;
 
+// The agents' protocol, said in the hello and its reply: agents of different tutti builds whose
+// messages differ refuse each other by name instead of misreading each other. Raise it with any
+// change to a message's layout.
+constexpr uint32_t kProtocolVersion = 1;
+
 enum class MsgType : uint8_t {
-  kHello = 1,    // consumer -> owner: who it is (+ its lease lane); reply: who the owner is
+  kHello = 1,    // consumer -> owner: who it is, its proof, its protocol version (+ its lease
+                 // lane); reply: who the owner is and its protocol version
   kCall,         // a transport's request to its owner side
   kWait,         // wait until a reserved object is fulfilled or failed
   kGot,          // a get of an object with expected gets completed
