@@ -113,5 +113,34 @@ TEST(Registry, ABackendFailingOnOneRankFailsTheOthersNamingIt) {
   });
 }
 
+// A rank whose backend comes up after another rank gave up waiting for it is told so, instead of
+// returning a group whose peers have gone.
+TEST(Registry, ARankUpAfterTheOthersGaveUpIsToldSo) {
+  register_collective_backend("late-on-rank-1", [](const BackendContext& ctx) {
+    if (ctx.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    return std::make_unique<NullBackend>();
+  });
+  auto store = std::make_shared<HashStore>(std::chrono::milliseconds(10000));
+  const std::string name = unique_name("late");
+  run_ranks(2, [&](int r) {
+    GroupOptions options;
+    options.store = store;
+    options.timeout = std::chrono::milliseconds(500);
+    try {
+      CollectiveGroup::create(2, r, "late-on-rank-1", name, options);
+      ADD_FAILURE() << "rank " << r << ": init succeeded";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (r == 0) {
+        EXPECT_EQ(e.code(), ErrorCode::kTimeout) << what;
+        EXPECT_NE(what.find("rank(s) 1 not up"), std::string::npos) << what;
+      } else {
+        EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
+        EXPECT_NE(what.find("failed on rank 0: timed out"), std::string::npos) << what;
+      }
+    }
+  });
+}
+
 }  // namespace
 }  // namespace tutti::testing

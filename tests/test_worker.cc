@@ -386,6 +386,17 @@ void scenario_env_every_op(const Args&) {
     g->batch_isend_irecv({P2POp::send(out, next), P2POp::recv(in, prev)})->wait();
     for (int32_t x : in) require(x == prev, "send and receive around the ring");
   }
+  // A subgroup of one rank inherits the backend only where it suits its hosts: hier does not
+  // suit one host, so that subgroup takes what "auto" takes there (shm).
+  auto alone = g->split({0});
+  if (rank == 0) {
+    require(alone != nullptr, "rank 0's subgroup");
+    require(g->backend_name() != "hier" || alone->backend_name() == "shm",
+            "a one-rank split of a hier group is shm, got " + alone->backend_name());
+    std::vector<int32_t> one(3, 7);
+    alone->allreduce(one);
+    require(one[2] == 7, "allreduce on a subgroup of one");
+  }
   destroy_collective_group("every");
   std::printf("rank %d: every op checked\n", rank);
 }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 
@@ -159,7 +160,12 @@ void GlooConnections::reset_all() {
 int GlooConnections::rank_in(const std::string& message) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [name, r] : gloo_names_) {
-    if (message.find(name) != std::string::npos) return r;
+    // "[ip]:1654" is not "[ip]:16540": the port must end where the message's does.
+    for (size_t at = message.find(name); at != std::string::npos;
+         at = message.find(name, at + 1)) {
+      const size_t end = at + name.size();
+      if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) return r;
+    }
   }
   return -1;
 }

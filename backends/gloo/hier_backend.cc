@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 
 #include "gloo_backend.h"
@@ -9,6 +10,7 @@
 #include "tensor/reduction.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"
+#include "util/deadline.h"
 #include "util/logging.h"
 
 namespace tutti::gloo_backend {
@@ -67,7 +69,7 @@ HierBackend::HierBackend(const BackendContext& ctx) : world_(ctx.world_size) {
       c.hosts.push_back(ctx.hosts[r]);
       c.pids.push_back(r < static_cast<int>(ctx.pids.size()) ? ctx.pids[r] : 0);
       c.global_ranks.push_back(r < static_cast<int>(ctx.global_ranks.size()) ? ctx.global_ranks[r]
-                                                                              : r);
+                                                                             : r);
     }
     return c;
   };
@@ -86,32 +88,44 @@ HierBackend::HierBackend(const BackendContext& ctx) : world_(ctx.world_size) {
 
   // Every member makes the levels in the same order (host, leaders, flat), and each level's
   // making waits only for its own members, so no two ranks wait on each other crosswise.
+  // A level's failure to form says which level, and which of the group's ranks its ranks are.
+  auto make = [&](Level& level, const BackendContext& c, const std::vector<int>& ranks,
+                  const std::function<std::unique_ptr<Backend>()>& factory) {
+    fill(level, c, ranks);
+    try {
+      level.backend = factory();
+    } catch (const Error& e) {
+      throw Error(e.code(),
+                  "making level '" + c.group_name + "': " + e.what() + " (" + level.legend + ")");
+    }
+  };
   const std::vector<int>& mine = members[host_];
   if (mine.size() > 1) {
     const BackendContext c = level_context(mine, "host" + std::to_string(host_));
     const std::string local = is_backend_available("shm") ? "shm" : "gloo";
-    local_.backend = create_collective_backend(local, c);
-    fill(local_, c, mine);
+    make(local_, c, mine, [&] { return create_collective_backend(local, c); });
   }
   if (hosts.size() > 1 && mine.front() == ctx.rank) {
     std::vector<int> leaders;
     for (const auto& m : members) leaders.push_back(m.front());
     const BackendContext c = level_context(leaders, "leaders");
-    leaders_.backend = std::make_unique<GlooBackend>(c);
-    fill(leaders_, c, leaders);
+    make(leaders_, c, leaders, [&] { return std::make_unique<GlooBackend>(c); });
   }
   std::vector<int> everyone(world_);
   for (int r = 0; r < world_; ++r) everyone[r] = r;
-  flat_ = std::make_unique<GlooBackend>(level_context(everyone, "flat"));
-  TUTTI_LOG_DEBUG("hier: rank {}/{} on host {} of {} ({} rank(s) there{})", ctx.rank, world_,
-                  host_, hosts.size(), mine.size(), leaders_.backend ? ", its leader" : "");
+  Level flat;
+  const BackendContext c = level_context(everyone, "flat");
+  make(flat, c, everyone, [&] { return std::make_unique<GlooBackend>(c); });
+  flat_ = std::move(flat.backend);
+  TUTTI_LOG_DEBUG("hier: rank {}/{} on host {} of {} ({} rank(s) there{})", ctx.rank, world_, host_,
+                  hosts.size(), mine.size(), leaders_.backend ? ", its leader" : "");
 }
 
 HierBackend::~HierBackend() = default;
 
 template <typename Issue>
 void HierBackend::run(Level& level, OpType op, const OpSignature& signature,
-                      const OpContext& parent, Issue&& issue) {
+                      const OpContext& parent, Clock::time_point deadline, Issue&& issue) {
   OpContext c;
   c.op = op;
   c.seq = level.seq++;
@@ -121,9 +135,7 @@ void HierBackend::run(Level& level, OpType op, const OpSignature& signature,
   c.rank = level.rank;
   c.world_size = level.world;
   // What is left of the parent op's time (at least a millisecond: the level then times out).
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(parent.deadline() -
-                                                                          Clock::now());
-  c.timeout = std::max(std::chrono::milliseconds(1), left);
+  c.timeout = std::max(std::chrono::milliseconds(1), detail::time_left(deadline));
   try {
     WorkPtr work = issue(*level.backend, c);
     if (work) work->wait();
@@ -133,8 +145,9 @@ void HierBackend::run(Level& level, OpType op, const OpSignature& signature,
 }
 
 HierBackend::WorkPtr HierBackend::allreduce(const std::vector<TensorView>& tensors,
-                               const AllreduceOptions& opts, const OpContext& ctx) {
+                                            const AllreduceOptions& opts, const OpContext& ctx) {
   const TensorView& t = tensors.at(0);
+  const auto deadline = ctx.deadline();  // the whole op's: each level gets what is left
   // An average is a sum through the levels, divided once on each host.
   const bool average = opts.reduce_op == ReduceOp::kAvg;
   const ReduceOp op = average ? ReduceOp::kSum : opts.reduce_op;
@@ -143,13 +156,13 @@ HierBackend::WorkPtr HierBackend::allreduce(const std::vector<TensorView>& tenso
     o.reduce_op = op;
     o.root_rank = 0;
     run(local_, OpType::kReduce, signature(OpType::kReduce, t, 0, static_cast<int>(op)), ctx,
-        [&](Backend& b, const OpContext& c) { return b.reduce({t}, o, c); });
+        deadline, [&](Backend& b, const OpContext& c) { return b.reduce({t}, o, c); });
   }
   if (leaders_.backend) {
     AllreduceOptions o;
     o.reduce_op = op;
     run(leaders_, OpType::kAllreduce, signature(OpType::kAllreduce, t, -1, static_cast<int>(op)),
-        ctx, [&](Backend& b, const OpContext& c) { return b.allreduce({t}, o, c); });
+        ctx, deadline, [&](Backend& b, const OpContext& c) { return b.allreduce({t}, o, c); });
   }
   if (average && local_index_[ctx.rank] == 0) {
     detail::scale_average(t.data(), t.dtype(), static_cast<size_t>(t.numel()), world_);
@@ -157,33 +170,34 @@ HierBackend::WorkPtr HierBackend::allreduce(const std::vector<TensorView>& tenso
   if (local_.backend) {
     BroadcastOptions o;
     o.root_rank = 0;
-    run(local_, OpType::kBroadcast, signature(OpType::kBroadcast, t, 0, -1), ctx,
+    run(local_, OpType::kBroadcast, signature(OpType::kBroadcast, t, 0, -1), ctx, deadline,
         [&](Backend& b, const OpContext& c) { return b.broadcast({t}, o, c); });
   }
   return nullptr;
 }
 
 HierBackend::WorkPtr HierBackend::broadcast(const std::vector<TensorView>& tensors,
-                               const BroadcastOptions& opts, const OpContext& ctx) {
+                                            const BroadcastOptions& opts, const OpContext& ctx) {
   const TensorView& t = tensors.at(0);
+  const auto deadline = ctx.deadline();
   const int root_host = host_of_.at(opts.root_rank);
   // The root's host first (its leader then holds the data), then the leaders, then the others.
   if (local_.backend && host_ == root_host) {
     BroadcastOptions o;
     o.root_rank = local_index_[opts.root_rank];
     run(local_, OpType::kBroadcast, signature(OpType::kBroadcast, t, o.root_rank, -1), ctx,
-        [&](Backend& b, const OpContext& c) { return b.broadcast({t}, o, c); });
+        deadline, [&](Backend& b, const OpContext& c) { return b.broadcast({t}, o, c); });
   }
   if (leaders_.backend) {
     BroadcastOptions o;
     o.root_rank = root_host;
     run(leaders_, OpType::kBroadcast, signature(OpType::kBroadcast, t, root_host, -1), ctx,
-        [&](Backend& b, const OpContext& c) { return b.broadcast({t}, o, c); });
+        deadline, [&](Backend& b, const OpContext& c) { return b.broadcast({t}, o, c); });
   }
   if (local_.backend && host_ != root_host) {
     BroadcastOptions o;
     o.root_rank = 0;
-    run(local_, OpType::kBroadcast, signature(OpType::kBroadcast, t, 0, -1), ctx,
+    run(local_, OpType::kBroadcast, signature(OpType::kBroadcast, t, 0, -1), ctx, deadline,
         [&](Backend& b, const OpContext& c) { return b.broadcast({t}, o, c); });
   }
   return nullptr;
@@ -191,84 +205,90 @@ HierBackend::WorkPtr HierBackend::broadcast(const std::vector<TensorView>& tenso
 
 HierBackend::WorkPtr HierBackend::barrier(const BarrierOptions& opts, const OpContext& ctx) {
   // Every rank of a host has arrived, then every host, then every rank learns it.
+  const auto deadline = ctx.deadline();
   OpSignature s;
   s.op = OpType::kBarrier;
   auto issue = [&](Backend& b, const OpContext& c) { return b.barrier(opts, c); };
-  if (local_.backend) run(local_, OpType::kBarrier, s, ctx, issue);
-  if (leaders_.backend) run(leaders_, OpType::kBarrier, s, ctx, issue);
-  if (local_.backend) run(local_, OpType::kBarrier, s, ctx, issue);
+  if (local_.backend) run(local_, OpType::kBarrier, s, ctx, deadline, issue);
+  if (leaders_.backend) run(leaders_, OpType::kBarrier, s, ctx, deadline, issue);
+  if (local_.backend) run(local_, OpType::kBarrier, s, ctx, deadline, issue);
   return nullptr;
 }
 
-HierBackend::WorkPtr HierBackend::reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
-                            const OpContext& ctx) {
+HierBackend::WorkPtr HierBackend::reduce(const std::vector<TensorView>& tensors,
+                                         const ReduceOptions& opts, const OpContext& ctx) {
   return flat_->reduce(tensors, opts, ctx);
 }
 
 HierBackend::WorkPtr HierBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
-                               const std::vector<TensorView>& inputs,
-                               const AllgatherOptions& opts, const OpContext& ctx) {
+                                            const std::vector<TensorView>& inputs,
+                                            const AllgatherOptions& opts, const OpContext& ctx) {
   return flat_->allgather(outputs, inputs, opts, ctx);
 }
 
 HierBackend::WorkPtr HierBackend::allgather_into(const TensorView& output, const TensorView& input,
-                                    const AllgatherOptions& opts, const OpContext& ctx) {
+                                                 const AllgatherOptions& opts,
+                                                 const OpContext& ctx) {
   return flat_->allgather_into(output, input, opts, ctx);
 }
 
 HierBackend::WorkPtr HierBackend::allgatherv(const TensorView& output, const TensorView& input,
-                                const std::vector<int64_t>& counts,
-                                const AllgathervOptions& opts, const OpContext& ctx) {
+                                             const std::vector<int64_t>& counts,
+                                             const AllgathervOptions& opts, const OpContext& ctx) {
   return flat_->allgatherv(output, input, counts, opts, ctx);
 }
 
 HierBackend::WorkPtr HierBackend::reduce_scatter(const std::vector<TensorView>& outputs,
-                                    const std::vector<std::vector<TensorView>>& inputs,
-                                    const ReduceScatterOptions& opts, const OpContext& ctx) {
+                                                 const std::vector<std::vector<TensorView>>& inputs,
+                                                 const ReduceScatterOptions& opts,
+                                                 const OpContext& ctx) {
   return flat_->reduce_scatter(outputs, inputs, opts, ctx);
 }
 
-HierBackend::WorkPtr HierBackend::reduce_scatter_from(const TensorView& output, const TensorView& input,
-                                         const ReduceScatterOptions& opts,
-                                         const OpContext& ctx) {
+HierBackend::WorkPtr HierBackend::reduce_scatter_from(const TensorView& output,
+                                                      const TensorView& input,
+                                                      const ReduceScatterOptions& opts,
+                                                      const OpContext& ctx) {
   return flat_->reduce_scatter_from(output, input, opts, ctx);
 }
 
 HierBackend::WorkPtr HierBackend::alltoall(const std::vector<TensorView>& outputs,
-                              const std::vector<TensorView>& inputs, const AlltoallOptions& opts,
-                              const OpContext& ctx) {
+                                           const std::vector<TensorView>& inputs,
+                                           const AlltoallOptions& opts, const OpContext& ctx) {
   return flat_->alltoall(outputs, inputs, opts, ctx);
 }
 
 HierBackend::WorkPtr HierBackend::alltoall_base(const TensorView& output, const TensorView& input,
-                                   const std::vector<int64_t>& output_counts,
-                                   const std::vector<int64_t>& input_counts,
-                                   const AlltoallOptions& opts, const OpContext& ctx) {
+                                                const std::vector<int64_t>& output_counts,
+                                                const std::vector<int64_t>& input_counts,
+                                                const AlltoallOptions& opts, const OpContext& ctx) {
   return flat_->alltoall_base(output, input, output_counts, input_counts, opts, ctx);
 }
 
-HierBackend::WorkPtr HierBackend::gather(const std::vector<TensorView>& outputs, const TensorView& input,
-                            const GatherOptions& opts, const OpContext& ctx) {
+HierBackend::WorkPtr HierBackend::gather(const std::vector<TensorView>& outputs,
+                                         const TensorView& input, const GatherOptions& opts,
+                                         const OpContext& ctx) {
   return flat_->gather(outputs, input, opts, ctx);
 }
 
-HierBackend::WorkPtr HierBackend::scatter(const TensorView& output, const std::vector<TensorView>& inputs,
-                             const ScatterOptions& opts, const OpContext& ctx) {
+HierBackend::WorkPtr HierBackend::scatter(const TensorView& output,
+                                          const std::vector<TensorView>& inputs,
+                                          const ScatterOptions& opts, const OpContext& ctx) {
   return flat_->scatter(output, inputs, opts, ctx);
 }
 
 HierBackend::WorkPtr HierBackend::send(const std::vector<TensorView>& tensors, int dst_rank,
-                          const SendOptions& opts, const OpContext& ctx) {
+                                       const SendOptions& opts, const OpContext& ctx) {
   return flat_->send(tensors, dst_rank, opts, ctx);
 }
 
 HierBackend::WorkPtr HierBackend::recv(const std::vector<TensorView>& tensors, int src_rank,
-                          const RecvOptions& opts, const OpContext& ctx) {
+                                       const RecvOptions& opts, const OpContext& ctx) {
   return flat_->recv(tensors, src_rank, opts, ctx);
 }
 
 HierBackend::WorkPtr HierBackend::batch_p2p(const std::vector<P2PRequest>& requests,
-                               const BatchP2POptions& opts, const OpContext& ctx) {
+                                            const BatchP2POptions& opts, const OpContext& ctx) {
   return flat_->batch_p2p(requests, opts, ctx);
 }
 

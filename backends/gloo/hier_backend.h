@@ -13,6 +13,7 @@
 // of any backend; abort() aborts every level.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,15 +87,16 @@ class HierBackend final : public Backend {
     std::string legend;
   };
 
-  // Runs one collective of `level` for the parent op `parent`, within the parent's deadline;
-  // its failure names the parent op, then the level's.
+  // Runs one collective of `level` for the parent op `parent`, within what is left until the
+  // parent op's `deadline` (taken once, when it started); its failure names the parent op, then
+  // the level's.
   template <typename Issue>
   void run(Level& level, OpType op, const OpSignature& signature, const OpContext& parent,
-           Issue&& issue);
+           std::chrono::steady_clock::time_point deadline, Issue&& issue);
 
-  int host_ = 0;                   // this rank's host, numbered by first appearance in rank order
-  std::vector<int> host_of_;       // by rank
-  std::vector<int> local_index_;   // by rank: its index among its host's ranks
+  int host_ = 0;                  // this rank's host, numbered by first appearance in rank order
+  std::vector<int> host_of_;      // by rank
+  std::vector<int> local_index_;  // by rank: its index among its host's ranks
   int world_ = 1;
   Level local_;    // this host's ranks; no backend when alone on its host
   Level leaders_;  // one rank per host; no backend off the leaders, or on one host

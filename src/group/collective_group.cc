@@ -196,7 +196,18 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
       TUTTI_LOG_DEBUG("{}: no departure notice: {}", s->describe(), e.what());
     }
   }
-  attach_backend(*s, info, backend_context(*s), ctx);
+  try {
+    attach_backend(*s, info, backend_context(*s), ctx);
+  } catch (const Error&) {
+    // This process no longer holds the rank: its record says so and its join is forgotten
+    // (best effort: the store may be what failed).
+    try {
+      detail::leave(*choice.store, m.scope, rank, mine);
+    } catch (const Error&) {
+      detail::forget_join(mine);
+    }
+    throw;
+  }
   TUTTI_LOG_INFO("joined {} with backend '{}' (incarnation {}) in {:.1f} ms", s->describe(),
                  info.name, m.incarnation,
                  std::chrono::duration<double, std::milli>(Clock::now() - start).count());
@@ -263,6 +274,11 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
     return detail::meet(*s.ledger, base, sub_world, sub_rank, mine, timeout);
   });
   if (requested == "auto") {
+    info = prefixed(sub_ctx + ": backend 'auto'",
+                    [&] { return detail::choose_auto_backend(m.hosts()); });
+  } else if (options.backend.empty() && info.suits && !info.suits(m.hosts())) {
+    // The parent's backend, inherited, does not suit the subgroup's hosts (hier for ranks on one
+    // host): the subgroup takes what "auto" takes for them.
     info = prefixed(sub_ctx + ": backend 'auto'",
                     [&] { return detail::choose_auto_backend(m.hosts()); });
   }

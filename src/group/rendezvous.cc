@@ -466,12 +466,19 @@ void settle_backends(Store& store, const std::string& scope, int world_size, int
         for (int m = r; m < world_size; ++m) {
           if (!store.check({up_key(m)})) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
         }
-        throw Error(ErrorCode::kTimeout, "timed out after " + std::to_string(timeout.count()) +
-                                             " ms waiting for the other ranks' backends: rank(s) " +
-                                             missing + " not up");
+        const std::string why = "timed out after " + std::to_string(timeout.count()) +
+                                " ms waiting for the other ranks' backends: rank(s) " + missing +
+                                " not up";
+        // A late rank must not take the group for formed once this one has given up on it.
+        store.compare_set(failed_key, "", "rank " + std::to_string(rank) + ": " + why);
+        throw Error(ErrorCode::kTimeout, why);
       }
       nap_on(store, up_key(r), backoff.next(deadline));
     }
+  }
+  // Every rank was up, unless one gave up in the meantime (its timeout, as this rank arrived).
+  if (store.check({failed_key})) {
+    throw Error(ErrorCode::kRemoteError, "failed on " + store.get(failed_key));
   }
 }
 

@@ -71,10 +71,13 @@ Membership meet(Store& store, const std::string& base, int world_size, int rank,
 // The round after each rank made its backend: a rank says its backend is up (`failure` empty)
 // or why it failed, and one whose backend is up waits until every rank's is. So no rank returns
 // from init or split, and may destroy the group and close its connections, while another is still
-// connecting to it; and a rank whose backend failed fails the others at once (kRemoteError,
-// naming it and why) instead of at their timeout. kTimeout names the ranks not up. Returns at
-// once for a failure (the caller rethrows its own error). Messages are not prefixed with the
-// group: the caller does that.
+// connecting to it; and a rank whose backend failed fails the others that reached this round at
+// once (kRemoteError, naming it and why) instead of at their timeout (a rank still inside its
+// own backend's making, waiting on the failed one, learns at that backend's timeout). kTimeout
+// names the ranks not up, and is published too: a rank that comes up later fails with
+// kRemoteError rather than take the group for formed. Returns at once for a failure (the
+// caller rethrows its own error). Messages are not prefixed with the group: the caller does
+// that.
 void settle_backends(Store& store, const std::string& scope, int world_size, int rank,
                      const std::string& failure, std::chrono::milliseconds timeout);
 
