@@ -1,6 +1,8 @@
 // Subgroups: split and new_group, ranks as threads.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <numeric>
 
 #include "test_util.h"
@@ -146,6 +148,45 @@ TEST_P(Split, RanksThatDisagreeFailNamingBothLists) {
       EXPECT_NE(what.find("split of group"), std::string::npos) << what;
     }
   });
+}
+
+// A split waits for its members in the parent's store while it holds the parent: abort() and
+// destroy() of the parent from another thread end that wait at once (kAborted), not at the
+// split's timeout (30 s here). Rank 2 never splits.
+TEST_P(Split, AbortAndDestroyOfTheParentEndAWaitingSplit) {
+  for (const bool destroy : {false, true}) {
+    auto parents = create_groups(3, GetParam(), unique_name("stopsplit"), milliseconds(30000));
+    double ended_ms = 0;
+    std::string what;
+    ErrorCode code = ErrorCode::kInternal;
+    std::thread splitter([&] {
+      parents[0]->issue_from_this_thread();
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        parents[0]->split({0, 1, 2});
+      } catch (const Error& e) {
+        code = e.code();
+        what = e.what();
+      }
+      ended_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                           start).count();
+    });
+    std::this_thread::sleep_for(milliseconds(300));
+    const auto stop = std::chrono::steady_clock::now();
+    if (destroy) {
+      parents[0]->destroy();
+    } else {
+      parents[0]->abort("stop splitting");
+    }
+    const double stop_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stop).count();
+    splitter.join();
+    EXPECT_EQ(code, ErrorCode::kAborted) << what;
+    EXPECT_NE(what.find(destroy ? "destroyed" : "stop splitting"), std::string::npos) << what;
+    EXPECT_NE(what.find("split of group"), std::string::npos) << what;
+    EXPECT_LT(ended_ms, 300 + 3000) << what;
+    EXPECT_LT(stop_ms, 3000) << (destroy ? "destroy" : "abort") << " waited for the split";
+  }
 }
 
 TEST_P(Split, BadListsFailBeforeAnyIO) {

@@ -16,6 +16,7 @@
 #include "group/op_check.h"
 #include "group/rendezvous.h"
 #include "store/ledger_store.h"
+#include "store/stoppable_store.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"
 #include "tutti/store.h"
@@ -68,13 +69,14 @@ BackendContext backend_context(const CollectiveGroup::State& s) {
 // Makes the backend (from the parent's split() when it offers one, else the factory) and
 // reads what it supports.
 void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendContext bctx,
-                    const std::string& context) {
+                    const std::string& context, Store* round = nullptr) {
+  Store& round_store = round != nullptr ? *round : *s.ledger;
   std::unique_ptr<Backend> backend;
   const std::string label = context + ": backend '" + info.name + "'";
   // Tells the other ranks this rank's backend failed (best effort: the store may be the cause).
   auto tell_failed = [&](const std::string& why) {
     try {
-      detail::settle_backends(*s.ledger, s.scope, s.world_size, s.rank, why, s.timeout);
+      detail::settle_backends(round_store, s.scope, s.world_size, s.rank, why, s.timeout);
     } catch (const Error& e) {
       TUTTI_LOG_DEBUG("{}: telling the other ranks: {}", label, e.what());
     }
@@ -92,7 +94,7 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
   }
   // Every rank's backend is up before any rank returns (and may destroy it again).
   prefixed(label, [&] {
-    detail::settle_backends(*s.ledger, s.scope, s.world_size, s.rank, "", s.timeout);
+    detail::settle_backends(round_store, s.scope, s.world_size, s.rank, "", s.timeout);
   });
   for (DeviceType type : {DeviceType::kCPU, DeviceType::kCUDA}) {
     s.device_supported[static_cast<size_t>(type)] = backend->supports_device(type);
@@ -267,11 +269,23 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   const std::string sub_ctx = ctx + " into " + where(name, sub_rank, sub_world);
 
   // The members meet through the parent's store (no new server), checking that they agree on
-  // the list of ranks.
+  // the list of ranks. The parent's abort or destroy from another thread ends the split's waits
+  // (the meeting, the backend's rendezvous, the round after it) within StoppableStore::kSlice.
+  std::weak_ptr<State> parent = state_;
+  auto stoppable = std::make_shared<detail::StoppableStore>(s.ledger, [parent]() -> std::string {
+    auto p = parent.lock();
+    if (!p) return "the parent group is gone";
+    if (p->aborted.load()) {
+      std::lock_guard<std::mutex> guard(p->state_mutex);
+      return "the parent group was aborted (" + p->abort_reason + ")";
+    }
+    if (p->destroyed.load()) return "the parent group was destroyed";
+    return "";
+  });
   const detail::JoinRecord mine = detail::JoinRecord::mine(sub_world, requested + " ranks " + listed);
   const std::string base = s.scope + "/split/" + std::to_string(n);
   const detail::Membership m = prefixed(sub_ctx, [&] {
-    return detail::meet(*s.ledger, base, sub_world, sub_rank, mine, timeout);
+    return detail::meet(*stoppable, base, sub_world, sub_rank, mine, timeout);
   });
   if (requested == "auto") {
     info = prefixed(sub_ctx + ": backend 'auto'",
@@ -306,8 +320,11 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->recorder =
       detail::FlightRecorder::create({name, sub->instance, sub_rank, sub_world, info.name});
   BackendContext bctx = backend_context(*sub);
+  bctx.store = std::make_shared<PrefixStore>(sub->scope + "/backend", stoppable);
+  bctx.store->set_timeout(sub->timeout);
   if (info.name == s.backend_name) bctx.parent = s.backend.get();
-  attach_backend(*sub, info, std::move(bctx), sub_ctx);
+  attach_backend(*sub, info, std::move(bctx), sub_ctx, stoppable.get());
+  stoppable->disarm();  // the subgroup's backend keeps its store: the parent's end is not its
   TUTTI_LOG_INFO("split {} off {} with backend '{}'", sub->describe(), s.describe(), info.name);
   return std::shared_ptr<CollectiveGroup>(new CollectiveGroup(std::move(sub)));
 }
