@@ -69,6 +69,14 @@ TEST(Processes, RanksDisagreeingOnWorldSizeBothFailFast) {
   expect_all_ok(run_workers("wrong_world", 2, file_url(dir), milliseconds(60000), {"20000"}));
 }
 
+// The rank that hosts the TCP store fails its backend: it lets the others read why before its
+// departure stops the store, so they fail naming it (the worker checks each message).
+TEST(Processes, AFailingStoreHostLetsTheOthersReadWhy) {
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  auto results = run_workers("host_fails", 3, url, milliseconds(30000), {"20000"});
+  expect_all_ok(results);
+}
+
 TEST(Processes, TwoProcessesClaimingOneRankFailFast) {
   TempDir dir;
   auto results = run_workers("claim", 2, file_url(dir), milliseconds(30000), {"1500"}, {0, 0});

@@ -222,6 +222,38 @@ void scenario_claim(const Args& a) {
   throw std::runtime_error("init succeeded although rank 1 never came");
 }
 
+// Rank 0 hosts the store (a tcp:// URL) and its backend fails: the others must fail naming it
+// (kRemoteError), not with the store's "connection closed" as rank 0 leaves.
+// (The other ranks' backend needs no peer to be made, so they reach the round after it at once.)
+class NoPeersBackend : public Backend {
+ public:
+  const char* name() const override { return "no-peers"; }
+  bool supports_device(DeviceType type) const override { return type == DeviceType::kCPU; }
+  void abort(const std::string&) override {}
+};
+
+void scenario_host_fails(const Args& a) {
+  register_collective_backend("fails-on-rank-0", [](const BackendContext& ctx) -> std::unique_ptr<Backend> {
+    if (ctx.rank == 0) throw Error(ErrorCode::kUnavailable, "nothing to drive on rank 0");
+    return std::make_unique<NoPeersBackend>();
+  });
+  try {
+    init_collective_group(a.world, a.rank, "fails-on-rank-0", "hostfails", options(a));
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (a.rank == 0) {
+      require(e.code() == ErrorCode::kUnavailable, "rank 0's own error: " + what);
+    } else {
+      require(e.code() == ErrorCode::kRemoteError &&
+                  what.find("failed on rank 0: nothing to drive on rank 0") != std::string::npos,
+              "names rank 0's failure: " + what);
+    }
+    std::printf("rank %d: %s\n", a.rank, what.c_str());
+    return;
+  }
+  throw std::runtime_error("init succeeded although rank 0's backend failed");
+}
+
 // Launched by tutti-run, torchrun-, Slurm- or Open MPI-style variables: everything from env://.
 void scenario_env_allreduce(const Args&) {
   init_collective_group_from_env("", "from-env");
@@ -482,6 +514,7 @@ int main(int argc, char** argv) {
       {"mismatch", scenario_mismatch},
       {"exit_without_destroy", scenario_exit_without_destroy},
       {"claim", scenario_claim},
+      {"host_fails", scenario_host_fails},
       {"wrong_world", scenario_wrong_world},
       {"abort_mid_op", scenario_abort_mid_op},
   };

@@ -34,6 +34,10 @@ std::string where(const std::string& name, int rank, int world_size) {
 
 // How long a rank hosting the group's TCP store keeps serving, at destroy, for the others.
 constexpr std::chrono::milliseconds kHostLingerTimeout{10000};
+// How long a failing rank that hosts the store waits for the others to read why (those in the
+// round after the backends poll at least every 200 ms; a rank still making its backend does not
+// read it before that backend's own timeout, and is not waited for).
+constexpr std::chrono::milliseconds kFailureLinger{2000};
 
 // Runs fn, prefixing the message of any tutti::Error it throws with `context`.
 template <typename Fn>
@@ -73,10 +77,16 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
   Store& round_store = round != nullptr ? *round : *s.ledger;
   std::unique_ptr<Backend> backend;
   const std::string label = context + ": backend '" + info.name + "'";
+  // The rank that hosts the store stops it when it fails: it first gives the others a moment to
+  // read why.
+  auto* tcp = dynamic_cast<TCPStore*>(s.store.get());
+  const auto linger = s.owns_store && tcp != nullptr && tcp->is_hosting()
+                          ? std::min(s.timeout, kFailureLinger)
+                          : std::chrono::milliseconds(0);
   // Tells the other ranks this rank's backend failed (best effort: the store may be the cause).
   auto tell_failed = [&](const std::string& why) {
     try {
-      detail::settle_backends(round_store, s.scope, s.world_size, s.rank, why, s.timeout);
+      detail::settle_backends(round_store, s.scope, s.world_size, s.rank, why, s.timeout, linger);
     } catch (const Error& e) {
       TUTTI_LOG_DEBUG("{}: telling the other ranks: {}", label, e.what());
     }
@@ -94,7 +104,7 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
   }
   // Every rank's backend is up before any rank returns (and may destroy it again).
   prefixed(label, [&] {
-    detail::settle_backends(round_store, s.scope, s.world_size, s.rank, "", s.timeout);
+    detail::settle_backends(round_store, s.scope, s.world_size, s.rank, "", s.timeout, linger);
   });
   for (DeviceType type : {DeviceType::kCPU, DeviceType::kCUDA}) {
     s.device_supported[static_cast<size_t>(type)] = backend->supports_device(type);

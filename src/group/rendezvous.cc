@@ -443,13 +443,36 @@ Membership meet(Store& store, const std::string& base, int world_size, int rank,
 }
 
 void settle_backends(Store& store, const std::string& scope, int world_size, int rank,
-                     const std::string& failure, std::chrono::milliseconds timeout) {
+                     const std::string& failure, std::chrono::milliseconds timeout,
+                     std::chrono::milliseconds linger) {
   if (world_size <= 1) return;
   const std::string failed_key = scope + "/ready/failed";
   auto up_key = [&](int r) { return scope + "/ready/" + std::to_string(r); };
+  auto seen_key = [&](int r) { return scope + "/ready/seen/" + std::to_string(r); };
+  // Publishes this rank's failure (the first one stays: the others report the rank that failed
+  // first), then gives the others up to `linger` to read it.
+  auto publish = [&](const std::string& why) {
+    store.compare_set(failed_key, "", "rank " + std::to_string(rank) + ": " + why);
+    if (linger.count() <= 0) return;
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_size; ++r) {
+      if (r != rank) keys.push_back(seen_key(r));
+    }
+    try {
+      store.wait(keys, linger);
+    } catch (const Error&) {
+      // A rank still making its backend reads it later, or never: the linger is best effort.
+    }
+  };
+  // Another rank failed: say this one read it (the failing rank may host the store and waits
+  // for that before it goes), then fail naming it.
+  auto fail_remote = [&] {
+    const std::string what = store.get(failed_key);
+    store.set(seen_key(rank), "1");
+    throw Error(ErrorCode::kRemoteError, "failed on " + what);
+  };
   if (!failure.empty()) {
-    // The first failure stays: the others report the rank that failed first.
-    store.compare_set(failed_key, "", "rank " + std::to_string(rank) + ": " + failure);
+    publish(failure);
     return;
   }
   store.set(up_key(rank), "1");
@@ -457,10 +480,7 @@ void settle_backends(Store& store, const std::string& scope, int world_size, int
   Backoff backoff;
   for (int r = 0; r < world_size; ++r) {
     while (!store.check({up_key(r)})) {
-      if (store.check({failed_key})) {
-        throw Error(ErrorCode::kRemoteError,
-                    "failed on " + store.get(failed_key));
-      }
+      if (store.check({failed_key})) fail_remote();
       if (Clock::now() >= deadline) {
         std::string missing;
         for (int m = r; m < world_size; ++m) {
@@ -470,16 +490,14 @@ void settle_backends(Store& store, const std::string& scope, int world_size, int
                                 " ms waiting for the other ranks' backends: rank(s) " + missing +
                                 " not up";
         // A late rank must not take the group for formed once this one has given up on it.
-        store.compare_set(failed_key, "", "rank " + std::to_string(rank) + ": " + why);
+        publish(why);
         throw Error(ErrorCode::kTimeout, why);
       }
       nap_on(store, up_key(r), backoff.next(deadline));
     }
   }
   // Every rank was up, unless one gave up in the meantime (its timeout, as this rank arrived).
-  if (store.check({failed_key})) {
-    throw Error(ErrorCode::kRemoteError, "failed on " + store.get(failed_key));
-  }
+  if (store.check({failed_key})) fail_remote();
 }
 
 void leave(Store& store, const std::string& scope, int rank, const JoinRecord& mine) {
