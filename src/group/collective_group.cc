@@ -91,6 +91,20 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
       TUTTI_LOG_DEBUG("{}: telling the other ranks: {}", label, e.what());
     }
   };
+  // The backend's waits in the store end as soon as another rank's backend failed (the round
+  // after this one would fail anyway), instead of at their timeout.
+  const std::string failed_key = s.scope + "/ready/failed";
+  auto watched = std::make_shared<detail::StoppableStore>(
+      bctx.store, [&round_store, failed_key]() -> detail::StoppableStore::Stop {
+        if (!round_store.check({failed_key})) return {};
+        return {ErrorCode::kRemoteError, "failed on " + round_store.get(failed_key)};
+      });
+  watched->set_timeout(bctx.store->timeout());
+  bctx.store = watched;
+  struct Disarm {
+    detail::StoppableStore& store;
+    ~Disarm() { store.disarm(); }  // the backend keeps its store; the check is for its making
+  } disarm{*watched};
   try {
     if (bctx.parent != nullptr) backend = bctx.parent->split(bctx);
     if (!backend) backend = info.factory(bctx);
@@ -211,10 +225,12 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   try {
     attach_backend(*s, info, backend_context(*s), ctx);
   } catch (const Error&) {
-    // This process no longer holds the rank: its record says so and its join is forgotten
+    // This process no longer holds the rank: its record says so and its join is forgotten, and
+    // then it says it is done with the store, which a failing rank that hosts it waits for
     // (best effort: the store may be what failed).
     try {
       detail::leave(*choice.store, m.scope, rank, mine);
+      s->ledger->set(detail::settled_key(m.scope, rank), "1");
     } catch (const Error&) {
       detail::forget_join(mine);
     }
@@ -282,15 +298,16 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   // the list of ranks. The parent's abort or destroy from another thread ends the split's waits
   // (the meeting, the backend's rendezvous, the round after it) within StoppableStore::kSlice.
   std::weak_ptr<State> parent = state_;
-  auto stoppable = std::make_shared<detail::StoppableStore>(s.ledger, [parent]() -> std::string {
+  using Stop = detail::StoppableStore::Stop;
+  auto stoppable = std::make_shared<detail::StoppableStore>(s.ledger, [parent]() -> Stop {
     auto p = parent.lock();
-    if (!p) return "the parent group is gone";
+    if (!p) return {ErrorCode::kAborted, "the parent group is gone"};
     if (p->aborted.load()) {
       std::lock_guard<std::mutex> guard(p->state_mutex);
-      return "the parent group was aborted (" + p->abort_reason + ")";
+      return {ErrorCode::kAborted, "the parent group was aborted (" + p->abort_reason + ")"};
     }
-    if (p->destroyed.load()) return "the parent group was destroyed";
-    return "";
+    if (p->destroyed.load()) return {ErrorCode::kAborted, "the parent group was destroyed"};
+    return {};
   });
   const detail::JoinRecord mine = detail::JoinRecord::mine(sub_world, requested + " ranks " + listed);
   const std::string base = s.scope + "/split/" + std::to_string(n);

@@ -442,13 +442,17 @@ Membership meet(Store& store, const std::string& base, int world_size, int rank,
   }
 }
 
+std::string settled_key(const std::string& scope, int rank) {
+  return scope + "/ready/done/" + std::to_string(rank);
+}
+
 void settle_backends(Store& store, const std::string& scope, int world_size, int rank,
                      const std::string& failure, std::chrono::milliseconds timeout,
                      std::chrono::milliseconds linger) {
   if (world_size <= 1) return;
   const std::string failed_key = scope + "/ready/failed";
   auto up_key = [&](int r) { return scope + "/ready/" + std::to_string(r); };
-  auto seen_key = [&](int r) { return scope + "/ready/seen/" + std::to_string(r); };
+  auto seen_key = [&](int r) { return settled_key(scope, r); };
   // Publishes this rank's failure (the first one stays: the others report the rank that failed
   // first), then gives the others up to `linger` to read it.
   auto publish = [&](const std::string& why) {
@@ -464,12 +468,8 @@ void settle_backends(Store& store, const std::string& scope, int world_size, int
       // A rank still making its backend reads it later, or never: the linger is best effort.
     }
   };
-  // Another rank failed: say this one read it (the failing rank may host the store and waits
-  // for that before it goes), then fail naming it.
   auto fail_remote = [&] {
-    const std::string what = store.get(failed_key);
-    store.set(seen_key(rank), "1");
-    throw Error(ErrorCode::kRemoteError, "failed on " + what);
+    throw Error(ErrorCode::kRemoteError, "failed on " + store.get(failed_key));
   };
   if (!failure.empty()) {
     publish(failure);

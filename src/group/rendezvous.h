@@ -78,11 +78,15 @@ Membership meet(Store& store, const std::string& base, int world_size, int rank,
 // kRemoteError rather than take the group for formed. Returns at once for a failure (the
 // caller rethrows its own error). Messages are not prefixed with the group: the caller does
 // that.
-// `linger`: how long a rank that publishes a failure waits for the others to read it (the rank
-// that hosts the store, whose departure would stop it: they would learn only that it is gone).
+// `linger`: how long a rank that publishes a failure waits for the others to be done with the
+// store (each writes settled_key once its init failed and it gave its rank back): the rank that
+// hosts the store, whose departure stops it (they would learn only that it is gone).
 void settle_backends(Store& store, const std::string& scope, int world_size, int rank,
                      const std::string& failure, std::chrono::milliseconds timeout,
                      std::chrono::milliseconds linger = std::chrono::milliseconds(0));
+
+// Where a rank whose init failed says it is done with the store.
+std::string settled_key(const std::string& scope, int rank);
 
 // What a rank's group does when destroyed: marks its record as left (so it is never taken for
 // a live member) and forgets the join. May throw the store's errors; forget_join alone never.

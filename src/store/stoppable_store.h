@@ -1,11 +1,12 @@
-// A store whose calls end with kAborted once a condition holds (internal to the core).
+// A store whose waits end with an error once a condition holds (internal to the core).
 //
-// A split waits in the parent group's store (the members' meeting, the backend's rendezvous, the
-// round after it) while it holds the parent's op lock; abort() or destroy() of the parent from
-// another thread must end those waits, not leave them to their timeout. Every call checks the
-// condition first, and a wait is cut into slices of at most kSlice, checking between them, so
-// the condition is seen within kSlice of turning true. Once disarmed it is a plain pass-through
-// (a backend keeps the store it was made with after the split is over).
+// While a group is being made, its ranks wait in the store: for the members of a split (holding
+// the parent's op lock), in their backend's rendezvous, in the round after it. Those waits must
+// end when waiting is pointless, not at their timeout: when the parent is aborted or destroyed
+// from another thread (kAborted), or when another rank's backend failed (kRemoteError). A wait is
+// cut into slices of at most kSlice and the condition checked before each, so it is seen within
+// kSlice of turning true; calls that do not block pass straight through. Once disarmed it is a
+// plain pass-through (a backend keeps the store it was made with).
 #pragma once
 
 #include <algorithm>
@@ -26,28 +27,26 @@ class StoppableStore final : public Store {
  public:
   static constexpr std::chrono::milliseconds kSlice{50};
 
-  // `stopped` returns why to stop, or "" to go on.
-  StoppableStore(std::shared_ptr<Store> inner, std::function<std::string()> stopped)
+  // Why to stop (a code and a message), or an empty message to go on.
+  struct Stop {
+    ErrorCode code = ErrorCode::kAborted;
+    std::string why;
+  };
+
+  StoppableStore(std::shared_ptr<Store> inner, std::function<Stop()> stopped)
       : Store(inner->timeout()), inner_(std::move(inner)), stopped_(std::move(stopped)) {}
 
   // From now on no condition is checked.
   void disarm() { armed_.store(false); }
 
-  void set(const std::string& key, const std::string& value) override {
-    check_stop();
-    inner_->set(key, value);
-  }
+  void set(const std::string& key, const std::string& value) override { inner_->set(key, value); }
   std::string get(const std::string& key) override {
     wait({key}, timeout());
     return inner_->get(key);
   }
-  int64_t add(const std::string& key, int64_t delta) override {
-    check_stop();
-    return inner_->add(key, delta);
-  }
+  int64_t add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
   std::string compare_set(const std::string& key, const std::string& expected,
                           const std::string& desired) override {
-    check_stop();
     return inner_->compare_set(key, expected, desired);
   }
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
@@ -64,22 +63,19 @@ class StoppableStore final : public Store {
       }
     }
   }
-  bool check(const std::vector<std::string>& keys) override {
-    check_stop();
-    return inner_->check(keys);
-  }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
   bool delete_key(const std::string& key) override { return inner_->delete_key(key); }
   int64_t num_keys() override { return inner_->num_keys(); }
 
  private:
   void check_stop() {
     if (!armed_.load()) return;
-    const std::string why = stopped_();
-    if (!why.empty()) throw Error(ErrorCode::kAborted, why);
+    const Stop stop = stopped_();
+    if (!stop.why.empty()) throw Error(stop.code, stop.why);
   }
 
   std::shared_ptr<Store> inner_;
-  std::function<std::string()> stopped_;
+  std::function<Stop()> stopped_;
   std::atomic<bool> armed_{true};
 };
 
