@@ -475,26 +475,28 @@ void settle_backends(Store& store, const std::string& scope, int world_size, int
     publish(failure);
     return;
   }
+  // A count, and a key the last rank up writes: a few store calls per rank and nap, whatever
+  // the world size (the per-rank keys are read only to name the missing ranks at a timeout).
+  const std::string all_key = scope + "/ready/all";
   store.set(up_key(rank), "1");
+  if (store.add(scope + "/ready/count", 1) == world_size) store.set(all_key, "1");
   const auto deadline = deadline_after(timeout);
   Backoff backoff;
-  for (int r = 0; r < world_size; ++r) {
-    while (!store.check({up_key(r)})) {
-      if (store.check({failed_key})) fail_remote();
-      if (Clock::now() >= deadline) {
-        std::string missing;
-        for (int m = r; m < world_size; ++m) {
-          if (!store.check({up_key(m)})) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
-        }
-        const std::string why = "timed out after " + std::to_string(timeout.count()) +
-                                " ms waiting for the other ranks' backends: rank(s) " + missing +
-                                " not up";
-        // A late rank must not take the group for formed once this one has given up on it.
-        publish(why);
-        throw Error(ErrorCode::kTimeout, why);
+  while (!store.check({all_key})) {
+    if (store.check({failed_key})) fail_remote();
+    if (Clock::now() >= deadline) {
+      std::string missing;
+      for (int m = 0; m < world_size; ++m) {
+        if (!store.check({up_key(m)})) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
       }
-      nap_on(store, up_key(r), backoff.next(deadline));
+      const std::string why = "timed out after " + std::to_string(timeout.count()) +
+                              " ms waiting for the other ranks' backends: rank(s) " + missing +
+                              " not up";
+      // A late rank must not take the group for formed once this one has given up on it.
+      publish(why);
+      throw Error(ErrorCode::kTimeout, why);
     }
+    nap_on(store, all_key, backoff.next(deadline));
   }
   // Every rank was up, unless one gave up in the meantime (its timeout, as this rank arrived).
   if (store.check({failed_key})) fail_remote();
