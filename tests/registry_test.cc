@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "test_util.h"
@@ -83,6 +84,25 @@ TEST(Registry, InitReturnsOnceEveryRanksBackendIsUp) {
   });
 }
 
+// Every rank of a world (threads, one HashStore) inits `backend`, each expecting to fail;
+// `check(rank, error)` looks at each rank's error.
+void expect_each_init_fails(int world, const std::string& backend, const std::string& name,
+                            std::chrono::milliseconds timeout,
+                            const std::function<void(int, const Error&)>& check) {
+  auto store = std::make_shared<HashStore>(std::chrono::milliseconds(60000));
+  run_ranks(world, [&](int r) {
+    GroupOptions options;
+    options.store = store;
+    options.timeout = timeout;
+    try {
+      CollectiveGroup::create(world, r, backend, name, options);
+      ADD_FAILURE() << "rank " << r << ": init succeeded";
+    } catch (const Error& e) {
+      check(r, e);
+    }
+  });
+}
+
 // A backend that fails on one rank fails the others at once, naming that rank and why, instead
 // of leaving them to their timeout.
 TEST(Registry, ABackendFailingOnOneRankFailsTheOthersNamingIt) {
@@ -90,25 +110,17 @@ TEST(Registry, ABackendFailingOnOneRankFailsTheOthersNamingIt) {
     if (ctx.rank == 1) throw Error(ErrorCode::kUnavailable, "no device here");
     return std::make_unique<NullBackend>();
   });
-  auto store = std::make_shared<HashStore>(std::chrono::milliseconds(60000));
   const std::string name = unique_name("fails");
-  run_ranks(3, [&](int r) {
-    GroupOptions options;
-    options.store = store;
-    options.timeout = std::chrono::milliseconds(60000);
-    try {
-      CollectiveGroup::create(3, r, "fails-on-rank-1", name, options);
-      ADD_FAILURE() << "rank " << r << ": init succeeded";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("group '" + name + "'"), std::string::npos) << what;
-      if (r == 1) {
-        EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << what;
-        EXPECT_NE(what.find("no device here"), std::string::npos) << what;
-      } else {
-        EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
-        EXPECT_NE(what.find("failed on rank 1: no device here"), std::string::npos) << what;
-      }
+  expect_each_init_fails(3, "fails-on-rank-1", name, std::chrono::milliseconds(60000),
+                         [&](int r, const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("group '" + name + "'"), std::string::npos) << what;
+    if (r == 1) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << what;
+      EXPECT_NE(what.find("no device here"), std::string::npos) << what;
+    } else {
+      EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
+      EXPECT_NE(what.find("failed on rank 1: no device here"), std::string::npos) << what;
     }
   });
 }
@@ -120,24 +132,15 @@ TEST(Registry, ARankUpAfterTheOthersGaveUpIsToldSo) {
     if (ctx.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     return std::make_unique<NullBackend>();
   });
-  auto store = std::make_shared<HashStore>(std::chrono::milliseconds(10000));
-  const std::string name = unique_name("late");
-  run_ranks(2, [&](int r) {
-    GroupOptions options;
-    options.store = store;
-    options.timeout = std::chrono::milliseconds(500);
-    try {
-      CollectiveGroup::create(2, r, "late-on-rank-1", name, options);
-      ADD_FAILURE() << "rank " << r << ": init succeeded";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      if (r == 0) {
-        EXPECT_EQ(e.code(), ErrorCode::kTimeout) << what;
-        EXPECT_NE(what.find("rank(s) 1 not up"), std::string::npos) << what;
-      } else {
-        EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
-        EXPECT_NE(what.find("failed on rank 0: timed out"), std::string::npos) << what;
-      }
+  expect_each_init_fails(2, "late-on-rank-1", unique_name("late"), std::chrono::milliseconds(500),
+                         [](int r, const Error& e) {
+    const std::string what = e.what();
+    if (r == 0) {
+      EXPECT_EQ(e.code(), ErrorCode::kTimeout) << what;
+      EXPECT_NE(what.find("rank(s) 1 not up"), std::string::npos) << what;
+    } else {
+      EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
+      EXPECT_NE(what.find("failed on rank 0: timed out"), std::string::npos) << what;
     }
   });
 }
