@@ -1,9 +1,13 @@
 // tutti-run, and groups joined from each launcher's environment variables.
 #include <gtest/gtest.h>
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <map>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "test_util.h"
@@ -53,6 +57,69 @@ TEST(Launcher, TimeoutBoundsTheJob) {
   auto r = tutti_run({"--timeout", "1", "-n", "2", "sleep", "60"});
   EXPECT_EQ(r.exit_code, 124) << r.output;
   EXPECT_NE(r.output.find("--timeout 1 s"), std::string::npos) << r.output;
+}
+
+// "0-2,5" as the set {0, 1, 2, 5}.
+std::set<int> cpu_list(const std::string& text) {
+  std::set<int> cpus;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    const auto dash = part.find('-');
+    const int first = std::stoi(part.substr(0, dash));
+    const int last = dash == std::string::npos ? first : std::stoi(part.substr(dash + 1));
+    for (int c = first; c <= last; ++c) cpus.insert(c);
+  }
+  return cpus;
+}
+
+// Each rank's allowed CPUs, from its /proc/self/status, by rank.
+std::map<int, std::set<int>> cpus_of_ranks(const WorkerResult& r) {
+  std::map<int, std::set<int>> out;
+  const std::regex line("\\[([0-9]+)\\]: Cpus_allowed_list:\\s*([0-9,-]+)");
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    out[std::stoi((*it)[1])] = cpu_list((*it)[2]);
+  }
+  return out;
+}
+
+// Several ranks that fit on the launcher's CPUs get disjoint shares of them by default (two
+// ranks on one core wait for each other's turn at every step); --bind-to none leaves each all of
+// them; --bind-to core with more ranks than CPUs is refused.
+TEST(Launcher, BindsEachRankToItsOwnShareOfTheCpus) {
+  cpu_set_t mask;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mask), &mask), 0);
+  std::set<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &mask)) allowed.insert(c);
+  }
+  const std::vector<std::string> show = {"sh", "-c", "grep Cpus_allowed_list /proc/self/status"};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.end(), show.begin(), show.end());
+    return args;
+  };
+  auto none = tutti_run(with({"-n", "2", "--bind-to", "none"}));
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  for (const auto& [rank, cpus] : cpus_of_ranks(none)) EXPECT_EQ(cpus, allowed) << rank;
+  auto refused = tutti_run(with({"-n", std::to_string(allowed.size() + 1), "--bind-to", "core"}));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--bind-to core"), std::string::npos) << refused.output;
+  if (allowed.size() < 2) GTEST_SKIP() << "one CPU: two ranks cannot have shares of their own";
+  const int n = static_cast<int>(std::min<size_t>(allowed.size(), 3));
+  auto bound = tutti_run(with({"-n", std::to_string(n)}));
+  ASSERT_EQ(bound.exit_code, 0) << bound.output;
+  const auto shares = cpus_of_ranks(bound);
+  ASSERT_EQ(shares.size(), static_cast<size_t>(n)) << bound.output;
+  std::set<int> all;
+  for (const auto& [rank, cpus] : shares) {
+    EXPECT_FALSE(cpus.empty()) << rank;
+    for (int c : cpus) {
+      EXPECT_TRUE(all.insert(c).second) << "CPU " << c << " is in two ranks' shares:\n"
+                                        << bound.output;
+    }
+  }
+  EXPECT_EQ(all, allowed) << bound.output;
 }
 
 TEST(Launcher, BadOptionsExit2) {
