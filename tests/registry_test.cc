@@ -129,10 +129,11 @@ TEST(Registry, ABackendFailingOnOneRankFailsTheOthersNamingIt) {
 // returning a group whose peers have gone.
 TEST(Registry, ARankUpAfterTheOthersGaveUpIsToldSo) {
   register_collective_backend("late-on-rank-1", [](const BackendContext& ctx) {
-    if (ctx.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    if (ctx.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(4000));
     return std::make_unique<NullBackend>();
   });
-  expect_each_init_fails(2, "late-on-rank-1", unique_name("late"), std::chrono::milliseconds(500),
+  // 2 s: the meeting before the backends must still form on a loaded machine.
+  expect_each_init_fails(2, "late-on-rank-1", unique_name("late"), std::chrono::milliseconds(2000),
                          [](int r, const Error& e) {
     const std::string what = e.what();
     if (r == 0) {
