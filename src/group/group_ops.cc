@@ -32,6 +32,31 @@ TensorView block(const TensorView& buffer, int r, const TensorView& like) {
   return TensorView(flat.data(), like.dtype(), like.shape(), like.device());
 }
 
+// The root's single buffer of gather (its output) or scatter (its input), checked and cut into
+// world-size blocks shaped like the other tensor, in rank order (what the list forms take). The
+// root's own block may be the other tensor itself; any other overlap is refused.
+std::vector<TensorView> root_blocks(const CollectiveGroup::State& s, OpType op,
+                                    const TensorView& output, const TensorView& input,
+                                    bool output_is_whole) {
+  const TensorView& whole = output_is_whole ? output : input;
+  const TensorView& part = output_is_whole ? input : output;
+  const char* whole_name = output_is_whole ? "output" : "input";
+  const char* part_name = output_is_whole ? "input" : "output";
+  s.check_tensor(op, whole, whole_name);
+  s.check_same_dtype(op, whole, whole_name, part, part_name);
+  if (whole.numel() != part.numel() * s.world_size) {
+    s.fail(ErrorCode::kInvalidArgument, op,
+           std::string(whole_name) + " has " + std::to_string(whole.numel()) +
+               " elements, expected world size " + std::to_string(s.world_size) + " x " +
+               part_name + "'s " + std::to_string(part.numel()));
+  }
+  const TensorView mine = whole.slice(s.rank * part.numel(), part.numel());
+  if (mine.data() != part.data()) s.check_disjoint(op, output, "output", input, "input");
+  std::vector<TensorView> blocks;
+  for (int r = 0; r < s.world_size; ++r) blocks.push_back(block(whole, r, part));
+  return blocks;
+}
+
 // One hash of a list of counts, for signatures.
 uint64_t hash_of(const std::vector<int64_t>& counts) {
   detail::WordMix h;
@@ -487,18 +512,7 @@ WorkPtr CollectiveGroup::gather(TensorView output, TensorView input, const Gathe
   s.check_tensor(op, input, "input");
   s.check_rank(op, opts.root_rank, "root rank");
   std::vector<TensorView> outs;
-  if (s.rank == opts.root_rank) {
-    s.check_tensor(op, output, "output");
-    s.check_same_dtype(op, output, "output", input, "input");
-    if (output.numel() != input.numel() * s.world_size) {
-      s.fail(ErrorCode::kInvalidArgument, op,
-             "output has " + std::to_string(output.numel()) + " elements, expected world size " +
-                 std::to_string(s.world_size) + " x input's " + std::to_string(input.numel()));
-    }
-    const TensorView mine = output.slice(s.rank * input.numel(), input.numel());
-    if (mine.data() != input.data()) s.check_disjoint(op, output, "output", input, "input");
-    for (int r = 0; r < s.world_size; ++r) outs.push_back(block(output, r, input));
-  }
+  if (s.rank == opts.root_rank) outs = root_blocks(s, op, output, input, /*output_is_whole=*/true);
   return gather(outs, std::move(input), opts);
 }
 
@@ -524,18 +538,7 @@ WorkPtr CollectiveGroup::scatter(TensorView output, TensorView input, const Scat
   s.check_tensor(op, output, "output");
   s.check_rank(op, opts.root_rank, "root rank");
   std::vector<TensorView> ins;
-  if (s.rank == opts.root_rank) {
-    s.check_tensor(op, input, "input");
-    s.check_same_dtype(op, input, "input", output, "output");
-    if (input.numel() != output.numel() * s.world_size) {
-      s.fail(ErrorCode::kInvalidArgument, op,
-             "input has " + std::to_string(input.numel()) + " elements, expected world size " +
-                 std::to_string(s.world_size) + " x output's " + std::to_string(output.numel()));
-    }
-    const TensorView mine = input.slice(s.rank * output.numel(), output.numel());
-    if (mine.data() != output.data()) s.check_disjoint(op, output, "output", input, "input");
-    for (int r = 0; r < s.world_size; ++r) ins.push_back(block(input, r, output));
-  }
+  if (s.rank == opts.root_rank) ins = root_blocks(s, op, output, input, /*output_is_whole=*/false);
   return scatter(std::move(output), ins, opts);
 }
 

@@ -41,14 +41,7 @@ std::string Fingerprint::str() const {
     if (ndim > kMaxDims) out += ", ...";
   }
   out += "]";
-  if (devices != 1) out += " x " + std::to_string(devices) + " devices";
-  if (root >= 0) {
-    out += " root " + std::to_string(root);
-    if (devices != 1 || root_tensor != 0) out += " tensor " + std::to_string(root_tensor);
-  }
-  if (reduce_op >= 0) out += std::string(" ") + to_string(static_cast<ReduceOp>(reduce_op));
-  if (layout != 0) out += " layout " + std::to_string(layout % 100000);
-  return out;
+  return out + signature_tail(devices, root, root_tensor, reduce_op, layout);
 }
 
 Fingerprint fingerprint(uint64_t seq, const OpSignature& sig, const std::vector<int64_t>* shape) {

@@ -30,14 +30,7 @@ std::string OpSignature::str() const {
   std::string out = to_string(op);
   if (op == OpType::kBarrier) return out;
   out += std::string(" ") + to_string(dtype) + "[" + std::to_string(count) + "]";
-  if (devices != 1) out += " x " + std::to_string(devices) + " devices";
-  if (root >= 0) {
-    out += " root " + std::to_string(root);
-    if (devices != 1 || root_tensor != 0) out += " tensor " + std::to_string(root_tensor);
-  }
-  if (reduce_op >= 0) out += std::string(" ") + to_string(static_cast<ReduceOp>(reduce_op));
-  if (layout != 0) out += " layout " + std::to_string(layout % 100000);
-  return out;
+  return out + detail::signature_tail(devices, root, root_tensor, reduce_op, layout);
 }
 
 uint64_t OpSignature::hash() const {
