@@ -55,12 +55,15 @@ bool aborts_group(ErrorCode code) {
          code == ErrorCode::kAborted;
 }
 
-BackendContext backend_context(const CollectiveGroup::State& s) {
+// `under`: the store the backend's keys go into (default: the group's ledger).
+BackendContext backend_context(const CollectiveGroup::State& s,
+                               std::shared_ptr<Store> under = nullptr) {
   BackendContext bctx;
   bctx.group_name = *s.name;
   bctx.rank = s.rank;
   bctx.world_size = s.world_size;
-  bctx.store = std::make_shared<PrefixStore>(s.scope + "/backend", s.ledger ? s.ledger : s.store);
+  if (!under) under = s.ledger ? s.ledger : s.store;
+  bctx.store = std::make_shared<PrefixStore>(s.scope + "/backend", std::move(under));
   bctx.store->set_timeout(s.timeout);
   bctx.timeout = s.timeout;
   bctx.instance = s.instance;
@@ -93,11 +96,11 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
   };
   // The backend's waits in the store end as soon as another rank's backend failed (the round
   // after this one would fail anyway), instead of at their timeout.
-  const std::string failed_key = s.scope + "/ready/failed";
   auto watched = std::make_shared<detail::StoppableStore>(
-      bctx.store, [&round_store, failed_key]() -> detail::StoppableStore::Stop {
-        if (!round_store.check({failed_key})) return {};
-        return {ErrorCode::kRemoteError, "failed on " + round_store.get(failed_key)};
+      bctx.store, [&round_store, &s]() -> detail::StoppableStore::Stop {
+        const auto failed = detail::backend_failed(round_store, s.scope);
+        if (!failed) return {};
+        return {failed->code(), failed->what()};
       });
   watched->set_timeout(bctx.store->timeout());
   bctx.store = watched;
@@ -346,9 +349,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->instance = s.instance + ".s" + std::to_string(n);
   sub->recorder =
       detail::FlightRecorder::create({name, sub->instance, sub_rank, sub_world, info.name});
-  BackendContext bctx = backend_context(*sub);
-  bctx.store = std::make_shared<PrefixStore>(sub->scope + "/backend", stoppable);
-  bctx.store->set_timeout(sub->timeout);
+  BackendContext bctx = backend_context(*sub, stoppable);
   if (info.name == s.backend_name) bctx.parent = s.backend.get();
   attach_backend(*sub, info, std::move(bctx), sub_ctx, stoppable.get());
   stoppable->disarm();  // the subgroup's backend keeps its store: the parent's end is not its

@@ -446,21 +446,29 @@ std::string settled_key(const std::string& scope, int rank) {
   return scope + "/ready/done/" + std::to_string(rank);
 }
 
+namespace {
+std::string failed_key(const std::string& scope) { return scope + "/ready/failed"; }
+}  // namespace
+
+std::optional<Error> backend_failed(Store& store, const std::string& scope) {
+  const std::string key = failed_key(scope);
+  if (!store.check({key})) return std::nullopt;
+  return Error(ErrorCode::kRemoteError, "failed on " + store.get(key));
+}
+
 void settle_backends(Store& store, const std::string& scope, int world_size, int rank,
                      const std::string& failure, std::chrono::milliseconds timeout,
                      std::chrono::milliseconds linger) {
   if (world_size <= 1) return;
-  const std::string failed_key = scope + "/ready/failed";
   auto up_key = [&](int r) { return scope + "/ready/" + std::to_string(r); };
-  auto seen_key = [&](int r) { return settled_key(scope, r); };
   // Publishes this rank's failure (the first one stays: the others report the rank that failed
   // first), then gives the others up to `linger` to read it.
   auto publish = [&](const std::string& why) {
-    store.compare_set(failed_key, "", "rank " + std::to_string(rank) + ": " + why);
+    store.compare_set(failed_key(scope), "", "rank " + std::to_string(rank) + ": " + why);
     if (linger.count() <= 0) return;
     std::vector<std::string> keys;
     for (int r = 0; r < world_size; ++r) {
-      if (r != rank) keys.push_back(seen_key(r));
+      if (r != rank) keys.push_back(settled_key(scope, r));
     }
     try {
       store.wait(keys, linger);
@@ -468,8 +476,8 @@ void settle_backends(Store& store, const std::string& scope, int world_size, int
       // A rank still making its backend reads it later, or never: the linger is best effort.
     }
   };
-  auto fail_remote = [&] {
-    throw Error(ErrorCode::kRemoteError, "failed on " + store.get(failed_key));
+  auto fail_if_one_failed = [&] {
+    if (auto failed = backend_failed(store, scope)) throw *failed;
   };
   if (!failure.empty()) {
     publish(failure);
@@ -483,7 +491,7 @@ void settle_backends(Store& store, const std::string& scope, int world_size, int
   const auto deadline = deadline_after(timeout);
   Backoff backoff;
   while (!store.check({all_key})) {
-    if (store.check({failed_key})) fail_remote();
+    fail_if_one_failed();
     if (Clock::now() >= deadline) {
       std::string missing;
       for (int m = 0; m < world_size; ++m) {
@@ -499,7 +507,7 @@ void settle_backends(Store& store, const std::string& scope, int world_size, int
     nap_on(store, all_key, backoff.next(deadline));
   }
   // Every rank was up, unless one gave up in the meantime (its timeout, as this rank arrived).
-  if (store.check({failed_key})) fail_remote();
+  fail_if_one_failed();
 }
 
 void leave(Store& store, const std::string& scope, int rank, const JoinRecord& mine) {

@@ -13,9 +13,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tutti/error.h"
 #include "tutti/options.h"
 #include "tutti/store.h"
 
@@ -84,6 +86,10 @@ Membership meet(Store& store, const std::string& base, int world_size, int rank,
 void settle_backends(Store& store, const std::string& scope, int world_size, int rank,
                      const std::string& failure, std::chrono::milliseconds timeout,
                      std::chrono::milliseconds linger = std::chrono::milliseconds(0));
+
+// kRemoteError "failed on rank r: why" once a rank said in that round that its backend failed
+// (or gave up waiting), else nothing.
+std::optional<Error> backend_failed(Store& store, const std::string& scope);
 
 // Where a rank whose init failed says it is done with the store.
 std::string settled_key(const std::string& scope, int rank);
