@@ -114,10 +114,15 @@ TEST_P(BatchP2PRules, SizesThatDifferNeverMeet) {
   run_ranks(2, [&](int r) {
     if (r == 0) {
       auto a = message(0, 1, 10);
+      // Longer than the receive's 1 s: the receiver times out first (were the sender first, its
+      // abort would reset the connection under the receive, which then fails with kIoError).
+      BatchP2POptions longer;
+      longer.timeout = milliseconds(3000);
       try {
-        groups[0]->batch_isend_irecv({P2POp::send(a, 1)});
+        groups[0]->batch_isend_irecv({P2POp::send(a, 1)}, longer);
       } catch (const Error&) {
-        // gloo: the send times out; shm: the slot is free, so the send completes.
+        // gloo: the send fails (the receiver's abort, or its own timeout); shm: the slot is free,
+        // so the send completes.
       }
     } else {
       std::vector<int32_t> b(12, -1);
