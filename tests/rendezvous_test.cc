@@ -6,7 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <functional>
+#include <future>
 #include <thread>
+#include <utility>
 
 #include "util/host_identity.h"
 #include "test_util.h"
@@ -233,6 +236,65 @@ TEST_P(Recreate, TheStoreKeepsOneIncarnationsKeys) {
                                       << ::testing::PrintToString(counts);
     }
   }
+}
+
+// A store that runs `after_claim` right after a successful claim of rank `rank`'s slot.
+class ClaimHookStore : public Store {
+ public:
+  ClaimHookStore(std::shared_ptr<Store> inner, int rank, std::function<void()> after_claim)
+      : inner_(std::move(inner)), suffix_("/rank/" + std::to_string(rank)),
+        after_claim_(std::move(after_claim)) {}
+  void set(const std::string& k, const std::string& v) override { inner_->set(k, v); }
+  std::string get(const std::string& k) override { return inner_->get(k); }
+  int64_t add(const std::string& k, int64_t d) override { return inner_->add(k, d); }
+  std::string compare_set(const std::string& k, const std::string& expected,
+                          const std::string& desired) override {
+    const std::string now = inner_->compare_set(k, expected, desired);
+    const bool claim = expected.empty() && now == desired && k.size() >= suffix_.size() &&
+                       k.compare(k.size() - suffix_.size(), suffix_.size(), suffix_) == 0;
+    if (claim && after_claim_) std::exchange(after_claim_, nullptr)();
+    return now;
+  }
+  void wait(const std::vector<std::string>& keys, milliseconds timeout) override {
+    inner_->wait(keys, timeout);
+  }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  bool delete_key(const std::string& k) override { return inner_->delete_key(k); }
+  int64_t num_keys() override { return inner_->num_keys(); }
+
+ private:
+  std::shared_ptr<Store> inner_;
+  std::string suffix_;
+  std::function<void()> after_claim_;
+};
+
+// Rank 0 reads rank 1's record, disagrees (world size 2 against 3) and fails the incarnation in
+// the moment between rank 1's claim and rank 1's look at the incarnation's state: rank 1 must
+// fail at once with the disagreement, as it does when it is already waiting, not wait for another
+// incarnation until its timeout (seen in ctest: 1 run in 19 under load).
+TEST(RendezvousRace, AJoinRefusedJustAfterItsClaimFailsAtOnce) {
+  auto shared = std::make_shared<HashStore>();
+  const std::string name = unique_name("refused-after-claim");
+  std::promise<void> rank0_done;
+  auto rank0_failed = rank0_done.get_future();
+  std::thread rank0([&] {
+    GroupOptions o;
+    o.store = shared;
+    o.timeout = milliseconds(20000);
+    EXPECT_TUTTI_ERROR(CollectiveGroup::create(2, 0, "gloo", name, o),
+                       ErrorCode::kInvalidArgument, "rank 1 joined with world size 3");
+    rank0_done.set_value();
+  });
+  GroupOptions o;
+  o.store = std::make_shared<ClaimHookStore>(shared, 1, [&] {
+    EXPECT_EQ(rank0_failed.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  });
+  o.timeout = milliseconds(20000);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(3, 1, "gloo", name, o), ErrorCode::kInvalidArgument,
+                     "rank 0 gave up on incarnation", "joined with world size 3");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(12));
+  rank0.join();
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, Recreate, ::testing::ValuesIn(store_kinds()),

@@ -115,7 +115,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // An incarnation's state: "formed <world size>" once every rank arrived, or "failed\n<code>\n
-// <rank>\n<why>" once a rank gave up on it; none while it forms.
+// <rank>\n<nonce>\n<why>" once a rank gave up on it (nonce: the join record it disagreed with,
+// or 0); none while it forms.
 std::string formed(int world_size) { return "formed " + std::to_string(world_size); }
 
 struct State {
@@ -124,6 +125,7 @@ struct State {
   bool failed = false;
   ErrorCode code = ErrorCode::kTimeout;  // failed: how the rank that gave up failed
   int rank = 0;
+  uint64_t about = 0;  // failed: the nonce of the join it disagreed with (0: none)
   std::string why;
 };
 
@@ -138,14 +140,16 @@ std::optional<State> read_state(Store& store, const std::string& scope) {
     return st;
   }
   std::istringstream in(text);
-  std::string tag, code, rank;
+  std::string tag, code, rank, about;
   std::getline(in, tag);
   std::getline(in, code);
   std::getline(in, rank);
+  std::getline(in, about);
   std::getline(in, st.why, '\0');
   st.failed = true;
   st.code = static_cast<ErrorCode>(std::atoi(code.c_str()));
   st.rank = std::atoi(rank.c_str());
+  st.about = std::strtoull(about.c_str(), nullptr, 10);
   return st;
 }
 
@@ -263,6 +267,12 @@ class Meeting {
         // its world size are never free: they hold a member's record, marked when it left).
         if (!st || (st->formed && rank_ < st->world_size)) return;
         give_back();  // an earlier init's (or a failed one): rank 0 starts the next
+        if (st->failed && st->about == mine_.nonce) {
+          // It failed between this claim and the look at its state, over this very join (rank 0
+          // read the record and disagreed): fail as the other ranks do, not at the timeout.
+          throw Error(st->code, "rank " + std::to_string(st->rank) + " gave up on incarnation " +
+                                    std::to_string(incarnation_) + ": " + st->why);
+        }
         wait_for_next(st->failed ? "rank " + std::to_string(st->rank) + " gave up on incarnation " +
                                        std::to_string(incarnation_) + " (" + st->why +
                                        ") and rank 0 has not started the next"
@@ -372,24 +382,28 @@ class Meeting {
 
   void check_agrees(int r, const JoinRecord& other) {
     if (other.world_size != world_size_) {
-      fail(ErrorCode::kInvalidArgument, "rank " + std::to_string(r) + " joined with world size " +
-                                            std::to_string(other.world_size) +
-                                            ", this rank with " + std::to_string(world_size_));
+      fail(ErrorCode::kInvalidArgument,
+           "rank " + std::to_string(r) + " joined with world size " +
+               std::to_string(other.world_size) + ", this rank with " + std::to_string(world_size_),
+           other.nonce);
     }
     if (other.backend != mine_.backend) {
-      fail(ErrorCode::kInvalidArgument, "rank " + std::to_string(r) + " joined with backend '" +
-                                            other.backend + "', this rank with '" +
-                                            mine_.backend + "'");
+      fail(ErrorCode::kInvalidArgument,
+           "rank " + std::to_string(r) + " joined with backend '" + other.backend +
+               "', this rank with '" + mine_.backend + "'",
+           other.nonce);
     }
   }
 
   // Gives up on the incarnation: marks it failed, so no later init joins it.
-  [[noreturn]] void fail(ErrorCode code, const std::string& what) {
+  // `about`: the nonce of the join this rank disagreed with (that rank fails at once, even if it
+  // looks at the state only after it failed).
+  [[noreturn]] void fail(ErrorCode code, const std::string& what, uint64_t about = 0) {
     if (claimed_) {
       try {
         store_.compare_set(scope_of(base_, incarnation_) + "/state", "",
                            "failed\n" + std::to_string(static_cast<int>(code)) + "\n" +
-                               std::to_string(rank_) + "\n" + what);
+                               std::to_string(rank_) + "\n" + std::to_string(about) + "\n" + what);
       } catch (const Error&) {
         // The store is gone too: the error below says what matters.
       }
