@@ -1,9 +1,10 @@
-// The Gloo backend's direct exchange (small and mid-size allreduces and barriers over Gloo pairs
-// in synchronous mode): chunk boundaries, results identical on every rank, mismatched calls
-// failing with the peer named, a silent peer timing out, and the switch that turns it off.
-// Ranks as threads.
+// The Gloo backend's own allreduces over the sockets of a second context (the direct exchange for
+// small and mid-size allreduces and barriers, the ring for large ones): sizes and block shapes,
+// results identical on every rank, mismatched calls failing with the peer named, a silent peer
+// timing out, and the switches that choose. Ranks as threads.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,13 +15,16 @@ namespace {
 
 using std::chrono::milliseconds;
 
-constexpr size_t kChunk = 32 << 10;  // DirectExchange::kChunkBytes, restated as the spec
+constexpr size_t kChunk = 32 << 10;
 
-// Sizes around the chunk size, in int32 elements, at 2 and 3 ranks (every one of them under
-// the direct exchange's default limits): rank r contributes r * 1000 + i at element i.
-TEST(GlooDirect, AllreduceAcrossChunkBoundaries) {
+// Sizes around 32 KiB and past a socket's initial 64 KiB window, in int32 elements, at 2 and 3
+// ranks, through the direct exchange (TUTTI_GLOO_ALLREDUCE=direct): rank r contributes
+// r * 1000 + i at element i.
+TEST(GlooDirect, AllreduceAcrossWindowSizes) {
   for (int world : {2, 3}) {
+    ::setenv("TUTTI_GLOO_ALLREDUCE", "direct", 1);
     auto groups = create_groups(world, "gloo", unique_name("direct-chunks"));
+    ::unsetenv("TUTTI_GLOO_ALLREDUCE");
     const int64_t counts[] = {1, kChunk / 4 - 1, kChunk / 4, kChunk / 4 + 1, 3 * kChunk / 4 + 5};
     run_ranks(world, [&](int r) {
       for (int64_t n : counts) {
@@ -100,18 +104,172 @@ TEST(GlooDirect, BarrierThenAllreduceStayInStep) {
   });
 }
 
-// TUTTI_GLOO_DIRECT_BYTES=0 sends every allreduce and barrier through Gloo's own functions; the
+// TUTTI_GLOO_ALLREDUCE=gloo sends every allreduce and barrier through Gloo's own functions; the
 // results are the same.
-TEST(GlooDirect, OffByEnvironmentGivesTheSameResults) {
-  ::setenv("TUTTI_GLOO_DIRECT_BYTES", "0", 1);
+TEST(GlooDirect, GlooByEnvironmentGivesTheSameResults) {
+  ::setenv("TUTTI_GLOO_ALLREDUCE", "gloo", 1);
   auto groups = create_groups(3, "gloo", unique_name("direct-off"));
-  ::unsetenv("TUTTI_GLOO_DIRECT_BYTES");
+  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
   run_ranks(3, [&](int r) {
     groups[r]->barrier();
     std::vector<int32_t> v(1000, r + 1);
     groups[r]->allreduce(v);
     EXPECT_EQ(v[999], 6);
   });
+}
+
+// The ring (TUTTI_GLOO_ALLREDUCE=ring takes it at every size): counts smaller than, equal to and
+// just past the number of ranks (empty blocks, uneven blocks), and counts whose blocks cross the
+// staging buffer's size unevenly, in 1-, 4- and 8-byte elements, at 2, 3 and 4 ranks. Rank r
+// contributes r * 7 + i (mod the type) at element i.
+TEST(GlooRing, AllreduceOfEverySizeAndBlockShape) {
+  constexpr int64_t kStaging = 256 << 10;  // DirectExchange::kStagingBytes, restated
+  for (int world : {2, 3, 4}) {
+    ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
+    auto groups = create_groups(world, "gloo", unique_name("ring-sizes"));
+    ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+    const int64_t counts[] = {1, world - 1, world, world + 1, 1000, kStaging / 4 * world + 3,
+                              3 * kStaging / 8 * world - 5};
+    run_ranks(world, [&](int r) {
+      for (int64_t n : counts) {
+        std::vector<int32_t> a(n);
+        std::vector<int64_t> b(n);
+        std::vector<uint8_t> c(n);
+        for (int64_t i = 0; i < n; ++i) {
+          a[i] = r * 7 + static_cast<int32_t>(i);
+          b[i] = (int64_t{1} << 40) * r + i;
+          c[i] = static_cast<uint8_t>(r * 7 + i);
+        }
+        groups[r]->allreduce(a);
+        groups[r]->allreduce(b);
+        groups[r]->allreduce(c);
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t sum_r = int64_t{world} * (world - 1) / 2;  // 0 + 1 + ... + (world - 1)
+          wrong += a[i] != static_cast<int32_t>(7 * sum_r + world * i);
+          wrong += b[i] != (int64_t{1} << 40) * sum_r + world * i;
+          wrong += c[i] != static_cast<uint8_t>(7 * sum_r + world * i);
+        }
+        EXPECT_EQ(wrong, 0) << "world " << world << ", " << n << " elements, rank " << r;
+      }
+    });
+  }
+}
+
+// Float sums whose rounding depends on the order, through the ring: every rank ends with the same
+// bits (each block is reduced once, on its way around the ring), and within rounding of the sum.
+TEST(GlooRing, EveryRankGetsTheSameBits) {
+  const int world = 3;
+  ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
+  auto groups = create_groups(world, "gloo", unique_name("ring-bits"));
+  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  const int64_t n = 200000;
+  auto value = [](int r, int64_t i) {
+    const float parts[3] = {1.0e8f, 3.0f + static_cast<float>(i % 7), -1.0e8f};
+    return parts[(r + i) % 3];
+  };
+  std::vector<std::vector<float>> out(world);
+  run_ranks(world, [&](int r) {
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = value(r, i);
+    groups[r]->allreduce(v);
+    out[r] = v;
+  });
+  for (int64_t i = 0; i < n; ++i) {
+    for (int r = 1; r < world; ++r) {
+      ASSERT_EQ(std::memcmp(&out[r][i], &out[0][i], sizeof(float)), 0)
+          << "element " << i << ": rank " << r << " has " << out[r][i] << ", rank 0 " << out[0][i];
+    }
+    // 1e8 + x - 1e8 in float: x rounded to a multiple of 8, or exact when added last.
+    const float x = 3.0f + static_cast<float>(i % 7);
+    ASSERT_LE(std::fabs(out[0][i] - x), 8.0f) << "element " << i;
+  }
+}
+
+// A large allreduce takes the ring on its own (past the direct exchange's limit), mixed with
+// barriers and small ones: the sums are right and the streams stay in step.
+TEST(GlooRing, LargeAndSmallAllreducesInTurn) {
+  const int world = 4;
+  auto groups = create_groups(world, "gloo", unique_name("ring-mixed"));
+  run_ranks(world, [&](int r) {
+    for (int k = 0; k < 3; ++k) {
+      std::vector<float> big((size_t{3} << 20) / 4 + 1, static_cast<float>(r + k));
+      groups[r]->allreduce(big);
+      std::vector<int64_t> small(5, r);
+      groups[r]->allreduce(small);
+      groups[r]->barrier();
+      const float want = static_cast<float>(0 + 1 + 2 + 3 + 4 * k);
+      EXPECT_EQ(big.front(), want);
+      EXPECT_EQ(big[big.size() / 2], want);
+      EXPECT_EQ(big.back(), want);
+      EXPECT_EQ(small[4], 6);
+    }
+  });
+}
+
+// Ranks that make different calls meet in the ring: the header check names the peer.
+TEST(GlooRing, MismatchedSizesFailNamingThePeer) {
+  ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
+  auto groups = create_groups(3, "gloo", unique_name("ring-mismatch"), milliseconds(20000));
+  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  run_ranks(3, [&](int r) {
+    // Rank 1 calls with another size: its right neighbour (2) and itself see the difference.
+    std::vector<float> v(r == 1 ? 90000 : 100000, 1.0f);
+    try {
+      groups[r]->allreduce(v);
+      ADD_FAILURE() << "rank " << r << ": the allreduce returned";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (r == 1 || r == 2) {
+        const int left = (r + 2) % 3;
+        EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
+        EXPECT_NE(what.find("rank " + std::to_string(left) + " called a different op or size"),
+                  std::string::npos)
+            << what;
+      }
+    }
+    EXPECT_TRUE(groups[r]->is_aborted()) << "rank " << r;
+  });
+}
+
+TEST(GlooRing, ASilentPeerTimesOutNamingIt) {
+  ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
+  auto groups = create_groups(3, "gloo", unique_name("ring-silent"), milliseconds(400));
+  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  std::vector<float> v(300000, 1.0f);
+  // Rank 0 receives from rank 2 (its left), which never calls.
+  run_ranks(2, [&](int r) {
+    if (r == 0) {
+      EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kTimeout, "allreduce #0",
+                         "timed out after 400 ms", "waiting for rank 2");
+    } else {
+      std::vector<float> w(300000, 1.0f);
+      EXPECT_THROW(groups[1]->allreduce(w), Error);
+    }
+  });
+}
+
+TEST(GlooDirect, ABadChoiceIsRefusedNamingIt) {
+  ::setenv("TUTTI_GLOO_ALLREDUCE", "fastest", 1);
+  auto store = std::make_shared<HashStore>(milliseconds(5000));
+  const std::string name = unique_name("direct-bad-choice");
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](int r) {
+    GroupOptions options;
+    options.store = store;
+    options.timeout = milliseconds(5000);
+    try {
+      CollectiveGroup::create(2, r, "gloo", name, options);
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("TUTTI_GLOO_ALLREDUCE must be auto, direct, ring or gloo, not 'fastest'"),
+              std::string::npos)
+        << "rank " << r << ": " << errors[r];
+  }
 }
 
 TEST(GlooDirect, ABadLimitIsRefusedNamingIt) {

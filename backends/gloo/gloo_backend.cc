@@ -71,17 +71,19 @@ std::chrono::milliseconds left_until(Clock::time_point deadline) {
       std::min<Clock::duration>(left, std::chrono::hours(24 * 365)));
 }
 
-// Where the direct exchange stops beating Gloo's ring allreduce: measured on loopback at 2 ranks
-// (ahead up to 4 MiB, 1.3x behind from 16 MiB) and 4 ranks (ahead up to 256 KiB, even at 1 MiB,
-// 1.1-1.9x behind from 4 MiB); above 4 ranks its (n - 1)-fold traffic makes it a guess, kept small.
+// Where the direct exchange stops beating the ring (tutti's, over the same sockets): measured on
+// loopback, 2026-12-01 (docs/PERFORMANCE.md): at 2 ranks even from 64 KiB to 512 KiB and the ring
+// 2.2-2.6x ahead at 1 MiB; at 4 ranks the direct exchange ahead up to 32 KiB, even at 64 KiB, the
+// ring 1.6x ahead at 128 KiB. Above 4 ranks the direct exchange's (n - 1)-fold traffic makes its
+// limit a guess, kept smaller.
 size_t direct_default(int world_size) {
-  if (world_size == 2) return size_t{4} << 20;
-  if (world_size <= 4) return size_t{256} << 10;
-  return size_t{64} << 10;
+  if (world_size == 2) return size_t{512} << 10;
+  if (world_size <= 4) return size_t{64} << 10;
+  return size_t{16} << 10;
 }
 
-// The largest allreduce the direct exchange carries: TUTTI_GLOO_DIRECT_BYTES, else what was
-// measured to beat Gloo's ring for this many ranks (docs/PERFORMANCE.md).
+// The largest allreduce the direct exchange carries when the choice is automatic:
+// TUTTI_GLOO_DIRECT_BYTES, else what was measured for this many ranks.
 size_t direct_limit(int world_size) {
   const char* v = std::getenv("TUTTI_GLOO_DIRECT_BYTES");
   if (v == nullptr || *v == '\0') return direct_default(world_size);
@@ -94,7 +96,21 @@ size_t direct_limit(int world_size) {
   return static_cast<size_t>(n);
 }
 
-// Direct exchange sends (n - 1) messages per rank: past this many ranks Gloo's rings win.
+// TUTTI_GLOO_ALLREDUCE: auto (by size), direct, ring, or gloo (Gloo's own functions for
+// allreduce and barrier, and no second context).
+GlooAllreduce allreduce_choice() {
+  const char* v = std::getenv("TUTTI_GLOO_ALLREDUCE");
+  const std::string s = v == nullptr ? "" : v;
+  if (s.empty() || s == "auto") return GlooAllreduce::kAuto;
+  if (s == "direct") return GlooAllreduce::kDirect;
+  if (s == "ring") return GlooAllreduce::kRing;
+  if (s == "gloo") return GlooAllreduce::kGloo;
+  throw Error(ErrorCode::kInvalidArgument,
+              "TUTTI_GLOO_ALLREDUCE must be auto, direct, ring or gloo, not '" + s + "'");
+}
+
+// The direct exchange and the ring send up to (n - 1) messages per rank and keep a socket per
+// peer busy in one loop: past this many ranks Gloo's functions are used.
 constexpr int kMaxDirectRanks = 64;
 
 }  // namespace
@@ -117,6 +133,10 @@ void GlooBackend::guarded(const OpContext& ctx, const std::string& waiting_for, 
     }
     throw Error(ErrorCode::kIoError, ctx.description() + ": transport error while exchanging with " +
                                          who + " (gloo: " + msg + ")");
+  } catch (const Error&) {
+    // The direct exchange's own errors: an abort's reset is what ended them.
+    if (aborted_.load()) throw_aborted(ctx);
+    throw;
   } catch (const ::gloo::EnforceNotMet& e) {
     if (aborted_.load()) throw_aborted(ctx);
     throw Error(ErrorCode::kInternal, ctx.description() + ": gloo check failed: " + e.what());
@@ -135,6 +155,7 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
     : rank_(ctx.rank), world_size_(ctx.world_size) {
   if (world_size_ == 1) return;  // every op is local: no device, no threads
   direct_limit_ = direct_limit(world_size_);
+  algorithm_ = allreduce_choice();
   ignore_sigpipe();
   try {
     device_ = ::gloo::transport::tcp::CreateDevice(device_attr());
@@ -146,7 +167,7 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
     context->connectFullMesh(store, device_);
     context_ = std::move(context);
     connections_.find(rank_, world_size_);
-    if (direct_limit_ > 0 && world_size_ <= kMaxDirectRanks) {
+    if (algorithm_ != GlooAllreduce::kGloo && world_size_ <= kMaxDirectRanks) {
       direct_ = std::make_unique<DirectExchange>(rank_, world_size_, ctx.store, device_,
                                                  capped(ctx.timeout));
     }
@@ -230,14 +251,20 @@ void GlooBackend::wait_buffer(::gloo::transport::UnboundBuffer& buffer, bool sen
 Backend::WorkPtr GlooBackend::allreduce(const std::vector<TensorView>& tensors,
                                         const AllreduceOptions& opts, const OpContext& ctx) {
   const TensorView& t = tensors[0];
-  if (direct_ && t.nbytes() <= direct_limit_) {
+  if (direct_) {
     const detail::ReduceFn fn = detail::reduce_function(t.dtype(), opts.reduce_op);
     if (fn == nullptr) {
       throw Error(ErrorCode::kInternal, std::string("gloo: no reduction for ") +
                                             to_string(t.dtype()) + " " + to_string(opts.reduce_op));
     }
+    const bool direct = algorithm_ == GlooAllreduce::kDirect ||
+                        (algorithm_ == GlooAllreduce::kAuto && t.nbytes() <= direct_limit_);
     guarded(ctx, everyone(world_size_), [&] {
-      direct_->allreduce(t.data(), t.nbytes(), t.element_size(), fn, ctx);
+      if (direct) {
+        direct_->allreduce_direct(t.data(), t.nbytes(), t.element_size(), fn, ctx);
+      } else {
+        direct_->allreduce_ring(t.data(), t.nbytes(), t.element_size(), fn, ctx);
+      }
     });
   } else if (world_size_ > 1) {
     guarded(ctx, everyone(world_size_), [&] {

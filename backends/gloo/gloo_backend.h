@@ -11,10 +11,12 @@
 // empty buffers crash (the group skips zero-element ops), mismatched sizes terminate the process
 // inside Gloo's I/O thread (the group's per-op tags keep mismatched calls apart).
 //
-// Allreduces of up to TUTTI_GLOO_DIRECT_BYTES (default 4 MiB at 2 ranks, 256 KiB at 3-4, 64 KiB
-// above; 0 turns it off) and barriers take one round trip per 32 KiB over a second context in
-// Gloo's synchronous mode (gloo_direct_exchange.h), in groups of up to 64 ranks; larger ones go
-// through Gloo's functions.
+// Allreduces and barriers go over a second context whose sockets tutti reads and writes itself
+// (gloo_direct_exchange.h), in groups of up to 64 ranks: allreduces of up to
+// TUTTI_GLOO_DIRECT_BYTES (default 512 KiB at 2 ranks, 64 KiB at 3-4, 16 KiB above) in one step
+// (every rank sends its data to every other), larger ones through a ring that folds data in as it
+// arrives. TUTTI_GLOO_ALLREDUCE=direct|ring forces one of them, =gloo uses Gloo's own functions
+// (and makes no second context).
 //
 // abort() resets the context's connections (see gloo_connections.h): the op waiting in Gloo
 // ends at once with kAborted, and a peer waiting on this rank fails at once too (kIoError naming
@@ -46,6 +48,9 @@ class UnboundBuffer;
 }  // namespace gloo
 
 namespace tutti::gloo_backend {
+
+// How allreduce chooses its algorithm (TUTTI_GLOO_ALLREDUCE).
+enum class GlooAllreduce { kAuto, kDirect, kRing, kGloo };
 
 class GlooBackend : public Backend {
  public:
@@ -100,8 +105,9 @@ class GlooBackend : public Backend {
   std::vector<std::unique_ptr<char[]>> scratch_;
   std::vector<size_t> scratch_size_;
   GlooConnections connections_;
-  std::unique_ptr<DirectExchange> direct_;  // null: off (one rank, too many, or by choice)
-  size_t direct_limit_ = 0;                 // allreduces up to this many bytes use direct_
+  std::unique_ptr<DirectExchange> direct_;  // null: one rank, too many, or kGloo
+  size_t direct_limit_ = 0;  // kAuto: allreduces up to this many bytes take the direct exchange
+  GlooAllreduce algorithm_ = GlooAllreduce::kAuto;
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mutex_;  // guards reason_ and waiting_

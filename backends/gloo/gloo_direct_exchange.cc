@@ -1,7 +1,6 @@
 #include "gloo_direct_exchange.h"
 
 #include <gloo/rendezvous/context.h>
-#include <gloo/transport/buffer.h>
 #include <gloo/transport/device.h>
 #include <gloo/transport/pair.h>
 #include <poll.h>
@@ -21,13 +20,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What precedes each message's data. 16 bytes, so the data stays 16-byte aligned.
+// What every rank sends first in an op. 16 bytes.
 struct Header {
   uint32_t magic;
   uint32_t tag;
   uint64_t bytes;
 };
-static_assert(sizeof(Header) == 16, "the header keeps the data aligned");
+static_assert(sizeof(Header) == 16, "a header is 16 bytes on the wire");
 constexpr uint32_t kMagic = 0x74757474;  // "tutt"
 
 // How long a wait polls before it sleeps. A round trip on loopback takes ~15 us and a peer
@@ -40,6 +39,25 @@ std::chrono::microseconds spin_budget() {
     return std::chrono::microseconds(v != nullptr && *v != '\0' ? std::atol(v) : 200);
   }();
   return budget;
+}
+
+size_t left_in(const iovec* v) { return v[0].iov_len + v[1].iov_len; }
+
+void advance(iovec* v, size_t n) {
+  for (int i = 0; i < 2 && n > 0; ++i) {
+    const size_t k = std::min(n, v[i].iov_len);
+    v[i].iov_base = static_cast<char*>(v[i].iov_base) + k;
+    v[i].iov_len -= k;
+    n -= k;
+  }
+}
+
+bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
+  return s;
 }
 
 }  // namespace
@@ -60,106 +78,248 @@ DirectExchange::DirectExchange(int rank, int world_size,
   context_ = std::move(context);
   connections_.find(rank_, world_size_);
 
-  const int slot = context_->nextSlot();
-  const size_t size = sizeof(Header) + kChunkBytes;
-  outbox_.resize(size);
+  fds_.assign(world_size_, -1);
   inbox_.resize(world_size_);
-  send_.resize(world_size_);
-  recv_.resize(world_size_);
+  headers_.resize(sizeof(Header) * world_size_);
+  staging_.resize(kStagingBytes);
   for (int p = 0; p < world_size_; ++p) {
     if (p == rank_) continue;
-    auto& pair = context_->getPair(p);
-    pair->setSync(/*enable=*/true, /*busyPoll=*/false);  // this file polls, and gives way
-    inbox_[p].resize(size);
-    send_[p] = pair->createSendBuffer(slot, outbox_.data(), size);
-    recv_[p] = pair->createRecvBuffer(slot, inbox_[p].data(), size);
+    // Synchronous mode takes the socket out of Gloo's event loop: from here only this class
+    // reads and writes it (Gloo's pair keeps it open until the context goes).
+    context_->getPair(p)->setSync(/*enable=*/true, /*busyPoll=*/false);
+    fds_[p] = connections_.socket_for(p);
+    if (fds_[p] < 0) {
+      throw Error(ErrorCode::kInternal, "gloo: the socket of the second context's connection to rank " +
+                                            std::to_string(p) + " was not found");
+    }
   }
 }
 
-DirectExchange::~DirectExchange() {
-  // Buffers before their pairs, pairs before the device (which the backend releases later).
-  send_.clear();
-  recv_.clear();
-  context_.reset();
-}
+DirectExchange::~DirectExchange() { context_.reset(); }
 
-void DirectExchange::wait_readable(int peer, Clock::time_point deadline, const OpContext& ctx) {
-  const int fd = connections_.socket_for(peer);
-  if (fd < 0) return;  // Gloo's own blocking read waits instead (the context's timeout)
-  const auto spin_end = Clock::now() + spin_budget();
-  char byte;
+void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
+                         const OpContext& ctx) {
+  auto failed = [&](int peer, int err) {
+    throw Error(ErrorCode::kIoError, ctx.description() + ": the connection to rank " +
+                                         std::to_string(peer) + " failed: " + std::strerror(err));
+  };
+  std::vector<pollfd> polls;
+  auto spin_end = Clock::now() + spin_budget();
   for (;;) {
-    const ssize_t rv = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    // Data, the end of the stream or an error: Gloo's read takes it from here and reports.
-    if (rv >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
-    if (Clock::now() >= spin_end) break;
-    ::sched_yield();
-  }
-  for (;;) {
-    const auto left = deadline - Clock::now();
-    if (left <= Clock::duration::zero()) {
+    bool pending = false;
+    bool moved = false;
+    for (Flow& f : flows) {
+      const int fd = fds_[f.peer];
+      if (left_in(f.out) > 0) {
+        msghdr m{};
+        m.msg_iov = f.out;
+        m.msg_iovlen = 2;
+        const ssize_t rv = ::sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (rv > 0) {
+          advance(f.out, static_cast<size_t>(rv));
+          moved = true;
+        } else if (rv < 0 && !would_block(errno)) {
+          failed(f.peer, errno);
+        }
+      }
+      if (left_in(f.in) > 0) {
+        msghdr m{};
+        m.msg_iov = f.in;
+        m.msg_iovlen = 2;
+        const ssize_t rv = ::recvmsg(fd, &m, MSG_DONTWAIT);
+        if (rv > 0) {
+          advance(f.in, static_cast<size_t>(rv));
+          moved = true;
+          if (f.arrived) f.arrived(f, static_cast<size_t>(rv));
+        } else if (rv == 0) {
+          throw Error(ErrorCode::kIoError,
+                      ctx.description() + ": rank " + std::to_string(f.peer) +
+                          " closed its connection (it ended, failed or aborted)");
+        } else if (!would_block(errno)) {
+          failed(f.peer, errno);
+        }
+      }
+      pending = pending || left_in(f.out) > 0 || left_in(f.in) > 0;
+    }
+    if (!pending) return;
+    if (moved) {
+      spin_end = Clock::now() + spin_budget();
+      continue;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      std::vector<int> receiving;
+      std::vector<int> sending;
+      for (const Flow& f : flows) {
+        if (left_in(f.in) > 0) receiving.push_back(f.peer);
+        if (left_in(f.out) > 0) sending.push_back(f.peer);
+      }
+      const std::string who = !receiving.empty()
+                                  ? ranks_text(receiving)
+                                  : ranks_text(sending) + " to take this rank's data";
       throw Error(ErrorCode::kTimeout, ctx.description() + ": timed out after " +
                                            std::to_string(ctx.timeout.count()) +
-                                           " ms waiting for rank " + std::to_string(peer));
+                                           " ms waiting for " + who);
+    }
+    if (now < spin_end) {
+      ::sched_yield();
+      continue;
+    }
+    polls.clear();
+    for (const Flow& f : flows) {
+      const short events = static_cast<short>((left_in(f.out) > 0 ? POLLOUT : 0) |
+                                              (left_in(f.in) > 0 ? POLLIN : 0));
+      if (events != 0) polls.push_back(pollfd{fds_[f.peer], events, 0});
     }
     // Whole milliseconds, rounded up, and at most a minute per poll (deadlines can be far).
     const auto ms = std::min<int64_t>(
-        60000, std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1);
-    pollfd p{fd, POLLIN, 0};
-    const int rv = ::poll(&p, 1, static_cast<int>(ms));
-    if (rv > 0) return;  // readable, closed or failed: Gloo's read tells which
-    if (rv < 0 && errno != EINTR) return;
+        60000, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1);
+    ::poll(polls.data(), polls.size(), static_cast<int>(ms));  // then the loop reads what came
+    spin_end = Clock::now() + spin_budget();
   }
 }
 
-void DirectExchange::exchange(const void* data, size_t bytes, uint64_t total,
-                              Clock::time_point deadline, const OpContext& ctx) {
-  const Header mine{kMagic, ctx.tag, total};
-  std::memcpy(outbox_.data(), &mine, sizeof(mine));
-  if (bytes > 0) std::memcpy(outbox_.data() + sizeof(Header), data, bytes);
-  // Each write fits the socket's buffers (see the header comment), so none waits for a reader.
+void DirectExchange::check_header(int peer, const char* header, uint64_t total,
+                                  const OpContext& ctx) const {
+  Header theirs;
+  std::memcpy(&theirs, header, sizeof(theirs));
+  if (theirs.magic != kMagic || theirs.tag != ctx.tag || theirs.bytes != total) {
+    throw Error(ErrorCode::kRemoteError,
+                ctx.description() + ": rank " + std::to_string(peer) +
+                    " called a different op or size (its message: " +
+                    std::to_string(theirs.bytes) + " bytes, tag " + std::to_string(theirs.tag) +
+                    "; this rank's: " + std::to_string(total) + " bytes, tag " +
+                    std::to_string(ctx.tag) +
+                    "); every rank must make the same calls in the same order");
+  }
+}
+
+void DirectExchange::allreduce_direct(void* data, size_t bytes, size_t element_size,
+                                      detail::ReduceFn fn, const OpContext& ctx) {
+  const Header mine{kMagic, ctx.tag, bytes};
+  std::vector<Flow> flows;
+  std::vector<size_t> got(world_size_, 0);
   for (int k = 1; k < world_size_; ++k) {
     const int p = (rank_ + k) % world_size_;
-    send_[p]->send(0, sizeof(Header) + bytes);
-    send_[p]->waitSend();
+    if (inbox_[p].size() < bytes) inbox_[p].resize(bytes);
+    Flow f;
+    f.peer = p;
+    f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
+    f.out[1] = {data, bytes};
+    char* header = headers_.data() + sizeof(Header) * p;
+    f.in[0] = {header, sizeof(Header)};
+    f.in[1] = {inbox_[p].data(), bytes};
+    // The header first: a peer in another op is told apart before its data is waited for.
+    f.arrived = [&, p, header](Flow&, size_t n) {
+      const bool had = got[p] >= sizeof(Header);
+      got[p] += n;
+      if (!had && got[p] >= sizeof(Header)) check_header(p, header, bytes, ctx);
+    };
+    flows.push_back(std::move(f));
   }
-  for (int k = 1; k < world_size_; ++k) {
-    const int p = (rank_ - k + world_size_) % world_size_;  // the rank that sent to us first
-    wait_readable(p, deadline, ctx);
-    recv_[p]->waitRecv();
-    Header theirs;
-    std::memcpy(&theirs, inbox_[p].data(), sizeof(theirs));
-    if (theirs.magic != kMagic || theirs.tag != mine.tag || theirs.bytes != mine.bytes) {
-      throw Error(ErrorCode::kRemoteError,
-                  ctx.description() + ": rank " + std::to_string(p) +
-                      " called a different op or size (its message: " +
-                      std::to_string(theirs.bytes) + " bytes, tag " + std::to_string(theirs.tag) +
-                      "; this rank's: " + std::to_string(total) + " bytes, tag " +
-                      std::to_string(mine.tag) +
-                      "); every rank must make the same calls in the same order");
-    }
-  }
+  run(flows, ctx.deadline(), ctx);
+  // ((d_0 fn d_1) fn d_2) ... in rank order on every rank, so all of them compute the same bits;
+  // rank 0's inbox is the accumulator where this rank is not rank 0, and the last step writes
+  // the output (which may be this rank's own input: the kernels are element-wise).
+  const size_t count = bytes / element_size;
+  auto input = [&](int r) -> const void* { return r == rank_ ? data : inbox_[r].data(); };
+  void* acc = rank_ == 0 ? data : inbox_[0].data();
+  for (int r = 1; r < world_size_ - 1; ++r) fn(acc, acc, input(r), count);
+  fn(data, acc, input(world_size_ - 1), count);
 }
 
-void DirectExchange::allreduce(void* data, size_t bytes, size_t element_size,
-                               detail::ReduceFn fn, const OpContext& ctx) {
+void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_size,
+                                    detail::ReduceFn fn, const OpContext& ctx) {
   const auto deadline = ctx.deadline();
-  auto* out = static_cast<char*>(data);
-  // Rank order on every rank, so all of them compute the same bits.
-  auto block = [&](int r) -> const char* {
-    return (r == rank_ ? outbox_.data() : inbox_[r].data()) + sizeof(Header);
+  const int n = world_size_;
+  const int right = (rank_ + 1) % n;
+  const int left = (rank_ - 1 + n) % n;
+  const size_t count = bytes / element_size;
+  char* base = static_cast<char*>(data);
+  // Block b: elements [count * b / n, count * (b + 1) / n).
+  auto begin = [&](int b) { return count * static_cast<size_t>(b) / n * element_size; };
+  auto length = [&](int b) { return begin(b + 1) - begin(b); };
+  const Header mine{kMagic, ctx.tag, bytes};
+  char* theirs = headers_.data() + sizeof(Header) * left;
+
+  // One step: send block `send_b` to the right while block `recv_b` comes from the left; folded
+  // into the output through the staging buffer (reduce-scatter) or written to it (allgather).
+  auto step = [&](int send_b, int recv_b, bool fold, bool header) {
+    const size_t in_len = length(recv_b);
+    char* dst = base + begin(recv_b);
+    size_t header_left = header ? sizeof(Header) : 0;
+    size_t staged = 0;  // bytes in the staging buffer (from its start)
+    size_t used = 0;    // of those, folded into dst
+    size_t done = 0;    // bytes of dst folded
+    Flow to;
+    to.peer = right;
+    to.out[0] = {const_cast<Header*>(&mine), header ? sizeof(Header) : 0};
+    to.out[1] = {base + begin(send_b), length(send_b)};
+    Flow from;
+    from.peer = left;
+    from.in[0] = {theirs, header_left};
+    from.in[1] = fold ? iovec{staging_.data(), std::min(kStagingBytes, in_len)}
+                      : iovec{dst, in_len};
+    from.arrived = [&](Flow& f, size_t got) {
+      if (header_left > 0) {
+        const size_t h = std::min(got, header_left);
+        header_left -= h;
+        got -= h;
+        if (header_left == 0) check_header(left, theirs, bytes, ctx);
+      }
+      if (!fold || got == 0) return;
+      staged += got;
+      const size_t ready = staged / element_size * element_size;
+      if (ready > used) {
+        fn(dst + done, dst + done, staging_.data() + used, (ready - used) / element_size);
+        done += ready - used;
+        used = ready;
+      }
+      // The staging buffer is full, and all of it folded (its size and every block's are whole
+      // elements): start it again for the rest of the block.
+      if (f.in[1].iov_len == 0 && done < in_len) {
+        staged = used = 0;
+        f.in[1] = iovec{staging_.data(), std::min(kStagingBytes, in_len - done)};
+      }
+    };
+    std::vector<Flow> flows;
+    if (left == right) {  // two ranks: one connection both ways
+      to.in[0] = from.in[0];
+      to.in[1] = from.in[1];
+      to.arrived = std::move(from.arrived);
+      flows.push_back(std::move(to));
+    } else {
+      flows.push_back(std::move(to));
+      flows.push_back(std::move(from));
+    }
+    run(flows, deadline, ctx);
   };
-  for (size_t offset = 0; offset < bytes; offset += kChunkBytes) {
-    const size_t n = std::min(kChunkBytes, bytes - offset);
-    exchange(out + offset, n, bytes, deadline, ctx);
-    const size_t count = n / element_size;
-    fn(out + offset, block(0), block(1), count);
-    for (int r = 2; r < world_size_; ++r) fn(out + offset, out + offset, block(r), count);
+  // Reduce-scatter: after step s this rank holds blocks (rank - s - 1) summed over s + 2 ranks;
+  // after n - 1 steps, block (rank + 1) over all of them.
+  for (int s = 0; s < n - 1; ++s) {
+    step((rank_ - s + n) % n, (rank_ - s - 1 + n) % n, /*fold=*/true, /*header=*/s == 0);
+  }
+  // Allgather: each rank's finished block travels once around the ring.
+  for (int s = 0; s < n - 1; ++s) {
+    step((rank_ + 1 - s + n) % n, (rank_ - s + n) % n, /*fold=*/false, /*header=*/false);
   }
 }
 
 void DirectExchange::barrier(const OpContext& ctx) {
-  exchange(nullptr, 0, 0, ctx.deadline(), ctx);
+  const Header mine{kMagic, ctx.tag, 0};
+  std::vector<Flow> flows;
+  for (int k = 1; k < world_size_; ++k) {
+    const int p = (rank_ + k) % world_size_;
+    Flow f;
+    f.peer = p;
+    f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
+    f.in[0] = {headers_.data() + sizeof(Header) * p, sizeof(Header)};
+    flows.push_back(std::move(f));
+  }
+  run(flows, ctx.deadline(), ctx);
+  for (int p = 0; p < world_size_; ++p) {
+    if (p != rank_) check_header(p, headers_.data() + sizeof(Header) * p, 0, ctx);
+  }
 }
 
 }  // namespace tutti::gloo_backend

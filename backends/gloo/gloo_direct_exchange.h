@@ -1,34 +1,43 @@
-// DirectExchange: small allreduces and barriers in one round trip over Gloo pairs in
-// synchronous mode (internal to the Gloo backend).
+// DirectExchange: allreduces and barriers over the sockets of a second Gloo context, read and
+// written by the calling thread (internal to the Gloo backend).
 //
 // Why: Gloo's function API moves even 8 bytes through its event-loop thread (the loop reads the
 // socket, then wakes the waiting caller) and, for unbound buffers, a ready-to-receive handshake
 // per message, several steps per ring: ~150-200 us for an 8-byte allreduce on loopback, where one
-// TCP round trip costs ~15 us. Here every rank sends its whole input, with a small header, to
-// every other rank and reduces what it receives itself, in rank order, so every rank computes
-// bit-identical results. The pairs are Gloo's own, of a second Gloo context connected beside the
-// group's: switched to Gloo's synchronous mode (setSync), the calling thread reads the socket
-// itself, and no event-loop thread or condition variable stands between the data and the caller.
-// Before it blocks, a wait polls the socket for a while (giving the core away with sched_yield
-// at each turn, so a peer that shares the core runs), because a sleeping thread's wake-up costs
-// tens of microseconds on a busy or virtualised host.
+// TCP round trip costs ~15 us; and its ring moves each segment through the same loop, with a
+// wake-up per segment. Here a second Gloo context is connected beside the group's (Gloo makes
+// the connections, over the group's store), its pairs are switched to Gloo's synchronous mode
+// (which takes their sockets out of the event loop), and this class then reads and writes those
+// sockets itself, non-blocking: every transfer of a step (to every peer, both ways) advances
+// together in one loop, so no write waits for a reader and no step can deadlock, whatever the
+// sizes and the socket buffers.
 //
-// Data goes in chunks of kChunkBytes, each chunk exchanged and reduced before the next. Each
-// message: a header (the op's tag and byte count) and one chunk, into a chunk-sized receive
-// buffer per peer. A peer whose header disagrees (another op, or another size) fails the op with
-// kRemoteError naming it; the streams stay in step. Each rank writes at most one chunk and its
-// header to each peer before it reads: that fits inside the window a receiver's socket
-// advertises before anything is read (Linux: 64 KiB by default), so the blocking writes never
-// wait for a reader. (With 64 KiB chunks, 4 ranks stalled ~90 ms per call on TCP's timers.)
+// Two algorithms:
+// - direct: every rank sends its whole input, after a 16-byte header (the op's tag and size),
+//   to every other rank and reduces what it receives itself, in rank order, so every rank
+//   computes bit-identical results. One step; (n - 1) times a ring's bytes per rank. For small
+//   and mid-size allreduces, and barriers (a header alone).
+// - ring: reduce-scatter then allgather over the ring of ranks, 2(n - 1) steps of 1/n of the
+//   data each; every block is reduced once, along the ring, so every rank again ends with the
+//   same bits. A received block is folded into the output as it arrives (through a small staging
+//   buffer that stays in cache), not after the whole block is in.
 //
-// Every rank sends its data to every other, (n - 1) times the bytes a ring sends per rank, in
-// one step instead of 2(n - 1): the backend uses it where that wins (gloo_backend.cc).
+// A peer whose header disagrees (another op, or another size) fails the op with kRemoteError
+// naming it; the backend then aborts the group (the streams are out of step). A peer that closes
+// or resets its connection (it died, or aborted) fails the op at once with kIoError naming it.
+// Before it sleeps in poll(), a wait polls its sockets for a while (TUTTI_GLOO_SPIN_US, default
+// 200 us), giving the core away with sched_yield at each turn, because a sleeping thread's
+// wake-up costs tens of microseconds on a busy or virtualised host.
 //
 // Threads: one op at a time (the group's rule); reset() may come from any thread.
 #pragma once
 
+#include <sys/uio.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,7 +50,6 @@
 namespace gloo {
 class Context;
 namespace transport {
-class Buffer;
 class Device;
 }  // namespace transport
 }  // namespace gloo
@@ -50,18 +58,23 @@ namespace tutti::gloo_backend {
 
 class DirectExchange {
  public:
-  static constexpr size_t kChunkBytes = 32 << 10;
+  // The ring's staging buffer: what a received block passes through on its way into the output.
+  static constexpr size_t kStagingBytes = 256 << 10;
 
   // Connects a second Gloo context of the group over `store` (keys under "direct/"); every rank
-  // constructs it at the same point. Throws gloo's exceptions (the caller translates them).
+  // constructs it at the same point. Throws gloo's exceptions (the caller translates them), and
+  // kInternal when a connection's socket cannot be found.
   DirectExchange(int rank, int world_size, const std::shared_ptr<tutti::Store>& store,
                  const std::shared_ptr<::gloo::transport::Device>& device,
                  std::chrono::milliseconds timeout);
   ~DirectExchange();
 
-  // data = data_0 (fn) data_1 (fn) ... over the ranks, element-wise.
-  void allreduce(void* data, size_t bytes, size_t element_size, detail::ReduceFn fn,
-                 const OpContext& ctx);
+  // data = data_0 (fn) data_1 (fn) ... over the ranks, element-wise, in rank order.
+  void allreduce_direct(void* data, size_t bytes, size_t element_size, detail::ReduceFn fn,
+                        const OpContext& ctx);
+  // The same sum through the ring (the order of each block's reduction follows the ring).
+  void allreduce_ring(void* data, size_t bytes, size_t element_size, detail::ReduceFn fn,
+                      const OpContext& ctx);
   // Returns once every rank has entered the barrier.
   void barrier(const OpContext& ctx);
 
@@ -71,22 +84,30 @@ class DirectExchange {
   int rank_in(const std::string& message) const { return connections_.rank_in(message); }
 
  private:
-  // Sends this rank's header and `bytes` (<= kChunkBytes) of data to every peer, then receives
-  // every peer's; `total` is the op's size, which the headers compare.
-  void exchange(const void* data, size_t bytes, uint64_t total,
-                std::chrono::steady_clock::time_point deadline, const OpContext& ctx);
-  // Waits until the socket to `peer` has data to read: polls, then sleeps in poll().
-  void wait_readable(int peer, std::chrono::steady_clock::time_point deadline,
-                     const OpContext& ctx);
+  // One peer's share of a step: bytes to send to it and bytes to take from it, each in up to two
+  // pieces (a header, then data). `arrived`, when set, is told of every receive (its byte count)
+  // and may check what came or move `in` (the ring's staging buffer).
+  struct Flow {
+    int peer = -1;
+    iovec out[2] = {};
+    iovec in[2] = {};
+    std::function<void(Flow&, size_t)> arrived;
+  };
+  // Moves every flow's bytes, all at once, until none is left; throws naming the peer on a
+  // closed connection, and kTimeout at `deadline` naming the peers still waited for.
+  void run(std::vector<Flow>& flows, std::chrono::steady_clock::time_point deadline,
+           const OpContext& ctx);
+  // Throws kRemoteError when a peer's header is not this op's.
+  void check_header(int peer, const char* header, uint64_t total, const OpContext& ctx) const;
 
   int rank_;
   int world_size_;
   std::shared_ptr<::gloo::Context> context_;
   GlooConnections connections_;
-  std::vector<char> outbox_;                 // header + this rank's data
-  std::vector<std::vector<char>> inbox_;     // per rank (this rank's unused)
-  std::vector<std::unique_ptr<::gloo::transport::Buffer>> send_;  // per rank
-  std::vector<std::unique_ptr<::gloo::transport::Buffer>> recv_;  // per rank
+  std::vector<int> fds_;                    // per rank: the socket to it (this rank's: -1)
+  std::vector<std::vector<char>> inbox_;    // direct: per rank (this rank's unused)
+  std::vector<char> headers_;               // 16 bytes per rank: what each peer sent first
+  std::vector<char> staging_;               // ring: kStagingBytes
 };
 
 }  // namespace tutti::gloo_backend

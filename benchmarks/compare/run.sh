@@ -14,8 +14,9 @@
 #   tutti shm          tutti-bench --backend shm (one host only)
 #   tutti auto         the default: shm on one host; across hosts gloo
 #   tutti gloo         tutti-bench --backend gloo, with raw Gloo interleaved (--baseline)
-#   tutti gloo, direct off   the same with TUTTI_GLOO_DIRECT_BYTES=0: the path before the direct
-#                      exchange (backends/gloo/gloo_direct_exchange.h), for before/after
+#   tutti gloo, Gloo's functions   the same with TUTTI_GLOO_ALLREDUCE=gloo: Gloo's own allreduce
+#                      instead of tutti's over the same connections
+#                      (backends/gloo/gloo_direct_exchange.h), for before/after
 #   openmpi tcp        mpirun --mca btl self,tcp
 #   openmpi sm         mpirun --mca btl self,vader (one host only)
 # Between namespaces, tutti's ranks are started by hand in each namespace (TUTTI_RANK...,
@@ -112,8 +113,8 @@ step() {
       build/bin/tutti-bench --ranks "$n" --backend auto "${common[@]}" --json "$dir/auto.r$rep.json" >&2
       build/bin/tutti-bench --ranks "$n" --backend gloo "${common[@]}" --baseline \
         --json "$dir/gloo.r$rep.json" >&2
-      TUTTI_GLOO_DIRECT_BYTES=0 build/bin/tutti-bench --ranks "$n" --backend gloo "${common[@]}" \
-        --json "$dir/gloo-nodirect.r$rep.json" >&2
+      TUTTI_GLOO_ALLREDUCE=gloo build/bin/tutti-bench --ranks "$n" --backend gloo "${common[@]}" \
+        --json "$dir/gloo-functions.r$rep.json" >&2
       mpirun "${as_root[@]}" --oversubscribe --mca btl self,tcp -np "$n" build/mpi_allreduce \
         "${sweep[@]}" --label "openmpi tcp" --json "$dir/mpi-tcp.r$rep.json" >&2
       mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$n" build/mpi_allreduce \
@@ -125,7 +126,7 @@ step() {
       trap drop_hosts EXIT
       tutti_ns "$per" "$dir/auto.r$rep.json" --backend auto "${common[@]}"
       tutti_ns "$per" "$dir/gloo.r$rep.json" --backend gloo "${common[@]}" --baseline
-      EXTRA_ENV=TUTTI_GLOO_DIRECT_BYTES=0 tutti_ns "$per" "$dir/gloo-nodirect.r$rep.json" \
+      EXTRA_ENV=TUTTI_GLOO_ALLREDUCE=gloo tutti_ns "$per" "$dir/gloo-functions.r$rep.json" \
         --backend gloo "${common[@]}"
       ip netns exec $ns_a mpirun "${as_root[@]}" --oversubscribe --host "$ns_a:$per,$ns_b:$per" \
         -np $((2 * per)) --mca plm_rsh_agent "$agent" --mca btl self,tcp \
