@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "test_util.h"
 
@@ -15,7 +16,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
-constexpr size_t kChunk = 32 << 10;
+constexpr size_t k32K = 32 << 10;
 
 // Sizes around 32 KiB and past a socket's initial 64 KiB window, in int32 elements, at 2 and 3
 // ranks, through the direct exchange (TUTTI_GLOO_ALLREDUCE=direct): rank r contributes
@@ -25,7 +26,7 @@ TEST(GlooDirect, AllreduceAcrossWindowSizes) {
     ::setenv("TUTTI_GLOO_ALLREDUCE", "direct", 1);
     auto groups = create_groups(world, "gloo", unique_name("direct-chunks"));
     ::unsetenv("TUTTI_GLOO_ALLREDUCE");
-    const int64_t counts[] = {1, kChunk / 4 - 1, kChunk / 4, kChunk / 4 + 1, 3 * kChunk / 4 + 5};
+    const int64_t counts[] = {1, k32K / 4 - 1, k32K / 4, k32K / 4 + 1, 3 * k32K / 4 + 5};
     run_ranks(world, [&](int r) {
       for (int64_t n : counts) {
         std::vector<int32_t> v(n);
@@ -249,33 +250,67 @@ TEST(GlooRing, ASilentPeerTimesOutNamingIt) {
   });
 }
 
-TEST(GlooDirect, ABadChoiceIsRefusedNamingIt) {
-  ::setenv("TUTTI_GLOO_ALLREDUCE", "fastest", 1);
-  auto store = std::make_shared<HashStore>(milliseconds(5000));
-  const std::string name = unique_name("direct-bad-choice");
-  std::vector<std::string> errors(2);
-  run_ranks(2, [&](int r) {
-    GroupOptions options;
-    options.store = store;
-    options.timeout = milliseconds(5000);
-    try {
-      CollectiveGroup::create(2, r, "gloo", name, options);
-    } catch (const Error& e) {
-      errors[r] = e.what();
-    }
-  });
-  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(errors[r].find("TUTTI_GLOO_ALLREDUCE must be auto, direct, ring or gloo, not 'fastest'"),
-              std::string::npos)
-        << "rank " << r << ": " << errors[r];
+// 1-byte elements whose blocks fill the 256 KiB staging buffer more than once, at 2 and 3 ranks.
+TEST(GlooRing, SmallElementsRefillTheStagingBuffer) {
+  for (int world : {2, 3}) {
+    ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
+    auto groups = create_groups(world, "gloo", unique_name("ring-bytes"));
+    ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+    const int64_t n = int64_t{world} * (600 << 10) + 7;
+    run_ranks(world, [&](int r) {
+      std::vector<uint8_t> c(n);
+      for (int64_t i = 0; i < n; ++i) c[i] = static_cast<uint8_t>(r * 3 + i);
+      groups[r]->allreduce(c);
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        wrong += c[i] != static_cast<uint8_t>(3 * world * (world - 1) / 2 + world * i);
+      }
+      EXPECT_EQ(wrong, 0) << "world " << world << ", rank " << r;
+    });
   }
 }
 
-TEST(GlooDirect, ABadLimitIsRefusedNamingIt) {
-  ::setenv("TUTTI_GLOO_DIRECT_BYTES", "lots", 1);
+// abort() from another thread ends a ring allreduce that waits in poll() for a peer that never
+// calls, at once.
+TEST(GlooRing, AbortFromAnotherThreadEndsAWaitingRing) {
+  ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
+  auto groups = create_groups(2, "gloo", unique_name("ring-abort"), milliseconds(30000));
+  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  std::vector<float> v(1 << 20, 1.0f);
+  double ended_ms = 0;
+  std::thread op([&] {
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kAborted, "allreduce #0", "stop");
+    ended_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                   .count();
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  groups[0]->abort("stop");
+  op.join();
+  EXPECT_LT(ended_ms, 300 + 2000);
+}
+
+// The direct exchange forced at sizes far past the sockets' buffers, at 3 ranks: every rank
+// writes 32 MiB to each peer while reading theirs, which blocking writes would deadlock.
+TEST(GlooDirect, MessagesLargerThanTheSocketBuffersDoNotDeadlock) {
+  ::setenv("TUTTI_GLOO_ALLREDUCE", "direct", 1);
+  auto groups = create_groups(3, "gloo", unique_name("direct-large"), milliseconds(60000));
+  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  run_ranks(3, [&](int r) {
+    std::vector<int32_t> v((size_t{32} << 20) / 4, r + 1);
+    v.back() = 10 * r;
+    groups[r]->allreduce(v);
+    EXPECT_EQ(v.front(), 1 + 2 + 3);
+    EXPECT_EQ(v[v.size() / 2], 1 + 2 + 3);
+    EXPECT_EQ(v.back(), 0 + 10 + 20);
+  });
+}
+
+// What init says on each of 2 ranks with `variable` set to `value`.
+std::vector<std::string> init_errors_with(const char* variable, const char* value) {
+  ::setenv(variable, value, 1);
   auto store = std::make_shared<HashStore>(milliseconds(5000));
-  const std::string name = unique_name("direct-bad");
+  const std::string name = unique_name("direct-bad-setting");
   std::vector<std::string> errors(2);
   run_ranks(2, [&](int r) {
     GroupOptions options;
@@ -287,11 +322,44 @@ TEST(GlooDirect, ABadLimitIsRefusedNamingIt) {
       errors[r] = e.what();
     }
   });
-  ::unsetenv("TUTTI_GLOO_DIRECT_BYTES");
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_NE(errors[r].find("TUTTI_GLOO_DIRECT_BYTES must be a byte count, not 'lots'"),
-              std::string::npos)
-        << "rank " << r << ": " << errors[r];
+  ::unsetenv(variable);
+  return errors;
+}
+
+TEST(GlooDirect, BadSettingsAreRefusedNamingThem) {
+  const struct {
+    const char* variable;
+    const char* value;
+    const char* message;
+  } cases[] = {
+      {"TUTTI_GLOO_ALLREDUCE", "fastest",
+       "TUTTI_GLOO_ALLREDUCE must be auto, direct, ring or gloo, not 'fastest'"},
+      {"TUTTI_GLOO_DIRECT_BYTES", "lots", "TUTTI_GLOO_DIRECT_BYTES must be a byte count, not 'lots'"},
+      {"TUTTI_GLOO_SNDBUF", "big", "TUTTI_GLOO_SNDBUF must be a byte count, not 'big'"},
+  };
+  for (const auto& c : cases) {
+    const auto errors = init_errors_with(c.variable, c.value);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(errors[r].find(c.message), std::string::npos) << "rank " << r << ": " << errors[r];
+    }
+  }
+}
+
+// Send buffers chosen by hand (1 page, and the kernel's autotuning for a same-host peer) change
+// the speed, never the sums.
+TEST(GlooDirect, AnySendBufferGivesTheSameSums) {
+  for (const char* bytes : {"4096", "0"}) {
+    ::setenv("TUTTI_GLOO_SNDBUF", bytes, 1);
+    auto groups = create_groups(3, "gloo", unique_name("direct-sndbuf"));
+    ::unsetenv("TUTTI_GLOO_SNDBUF");
+    run_ranks(3, [&](int r) {
+      for (size_t n : {size_t{10}, size_t{1} << 18}) {
+        std::vector<int32_t> v(n, r + 1);
+        groups[r]->allreduce(v);
+        EXPECT_EQ(v.front(), 6) << "TUTTI_GLOO_SNDBUF=" << bytes << ", " << n << " elements";
+        EXPECT_EQ(v.back(), 6) << "TUTTI_GLOO_SNDBUF=" << bytes << ", " << n << " elements";
+      }
+    });
   }
 }
 

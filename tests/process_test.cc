@@ -69,6 +69,11 @@ TEST(Processes, RanksDisagreeingOnWorldSizeBothFailFast) {
   expect_all_ok(run_workers("wrong_world", 2, file_url(dir), milliseconds(60000), {"20000"}));
 }
 
+TEST(Processes, RanksWithDifferentGlooSettingsFailAtInit) {
+  TempDir dir;
+  expect_all_ok(run_workers("gloo_setting", 2, file_url(dir), milliseconds(60000), {"20000"}));
+}
+
 // The rank that hosts the TCP store fails its backend: it lets the others read why before its
 // departure stops the store, so they fail naming it (the worker checks each message and that it
 // came within 5 s).

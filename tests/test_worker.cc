@@ -202,6 +202,18 @@ void scenario_wrong_world(const Args& a) {
   require(ms_since(start) < a.timeout.count() / 2.0, "failed fast, not at the timeout");
 }
 
+void scenario_gloo_setting(const Args& a) {
+  // Rank 1 chooses the ring for every allreduce, rank 0 the default: both fail at init, naming the
+  // settings, instead of mixing up each other's bytes at the first allreduce.
+  if (a.rank == 1) ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
+  const std::string needle = "rank 0's Gloo allreduce setting is 'auto, the direct exchange up to "
+                             "262144 bytes', this rank's 'ring'";
+  const auto start = Clock::now();
+  expect_error([&] { init_collective_group(2, a.rank, "gloo", "gloo-setting", options(a)); },
+               a.rank == 1 ? ErrorCode::kInvalidArgument : ErrorCode::kRemoteError, needle);
+  require(ms_since(start) < a.timeout.count() / 2.0, "failed fast, not at the timeout");
+}
+
 void scenario_claim(const Args& a) {
   // Two processes claim the same rank: one fails fast, the other waits for the real peer.
   try {
@@ -523,6 +535,7 @@ int main(int argc, char** argv) {
       {"claim", scenario_claim},
       {"host_fails", scenario_host_fails},
       {"wrong_world", scenario_wrong_world},
+      {"gloo_setting", scenario_gloo_setting},
       {"abort_mid_op", scenario_abort_mid_op},
   };
   const std::string scenario = argc >= 2 ? argv[1] : "";

@@ -72,18 +72,20 @@ std::chrono::milliseconds left_until(Clock::time_point deadline) {
 }
 
 // Where the direct exchange stops beating the ring (tutti's, over the same sockets): measured on
-// loopback, 2026-12-01 (docs/PERFORMANCE.md): at 2 ranks even from 64 KiB to 512 KiB and the ring
-// 2.2-2.6x ahead at 1 MiB; at 4 ranks the direct exchange ahead up to 32 KiB, even at 64 KiB, the
-// ring 1.6x ahead at 128 KiB. Above 4 ranks the direct exchange's (n - 1)-fold traffic makes its
-// limit a guess, kept smaller.
+// loopback, 2026-12-01, with the 128 KiB local send buffers (docs/PERFORMANCE.md): at 2 ranks the
+// direct exchange ahead up to 32 KiB, even from 64 KiB to 256 KiB, the ring ahead from 512 KiB; at
+// 4 ranks the direct exchange ahead at 16 KiB, even at 32 KiB, the ring 1.4-1.6x ahead from
+// 64 KiB. Above 4 ranks the direct exchange's (n - 1)-fold traffic makes its limit a guess, kept
+// smaller.
 size_t direct_default(int world_size) {
-  if (world_size == 2) return size_t{512} << 10;
-  if (world_size <= 4) return size_t{64} << 10;
-  return size_t{16} << 10;
+  if (world_size == 2) return size_t{256} << 10;
+  if (world_size <= 4) return size_t{32} << 10;
+  return size_t{8} << 10;
 }
 
 // The largest allreduce the direct exchange carries when the choice is automatic:
-// TUTTI_GLOO_DIRECT_BYTES, else what was measured for this many ranks.
+// TUTTI_GLOO_DIRECT_BYTES (0: none, the ring takes every size), else what was measured for this
+// many ranks.
 size_t direct_limit(int world_size) {
   const char* v = std::getenv("TUTTI_GLOO_DIRECT_BYTES");
   if (v == nullptr || *v == '\0') return direct_default(world_size);
@@ -107,6 +109,60 @@ GlooAllreduce allreduce_choice() {
   if (s == "gloo") return GlooAllreduce::kGloo;
   throw Error(ErrorCode::kInvalidArgument,
               "TUTTI_GLOO_ALLREDUCE must be auto, direct, ring or gloo, not '" + s + "'");
+}
+
+// The send buffer of the direct exchange's connection to each rank (0: the kernel's autotuning):
+// TUTTI_GLOO_SNDBUF for every connection when set, else DirectExchange::kLocalSendBufferBytes to
+// the ranks of this host and autotuning across hosts.
+std::vector<size_t> send_buffer_sizes(const BackendContext& ctx) {
+  const char* v = std::getenv("TUTTI_GLOO_SNDBUF");
+  if (v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (*end != '\0') {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("TUTTI_GLOO_SNDBUF must be a byte count, not '") + v + "'");
+    }
+    return std::vector<size_t>(ctx.world_size, static_cast<size_t>(n));
+  }
+  std::vector<size_t> sizes(ctx.world_size, 0);
+  const auto& hosts = ctx.hosts;
+  for (int r = 0; r < ctx.world_size; ++r) {
+    const bool known = static_cast<size_t>(r) < hosts.size() &&
+                       static_cast<size_t>(ctx.rank) < hosts.size();
+    if (known && hosts[r] == hosts[ctx.rank]) sizes[r] = DirectExchange::kLocalSendBufferBytes;
+  }
+  return sizes;
+}
+
+// What this rank's settings make allreduce choose, for comparing across ranks ("auto, the direct
+// exchange up to 524288 bytes").
+std::string allreduce_setting(GlooAllreduce choice, size_t limit) {
+  switch (choice) {
+    case GlooAllreduce::kAuto:
+      return "auto, the direct exchange up to " + std::to_string(limit) + " bytes";
+    case GlooAllreduce::kDirect: return "direct";
+    case GlooAllreduce::kRing: return "ring";
+    case GlooAllreduce::kGloo: return "gloo";
+  }
+  return "?";
+}
+
+// Every rank must choose the same algorithm for the same call: rank 0 publishes its settings and
+// the others compare theirs, before any connection is made.
+void agree_on_settings(Store& store, int rank, const std::string& mine) {
+  const std::string key = "gloo/allreduce-setting";
+  if (rank == 0) {
+    store.set(key, mine);
+    return;
+  }
+  const std::string theirs = store.get(key);
+  if (theirs != mine) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "rank 0's Gloo allreduce setting is '" + theirs + "', this rank's '" + mine +
+                    "': TUTTI_GLOO_ALLREDUCE and TUTTI_GLOO_DIRECT_BYTES must be the same on "
+                    "every rank");
+  }
 }
 
 // The direct exchange and the ring send up to (n - 1) messages per rank and keep a socket per
@@ -156,6 +212,9 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
   if (world_size_ == 1) return;  // every op is local: no device, no threads
   direct_limit_ = direct_limit(world_size_);
   algorithm_ = allreduce_choice();
+  // Every setting is read before anything connects: a bad one fails every rank alike, at once.
+  const std::vector<size_t> send_buffers = send_buffer_sizes(ctx);
+  agree_on_settings(*ctx.store, rank_, allreduce_setting(algorithm_, direct_limit_));
   ignore_sigpipe();
   try {
     device_ = ::gloo::transport::tcp::CreateDevice(device_attr());
@@ -169,7 +228,7 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
     connections_.find(rank_, world_size_);
     if (algorithm_ != GlooAllreduce::kGloo && world_size_ <= kMaxDirectRanks) {
       direct_ = std::make_unique<DirectExchange>(rank_, world_size_, ctx.store, device_,
-                                                 capped(ctx.timeout));
+                                                 capped(ctx.timeout), send_buffers);
     }
   } catch (const ::gloo::IoException& e) {
     const std::string msg = e.what();

@@ -13,7 +13,7 @@
 //
 // Allreduces and barriers go over a second context whose sockets tutti reads and writes itself
 // (gloo_direct_exchange.h), in groups of up to 64 ranks: allreduces of up to
-// TUTTI_GLOO_DIRECT_BYTES (default 512 KiB at 2 ranks, 64 KiB at 3-4, 16 KiB above) in one step
+// TUTTI_GLOO_DIRECT_BYTES (default 256 KiB at 2 ranks, 32 KiB at 3-4, 8 KiB above) in one step
 // (every rank sends its data to every other), larger ones through a ring that folds data in as it
 // arrives. TUTTI_GLOO_ALLREDUCE=direct|ring forces one of them, =gloo uses Gloo's own functions
 // (and makes no second context).

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "gloo_store.h"
@@ -20,14 +21,25 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What every rank sends first in an op. 16 bytes.
+// What every rank sends first in an op. 16 bytes. The magic says which algorithm sent it: ranks
+// that chose differently (another TUTTI_GLOO_ALLREDUCE or limit; the backend also compares the
+// settings when it connects) fail naming it instead of mixing up each other's bytes.
 struct Header {
   uint32_t magic;
   uint32_t tag;
   uint64_t bytes;
 };
 static_assert(sizeof(Header) == 16, "a header is 16 bytes on the wire");
-constexpr uint32_t kMagic = 0x74757474;  // "tutt"
+enum class Kind : uint32_t { kDirect = 0x74757444, kRing = 0x74757452, kBarrier = 0x74757442 };
+
+const char* kind_name(uint32_t magic) {
+  switch (static_cast<Kind>(magic)) {
+    case Kind::kDirect: return "the direct exchange";
+    case Kind::kRing: return "the ring";
+    case Kind::kBarrier: return "a barrier";
+  }
+  return "no tutti header";
+}
 
 // How long a wait polls before it sleeps. A round trip on loopback takes ~15 us and a peer
 // that is late by a scheduling slice takes milliseconds: polling covers the first and gives up
@@ -65,7 +77,8 @@ std::string ranks_text(const std::vector<int>& ranks) {
 DirectExchange::DirectExchange(int rank, int world_size,
                                const std::shared_ptr<tutti::Store>& store,
                                const std::shared_ptr<::gloo::transport::Device>& device,
-                               std::chrono::milliseconds timeout)
+                               std::chrono::milliseconds timeout,
+                               const std::vector<size_t>& send_buffers)
     : rank_(rank), world_size_(world_size) {
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, world_size);
   context->setTimeout(timeout);
@@ -88,6 +101,10 @@ DirectExchange::DirectExchange(int rank, int world_size,
     // reads and writes it (Gloo's pair keeps it open until the context goes).
     context_->getPair(p)->setSync(/*enable=*/true, /*busyPoll=*/false);
     fds_[p] = connections_.socket_for(p);
+    if (static_cast<size_t>(p) < send_buffers.size() && send_buffers[p] > 0) {
+      const int v = static_cast<int>(std::min<size_t>(send_buffers[p], INT_MAX / 2));
+      ::setsockopt(fds_[p], SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
+    }
     if (fds_[p] < 0) {
       throw Error(ErrorCode::kInternal, "gloo: the socket of the second context's connection to rank " +
                                             std::to_string(p) + " was not found");
@@ -142,11 +159,11 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
       pending = pending || left_in(f.out) > 0 || left_in(f.in) > 0;
     }
     if (!pending) return;
-    if (moved) {
-      spin_end = Clock::now() + spin_budget();
+    const auto now = Clock::now();
+    if (moved && now < deadline) {  // a peer that sends slowly still ends at the deadline
+      spin_end = now + spin_budget();
       continue;
     }
-    const auto now = Clock::now();
     if (now >= deadline) {
       std::vector<int> receiving;
       std::vector<int> sending;
@@ -179,24 +196,26 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
   }
 }
 
-void DirectExchange::check_header(int peer, const char* header, uint64_t total,
+void DirectExchange::check_header(int peer, const char* header, uint32_t magic, uint64_t total,
                                   const OpContext& ctx) const {
   Header theirs;
   std::memcpy(&theirs, header, sizeof(theirs));
-  if (theirs.magic != kMagic || theirs.tag != ctx.tag || theirs.bytes != total) {
+  if (theirs.magic != magic || theirs.tag != ctx.tag || theirs.bytes != total) {
     throw Error(ErrorCode::kRemoteError,
                 ctx.description() + ": rank " + std::to_string(peer) +
                     " called a different op or size (its message: " +
                     std::to_string(theirs.bytes) + " bytes, tag " + std::to_string(theirs.tag) +
-                    "; this rank's: " + std::to_string(total) + " bytes, tag " +
-                    std::to_string(ctx.tag) +
-                    "); every rank must make the same calls in the same order");
+                    " by " + kind_name(theirs.magic) + "; this rank's: " + std::to_string(total) +
+                    " bytes, tag " + std::to_string(ctx.tag) + " by " + kind_name(magic) +
+                    "); every rank must make the same calls in the same order, with the same "
+                    "TUTTI_GLOO_ALLREDUCE and TUTTI_GLOO_DIRECT_BYTES");
   }
 }
 
 void DirectExchange::allreduce_direct(void* data, size_t bytes, size_t element_size,
                                       detail::ReduceFn fn, const OpContext& ctx) {
-  const Header mine{kMagic, ctx.tag, bytes};
+  if (world_size_ == 1) return;
+  const Header mine{static_cast<uint32_t>(Kind::kDirect), ctx.tag, bytes};
   std::vector<Flow> flows;
   std::vector<size_t> got(world_size_, 0);
   for (int k = 1; k < world_size_; ++k) {
@@ -213,7 +232,7 @@ void DirectExchange::allreduce_direct(void* data, size_t bytes, size_t element_s
     f.arrived = [&, p, header](Flow&, size_t n) {
       const bool had = got[p] >= sizeof(Header);
       got[p] += n;
-      if (!had && got[p] >= sizeof(Header)) check_header(p, header, bytes, ctx);
+      if (!had && got[p] >= sizeof(Header)) check_header(p, header, mine.magic, bytes, ctx);
     };
     flows.push_back(std::move(f));
   }
@@ -230,6 +249,7 @@ void DirectExchange::allreduce_direct(void* data, size_t bytes, size_t element_s
 
 void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_size,
                                     detail::ReduceFn fn, const OpContext& ctx) {
+  if (world_size_ == 1) return;
   const auto deadline = ctx.deadline();
   const int n = world_size_;
   const int right = (rank_ + 1) % n;
@@ -239,7 +259,7 @@ void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_siz
   // Block b: elements [count * b / n, count * (b + 1) / n).
   auto begin = [&](int b) { return count * static_cast<size_t>(b) / n * element_size; };
   auto length = [&](int b) { return begin(b + 1) - begin(b); };
-  const Header mine{kMagic, ctx.tag, bytes};
+  const Header mine{static_cast<uint32_t>(Kind::kRing), ctx.tag, bytes};
   char* theirs = headers_.data() + sizeof(Header) * left;
 
   // One step: send block `send_b` to the right while block `recv_b` comes from the left; folded
@@ -265,7 +285,7 @@ void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_siz
         const size_t h = std::min(got, header_left);
         header_left -= h;
         got -= h;
-        if (header_left == 0) check_header(left, theirs, bytes, ctx);
+        if (header_left == 0) check_header(left, theirs, mine.magic, bytes, ctx);
       }
       if (!fold || got == 0) return;
       staged += got;
@@ -306,7 +326,7 @@ void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_siz
 }
 
 void DirectExchange::barrier(const OpContext& ctx) {
-  const Header mine{kMagic, ctx.tag, 0};
+  const Header mine{static_cast<uint32_t>(Kind::kBarrier), ctx.tag, 0};
   std::vector<Flow> flows;
   for (int k = 1; k < world_size_; ++k) {
     const int p = (rank_ + k) % world_size_;
@@ -318,7 +338,7 @@ void DirectExchange::barrier(const OpContext& ctx) {
   }
   run(flows, ctx.deadline(), ctx);
   for (int p = 0; p < world_size_; ++p) {
-    if (p != rank_) check_header(p, headers_.data() + sizeof(Header) * p, 0, ctx);
+    if (p != rank_) check_header(p, headers_.data() + sizeof(Header) * p, mine.magic, 0, ctx);
   }
 }
 

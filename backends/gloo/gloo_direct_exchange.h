@@ -22,7 +22,7 @@
 //   same bits. A received block is folded into the output as it arrives (through a small staging
 //   buffer that stays in cache), not after the whole block is in.
 //
-// A peer whose header disagrees (another op, or another size) fails the op with kRemoteError
+// A peer whose header disagrees (another op, size or algorithm) fails the op with kRemoteError
 // naming it; the backend then aborts the group (the streams are out of step). A peer that closes
 // or resets its connection (it died, or aborted) fails the op at once with kIoError naming it.
 // Before it sleeps in poll(), a wait polls its sockets for a while (TUTTI_GLOO_SPIN_US, default
@@ -60,13 +60,20 @@ class DirectExchange {
  public:
   // The ring's staging buffer: what a received block passes through on its way into the output.
   static constexpr size_t kStagingBytes = 256 << 10;
+  // The send buffer asked for on a connection to a rank of the same host (the kernel doubles it).
+  // On loopback the "network" is two memory copies, and the kernel's autotuning (up to 4 MiB in
+  // flight) pushes the data out of the cache: measured 2026-12-01, 2 ranks, 2 MiB 1.0 -> 0.6 ms,
+  // 64 MiB 41 -> 21 ms; 4 ranks, 2 MiB 3.3-3.6 -> 1.6-1.7 ms. Across hosts the autotuning stays
+  // (a fixed buffer would cap a fast link's bandwidth-delay product).
+  static constexpr size_t kLocalSendBufferBytes = 128 << 10;
 
   // Connects a second Gloo context of the group over `store` (keys under "direct/"); every rank
-  // constructs it at the same point. Throws gloo's exceptions (the caller translates them), and
-  // kInternal when a connection's socket cannot be found.
+  // constructs it at the same point. `send_buffers[r]`: the send buffer for the connection to
+  // rank r (0: the kernel's autotuning). Throws gloo's exceptions (the caller translates them),
+  // and kInternal when a connection's socket cannot be found.
   DirectExchange(int rank, int world_size, const std::shared_ptr<tutti::Store>& store,
                  const std::shared_ptr<::gloo::transport::Device>& device,
-                 std::chrono::milliseconds timeout);
+                 std::chrono::milliseconds timeout, const std::vector<size_t>& send_buffers);
   ~DirectExchange();
 
   // data = data_0 (fn) data_1 (fn) ... over the ranks, element-wise, in rank order.
@@ -98,7 +105,8 @@ class DirectExchange {
   void run(std::vector<Flow>& flows, std::chrono::steady_clock::time_point deadline,
            const OpContext& ctx);
   // Throws kRemoteError when a peer's header is not this op's.
-  void check_header(int peer, const char* header, uint64_t total, const OpContext& ctx) const;
+  void check_header(int peer, const char* header, uint32_t magic, uint64_t total,
+                    const OpContext& ctx) const;
 
   int rank_;
   int world_size_;
