@@ -18,6 +18,26 @@ using std::chrono::milliseconds;
 
 constexpr size_t k32K = 32 << 10;
 
+// What init says on each of `world` ranks with `variable` set to `value`.
+std::vector<std::string> init_errors_with(const char* variable, const char* value, int world = 2) {
+  ::setenv(variable, value, 1);
+  auto store = std::make_shared<HashStore>(milliseconds(5000));
+  const std::string name = unique_name("direct-bad-setting");
+  std::vector<std::string> errors(world);
+  run_ranks(world, [&](int r) {
+    GroupOptions options;
+    options.store = store;
+    options.timeout = milliseconds(5000);
+    try {
+      CollectiveGroup::create(world, r, "gloo", name, options);
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  ::unsetenv(variable);
+  return errors;
+}
+
 // Sizes around 32 KiB and past a socket's initial 64 KiB window, in int32 elements, at 2 and 3
 // ranks, through the direct exchange (TUTTI_GLOO_ALLREDUCE=direct): rank r contributes
 // r * 1000 + i at element i.
@@ -187,6 +207,49 @@ TEST(GlooRing, EveryRankGetsTheSameBits) {
   }
 }
 
+// Recursive doubling at 4 and 8 ranks (forced at every size): integer sums exact across sizes,
+// and order-sensitive float sums bit-identical on every rank.
+TEST(GlooDoubling, SumsAndBitsAtFourAndEightRanks) {
+  for (int world : {4, 8}) {
+    ::setenv("TUTTI_GLOO_ALLREDUCE", "doubling", 1);
+    auto groups = create_groups(world, "gloo", unique_name("doubling"));
+    ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+    std::vector<std::vector<float>> floats(world);
+    run_ranks(world, [&](int r) {
+      for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{300000}}) {
+        std::vector<int64_t> v(n);
+        for (int64_t i = 0; i < n; ++i) v[i] = (int64_t{1} << 33) * r + i;
+        groups[r]->allreduce(v);
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          wrong += v[i] != (int64_t{1} << 33) * (world * (world - 1) / 2) + world * i;
+        }
+        EXPECT_EQ(wrong, 0) << "world " << world << ", " << n << " elements, rank " << r;
+      }
+      std::vector<float> f(4096);
+      for (size_t i = 0; i < f.size(); ++i) {
+        f[i] = (r + i) % 3 == 0 ? 1.0e8f : (r + i) % 3 == 1 ? -1.0e8f : 0.5f + r;
+      }
+      groups[r]->allreduce(f);
+      floats[r] = f;
+    });
+    for (int r = 1; r < world; ++r) {
+      EXPECT_EQ(std::memcmp(floats[r].data(), floats[0].data(), floats[0].size() * sizeof(float)),
+                0)
+          << "world " << world << ": rank " << r << "'s bits differ from rank 0's";
+    }
+  }
+}
+
+TEST(GlooDoubling, ANonPowerOfTwoWorldIsRefusedAtInit) {
+  const auto errors = init_errors_with("TUTTI_GLOO_ALLREDUCE", "doubling", 3);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[r].find("TUTTI_GLOO_ALLREDUCE=doubling needs a power of two ranks, not 3"),
+              std::string::npos)
+        << "rank " << r << ": " << errors[r];
+  }
+}
+
 // A large allreduce takes the ring on its own (past the direct exchange's limit), mixed with
 // barriers and small ones: the sums are right and the streams stay in step.
 TEST(GlooRing, LargeAndSmallAllreducesInTurn) {
@@ -306,26 +369,6 @@ TEST(GlooDirect, MessagesLargerThanTheSocketBuffersDoNotDeadlock) {
   });
 }
 
-// What init says on each of 2 ranks with `variable` set to `value`.
-std::vector<std::string> init_errors_with(const char* variable, const char* value) {
-  ::setenv(variable, value, 1);
-  auto store = std::make_shared<HashStore>(milliseconds(5000));
-  const std::string name = unique_name("direct-bad-setting");
-  std::vector<std::string> errors(2);
-  run_ranks(2, [&](int r) {
-    GroupOptions options;
-    options.store = store;
-    options.timeout = milliseconds(5000);
-    try {
-      CollectiveGroup::create(2, r, "gloo", name, options);
-    } catch (const Error& e) {
-      errors[r] = e.what();
-    }
-  });
-  ::unsetenv(variable);
-  return errors;
-}
-
 TEST(GlooDirect, BadSettingsAreRefusedNamingThem) {
   const struct {
     const char* variable;
@@ -333,7 +376,7 @@ TEST(GlooDirect, BadSettingsAreRefusedNamingThem) {
     const char* message;
   } cases[] = {
       {"TUTTI_GLOO_ALLREDUCE", "fastest",
-       "TUTTI_GLOO_ALLREDUCE must be auto, direct, ring or gloo, not 'fastest'"},
+       "TUTTI_GLOO_ALLREDUCE must be auto, direct, doubling, ring or gloo, not 'fastest'"},
       {"TUTTI_GLOO_DIRECT_BYTES", "lots", "TUTTI_GLOO_DIRECT_BYTES must be a byte count, not 'lots'"},
       {"TUTTI_GLOO_SNDBUF", "big", "TUTTI_GLOO_SNDBUF must be a byte count, not 'big'"},
   };

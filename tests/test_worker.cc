@@ -207,7 +207,7 @@ void scenario_gloo_setting(const Args& a) {
   // settings, instead of mixing up each other's bytes at the first allreduce.
   if (a.rank == 1) ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
   const std::string needle = "rank 0's Gloo allreduce setting is 'auto, the direct exchange up to "
-                             "262144 bytes', this rank's 'ring'";
+                             "131072 bytes', this rank's 'ring'";
   const auto start = Clock::now();
   expect_error([&] { init_collective_group(2, a.rank, "gloo", "gloo-setting", options(a)); },
                a.rank == 1 ? ErrorCode::kInvalidArgument : ErrorCode::kRemoteError, needle);

@@ -71,19 +71,25 @@ std::chrono::milliseconds left_until(Clock::time_point deadline) {
       std::min<Clock::duration>(left, std::chrono::hours(24 * 365)));
 }
 
-// Where the direct exchange stops beating the ring (tutti's, over the same sockets): measured on
-// loopback, 2026-12-01, with the 128 KiB local send buffers (docs/PERFORMANCE.md): at 2 ranks the
-// direct exchange ahead up to 32 KiB, even from 64 KiB to 256 KiB, the ring ahead from 512 KiB; at
-// 4 ranks the direct exchange ahead at 16 KiB, even at 32 KiB, the ring 1.4-1.6x ahead from
-// 64 KiB. Above 4 ranks the direct exchange's (n - 1)-fold traffic makes its limit a guess, kept
-// smaller.
+// Where the small-message algorithm (the direct exchange, or recursive doubling at 4, 8, 16...
+// ranks) stops beating the ring (tutti's, over the same sockets). Measured on loopback,
+// 2026-12-01, with the 128 KiB local send buffers (docs/PERFORMANCE.md): at 2 ranks the direct
+// exchange ahead up to 32 KiB and even with the ring from 64 KiB to 256 KiB, so 128 KiB (between
+// two namespace hosts 256 KiB took 260-310 us against 50-65 us at 128 KiB); at 4 ranks doubling
+// 1.3-2x ahead of the direct exchange at every size and of the ring up to 128 KiB, the ring ahead
+// at 512 KiB; at 3 ranks the direct exchange even with the ring at 32 KiB. Elsewhere a guess, kept
+// smaller as the small algorithms' traffic grows with the ranks (n - 1 or log2 n times the data
+// per rank, against the ring's 2).
 size_t direct_default(int world_size) {
-  if (world_size == 2) return size_t{256} << 10;
-  if (world_size <= 4) return size_t{32} << 10;
+  const bool power_of_two = (world_size & (world_size - 1)) == 0;
+  if (world_size == 2) return size_t{128} << 10;
+  if (world_size == 4) return size_t{128} << 10;
+  if (power_of_two) return size_t{64} << 10;
+  if (world_size == 3) return size_t{32} << 10;
   return size_t{8} << 10;
 }
 
-// The largest allreduce the direct exchange carries when the choice is automatic:
+// The largest allreduce the small-message algorithm carries when the choice is automatic:
 // TUTTI_GLOO_DIRECT_BYTES (0: none, the ring takes every size), else what was measured for this
 // many ranks.
 size_t direct_limit(int world_size) {
@@ -98,17 +104,18 @@ size_t direct_limit(int world_size) {
   return static_cast<size_t>(n);
 }
 
-// TUTTI_GLOO_ALLREDUCE: auto (by size), direct, ring, or gloo (Gloo's own functions for
-// allreduce and barrier, and no second context).
+// TUTTI_GLOO_ALLREDUCE: auto (by size), direct, doubling, ring, or gloo (Gloo's own functions
+// for allreduce and barrier, and no second context).
 GlooAllreduce allreduce_choice() {
   const char* v = std::getenv("TUTTI_GLOO_ALLREDUCE");
   const std::string s = v == nullptr ? "" : v;
   if (s.empty() || s == "auto") return GlooAllreduce::kAuto;
   if (s == "direct") return GlooAllreduce::kDirect;
+  if (s == "doubling") return GlooAllreduce::kDoubling;
   if (s == "ring") return GlooAllreduce::kRing;
   if (s == "gloo") return GlooAllreduce::kGloo;
   throw Error(ErrorCode::kInvalidArgument,
-              "TUTTI_GLOO_ALLREDUCE must be auto, direct, ring or gloo, not '" + s + "'");
+              "TUTTI_GLOO_ALLREDUCE must be auto, direct, doubling, ring or gloo, not '" + s + "'");
 }
 
 // The send buffer of the direct exchange's connection to each rank (0: the kernel's autotuning):
@@ -142,6 +149,7 @@ std::string allreduce_setting(GlooAllreduce choice, size_t limit) {
     case GlooAllreduce::kAuto:
       return "auto, the direct exchange up to " + std::to_string(limit) + " bytes";
     case GlooAllreduce::kDirect: return "direct";
+    case GlooAllreduce::kDoubling: return "doubling";
     case GlooAllreduce::kRing: return "ring";
     case GlooAllreduce::kGloo: return "gloo";
   }
@@ -212,6 +220,11 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
   if (world_size_ == 1) return;  // every op is local: no device, no threads
   direct_limit_ = direct_limit(world_size_);
   algorithm_ = allreduce_choice();
+  if (algorithm_ == GlooAllreduce::kDoubling && (world_size_ & (world_size_ - 1)) != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "TUTTI_GLOO_ALLREDUCE=doubling needs a power of two ranks, not " +
+                    std::to_string(world_size_));
+  }
   // Every setting is read before anything connects: a bad one fails every rank alike, at once.
   const std::vector<size_t> send_buffers = send_buffer_sizes(ctx);
   agree_on_settings(*ctx.store, rank_, allreduce_setting(algorithm_, direct_limit_));
@@ -316,11 +329,19 @@ Backend::WorkPtr GlooBackend::allreduce(const std::vector<TensorView>& tensors,
       throw Error(ErrorCode::kInternal, std::string("gloo: no reduction for ") +
                                             to_string(t.dtype()) + " " + to_string(opts.reduce_op));
     }
-    const bool direct = algorithm_ == GlooAllreduce::kDirect ||
-                        (algorithm_ == GlooAllreduce::kAuto && t.nbytes() <= direct_limit_);
+    GlooAllreduce algorithm = algorithm_;
+    if (algorithm == GlooAllreduce::kAuto) {
+      // Small: one step to every peer, or log2(n) steps to one peer each at 4, 8, ... ranks.
+      const bool power_of_two = (world_size_ & (world_size_ - 1)) == 0;
+      algorithm = t.nbytes() > direct_limit_ ? GlooAllreduce::kRing
+                  : power_of_two && world_size_ >= 4 ? GlooAllreduce::kDoubling
+                                                      : GlooAllreduce::kDirect;
+    }
     guarded(ctx, everyone(world_size_), [&] {
-      if (direct) {
+      if (algorithm == GlooAllreduce::kDirect) {
         direct_->allreduce_direct(t.data(), t.nbytes(), t.element_size(), fn, ctx);
+      } else if (algorithm == GlooAllreduce::kDoubling) {
+        direct_->allreduce_doubling(t.data(), t.nbytes(), t.element_size(), fn, ctx);
       } else {
         direct_->allreduce_ring(t.data(), t.nbytes(), t.element_size(), fn, ctx);
       }

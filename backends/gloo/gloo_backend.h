@@ -13,10 +13,12 @@
 //
 // Allreduces and barriers go over a second context whose sockets tutti reads and writes itself
 // (gloo_direct_exchange.h), in groups of up to 64 ranks: allreduces of up to
-// TUTTI_GLOO_DIRECT_BYTES (default 256 KiB at 2 ranks, 32 KiB at 3-4, 8 KiB above) in one step
-// (every rank sends its data to every other), larger ones through a ring that folds data in as it
-// arrives. TUTTI_GLOO_ALLREDUCE=direct|ring forces one of them, =gloo uses Gloo's own functions
-// (and makes no second context).
+// TUTTI_GLOO_DIRECT_BYTES (default 128 KiB at 2 and 4 ranks, 64 KiB at 8, 16..., 32 KiB at 3,
+// 8 KiB at other sizes) in one step (every rank sends its data to every other) or, at 4, 8,
+// 16... ranks, by recursive doubling; larger ones through a ring that folds data in as it
+// arrives. TUTTI_GLOO_ALLREDUCE=direct|
+// doubling|ring forces one of them, =gloo uses Gloo's own functions (and makes no second
+// context).
 //
 // abort() resets the context's connections (see gloo_connections.h): the op waiting in Gloo
 // ends at once with kAborted, and a peer waiting on this rank fails at once too (kIoError naming
@@ -50,7 +52,7 @@ class UnboundBuffer;
 namespace tutti::gloo_backend {
 
 // How allreduce chooses its algorithm (TUTTI_GLOO_ALLREDUCE).
-enum class GlooAllreduce { kAuto, kDirect, kRing, kGloo };
+enum class GlooAllreduce { kAuto, kDirect, kDoubling, kRing, kGloo };
 
 class GlooBackend : public Backend {
  public:

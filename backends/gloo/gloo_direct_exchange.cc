@@ -30,11 +30,17 @@ struct Header {
   uint64_t bytes;
 };
 static_assert(sizeof(Header) == 16, "a header is 16 bytes on the wire");
-enum class Kind : uint32_t { kDirect = 0x74757444, kRing = 0x74757452, kBarrier = 0x74757442 };
+enum class Kind : uint32_t {
+  kDirect = 0x74757444,
+  kDoubling = 0x74757448,
+  kRing = 0x74757452,
+  kBarrier = 0x74757442
+};
 
 const char* kind_name(uint32_t magic) {
   switch (static_cast<Kind>(magic)) {
     case Kind::kDirect: return "the direct exchange";
+    case Kind::kDoubling: return "recursive doubling";
     case Kind::kRing: return "the ring";
     case Kind::kBarrier: return "a barrier";
   }
@@ -245,6 +251,45 @@ void DirectExchange::allreduce_direct(void* data, size_t bytes, size_t element_s
   void* acc = rank_ == 0 ? data : inbox_[0].data();
   for (int r = 1; r < world_size_ - 1; ++r) fn(acc, acc, input(r), count);
   fn(data, acc, input(world_size_ - 1), count);
+}
+
+void DirectExchange::allreduce_doubling(void* data, size_t bytes, size_t element_size,
+                                        detail::ReduceFn fn, const OpContext& ctx) {
+  if ((world_size_ & (world_size_ - 1)) != 0) {
+    throw Error(ErrorCode::kInternal, ctx.description() + ": recursive doubling needs a power of "
+                                                          "two ranks, not " +
+                                          std::to_string(world_size_));
+  }
+  const auto deadline = ctx.deadline();
+  const size_t count = bytes / element_size;
+  // Step k: exchange the partial sums with the rank whose number differs in bit k. Both compute
+  // (lower group's sum) fn (upper group's sum), so the two, and in the end every rank, hold the
+  // same bits.
+  for (int bit = 1; bit < world_size_; bit <<= 1) {
+    const int peer = rank_ ^ bit;
+    if (inbox_[peer].size() < bytes) inbox_[peer].resize(bytes);
+    const Header mine{static_cast<uint32_t>(Kind::kDoubling), ctx.tag, bytes};
+    char* header = headers_.data() + sizeof(Header) * peer;
+    size_t got = 0;
+    std::vector<Flow> flows(1);
+    Flow& f = flows[0];
+    f.peer = peer;
+    f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
+    f.out[1] = {data, bytes};
+    f.in[0] = {header, sizeof(Header)};
+    f.in[1] = {inbox_[peer].data(), bytes};
+    f.arrived = [&](Flow&, size_t n) {
+      const bool had = got >= sizeof(Header);
+      got += n;
+      if (!had && got >= sizeof(Header)) check_header(peer, header, mine.magic, bytes, ctx);
+    };
+    run(flows, deadline, ctx);
+    if (rank_ < peer) {
+      fn(data, data, inbox_[peer].data(), count);
+    } else {
+      fn(data, inbox_[peer].data(), data, count);
+    }
+  }
 }
 
 void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_size,
