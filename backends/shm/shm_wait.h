@@ -27,6 +27,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::milliseconds kMaxNap{10};
 
+// The base number of polls before a wait yields, where every rank runs on CPUs of its own
+// (shm_backend.cc says why; ~200 us on the development VM).
+constexpr int kOwnCpuSpins = 200000;
+
 inline uint32_t* futex_address(std::atomic<uint32_t>& word) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
                     std::atomic<uint32_t>::is_always_lock_free,
