@@ -38,6 +38,27 @@ std::vector<std::string> init_errors_with(const char* variable, const char* valu
   return errors;
 }
 
+// Rank r's element i of a float sum whose rounding depends on the order of its terms: 1e8, a small
+// number and -1e8, in an order that rotates with i.
+float order_sensitive_value(int r, int64_t i) {
+  const float parts[3] = {1.0e8f, 3.0f + static_cast<float>(i % 7), -1.0e8f};
+  return parts[(r + i) % 3];
+}
+
+// Every rank's result of allreducing n such elements over `groups` (3 ranks).
+std::vector<std::vector<float>> order_sensitive_sums(
+    const std::vector<std::shared_ptr<CollectiveGroup>>& groups, int64_t n) {
+  const int world = static_cast<int>(groups.size());
+  std::vector<std::vector<float>> out(world);
+  run_ranks(world, [&](int r) {
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = order_sensitive_value(r, i);
+    groups[r]->allreduce(v);
+    out[r] = v;
+  });
+  return out;
+}
+
 // Sizes around 32 KiB and past a socket's initial 64 KiB window, in int32 elements, at 2 and 3
 // ranks, through the direct exchange (TUTTI_GLOO_ALLREDUCE=direct): rank r contributes
 // r * 1000 + i at element i.
@@ -70,21 +91,10 @@ TEST(GlooDirect, EveryRankGetsTheSameBits) {
   const int world = 3;
   auto groups = create_groups(world, "gloo", unique_name("direct-bits"));
   const int64_t n = 5000;
-  auto value = [](int r, int64_t i) {
-    const float big = 1.0e8f;
-    const float parts[3] = {big, 3.0f + static_cast<float>(i % 7), -big};
-    return parts[(r + i) % 3];
-  };
-  std::vector<std::vector<float>> out(world);
-  run_ranks(world, [&](int r) {
-    std::vector<float> v(n);
-    for (int64_t i = 0; i < n; ++i) v[i] = value(r, i);
-    groups[r]->allreduce(v);
-    out[r] = v;
-  });
+  const auto out = order_sensitive_sums(groups, n);
   for (int64_t i = 0; i < n; ++i) {
-    float want = value(0, i);
-    for (int r = 1; r < world; ++r) want = want + value(r, i);
+    float want = order_sensitive_value(0, i);
+    for (int r = 1; r < world; ++r) want = want + order_sensitive_value(r, i);
     for (int r = 0; r < world; ++r) {
       ASSERT_EQ(std::memcmp(&out[r][i], &want, sizeof(float)), 0)
           << "element " << i << " on rank " << r << ": " << out[r][i] << ", want " << want;
@@ -185,17 +195,7 @@ TEST(GlooRing, EveryRankGetsTheSameBits) {
   auto groups = create_groups(world, "gloo", unique_name("ring-bits"));
   ::unsetenv("TUTTI_GLOO_ALLREDUCE");
   const int64_t n = 200000;
-  auto value = [](int r, int64_t i) {
-    const float parts[3] = {1.0e8f, 3.0f + static_cast<float>(i % 7), -1.0e8f};
-    return parts[(r + i) % 3];
-  };
-  std::vector<std::vector<float>> out(world);
-  run_ranks(world, [&](int r) {
-    std::vector<float> v(n);
-    for (int64_t i = 0; i < n; ++i) v[i] = value(r, i);
-    groups[r]->allreduce(v);
-    out[r] = v;
-  });
+  const auto out = order_sensitive_sums(groups, n);
   for (int64_t i = 0; i < n; ++i) {
     for (int r = 1; r < world; ++r) {
       ASSERT_EQ(std::memcmp(&out[r][i], &out[0][i], sizeof(float)), 0)
