@@ -1,5 +1,5 @@
 // The shm backend's adaptive spin budget (backends/shm/shm_wait.h): how each kind of wait moves
-// it. Pure bookkeeping, no timing.
+// it, and how await() cuts its polls short. Pure bookkeeping, no timing.
 #include <gtest/gtest.h>
 
 #include "../backends/shm/shm_wait.h"
@@ -42,6 +42,35 @@ TEST(AdaptiveSpin, AScaleOfOneKeepsItFixed) {
   a.record(slept(microseconds(70)));
   EXPECT_EQ(a.policy().spins, 2000);
   EXPECT_EQ(a.policy().yields, 50);
+}
+
+// await() polls its condition up to the budget's spins while keep_spinning() agrees (asked every
+// 256 polls), then yields, then sleeps. Counted in calls of the condition.
+TEST(Await, PollsTheWholeBudgetWhileAskedToKeepSpinning) {
+  std::atomic<uint32_t> word{0}, sleepers{0};
+  int polls = 0, asked = 0;
+  WaitOutcome outcome;
+  const bool ok = await([&] { return ++polls == 100000; }, word, sleepers,
+                        Clock::now() + std::chrono::seconds(10), SpinPolicy{200000, 5},
+                        [&] { return ++asked, true; }, [] {}, &outcome);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(polls, 100000);
+  EXPECT_EQ(asked, 100000 / 256);
+  EXPECT_FALSE(outcome.slept);
+}
+
+TEST(Await, StopsPollingAtTheFirstNoThenYieldsAndSleeps) {
+  std::atomic<uint32_t> word{0}, sleepers{0};
+  int polls = 0, asked = 0;
+  WaitOutcome outcome;
+  // 256 polls, the no, 5 yields' polls, then the sleep phase's first look finds it ready.
+  const bool ok = await([&] { return ++polls == 256 + 5 + 1; }, word, sleepers,
+                        Clock::now() + std::chrono::seconds(10), SpinPolicy{200000, 5},
+                        [&] { return ++asked, false; }, [] {}, &outcome);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(polls, 256 + 5 + 1);
+  EXPECT_EQ(asked, 1);
+  EXPECT_TRUE(outcome.slept);  // it reached the sleep phase: the 200000 polls were cut short
 }
 
 }  // namespace

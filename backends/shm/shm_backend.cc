@@ -3,7 +3,6 @@
 #include "shm_backend.h"
 
 #include <poll.h>
-#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -11,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
-#include <string>
 #include <thread>
 
 #include "group/group_util.h"
@@ -36,45 +34,6 @@ size_t env_size(const char* name, size_t fallback, size_t min_value = 4096) {
 }
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-
-// The CPUs this process may run on, as "0,3,5".
-std::string my_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::string text;
-  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return text;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) text += (text.empty() ? "" : ",") + std::to_string(c);
-  }
-  return text;
-}
-
-// Whether every rank of the group may run only on CPUs no other rank may run on (each launched
-// bound to its own share, as tutti-run and mpirun do by default): then no rank ever waits for a
-// peer queued behind it on the same CPU. Each rank publishes its CPUs in the store and reads the
-// others'.
-bool ranks_have_own_cpus(Store& store, int rank, int world_size) {
-  const std::string mine = my_cpus();
-  store.set("shm/cpus/" + std::to_string(rank), mine);
-  std::vector<int> owner(CPU_SETSIZE, -1);
-  bool disjoint = !mine.empty();
-  for (int r = 0; r < world_size; ++r) {
-    const std::string text = store.get("shm/cpus/" + std::to_string(r));
-    if (text.empty()) disjoint = false;
-    size_t at = 0;
-    while (at < text.size()) {
-      const size_t comma = text.find(',', at);
-      const int c = std::atoi(text.substr(at, comma - at).c_str());
-      if (c >= 0 && c < CPU_SETSIZE) {
-        if (owner[c] >= 0 && owner[c] != r) disjoint = false;
-        owner[c] = r;
-      }
-      if (comma == std::string::npos) break;
-      at = comma + 1;
-    }
-  }
-  return disjoint;
-}
 
 }  // namespace
 
@@ -105,25 +64,21 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   const size_t size = mail_off + w * w * 2 * mail_;
   // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
   // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
-  // Where every rank runs on CPUs of its own (bound), a rank spins long (kOwnCpuSpins polls,
-  // ~200 us here) before it yields or sleeps: beside a CPU-bound process, a rank that gives its
-  // CPU away (a yield, a futex sleep) gets it back only at the other process's next slice or
-  // tick (measured 2026-12-01, Linux 6.18, 2 bound ranks beside `yes`: 4 ms per 8-byte allreduce
-  // with 2000 polls, 0.7 us with 200000; Open MPI, which never sleeps, 0.7 us). Unbound, two
-  // ranks can share a CPU, where a long spin holds up the peer (270-530 us per call measured), so
-  // the short budget stays. Either way the wait ends asleep on a futex. TUTTI_SHM_SPINS and
-  // TUTTI_SHM_YIELDS override the base budget (polls, then yields).
+  // Otherwise a rank polls long (kLongSpins, ~200 us here) before it yields or sleeps: beside a
+  // CPU-bound process, a rank that gives its CPU away (a yield, a futex sleep) gets it back only at
+  // the other process's next slice or tick (measured 2026-12-01, Linux 6.18, 2 ranks bound to a
+  // CPU each beside `yes`: 4 ms per 8-byte allreduce with 2000 polls, 0.7 us with 200000; Open
+  // MPI, which never sleeps, 0.7 us). The polls stop at once when a rank waited for is on this
+  // rank's CPU (unbound ranks that the scheduler put together; shm_internal.h): there a long spin
+  // held up the peer, 270-530 us per call beside `yes`, against ~4 us now. Either way the wait
+  // ends asleep on a futex. TUTTI_SHM_SPINS and TUTTI_SHM_YIELDS override the base budget (polls,
+  // then yields).
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool oversubscribed = static_cast<unsigned>(world_size_) > cores;
-  // (Every rank takes part in the exchange, whatever it concludes: none waits for a key that a
-  // rank judging otherwise never wrote.)
-  const bool disjoint = ranks_have_own_cpus(*ctx.store, rank_, world_size_);
-  const bool own_cpus = !oversubscribed && disjoint;
   // The budget then adapts to how the waits end, growing up to TUTTI_SHM_ADAPT times the base
   // (AdaptiveSpin, shm_wait.h; 1 keeps it fixed).
   SpinPolicy spin;
-  spin.spins = static_cast<int>(
-      env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : own_cpus ? kOwnCpuSpins : 2000, 0));
+  spin.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kLongSpins, 0));
   spin.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
   spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 16, 0)));
 

@@ -2,6 +2,8 @@
 // batch, and the wait every step of them ends in (internal).
 #pragma once
 
+#include <sched.h>
+
 #include <functional>
 
 #include "shm_backend.h"
@@ -39,9 +41,24 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
   auto check_peers = [&] {
     if (auto gone = gone_peer(ctx, waiting); gone && !ready()) throw *gone;
   };
+  // Polling makes sense only while the ranks waited for run elsewhere: one that shares this
+  // rank's CPU (unbound ranks, placed there by the scheduler) runs only once this rank gives the
+  // CPU up, so the polls stop as soon as one is seen there.
+  const int cpu = ::sched_getcpu();
+  bells_[rank_].cpu.value.store(static_cast<uint32_t>(cpu + 1), std::memory_order_relaxed);
+  auto keep_spinning = [&] {
+    const uint32_t here = static_cast<uint32_t>(::sched_getcpu() + 1);
+    for (int r = 0; r < world_size_; ++r) {
+      if (r != rank_ && bells_[r].cpu.value.load(std::memory_order_relaxed) == here &&
+          waiting(r)) {
+        return false;
+      }
+    }
+    return true;
+  };
   WaitOutcome outcome;
   const bool done = await([&] { return ready() || stopped(op_seq); }, word, sleepers, deadline,
-                          spin_.policy(), check_peers, &outcome);
+                          spin_.policy(), keep_spinning, check_peers, &outcome);
   spin_.record(outcome);
   if (aborted_.load()) throw_if_stopped(ctx, op_seq);
   if (ready()) return;

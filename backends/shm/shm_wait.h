@@ -27,9 +27,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::milliseconds kMaxNap{10};
 
-// The base number of polls before a wait yields, where every rank runs on CPUs of its own
-// (shm_backend.cc says why; ~200 us on the development VM).
-constexpr int kOwnCpuSpins = 200000;
+// The base number of polls before a wait yields while every rank has a core (shm_backend.cc
+// says why; ~200 us on the development VM).
+constexpr int kLongSpins = 200000;
 
 inline uint32_t* futex_address(std::atomic<uint32_t>& word) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
@@ -109,14 +109,16 @@ class AdaptiveSpin {
   int sixteenths_ = 16;  // the budget is base * sixteenths_ / 16
 };
 
-// Waits until ready() holds; false when the deadline passed first. `outcome`, when given, says
-// whether the wait slept and for how long.
-template <typename Ready, typename OnNap>
+// Waits until ready() holds; false when the deadline passed first. The polls stop early once
+// keep_spinning() (asked every 256 polls) says no. `outcome`, when given, says whether the wait
+// slept and for how long.
+template <typename Ready, typename KeepSpinning, typename OnNap>
 bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
-           Clock::time_point deadline, SpinPolicy policy, OnNap on_nap,
-           WaitOutcome* outcome = nullptr) {
+           Clock::time_point deadline, SpinPolicy policy, KeepSpinning keep_spinning,
+           OnNap on_nap, WaitOutcome* outcome = nullptr) {
   for (int i = 0; i < policy.spins; ++i) {
     if (ready()) return true;
+    if ((i & 255) == 255 && !keep_spinning()) break;
   }
   for (int i = 0; i < policy.yields; ++i) {
     if (ready()) return true;
