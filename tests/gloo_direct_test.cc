@@ -241,6 +241,29 @@ TEST(GlooDoubling, SumsAndBitsAtFourAndEightRanks) {
   }
 }
 
+// Min over +0 and -0, whose result depends on the order of its operands (min(+0, -0) is +0,
+// min(-0, +0) is -0): every rank must still hold the same bits, which holds only if both partners
+// of each step put the lower group's value first.
+TEST(GlooDoubling, OperandOrderIsTheSameOnBothPartners) {
+  const int world = 4;
+  ::setenv("TUTTI_GLOO_ALLREDUCE", "doubling", 1);
+  auto groups = create_groups(world, "gloo", unique_name("doubling-order"));
+  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  std::vector<std::vector<float>> out(world);
+  run_ranks(world, [&](int r) {
+    std::vector<float> v(64);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = ((r + (i >> 2)) & 1) != 0 ? -0.0f : 0.0f;
+    AllreduceOptions o;
+    o.reduce_op = ReduceOp::kMin;
+    groups[r]->allreduce(v, o);
+    out[r] = v;
+  });
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(std::memcmp(out[r].data(), out[0].data(), out[0].size() * sizeof(float)), 0)
+        << "rank " << r << "'s bits differ from rank 0's";
+  }
+}
+
 TEST(GlooDoubling, ANonPowerOfTwoWorldIsRefusedAtInit) {
   const auto errors = init_errors_with("TUTTI_GLOO_ALLREDUCE", "doubling", 3);
   for (int r = 0; r < 3; ++r) {

@@ -206,7 +206,7 @@ void scenario_gloo_setting(const Args& a) {
   // Rank 1 chooses the ring for every allreduce, rank 0 the default: both fail at init, naming the
   // settings, instead of mixing up each other's bytes at the first allreduce.
   if (a.rank == 1) ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
-  const std::string needle = "rank 0's Gloo allreduce setting is 'auto, the direct exchange up to "
+  const std::string needle = "rank 0's Gloo allreduce setting is 'auto, the direct exchange or doubling up to "
                              "131072 bytes', this rank's 'ring'";
   const auto start = Clock::now();
   expect_error([&] { init_collective_group(2, a.rank, "gloo", "gloo-setting", options(a)); },

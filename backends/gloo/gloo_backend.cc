@@ -147,7 +147,7 @@ std::vector<size_t> send_buffer_sizes(const BackendContext& ctx) {
 std::string allreduce_setting(GlooAllreduce choice, size_t limit) {
   switch (choice) {
     case GlooAllreduce::kAuto:
-      return "auto, the direct exchange up to " + std::to_string(limit) + " bytes";
+      return "auto, the direct exchange or doubling up to " + std::to_string(limit) + " bytes";
     case GlooAllreduce::kDirect: return "direct";
     case GlooAllreduce::kDoubling: return "doubling";
     case GlooAllreduce::kRing: return "ring";
@@ -220,14 +220,15 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
   if (world_size_ == 1) return;  // every op is local: no device, no threads
   direct_limit_ = direct_limit(world_size_);
   algorithm_ = allreduce_choice();
+  // Every setting is read before anything connects: a bad one fails every rank alike, at once.
+  const std::vector<size_t> send_buffers = send_buffer_sizes(ctx);
+  agree_on_settings(*ctx.store, rank_, allreduce_setting(algorithm_, direct_limit_));
+  // After the comparison, so that every rank fails alike (ranks that disagree fail on that).
   if (algorithm_ == GlooAllreduce::kDoubling && (world_size_ & (world_size_ - 1)) != 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 "TUTTI_GLOO_ALLREDUCE=doubling needs a power of two ranks, not " +
                     std::to_string(world_size_));
   }
-  // Every setting is read before anything connects: a bad one fails every rank alike, at once.
-  const std::vector<size_t> send_buffers = send_buffer_sizes(ctx);
-  agree_on_settings(*ctx.store, rank_, allreduce_setting(algorithm_, direct_limit_));
   ignore_sigpipe();
   try {
     device_ = ::gloo::transport::tcp::CreateDevice(device_attr());

@@ -262,32 +262,38 @@ void DirectExchange::allreduce_doubling(void* data, size_t bytes, size_t element
   }
   const auto deadline = ctx.deadline();
   const size_t count = bytes / element_size;
+  // One receive buffer for every step (each ends before the next): this rank's own inbox slot,
+  // which nothing else uses.
+  std::vector<char>& inbox = inbox_[rank_];
+  if (inbox.size() < bytes) inbox.resize(bytes);
+  const Header mine{static_cast<uint32_t>(Kind::kDoubling), ctx.tag, bytes};
+  std::vector<Flow> flows(1);
+  int peer = -1;
+  size_t got = 0;
+  char* header = nullptr;
+  flows[0].arrived = [&](Flow&, size_t n) {
+    const bool had = got >= sizeof(Header);
+    got += n;
+    if (!had && got >= sizeof(Header)) check_header(peer, header, mine.magic, bytes, ctx);
+  };
   // Step k: exchange the partial sums with the rank whose number differs in bit k. Both compute
   // (lower group's sum) fn (upper group's sum), so the two, and in the end every rank, hold the
   // same bits.
   for (int bit = 1; bit < world_size_; bit <<= 1) {
-    const int peer = rank_ ^ bit;
-    if (inbox_[peer].size() < bytes) inbox_[peer].resize(bytes);
-    const Header mine{static_cast<uint32_t>(Kind::kDoubling), ctx.tag, bytes};
-    char* header = headers_.data() + sizeof(Header) * peer;
-    size_t got = 0;
-    std::vector<Flow> flows(1);
+    peer = rank_ ^ bit;
+    got = 0;
+    header = headers_.data() + sizeof(Header) * peer;
     Flow& f = flows[0];
     f.peer = peer;
     f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
     f.out[1] = {data, bytes};
     f.in[0] = {header, sizeof(Header)};
-    f.in[1] = {inbox_[peer].data(), bytes};
-    f.arrived = [&](Flow&, size_t n) {
-      const bool had = got >= sizeof(Header);
-      got += n;
-      if (!had && got >= sizeof(Header)) check_header(peer, header, mine.magic, bytes, ctx);
-    };
+    f.in[1] = {inbox.data(), bytes};
     run(flows, deadline, ctx);
     if (rank_ < peer) {
-      fn(data, data, inbox_[peer].data(), count);
+      fn(data, data, inbox.data(), count);
     } else {
-      fn(data, inbox_[peer].data(), data, count);
+      fn(data, inbox.data(), data, count);
     }
   }
 }

@@ -3,6 +3,7 @@
 #include "shm_backend.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -205,9 +206,18 @@ std::optional<Error> ShmBackend::gone_peer(const OpContext& ctx,
   return std::nullopt;
 }
 
+void ShmBackend::note_cpu() const {
+  const int cpu = ::sched_getcpu();
+  if (cpu < 0) return;
+  auto& word = bells_[rank_].cpu.value;
+  const uint32_t value = static_cast<uint32_t>(cpu) + 1;
+  if (word.load(std::memory_order_relaxed) != value) word.store(value, std::memory_order_relaxed);
+}
+
 ShmBackend::Op ShmBackend::begin_op(const OpContext& ctx) {
   const uint32_t seq = static_cast<uint32_t>(++ops_);
   throw_if_stopped(ctx, seq);
+  note_cpu();
   Op op{ctx, ctx.deadline(), seq, seq & 1};
   uint64_t sig[2];
   pack_signature(ctx.signature, sig);

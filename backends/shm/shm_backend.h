@@ -104,6 +104,8 @@ class ShmBackend : public Backend {
   std::optional<Error> gone_peer(const OpContext& ctx,
                                  const std::function<bool(int)>& waiting_on) const;
   std::string ranks_where(const std::function<bool(int)>& pending) const;
+  // Publishes the CPU this rank runs on now (Bell::cpu), for peers' waits (shm_internal.h).
+  void note_cpu() const;
   void ring(int rank) const;
   void wake_everyone() const;
 

@@ -44,10 +44,13 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
   // Polling makes sense only while the ranks waited for run elsewhere: one that shares this
   // rank's CPU (unbound ranks, placed there by the scheduler) runs only once this rank gives the
   // CPU up, so the polls stop as soon as one is seen there.
-  const int cpu = ::sched_getcpu();
-  bells_[rank_].cpu.value.store(static_cast<uint32_t>(cpu + 1), std::memory_order_relaxed);
+  // (Where the CPU cannot be read, the polls run their course.) A rank notes its CPU at each op
+  // and around each wait, so a peer's note is at most one op old.
+  note_cpu();
   auto keep_spinning = [&] {
-    const uint32_t here = static_cast<uint32_t>(::sched_getcpu() + 1);
+    const int cpu = ::sched_getcpu();
+    if (cpu < 0) return true;
+    const uint32_t here = static_cast<uint32_t>(cpu) + 1;
     for (int r = 0; r < world_size_; ++r) {
       if (r != rank_ && bells_[r].cpu.value.load(std::memory_order_relaxed) == here &&
           waiting(r)) {
@@ -60,6 +63,7 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
   const bool done = await([&] { return ready() || stopped(op_seq); }, word, sleepers, deadline,
                           spin_.policy(), keep_spinning, check_peers, &outcome);
   spin_.record(outcome);
+  note_cpu();  // where this rank runs until its next wait (a wake-up may have moved it)
   if (aborted_.load()) throw_if_stopped(ctx, op_seq);
   if (ready()) return;
   throw_if_stopped(ctx, op_seq);
