@@ -13,7 +13,11 @@
 # once, one after another:
 #   tutti shm          tutti-bench --backend shm (one host only)
 #   tutti auto         the default: shm on one host; across hosts gloo
-#   tutti gloo         tutti-bench --backend gloo, with raw Gloo interleaved (--baseline)
+#   tutti gloo         tutti-bench --backend gloo
+#   raw gloo           the baseline column of a second gloo run with raw Gloo interleaved in the
+#                      same processes (--baseline); that run's own tutti column is not shown: raw
+#                      Gloo's event-loop threads share the cores with it (at 4 ranks on 2 cores
+#                      they cost tutti up to 1.2x at some small sizes)
 #   tutti gloo, Gloo's functions   the same with TUTTI_GLOO_ALLREDUCE=gloo: Gloo's own allreduce
 #                      instead of tutti's over the same connections
 #                      (backends/gloo/gloo_direct_exchange.h), for before/after
@@ -111,8 +115,9 @@ step() {
       local n=${config#lo}
       build/bin/tutti-bench --ranks "$n" --backend shm "${common[@]}" --json "$dir/shm.r$rep.json" >&2
       build/bin/tutti-bench --ranks "$n" --backend auto "${common[@]}" --json "$dir/auto.r$rep.json" >&2
+      build/bin/tutti-bench --ranks "$n" --backend gloo "${common[@]}" --json "$dir/gloo.r$rep.json" >&2
       build/bin/tutti-bench --ranks "$n" --backend gloo "${common[@]}" --baseline \
-        --json "$dir/gloo.r$rep.json" >&2
+        --json "$dir/gloo-and-raw.r$rep.json" >&2
       TUTTI_GLOO_ALLREDUCE=gloo build/bin/tutti-bench --ranks "$n" --backend gloo "${common[@]}" \
         --json "$dir/gloo-functions.r$rep.json" >&2
       mpirun "${as_root[@]}" --oversubscribe --mca btl self,tcp -np "$n" build/mpi_allreduce \
@@ -125,7 +130,8 @@ step() {
       make_hosts
       trap drop_hosts EXIT
       tutti_ns "$per" "$dir/auto.r$rep.json" --backend auto "${common[@]}"
-      tutti_ns "$per" "$dir/gloo.r$rep.json" --backend gloo "${common[@]}" --baseline
+      tutti_ns "$per" "$dir/gloo.r$rep.json" --backend gloo "${common[@]}"
+      tutti_ns "$per" "$dir/gloo-and-raw.r$rep.json" --backend gloo "${common[@]}" --baseline
       EXTRA_ENV=TUTTI_GLOO_ALLREDUCE=gloo tutti_ns "$per" "$dir/gloo-functions.r$rep.json" \
         --backend gloo "${common[@]}"
       # Open MPI's launch into the second namespace fails now and then ("ORTE does not know how

@@ -19,7 +19,8 @@ from bench_json import load_run  # noqa: E402
 
 CONFIGS = {"lo2": "2 ranks, one host", "lo4": "4 ranks, one host (2 cores)",
            "ns1+1": "2 namespace hosts x 1 rank", "ns2+2": "2 namespace hosts x 2 ranks"}
-# File stem -> row label, in table order. "raw gloo" comes from the gloo runs' baseline column.
+# File stem -> row label, in table order. "raw gloo" comes from the baseline column of the runs
+# that have one (gloo-and-raw; gloo in results from before 2026-12-01).
 IMPLS = [("shm", "tutti shm"), ("auto", "tutti auto"), ("gloo", "tutti gloo"),
          ("gloo-functions", "tutti gloo, Gloo's functions"), ("raw", "raw gloo"),
          ("mpi-tcp", "openmpi tcp"), ("mpi-sm", "openmpi sm")]
