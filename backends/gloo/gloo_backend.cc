@@ -16,6 +16,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "gloo_store.h"
@@ -71,6 +72,20 @@ std::chrono::milliseconds left_until(Clock::time_point deadline) {
       std::min<Clock::duration>(left, std::chrono::hours(24 * 365)));
 }
 
+// A byte count from the environment; none when unset or empty. kInvalidArgument naming the
+// variable and its value when it is not a number.
+std::optional<size_t> env_bytes(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end != '\0') {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(name) + " must be a byte count, not '" + v + "'");
+  }
+  return static_cast<size_t>(n);
+}
+
 // Where the small-message algorithm (the direct exchange, or recursive doubling at 4, 8, 16...
 // ranks) stops beating the ring (tutti's, over the same sockets). Measured on loopback,
 // 2026-12-01, with the 128 KiB local send buffers (docs/PERFORMANCE.md): at 2 ranks the direct
@@ -81,10 +96,9 @@ std::chrono::milliseconds left_until(Clock::time_point deadline) {
 // smaller as the small algorithms' traffic grows with the ranks (n - 1 or log2 n times the data
 // per rank, against the ring's 2).
 size_t direct_default(int world_size) {
-  const bool power_of_two = (world_size & (world_size - 1)) == 0;
   if (world_size == 2) return size_t{128} << 10;
   if (world_size == 4) return size_t{128} << 10;
-  if (power_of_two) return size_t{64} << 10;
+  if (is_power_of_two(world_size)) return size_t{64} << 10;
   if (world_size == 3) return size_t{32} << 10;
   return size_t{8} << 10;
 }
@@ -93,15 +107,7 @@ size_t direct_default(int world_size) {
 // TUTTI_GLOO_DIRECT_BYTES (0: none, the ring takes every size), else what was measured for this
 // many ranks.
 size_t direct_limit(int world_size) {
-  const char* v = std::getenv("TUTTI_GLOO_DIRECT_BYTES");
-  if (v == nullptr || *v == '\0') return direct_default(world_size);
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end != '\0') {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("TUTTI_GLOO_DIRECT_BYTES must be a byte count, not '") + v + "'");
-  }
-  return static_cast<size_t>(n);
+  return env_bytes("TUTTI_GLOO_DIRECT_BYTES").value_or(direct_default(world_size));
 }
 
 // TUTTI_GLOO_ALLREDUCE: auto (by size), direct, doubling, ring, or gloo (Gloo's own functions
@@ -122,16 +128,7 @@ GlooAllreduce allreduce_choice() {
 // TUTTI_GLOO_SNDBUF for every connection when set, else DirectExchange::kLocalSendBufferBytes to
 // the ranks of this host and autotuning across hosts.
 std::vector<size_t> send_buffer_sizes(const BackendContext& ctx) {
-  const char* v = std::getenv("TUTTI_GLOO_SNDBUF");
-  if (v != nullptr && *v != '\0') {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    if (*end != '\0') {
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string("TUTTI_GLOO_SNDBUF must be a byte count, not '") + v + "'");
-    }
-    return std::vector<size_t>(ctx.world_size, static_cast<size_t>(n));
-  }
+  if (const auto n = env_bytes("TUTTI_GLOO_SNDBUF")) return std::vector<size_t>(ctx.world_size, *n);
   std::vector<size_t> sizes(ctx.world_size, 0);
   const auto& hosts = ctx.hosts;
   for (int r = 0; r < ctx.world_size; ++r) {
@@ -224,7 +221,7 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
   const std::vector<size_t> send_buffers = send_buffer_sizes(ctx);
   agree_on_settings(*ctx.store, rank_, allreduce_setting(algorithm_, direct_limit_));
   // After the comparison, so that every rank fails alike (ranks that disagree fail on that).
-  if (algorithm_ == GlooAllreduce::kDoubling && (world_size_ & (world_size_ - 1)) != 0) {
+  if (algorithm_ == GlooAllreduce::kDoubling && !is_power_of_two(world_size_)) {
     throw Error(ErrorCode::kInvalidArgument,
                 "TUTTI_GLOO_ALLREDUCE=doubling needs a power of two ranks, not " +
                     std::to_string(world_size_));
@@ -333,10 +330,9 @@ Backend::WorkPtr GlooBackend::allreduce(const std::vector<TensorView>& tensors,
     GlooAllreduce algorithm = algorithm_;
     if (algorithm == GlooAllreduce::kAuto) {
       // Small: one step to every peer, or log2(n) steps to one peer each at 4, 8, ... ranks.
-      const bool power_of_two = (world_size_ & (world_size_ - 1)) == 0;
-      algorithm = t.nbytes() > direct_limit_ ? GlooAllreduce::kRing
-                  : power_of_two && world_size_ >= 4 ? GlooAllreduce::kDoubling
-                                                      : GlooAllreduce::kDirect;
+      algorithm = t.nbytes() > direct_limit_                      ? GlooAllreduce::kRing
+                  : is_power_of_two(world_size_) && world_size_ >= 4 ? GlooAllreduce::kDoubling
+                                                                       : GlooAllreduce::kDirect;
     }
     guarded(ctx, everyone(world_size_), [&] {
       if (algorithm == GlooAllreduce::kDirect) {

@@ -21,15 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What every rank sends first in an op. 16 bytes. The magic says which algorithm sent it: ranks
-// that chose differently (another TUTTI_GLOO_ALLREDUCE or limit; the backend also compares the
-// settings when it connects) fail naming it instead of mixing up each other's bytes.
-struct Header {
-  uint32_t magic;
-  uint32_t tag;
-  uint64_t bytes;
-};
-static_assert(sizeof(Header) == 16, "a header is 16 bytes on the wire");
+static_assert(sizeof(DirectExchange::Header) == 16, "a header is 16 bytes on the wire");
+
+// Header::magic: which algorithm sent it.
 enum class Kind : uint32_t {
   kDirect = 0x74757444,
   kDoubling = 0x74757448,
@@ -107,13 +101,13 @@ DirectExchange::DirectExchange(int rank, int world_size,
     // reads and writes it (Gloo's pair keeps it open until the context goes).
     context_->getPair(p)->setSync(/*enable=*/true, /*busyPoll=*/false);
     fds_[p] = connections_.socket_for(p);
-    if (static_cast<size_t>(p) < send_buffers.size() && send_buffers[p] > 0) {
-      const int v = static_cast<int>(std::min<size_t>(send_buffers[p], INT_MAX / 2));
-      ::setsockopt(fds_[p], SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
-    }
     if (fds_[p] < 0) {
       throw Error(ErrorCode::kInternal, "gloo: the socket of the second context's connection to rank " +
                                             std::to_string(p) + " was not found");
+    }
+    if (static_cast<size_t>(p) < send_buffers.size() && send_buffers[p] > 0) {
+      const int v = static_cast<int>(std::min<size_t>(send_buffers[p], INT_MAX / 2));
+      ::setsockopt(fds_[p], SOL_SOCKET, SO_SNDBUF, &v, sizeof(v));
     }
   }
 }
@@ -151,8 +145,13 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
         m.msg_iovlen = 2;
         const ssize_t rv = ::recvmsg(fd, &m, MSG_DONTWAIT);
         if (rv > 0) {
+          const bool header_was_due = f.magic != 0 && f.in[0].iov_len > 0;
           advance(f.in, static_cast<size_t>(rv));
           moved = true;
+          // The header first: a peer in another op is told apart before its data is waited for.
+          if (header_was_due && f.in[0].iov_len == 0) {
+            check_header(f.peer, headers_.data() + sizeof(Header) * f.peer, f.magic, f.total, ctx);
+          }
           if (f.arrived) f.arrived(f, static_cast<size_t>(rv));
         } else if (rv == 0) {
           throw Error(ErrorCode::kIoError,
@@ -223,24 +222,10 @@ void DirectExchange::allreduce_direct(void* data, size_t bytes, size_t element_s
   if (world_size_ == 1) return;
   const Header mine{static_cast<uint32_t>(Kind::kDirect), ctx.tag, bytes};
   std::vector<Flow> flows;
-  std::vector<size_t> got(world_size_, 0);
   for (int k = 1; k < world_size_; ++k) {
     const int p = (rank_ + k) % world_size_;
     if (inbox_[p].size() < bytes) inbox_[p].resize(bytes);
-    Flow f;
-    f.peer = p;
-    f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
-    f.out[1] = {data, bytes};
-    char* header = headers_.data() + sizeof(Header) * p;
-    f.in[0] = {header, sizeof(Header)};
-    f.in[1] = {inbox_[p].data(), bytes};
-    // The header first: a peer in another op is told apart before its data is waited for.
-    f.arrived = [&, p, header](Flow&, size_t n) {
-      const bool had = got[p] >= sizeof(Header);
-      got[p] += n;
-      if (!had && got[p] >= sizeof(Header)) check_header(p, header, mine.magic, bytes, ctx);
-    };
-    flows.push_back(std::move(f));
+    flows.push_back(exchange_flow(p, mine, data, inbox_[p].data()));
   }
   run(flows, ctx.deadline(), ctx);
   // ((d_0 fn d_1) fn d_2) ... in rank order on every rank, so all of them compute the same bits;
@@ -255,7 +240,7 @@ void DirectExchange::allreduce_direct(void* data, size_t bytes, size_t element_s
 
 void DirectExchange::allreduce_doubling(void* data, size_t bytes, size_t element_size,
                                         detail::ReduceFn fn, const OpContext& ctx) {
-  if ((world_size_ & (world_size_ - 1)) != 0) {
+  if (!is_power_of_two(world_size_)) {
     throw Error(ErrorCode::kInternal, ctx.description() + ": recursive doubling needs a power of "
                                                           "two ranks, not " +
                                           std::to_string(world_size_));
@@ -268,27 +253,12 @@ void DirectExchange::allreduce_doubling(void* data, size_t bytes, size_t element
   if (inbox.size() < bytes) inbox.resize(bytes);
   const Header mine{static_cast<uint32_t>(Kind::kDoubling), ctx.tag, bytes};
   std::vector<Flow> flows(1);
-  int peer = -1;
-  size_t got = 0;
-  char* header = nullptr;
-  flows[0].arrived = [&](Flow&, size_t n) {
-    const bool had = got >= sizeof(Header);
-    got += n;
-    if (!had && got >= sizeof(Header)) check_header(peer, header, mine.magic, bytes, ctx);
-  };
   // Step k: exchange the partial sums with the rank whose number differs in bit k. Both compute
   // (lower group's sum) fn (upper group's sum), so the two, and in the end every rank, hold the
   // same bits.
   for (int bit = 1; bit < world_size_; bit <<= 1) {
-    peer = rank_ ^ bit;
-    got = 0;
-    header = headers_.data() + sizeof(Header) * peer;
-    Flow& f = flows[0];
-    f.peer = peer;
-    f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
-    f.out[1] = {data, bytes};
-    f.in[0] = {header, sizeof(Header)};
-    f.in[1] = {inbox.data(), bytes};
+    const int peer = rank_ ^ bit;
+    flows[0] = exchange_flow(peer, mine, data, inbox.data());
     run(flows, deadline, ctx);
     if (rank_ < peer) {
       fn(data, data, inbox.data(), count);
@@ -311,14 +281,12 @@ void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_siz
   auto begin = [&](int b) { return count * static_cast<size_t>(b) / n * element_size; };
   auto length = [&](int b) { return begin(b + 1) - begin(b); };
   const Header mine{static_cast<uint32_t>(Kind::kRing), ctx.tag, bytes};
-  char* theirs = headers_.data() + sizeof(Header) * left;
 
   // One step: send block `send_b` to the right while block `recv_b` comes from the left; folded
   // into the output through the staging buffer (reduce-scatter) or written to it (allgather).
   auto step = [&](int send_b, int recv_b, bool fold, bool header) {
     const size_t in_len = length(recv_b);
     char* dst = base + begin(recv_b);
-    size_t header_left = header ? sizeof(Header) : 0;
     size_t staged = 0;  // bytes in the staging buffer (from its start)
     size_t used = 0;    // of those, folded into dst
     size_t done = 0;    // bytes of dst folded
@@ -328,17 +296,21 @@ void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_siz
     to.out[1] = {base + begin(send_b), length(send_b)};
     Flow from;
     from.peer = left;
-    from.in[0] = {theirs, header_left};
+    if (header) {
+      from.in[0] = {headers_.data() + sizeof(Header) * left, sizeof(Header)};
+      from.magic = mine.magic;
+      from.total = bytes;
+    }
     from.in[1] = fold ? iovec{staging_.data(), std::min(kStagingBytes, in_len)}
                       : iovec{dst, in_len};
-    from.arrived = [&](Flow& f, size_t got) {
-      if (header_left > 0) {
-        const size_t h = std::min(got, header_left);
-        header_left -= h;
-        got -= h;
-        if (header_left == 0) check_header(left, theirs, mine.magic, bytes, ctx);
-      }
-      if (!fold || got == 0) return;
+    // What came into the staging buffer (the header, if any, is in[0] and comes first) is folded
+    // into the output in whole elements.
+    size_t header_left = header ? sizeof(Header) : 0;
+    auto fold_in = [&](Flow& f, size_t got) {
+      const size_t h = std::min(got, header_left);
+      header_left -= h;
+      got -= h;
+      if (got == 0) return;
       staged += got;
       const size_t ready = staged / element_size * element_size;
       if (ready > used) {
@@ -353,10 +325,13 @@ void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_siz
         f.in[1] = iovec{staging_.data(), std::min(kStagingBytes, in_len - done)};
       }
     };
+    if (fold) from.arrived = fold_in;
     std::vector<Flow> flows;
     if (left == right) {  // two ranks: one connection both ways
       to.in[0] = from.in[0];
       to.in[1] = from.in[1];
+      to.magic = from.magic;
+      to.total = from.total;
       to.arrived = std::move(from.arrived);
       flows.push_back(std::move(to));
     } else {
@@ -380,17 +355,22 @@ void DirectExchange::barrier(const OpContext& ctx) {
   const Header mine{static_cast<uint32_t>(Kind::kBarrier), ctx.tag, 0};
   std::vector<Flow> flows;
   for (int k = 1; k < world_size_; ++k) {
-    const int p = (rank_ + k) % world_size_;
-    Flow f;
-    f.peer = p;
-    f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
-    f.in[0] = {headers_.data() + sizeof(Header) * p, sizeof(Header)};
-    flows.push_back(std::move(f));
+    flows.push_back(exchange_flow((rank_ + k) % world_size_, mine, nullptr, nullptr));
   }
   run(flows, ctx.deadline(), ctx);
-  for (int p = 0; p < world_size_; ++p) {
-    if (p != rank_) check_header(p, headers_.data() + sizeof(Header) * p, mine.magic, 0, ctx);
-  }
+}
+
+DirectExchange::Flow DirectExchange::exchange_flow(int peer, const Header& mine, const void* data,
+                                                   void* into) {
+  Flow f;
+  f.peer = peer;
+  f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
+  f.out[1] = {const_cast<void*>(data), mine.bytes};
+  f.in[0] = {headers_.data() + sizeof(Header) * peer, sizeof(Header)};
+  f.in[1] = {into, mine.bytes};
+  f.magic = mine.magic;
+  f.total = mine.bytes;
+  return f;
 }
 
 }  // namespace tutti::gloo_backend

@@ -58,6 +58,8 @@ class Device;
 
 namespace tutti::gloo_backend {
 
+inline bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
 class DirectExchange {
  public:
   // The ring's staging buffer: what a received block passes through on its way into the output.
@@ -97,20 +99,38 @@ class DirectExchange {
   // The rank a Gloo error message names (an address of this context's pairs), or -1.
   int rank_in(const std::string& message) const { return connections_.rank_in(message); }
 
+ public:
+  // What every rank sends first in an op. The magic says which algorithm sent it: ranks that
+  // chose differently (another TUTTI_GLOO_ALLREDUCE or limit; the backend also compares the
+  // settings when it connects) fail naming it instead of mixing up each other's bytes.
+  struct Header {
+    uint32_t magic;
+    uint32_t tag;
+    uint64_t bytes;
+  };
+
  private:
   // One peer's share of a step: bytes to send to it and bytes to take from it, each in up to two
   // pieces (a header, then data). `arrived`, when set, is told of every receive (its byte count)
   // and may check what came or move `in` (the ring's staging buffer).
+  // When `magic` is set, in[0] is the peer's header (into headers_ at the peer's place), which
+  // run() checks against this op (`magic`, the op's tag, `total` bytes) as soon as it is in.
   struct Flow {
     int peer = -1;
     iovec out[2] = {};
     iovec in[2] = {};
+    uint32_t magic = 0;
+    uint64_t total = 0;
     std::function<void(Flow&, size_t)> arrived;
   };
   // Moves every flow's bytes, all at once, until none is left; throws naming the peer on a
-  // closed connection, and kTimeout at `deadline` naming the peers still waited for.
+  // closed connection, kRemoteError on a header that is not this op's, and kTimeout at
+  // `deadline` naming the peers still waited for.
   void run(std::vector<Flow>& flows, std::chrono::steady_clock::time_point deadline,
            const OpContext& ctx);
+  // A flow that sends `mine` and then its `bytes` from `data` to `peer`, and receives the peer's
+  // header (checked by run()) and as many bytes into `into`.
+  Flow exchange_flow(int peer, const Header& mine, const void* data, void* into);
   // Throws kRemoteError when a peer's header is not this op's.
   void check_header(int peer, const char* header, uint32_t magic, uint64_t total,
                     const OpContext& ctx) const;
@@ -120,7 +140,7 @@ class DirectExchange {
   std::shared_ptr<::gloo::Context> context_;
   GlooConnections connections_;
   std::vector<int> fds_;                    // per rank: the socket to it (this rank's: -1)
-  std::vector<std::vector<char>> inbox_;    // direct: per rank (this rank's unused)
+  std::vector<std::vector<char>> inbox_;    // direct: per rank; doubling: this rank's
   std::vector<char> headers_;               // 16 bytes per rank: what each peer sent first
   std::vector<char> staging_;               // ring: kStagingBytes
 };
