@@ -43,9 +43,9 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
   };
   // Polling makes sense only while the ranks waited for run elsewhere: one that shares this
   // rank's CPU (unbound ranks, placed there by the scheduler) runs only once this rank gives the
-  // CPU up, so the polls stop as soon as one is seen there.
-  // (Where the CPU cannot be read, the polls run their course.) A rank notes its CPU at each op
-  // and around each wait, so a peer's note is at most one op old.
+  // CPU up, so the polls stop as soon as one is seen there (where the CPU cannot be read, they run
+  // their course). A rank notes its CPU at each op and around each wait (point-to-point waits
+  // have no op), so a peer's note is at most one op old.
   note_cpu();
   auto keep_spinning = [&] {
     const int cpu = ::sched_getcpu();

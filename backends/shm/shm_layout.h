@@ -64,7 +64,7 @@ inline OpSignature unpack_signature(const uint64_t in[2]) {
 struct alignas(64) Bell {
   Line ring;
   Line sleepers;
-  Line cpu;  // 1 + the CPU this rank was on when it last began a wait (0: none yet)
+  Line cpu;  // 1 + the CPU this rank was last noted on (each op, around each wait; 0: none yet)
 };
 
 // A rank's publication for small ops: seq says which op its payload (inline up to

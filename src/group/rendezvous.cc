@@ -270,11 +270,9 @@ class Meeting {
         if (st->failed && st->about == mine_.nonce) {
           // It failed between this claim and the look at its state, over this very join (rank 0
           // read the record and disagreed): fail as the other ranks do, not at the timeout.
-          throw Error(st->code, "rank " + std::to_string(st->rank) + " gave up on incarnation " +
-                                    std::to_string(incarnation_) + ": " + st->why);
+          throw Error(st->code, gave_up(*st) + ": " + st->why);
         }
-        wait_for_next(st->failed ? "rank " + std::to_string(st->rank) + " gave up on incarnation " +
-                                       std::to_string(incarnation_) + " (" + st->why +
+        wait_for_next(st->failed ? gave_up(*st) + " (" + st->why +
                                        ") and rank 0 has not started the next"
                                  : "incarnation " + std::to_string(incarnation_) +
                                        " formed without this rank (an earlier init's) and rank 0 "
@@ -294,6 +292,12 @@ class Meeting {
                     " and rank 0 has not started a new incarnation (two processes given rank " +
                     std::to_string(rank_) + ", or one left from an earlier attempt)");
     }
+  }
+
+  // "rank 2 gave up on incarnation 5": who failed the claimed incarnation.
+  std::string gave_up(const State& st) const {
+    return "rank " + std::to_string(st.rank) + " gave up on incarnation " +
+           std::to_string(incarnation_);
   }
 
   // Waits until rank 0 makes another incarnation current.
@@ -339,8 +343,7 @@ class Meeting {
         if (const auto st = read_state(store_, scope); st && st->failed) {
           // Another rank gave up on this incarnation. One that timed out: a later rank waits for
           // rank 0's next try; anything else (a disagreement) fails every rank, saying why.
-          const std::string why = "rank " + std::to_string(st->rank) + " gave up on incarnation " +
-                                  std::to_string(incarnation_) + ": " + st->why;
+          const std::string why = gave_up(*st) + ": " + st->why;
           if (st->code == ErrorCode::kTimeout && rank_ != 0) {
             give_back();
             return std::nullopt;
