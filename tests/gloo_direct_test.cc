@@ -18,6 +18,17 @@ using std::chrono::milliseconds;
 
 constexpr size_t k32K = 32 << 10;
 
+// Gloo groups of `world` ranks made with `variable` set to `value` (the backend reads it when
+// the group is made).
+std::vector<std::shared_ptr<CollectiveGroup>> groups_with(
+    const char* variable, const char* value, int world, const std::string& name,
+    milliseconds timeout = milliseconds(30000)) {
+  ::setenv(variable, value, 1);
+  auto groups = create_groups(world, "gloo", name, timeout);
+  ::unsetenv(variable);
+  return groups;
+}
+
 // What init says on each of `world` ranks with `variable` set to `value`.
 std::vector<std::string> init_errors_with(const char* variable, const char* value, int world = 2) {
   ::setenv(variable, value, 1);
@@ -64,9 +75,8 @@ std::vector<std::vector<float>> order_sensitive_sums(
 // r * 1000 + i at element i.
 TEST(GlooDirect, AllreduceAcrossWindowSizes) {
   for (int world : {2, 3}) {
-    ::setenv("TUTTI_GLOO_ALLREDUCE", "direct", 1);
-    auto groups = create_groups(world, "gloo", unique_name("direct-chunks"));
-    ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+    auto groups =
+        groups_with("TUTTI_GLOO_ALLREDUCE", "direct", world, unique_name("direct-chunks"));
     const int64_t counts[] = {1, k32K / 4 - 1, k32K / 4, k32K / 4 + 1, 3 * k32K / 4 + 5};
     run_ranks(world, [&](int r) {
       for (int64_t n : counts) {
@@ -138,9 +148,7 @@ TEST(GlooDirect, BarrierThenAllreduceStayInStep) {
 // TUTTI_GLOO_ALLREDUCE=gloo sends every allreduce and barrier through Gloo's own functions; the
 // results are the same.
 TEST(GlooDirect, GlooByEnvironmentGivesTheSameResults) {
-  ::setenv("TUTTI_GLOO_ALLREDUCE", "gloo", 1);
-  auto groups = create_groups(3, "gloo", unique_name("direct-off"));
-  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  auto groups = groups_with("TUTTI_GLOO_ALLREDUCE", "gloo", 3, unique_name("direct-off"));
   run_ranks(3, [&](int r) {
     groups[r]->barrier();
     std::vector<int32_t> v(1000, r + 1);
@@ -156,9 +164,7 @@ TEST(GlooDirect, GlooByEnvironmentGivesTheSameResults) {
 TEST(GlooRing, AllreduceOfEverySizeAndBlockShape) {
   constexpr int64_t kStaging = 256 << 10;  // DirectExchange::kStagingBytes, restated
   for (int world : {2, 3, 4}) {
-    ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
-    auto groups = create_groups(world, "gloo", unique_name("ring-sizes"));
-    ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+    auto groups = groups_with("TUTTI_GLOO_ALLREDUCE", "ring", world, unique_name("ring-sizes"));
     const int64_t counts[] = {1, world - 1, world, world + 1, 1000, kStaging / 4 * world + 3,
                               3 * kStaging / 8 * world - 5};
     run_ranks(world, [&](int r) {
@@ -191,9 +197,7 @@ TEST(GlooRing, AllreduceOfEverySizeAndBlockShape) {
 // bits (each block is reduced once, on its way around the ring), and within rounding of the sum.
 TEST(GlooRing, EveryRankGetsTheSameBits) {
   const int world = 3;
-  ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
-  auto groups = create_groups(world, "gloo", unique_name("ring-bits"));
-  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  auto groups = groups_with("TUTTI_GLOO_ALLREDUCE", "ring", world, unique_name("ring-bits"));
   const int64_t n = 200000;
   const auto out = order_sensitive_sums(groups, n);
   for (int64_t i = 0; i < n; ++i) {
@@ -211,9 +215,7 @@ TEST(GlooRing, EveryRankGetsTheSameBits) {
 // and order-sensitive float sums bit-identical on every rank.
 TEST(GlooDoubling, SumsAndBitsAtFourAndEightRanks) {
   for (int world : {4, 8}) {
-    ::setenv("TUTTI_GLOO_ALLREDUCE", "doubling", 1);
-    auto groups = create_groups(world, "gloo", unique_name("doubling"));
-    ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+    auto groups = groups_with("TUTTI_GLOO_ALLREDUCE", "doubling", world, unique_name("doubling"));
     std::vector<std::vector<float>> floats(world);
     run_ranks(world, [&](int r) {
       for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{300000}}) {
@@ -246,9 +248,8 @@ TEST(GlooDoubling, SumsAndBitsAtFourAndEightRanks) {
 // of each step put the lower group's value first.
 TEST(GlooDoubling, OperandOrderIsTheSameOnBothPartners) {
   const int world = 4;
-  ::setenv("TUTTI_GLOO_ALLREDUCE", "doubling", 1);
-  auto groups = create_groups(world, "gloo", unique_name("doubling-order"));
-  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  auto groups =
+      groups_with("TUTTI_GLOO_ALLREDUCE", "doubling", world, unique_name("doubling-order"));
   std::vector<std::vector<float>> out(world);
   run_ranks(world, [&](int r) {
     std::vector<float> v(64);
@@ -296,9 +297,8 @@ TEST(GlooRing, LargeAndSmallAllreducesInTurn) {
 
 // Ranks that make different calls meet in the ring: the header check names the peer.
 TEST(GlooRing, MismatchedSizesFailNamingThePeer) {
-  ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
-  auto groups = create_groups(3, "gloo", unique_name("ring-mismatch"), milliseconds(20000));
-  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  auto groups = groups_with("TUTTI_GLOO_ALLREDUCE", "ring", 3, unique_name("ring-mismatch"),
+                            milliseconds(20000));
   run_ranks(3, [&](int r) {
     // Rank 1 calls with another size: its right neighbour (2) and itself see the difference.
     std::vector<float> v(r == 1 ? 90000 : 100000, 1.0f);
@@ -320,9 +320,8 @@ TEST(GlooRing, MismatchedSizesFailNamingThePeer) {
 }
 
 TEST(GlooRing, ASilentPeerTimesOutNamingIt) {
-  ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
-  auto groups = create_groups(3, "gloo", unique_name("ring-silent"), milliseconds(400));
-  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  auto groups =
+      groups_with("TUTTI_GLOO_ALLREDUCE", "ring", 3, unique_name("ring-silent"), milliseconds(400));
   std::vector<float> v(300000, 1.0f);
   // Rank 0 receives from rank 2 (its left), which never calls.
   run_ranks(2, [&](int r) {
@@ -339,9 +338,7 @@ TEST(GlooRing, ASilentPeerTimesOutNamingIt) {
 // 1-byte elements whose blocks fill the 256 KiB staging buffer more than once, at 2 and 3 ranks.
 TEST(GlooRing, SmallElementsRefillTheStagingBuffer) {
   for (int world : {2, 3}) {
-    ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
-    auto groups = create_groups(world, "gloo", unique_name("ring-bytes"));
-    ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+    auto groups = groups_with("TUTTI_GLOO_ALLREDUCE", "ring", world, unique_name("ring-bytes"));
     const int64_t n = int64_t{world} * (600 << 10) + 7;
     run_ranks(world, [&](int r) {
       std::vector<uint8_t> c(n);
@@ -359,9 +356,8 @@ TEST(GlooRing, SmallElementsRefillTheStagingBuffer) {
 // abort() from another thread ends a ring allreduce that waits in poll() for a peer that never
 // calls, at once.
 TEST(GlooRing, AbortFromAnotherThreadEndsAWaitingRing) {
-  ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
-  auto groups = create_groups(2, "gloo", unique_name("ring-abort"), milliseconds(30000));
-  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  auto groups = groups_with("TUTTI_GLOO_ALLREDUCE", "ring", 2, unique_name("ring-abort"),
+                            milliseconds(30000));
   std::vector<float> v(1 << 20, 1.0f);
   double ended_ms = 0;
   std::thread op([&] {
@@ -379,9 +375,8 @@ TEST(GlooRing, AbortFromAnotherThreadEndsAWaitingRing) {
 // The direct exchange forced at sizes far past the sockets' buffers, at 3 ranks: every rank
 // writes 32 MiB to each peer while reading theirs, which blocking writes would deadlock.
 TEST(GlooDirect, MessagesLargerThanTheSocketBuffersDoNotDeadlock) {
-  ::setenv("TUTTI_GLOO_ALLREDUCE", "direct", 1);
-  auto groups = create_groups(3, "gloo", unique_name("direct-large"), milliseconds(60000));
-  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  auto groups = groups_with("TUTTI_GLOO_ALLREDUCE", "direct", 3, unique_name("direct-large"),
+                            milliseconds(60000));
   run_ranks(3, [&](int r) {
     std::vector<int32_t> v((size_t{32} << 20) / 4, r + 1);
     v.back() = 10 * r;
@@ -400,7 +395,8 @@ TEST(GlooDirect, BadSettingsAreRefusedNamingThem) {
   } cases[] = {
       {"TUTTI_GLOO_ALLREDUCE", "fastest",
        "TUTTI_GLOO_ALLREDUCE must be auto, direct, doubling, ring or gloo, not 'fastest'"},
-      {"TUTTI_GLOO_DIRECT_BYTES", "lots", "TUTTI_GLOO_DIRECT_BYTES must be a byte count, not 'lots'"},
+      {"TUTTI_GLOO_DIRECT_BYTES", "lots",
+       "TUTTI_GLOO_DIRECT_BYTES must be a byte count, not 'lots'"},
       {"TUTTI_GLOO_SNDBUF", "big", "TUTTI_GLOO_SNDBUF must be a byte count, not 'big'"},
   };
   for (const auto& c : cases) {
@@ -415,9 +411,7 @@ TEST(GlooDirect, BadSettingsAreRefusedNamingThem) {
 // the speed, never the sums.
 TEST(GlooDirect, AnySendBufferGivesTheSameSums) {
   for (const char* bytes : {"4096", "0"}) {
-    ::setenv("TUTTI_GLOO_SNDBUF", bytes, 1);
-    auto groups = create_groups(3, "gloo", unique_name("direct-sndbuf"));
-    ::unsetenv("TUTTI_GLOO_SNDBUF");
+    auto groups = groups_with("TUTTI_GLOO_SNDBUF", bytes, 3, unique_name("direct-sndbuf"));
     run_ranks(3, [&](int r) {
       for (size_t n : {size_t{10}, size_t{1} << 18}) {
         std::vector<int32_t> v(n, r + 1);
