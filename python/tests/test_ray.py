@@ -21,6 +21,14 @@ import tutti  # noqa: E402
 import tutti.ray  # noqa: E402
 from conftest import rank_input, reference, unique  # noqa: E402
 
+# Imported here, before any actor dies: Ray's RDT failure monitor thread imports
+# ray.experimental.collective (and with it ray.dag) when a source actor dies, and ray.shutdown()
+# imports ray.dag on the main thread; when the two first imports overlap, one of them sees the
+# package half initialised ("cannot import name 'CollectiveOutputNode' from partially initialized
+# module", seen once at the fixture's teardown after test_rdt_a_dead_source_fails_the_consumer).
+import ray.dag  # noqa: E402,F401
+import ray.experimental.collective  # noqa: E402,F401
+
 DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
 OPS = {"sum": ReduceOp.SUM, "product": ReduceOp.PRODUCT, "min": ReduceOp.MIN,
        "max": ReduceOp.MAX}
