@@ -205,6 +205,64 @@ TEST_P(Split, BadListsFailBeforeAnyIO) {
   });
 }
 
+// Local splits (SplitOptions::local): only the members call them, from any thread, in any order
+// and interleaved with the parent's ops. Ranks 0 and 2 make a pair while ranks 1 and 3 make
+// another; rank 0 then pairs with rank 3 too, from a second thread, while the parent runs an
+// allreduce on its own thread. No rank ever calls a split it is not a member of.
+TEST_P(Split, LocalSplitsMeetOnlyTheirMembers) {
+  const int world = 4;
+  auto parents = create_groups(world, GetParam(), unique_name("localparent"));
+  auto local = [](const std::string& name) {
+    SplitOptions o;
+    o.local = true;
+    o.name = name;
+    return o;
+  };
+  std::vector<std::shared_ptr<CollectiveGroup>> first(world), cross(world);
+  run_ranks(world, [&](int r) {
+    // Two different pairs meet under their own names, listed in different orders.
+    first[r] = r % 2 == 0 ? parents[r]->split({2, 0}, local("evens"))
+                          : parents[r]->split({1, 3}, local("odds"));
+    ASSERT_NE(first[r], nullptr);
+    EXPECT_EQ(first[r]->world_size(), 2);
+    EXPECT_EQ(first[r]->rank(), r == 2 || r == 1 ? 0 : 1);
+    EXPECT_EQ(first[r]->name(), r % 2 == 0 ? "evens" : "odds");
+    std::vector<int64_t> v(100, r + 1);
+    first[r]->allreduce(v);
+    EXPECT_EQ(v[99], r % 2 == 0 ? 1 + 3 : 2 + 4);
+    if (r == 0 || r == 3) {
+      std::thread other([&] { cross[r] = parents[r]->split({0, 3}, local("zero-three")); });
+      other.join();
+    }
+    // The parent is untouched by its local splits: a collective of all four still lines up.
+    std::vector<int64_t> all(10, r);
+    parents[r]->allreduce(all);
+    EXPECT_EQ(all[9], 0 + 1 + 2 + 3);
+  });
+  // The cross pair was made on other threads: it is theirs until handed over.
+  run_ranks(world, [&](int r) {
+    if (r != 0 && r != 3) return;
+    cross[r]->issue_from_this_thread();
+    std::vector<int64_t> v(3, r * 10);
+    cross[r]->allreduce(v);
+    EXPECT_EQ(v[2], 30);
+    EXPECT_EQ(cross[r]->global_ranks(), (std::vector<int>{0, 3}));
+  });
+}
+
+TEST_P(Split, LocalSplitsNeedANewNameAndTheirOwnRank) {
+  auto parents = create_groups(2, GetParam(), unique_name("localbad"));
+  SplitOptions o;
+  o.local = true;
+  EXPECT_TUTTI_ERROR(parents[0]->split({0, 1}, o), ErrorCode::kInvalidArgument, "needs a name");
+  o.name = "pair";
+  EXPECT_TUTTI_ERROR(parents[0]->split({1}, o), ErrorCode::kInvalidArgument,
+                     "rank 0 is not among ranks 1");
+  run_ranks(2, [&](int r) { ASSERT_NE(parents[r]->split({0, 1}, o), nullptr); });
+  EXPECT_TUTTI_ERROR(parents[1]->split({0, 1}, o), ErrorCode::kInvalidUsage,
+                     "the local split 'pair' was made before");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Split, ::testing::Values("gloo", "shm"),
                          [](const auto& info) { return info.param; });
 

@@ -94,7 +94,8 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   // Splits a subgroup off this group: collective, every rank of this group calls it with the
   // same `ranks` (distinct ranks of this group; their order gives the subgroup's ranks). The
   // members get the subgroup, the others null. The subgroup meets through this group's store (no
-  // new rendezvous server), under a key only this split uses.
+  // new rendezvous server), under a key only this split uses. With `options.local` only the
+  // members call it (see SplitOptions).
   std::shared_ptr<CollectiveGroup> split(const std::vector<int>& ranks,
                                          const SplitOptions& options = {});
 

@@ -120,6 +120,11 @@ struct SplitOptions {
   std::string name;     // empty: "<parent>.split<n>", n counting the parent's splits from 0
   std::string backend;  // empty: the parent's backend
   std::chrono::milliseconds timeout = kUseGroupTimeout;  // default: the parent's timeout
+  // Only the members call split (torch's use_local_synchronization): the others never learn of
+  // it, and it is not ordered with the parent's ops or other splits, so any thread may call it
+  // at any time. `name` is then required: it identifies the meeting, so it must be new among
+  // the local splits of this incarnation of the parent (a name used again here is refused).
+  bool local = false;
 };
 
 // How a group meets its peers and how long it waits by default.

@@ -533,15 +533,20 @@ void bind_groups(nb::module_& m) {
       .def(
           "split",
           [](CollectiveGroup& g, const std::vector<int>& ranks, const std::string& name,
-             const std::string& backend, nb::handle timeout) {
+             const std::string& backend, nb::handle timeout, bool local) {
             SplitOptions o;
             o.name = name;
             o.backend = backend;
+            o.local = local;
             if (!timeout.is_none()) o.timeout = to_milliseconds(timeout, "split", "timeout");
             nb::gil_scoped_release release;
             return g.split(ranks, o);
           },
-          "ranks"_a, "name"_a = "", "backend"_a = "", "timeout"_a = nb::none())
+          "ranks"_a, "name"_a = "", "backend"_a = "", "timeout"_a = nb::none(),
+          "local"_a = false,
+          "Splits a subgroup off: every rank calls it with the same ranks (members get the "
+          "subgroup, the others None), or with local=True only the members, from any thread, "
+          "meeting under `name` (required, new among this group's local splits).")
       .def("allreduce", &do_allreduce, "tensor"_a.none(), "op"_a = nb::none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
       .def("reduce", &do_reduce, "tensor"_a.none(), "dst_rank"_a = 0, "op"_a = nb::none(),

@@ -265,6 +265,31 @@ def test_named_groups_free_functions_and_new_group():
         tutti.allreduce(np.zeros(1), name)
 
 
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_splits_collective_and_local(backend):
+    """A collective split (every rank calls it) and local ones (only the members, under a name):
+    ranks 0 and 2 pair up while 1 and 3 do, and each pair sums only its own members."""
+    def body(g):
+        r = g.rank
+        halves = g.split([0, 1]), g.split([2, 3])
+        half = halves[0] if r < 2 else halves[1]
+        assert halves[1 - r // 2] is None
+        x = np.full(3, r + 1, dtype=np.int64)
+        half.allreduce(x)
+        assert x[0] == (3 if r < 2 else 7)
+        name = "evens" if r % 2 == 0 else "odds"
+        pair = g.split([r % 2, r % 2 + 2], name=name, local=True)
+        assert pair.world_size == 2 and pair.rank == r // 2 and pair.name == name
+        y = np.full(2, 10 * r, dtype=np.int64)
+        pair.allreduce(y)
+        assert y[1] == (0 + 20 if r % 2 == 0 else 10 + 30)
+        with pytest.raises(tutti.InvalidArgumentError, match="needs a name"):
+            g.split([0, 1, 2, 3], local=True)
+        return True
+
+    assert run_threads(4, body, backend=backend) == [True] * 4
+
+
 def test_abort_ends_a_waiting_op_promptly():
     done = threading.Event()
 

@@ -276,25 +276,45 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   BackendInfo info;
   if (requested != "auto") info = prefixed(ctx, [&] { return detail::find_backend(requested); });
 
+  std::string listed;
+  for (int r : ranks) listed += (listed.empty() ? "" : ",") + std::to_string(r);
+  const auto me = std::find(ranks.begin(), ranks.end(), s.rank);
+  if (options.local) {
+    if (options.name.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  ctx + ": a local split needs a name (it is what its members meet under)");
+    }
+    if (me == ranks.end()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  ctx + ": a local split is called by its members only, and rank " +
+                      std::to_string(s.rank) + " is not among ranks " + listed);
+    }
+    std::lock_guard<std::mutex> guard(s.state_mutex);
+    if (!s.local_splits.insert(options.name).second) {
+      throw Error(ErrorCode::kInvalidUsage, ctx + ": the local split '" + options.name +
+                                                "' was made before on this group");
+    }
+  }
   // Splits are collective and ordered like ops: the n-th split meets under split/<n>. Ops
-  // queued before it finish first, and none runs while the backend is asked to split.
-  s.drain();
-  std::unique_lock<std::mutex> lock(s.op_mutex);
+  // queued before it finish first, and none runs while the backend is asked to split. A local
+  // split meets under its name instead, whenever its members call it.
+  std::unique_lock<std::mutex> lock(s.op_mutex, std::defer_lock);
+  if (!options.local) {
+    s.drain();
+    lock.lock();
+  }
   if (s.aborted.load()) {
     throw Error(ErrorCode::kAborted, ctx + ": the group was aborted (" + [&] {
       std::lock_guard<std::mutex> guard(s.state_mutex);
       return s.abort_reason;
     }() + ")");
   }
-  const uint64_t n = s.split_count++;
-  const auto me = std::find(ranks.begin(), ranks.end(), s.rank);
+  const uint64_t n = options.local ? 0 : s.split_count++;
   if (me == ranks.end()) return nullptr;
   const int sub_rank = static_cast<int>(me - ranks.begin());
   const int sub_world = static_cast<int>(ranks.size());
   const std::string name = options.name.empty() ? *s.name + ".split" + std::to_string(n)
                                                  : options.name;
-  std::string listed;
-  for (int r : ranks) listed += (listed.empty() ? "" : ",") + std::to_string(r);
   const std::string sub_ctx = ctx + " into " + where(name, sub_rank, sub_world);
 
   // The members meet through the parent's store (no new server), checking that they agree on
@@ -313,7 +333,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
     return {};
   });
   const detail::JoinRecord mine = detail::JoinRecord::mine(sub_world, requested + " ranks " + listed);
-  const std::string base = s.scope + "/split/" + std::to_string(n);
+  const std::string base = options.local ? s.scope + "/local/" + detail::escape_name(name)
+                                         : s.scope + "/split/" + std::to_string(n);
   const detail::Membership m = prefixed(sub_ctx, [&] {
     return detail::meet(*stoppable, base, sub_world, sub_rank, mine, timeout);
   });
@@ -346,11 +367,13 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->join_record = mine.encode();
   sub->check_ops = s.check_ops;
   sub->take_thread();
-  sub->instance = s.instance + ".s" + std::to_string(n);
+  sub->instance = options.local ? s.instance + ".l" + detail::escape_name(name)
+                                : s.instance + ".s" + std::to_string(n);
   sub->recorder =
       detail::FlightRecorder::create({name, sub->instance, sub_rank, sub_world, info.name});
   BackendContext bctx = backend_context(*sub, stoppable);
-  if (info.name == s.backend_name) bctx.parent = s.backend.get();
+  // A local split's other members are not in the parent backend's call: it meets afresh.
+  if (info.name == s.backend_name && !options.local) bctx.parent = s.backend.get();
   attach_backend(*sub, info, std::move(bctx), sub_ctx, stoppable.get());
   stoppable->disarm();  // the subgroup's backend keeps its store: the parent's end is not its
   TUTTI_LOG_INFO("split {} off {} with backend '{}'", sub->describe(), s.describe(), info.name);

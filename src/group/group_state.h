@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,7 @@ struct CollectiveGroup::State {
   mutable std::mutex state_mutex;  // guards abort_reason and the backend pointer
   std::string abort_reason;        // non-empty once aborted
   std::shared_ptr<Backend> backend;
+  std::set<std::string> local_splits;  // the names of the local splits made (SplitOptions::local)
 
   // Issuing: seq numbers, inline ops, pushes to the queue.
   std::mutex op_mutex;
