@@ -268,6 +268,46 @@ TEST(TransferGroup, ACancelAbortsOnlyTheGroupUntilReset) {
   EXPECT_EQ(static_cast<const float*>(agents[1]->get(pending.ref()).tensors()[0].data())[0], 4.0f);
 }
 
+// Three agents in a ring, each getting its neighbour's objects while its own are got by the
+// other neighbour, all at once: each owner's send waits for a consumer whose receive is queued
+// on its own agent. Every pair runs its transfers independently, so none waits on another pair.
+TEST(TransferGroup, ARingOfAgentsFetchingFromEachOtherDoesNotDeadlock) {
+  constexpr int kAgents = 3;
+  auto agents = agents_in_group({"ring-0", "ring-1", "ring-2"});
+  constexpr int kRounds = 40;
+  std::vector<std::vector<uint8_t>> data(kAgents);
+  std::vector<ObjectHandle> handles;
+  for (int a = 0; a < kAgents; ++a) {
+    data[a] = pattern(static_cast<size_t>(4096 + 1000 * a), 300 + a);
+    handles.push_back(agents[a]->put({TensorView(data[a])}, on_gloo()));
+  }
+  std::atomic<int> wrong{0};
+  std::atomic<int> arrived{0};
+  std::vector<ErrorCode> failed(kAgents, static_cast<ErrorCode>(-1));
+  std::vector<std::string> why(kAgents);
+  std::vector<std::thread> threads;
+  for (int a = 0; a < kAgents; ++a) {
+    threads.emplace_back([&, a] {
+      const int from = (a + 1) % kAgents;
+      ++arrived;
+      while (arrived.load() < kAgents) std::this_thread::yield();
+      GetOptions g;
+      g.timeout = 10s;
+      failed[a] = code_of([&] {
+        for (int k = 0; k < kRounds; ++k) {
+          Received r = agents[a]->get(handles[from].ref(), g);
+          if (!same_bytes(r.tensors()[0], data[from])) ++wrong;
+        }
+      }, &why[a]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int a = 0; a < kAgents; ++a) {
+    EXPECT_EQ(failed[a], static_cast<ErrorCode>(-1)) << "agent " << a << ": " << why[a];
+  }
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 // The application's own group, attached.
 TEST(TransferGroup, AnAttachedGroupCarriesTransfers) {
   auto groups = testing::create_groups(2, "gloo", testing::unique_name("rdt-attached"));

@@ -11,8 +11,9 @@
 //   the consumer copies device to device, or borrows views of the owner's GPU memory.
 // - "socket" (built in, any host): the owner streams the bytes over the agents' connection.
 // - "gloo" (and "nccl" for CUDA tensors), two-sided, any host: the owner sends, the consumer
-//   receives, over a dedicated CollectiveGroup of the agents (join_group / attach_group) that
-//   one thread per agent drives with batched send/recv. A failure there aborts only that group:
+//   receives, over a dedicated CollectiveGroup of the agents (join_group / attach_group): each
+//   pair of agents that transfer splits a two-rank group off it, which one thread per pair
+//   drives with batched send/recv. A failure there aborts only those groups:
 //   later gets of the transport fail with kAborted until every member calls reset_transport.
 // - custom ones (tutti/tensor_transport.h).
 // "auto" picks shm on one host, else socket.
@@ -208,8 +209,9 @@ class TUTTI_API TransferAgent {
   // Two-sided transports ("gloo", "nccl"): the group their bytes travel over, one per transport
   // and agent, used by nothing else. join_group makes it (collective: every member calls it with
   // its rank and a store they share; its name is "<set>.<transport>#<incarnation>"), attach_group
-  // takes the application's (the agent then owns it: its thread issues the group's ops, and
-  // another thread's ops on it fail with kInvalidUsage). A process outside
+  // takes the application's (use it for nothing else: a failed transfer aborts it). Transfers
+  // travel on a two-rank group per pair of agents, split off it (SplitOptions::local) by the
+  // pair's first transfer. A process outside
   // the group that gets such a ref fails with kInvalidUsage (or, with allow_fallback, uses the
   // socket transport).
   void join_group(std::string_view transport, int world_size, int rank,

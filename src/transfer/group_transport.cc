@@ -23,31 +23,66 @@ GroupTransport::GroupTransport(std::string name, bool cuda, std::string agent_na
 
 GroupTransport::~GroupTransport() {
   std::shared_ptr<CollectiveGroup> g;
-  bool busy;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-    g = group_;
-    busy = in_flight_;
-  }
-  work_.notify_all();
-  // The agent's own group goes (destroy ends a running batch); the application's is aborted
-  // only when a batch still runs on it.
-  if (g && remake_) {
-    g->destroy();
-  } else if (g && busy) {
-    g->abort("the transfer agent '" + agent_ + "' is going");
-  }
-  if (thread_.joinable()) thread_.join();
+  bool own = false;
+  bool busy = false;
+  std::vector<std::shared_ptr<Lane>> lanes;
   std::vector<std::shared_ptr<GroupJob>> done;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    g = group_;
+    own = remake_ != nullptr;
+    for (const auto& [peer, lane] : lanes_) busy = busy || lane->busy;
     fail_waiting_locked("the agent is going", done);
+    lanes = take_lanes_locked();
   }
   for (auto& j : done) {
     if (j->on_done) j->on_done(false);
   }
   done_.notify_all();
+  // The agent's own group goes; the application's is aborted only when a lane may be splitting
+  // a pair off it (that ends the split's wait for the peer).
+  if (g && own) {
+    g->destroy();
+  } else if (g && busy) {
+    g->abort("the transfer agent '" + agent_ + "' is going");
+  }
+  stop_lanes(lanes);
+}
+
+GroupTransport::Lane& GroupTransport::lane_locked(int peer) {
+  auto& lane = lanes_[peer];
+  if (!lane) {
+    lane = std::make_shared<Lane>(peer);
+    lane->thread = std::thread([this, l = lane] { run_lane(l); });
+  }
+  return *lane;
+}
+
+std::vector<std::shared_ptr<GroupTransport::Lane>> GroupTransport::take_lanes_locked() {
+  std::vector<std::shared_ptr<Lane>> out;
+  for (auto& [peer, lane] : lanes_) {
+    lane->stopping = true;
+    out.push_back(std::move(lane));
+  }
+  lanes_.clear();
+  return out;
+}
+
+void GroupTransport::stop_lanes(const std::vector<std::shared_ptr<Lane>>& lanes) {
+  work_.notify_all();
+  // Destroying a pair's group ends a batch running on it; a lane that makes its group after
+  // this destroys it itself (it sees `stopping`).
+  for (const auto& lane : lanes) {
+    std::shared_ptr<CollectiveGroup> g;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      g = lane->group;
+    }
+    if (g) g->destroy();
+  }
+  for (const auto& lane : lanes) {
+    if (lane->thread.joinable()) lane->thread.join();
+  }
 }
 
 TransportTraits GroupTransport::traits() const {
@@ -63,24 +98,24 @@ void GroupTransport::attach(std::shared_ptr<CollectiveGroup> group, std::string 
                             std::function<std::shared_ptr<CollectiveGroup>(uint64_t)> remake) {
   std::shared_ptr<CollectiveGroup> old;
   std::vector<std::shared_ptr<GroupJob>> done;
+  std::vector<std::shared_ptr<Lane>> lanes;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     old = std::move(group_);
     fail_waiting_locked("the group was replaced", done);
+    lanes = take_lanes_locked();
     group_ = std::move(group);
     set_ = std::move(set);
     remake_ = std::move(remake);
     aborted_.clear();
-    pairs_.clear();
     ++incarnation_;
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   }
-  work_.notify_all();
   for (auto& j : done) {
     if (j->on_done) j->on_done(false);
   }
   done_.notify_all();
   if (old) old->abort("replaced by another group");
+  stop_lanes(lanes);
 }
 
 void GroupTransport::reset() {
@@ -88,6 +123,7 @@ void GroupTransport::reset() {
   std::function<std::shared_ptr<CollectiveGroup>(uint64_t)> remake;
   uint64_t next;
   std::vector<std::shared_ptr<GroupJob>> done;
+  std::vector<std::shared_ptr<Lane>> lanes;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!group_) {
@@ -105,12 +141,14 @@ void GroupTransport::reset() {
     if (aborted_.empty()) aborted_ = "being reset";
     resetting_ = true;
     fail_waiting_locked("the group is being reset", done);
+    lanes = take_lanes_locked();
   }
   for (auto& j : done) {
     if (j->on_done) j->on_done(false);
   }
   done_.notify_all();
-  old->destroy();
+  old->destroy();  // first: it ends a lane's split waiting for its peer
+  stop_lanes(lanes);
   std::shared_ptr<CollectiveGroup> fresh;
   try {
     fresh = remake(next);  // collective: every member resets
@@ -125,7 +163,6 @@ void GroupTransport::reset() {
     group_ = std::move(fresh);
     incarnation_ = next;
     aborted_.clear();
-    pairs_.clear();
     resetting_ = false;
   }
   work_.notify_all();
@@ -241,7 +278,7 @@ uint64_t GroupTransport::lead(int peer, uint64_t* incarnation) {
   std::lock_guard<std::mutex> lock(mutex_);
   *incarnation = incarnation_;
   if (!group_ || group_->rank() > peer) return 0;
-  return pairs_[peer].next_assign++;
+  return lane_locked(peer).next_assign++;
 }
 
 void GroupTransport::skip(int peer, uint64_t seq, uint64_t incarnation) {
@@ -253,7 +290,7 @@ void GroupTransport::skip(int peer, uint64_t seq, uint64_t incarnation) {
     job->peer = peer;
     job->seq = seq;
     job->deadline = Clock::now() + std::chrono::hours(1);
-    pairs_[peer].waiting[seq] = job;
+    lane_locked(peer).waiting[seq] = job;
   }
   work_.notify_all();
 }
@@ -276,7 +313,7 @@ std::shared_ptr<GroupJob> GroupTransport::enqueue(GroupJob::Kind kind, int peer,
       throw Error(ErrorCode::kAborted, "transport '" + name_ + "' of agent '" + agent_ +
                                            "': its group was reset during the transfer");
     }
-    auto& pair = pairs_[peer];
+    Lane& pair = lane_locked(peer);
     job->seq = seq > 0 ? seq : pair.next_assign++;
     if (job->seq < pair.next_post || pair.waiting.count(job->seq) != 0) {
       throw Error(ErrorCode::kInternal, "transport '" + name_ + "': transfer #" +
@@ -291,20 +328,21 @@ std::shared_ptr<GroupJob> GroupTransport::enqueue(GroupJob::Kind kind, int peer,
 
 void GroupTransport::fail_waiting_locked(const std::string& why,
                                          std::vector<std::shared_ptr<GroupJob>>& done) {
-  for (auto& [peer, pair] : pairs_) {
-    for (auto& [seq, job] : pair.waiting) {
+  for (auto& [peer, lane] : lanes_) {
+    for (auto& [seq, job] : lane->waiting) {
       if (job->finished) continue;
       job->finished = true;
       job->error = std::make_exception_ptr(Error(
           ErrorCode::kAborted, "transport '" + name_ + "' of agent '" + agent_ + "': " + why));
       done.push_back(job);
     }
-    pair.waiting.clear();
+    lane->waiting.clear();
   }
 }
 
 void GroupTransport::abort(const std::string& reason) noexcept {
   std::shared_ptr<CollectiveGroup> g;
+  std::vector<std::shared_ptr<CollectiveGroup>> pairs;
   std::vector<std::shared_ptr<GroupJob>> done;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -315,11 +353,16 @@ void GroupTransport::abort(const std::string& reason) noexcept {
     }
     fail_waiting_locked("its group was aborted: " + aborted_, done);
     g = group_;
+    for (const auto& [peer, lane] : lanes_) {
+      if (lane->group) pairs.push_back(lane->group);
+    }
   }
   for (auto& j : done) {
     if (j->on_done) j->on_done(false);
   }
   done_.notify_all();
+  // The pairs' groups end their batches; the transport's ends a lane's split waiting for a peer.
+  for (auto& p : pairs) p->abort(reason);
   if (g) g->abort(reason);
 }
 
@@ -358,33 +401,28 @@ void GroupTransport::wait(GroupJob& job, Clock::time_point deadline,
                         "' is aborted: call reset_transport('" + name_ + "') on every member)");
 }
 
-void GroupTransport::loop() {
-  // The group's ops come from this thread only (a CPU group takes them from one thread): it
-  // takes each group it is given over from the thread that made or attached it.
-  const CollectiveGroup* adopted = nullptr;
+void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
+  Lane& l = *lane;
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!stopping_) {
-    // What is ready: each pair's next numbers, in order.
+  while (!l.stopping) {
+    // What is ready: the pair's next numbers, in order.
     std::vector<std::shared_ptr<GroupJob>> batch;
     std::string broken;
     const auto now = Clock::now();
-    for (auto& [peer, pair] : pairs_) {
-      for (auto it = pair.waiting.find(pair.next_post); it != pair.waiting.end();
-           it = pair.waiting.find(pair.next_post)) {
-        batch.push_back(it->second);
-        pair.waiting.erase(it);
-        ++pair.next_post;
-      }
-      // A number that never comes (a fetch lost on the way) holds everything behind it.
-      for (const auto& [seq, job] : pair.waiting) {
-        if (now >= job->deadline) {
-          broken = "transfer #" + std::to_string(pair.next_post) + " with rank " +
-                   std::to_string(peer) + " never came, and #" + std::to_string(seq) +
-                   " behind it ran past its deadline";
-        }
+    for (auto it = l.waiting.find(l.next_post); it != l.waiting.end();
+         it = l.waiting.find(l.next_post)) {
+      batch.push_back(it->second);
+      l.waiting.erase(it);
+      ++l.next_post;
+    }
+    // A number that never comes (a fetch lost on the way) holds everything behind it.
+    for (const auto& [seq, job] : l.waiting) {
+      if (now >= job->deadline) {
+        broken = "transfer #" + std::to_string(l.next_post) + " with rank " +
+                 std::to_string(l.peer) + " never came, and #" + std::to_string(seq) +
+                 " behind it ran past its deadline";
       }
     }
-    std::shared_ptr<CollectiveGroup> g = group_;
     if (batch.empty() && broken.empty()) {
       work_.wait_for(lock, std::chrono::milliseconds(100));
       continue;
@@ -397,29 +435,42 @@ void GroupTransport::loop() {
     }
     std::vector<P2POp> ops;
     Clock::time_point latest = now;
+    // In the pair's group the lower rank is 0.
+    const int me = group_ ? group_->rank() : 0;
+    const int peer_in_pair = l.peer < me ? 0 : 1;
     for (auto& job : batch) {
       job->posted = true;
       latest = std::max(latest, job->deadline);
       if (job->kind == GroupJob::Kind::kSkip) continue;
       for (const TensorView& t : job->tensors) {
         if (t.nbytes() == 0) continue;
-        ops.push_back(job->kind == GroupJob::Kind::kSend ? P2POp::send(t, job->peer)
-                                                         : P2POp::recv(t, job->peer));
+        ops.push_back(job->kind == GroupJob::Kind::kSend ? P2POp::send(t, peer_in_pair)
+                                                         : P2POp::recv(t, peer_in_pair));
       }
     }
-    in_flight_ = true;
+    std::shared_ptr<CollectiveGroup> base = group_;
+    std::shared_ptr<CollectiveGroup> pair = l.group;
+    const std::string pair_name = set_ + ".pair" + std::to_string(std::min(me, l.peer)) + "-" +
+                                  std::to_string(std::max(me, l.peer));
+    l.busy = true;
     lock.unlock();
     std::exception_ptr error;
     if (!ops.empty()) {
       try {
-        if (!g) throw Error(ErrorCode::kAborted, "the transport has no group");
-        if (g.get() != adopted) {
-          g->issue_from_this_thread();
-          adopted = g.get();
+        if (!pair) {
+          if (!base) throw Error(ErrorCode::kAborted, "the transport has no group");
+          SplitOptions so;
+          so.local = true;
+          so.name = pair_name;
+          so.timeout = ms_until(latest);
+          pair = base->split({std::min(me, l.peer), std::max(me, l.peer)}, so);
+          std::lock_guard<std::mutex> guard(mutex_);
+          l.group = pair;
+          if (l.stopping) throw Error(ErrorCode::kAborted, "the transport is being reset");
         }
         BatchP2POptions opts;
         opts.timeout = ms_until(latest);
-        auto w = g->batch_isend_irecv(ops, opts);
+        auto w = pair->batch_isend_irecv(ops, opts);
         if (w) w->wait();
       } catch (const Error& e) {
         error = std::make_exception_ptr(
@@ -435,13 +486,17 @@ void GroupTransport::loop() {
       if (job->on_done) job->on_done(!error);
     }
     lock.lock();
-    in_flight_ = false;
+    l.busy = false;
     for (auto& job : batch) {
       job->finished = true;
       job->error = error;
     }
     done_.notify_all();
   }
+  // Told to stop: a group made after stop_lanes looked is this thread's to end.
+  std::shared_ptr<CollectiveGroup> pair = l.group;
+  lock.unlock();
+  if (pair) pair->destroy();
 }
 
 }  // namespace tutti::detail

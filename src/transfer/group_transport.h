@@ -1,19 +1,24 @@
 // The two-sided tensor transports ("gloo", "nccl"): the owner sends, the consumer receives, over
-// a dedicated CollectiveGroup that only this transport uses (internal to the direct transport).
+// groups that only this transport uses (internal to the direct transport).
 //
-// One thread per agent and transport issues every op on the group, as batches
-// (batch_isend_irecv) of whatever is ready. The messages between two agents follow one order,
-// which the lower-ranked of the two assigns (the "pair sequence"): its own fetches get a number
-// before they are sent, the other's when it grants them. Both sides post a pair's transfers in
-// that order, so the k-th message of one side meets the k-th of the other, and two agents that
-// fetch from each other at once cannot wait on each other. A transfer that fails, times out or
-// is cancelled once the other side may have seen it leaves the pair out of step: the group is
-// aborted (only it: other transports go on), and later gets fail with kAborted quoting the first
-// failure until reset() (collective: every member resets).
+// The transport's group (join_group's, or the application's from attach_group) carries no
+// transfers itself: for each member this agent transfers with, a "lane" splits a group of the
+// two off it (a local split, made by the lane's own thread on the pair's first transfer) and
+// issues every op of the pair on it, as batches (batch_isend_irecv) of whatever is ready. The
+// messages between two agents follow one order, which the lower-ranked of the two assigns (the
+// "pair sequence"): its own fetches get a number before they are sent, the other's when it
+// grants them. Both sides post a pair's transfers in that order, so the k-th message of one
+// side meets the k-th of the other, and two agents that fetch from each other at once cannot
+// wait on each other. Pairs never wait on each other either: a lane blocked on one peer leaves
+// the others going, so a ring of agents each fetching from the next cannot close a cycle (with
+// one thread for all pairs, each owner's send waited for a consumer whose receive was queued
+// behind its own send). A transfer that fails, times out or is cancelled once the other side
+// may have seen it leaves its pair out of step: the transport is aborted (its groups only:
+// other transports go on), and later gets fail with kAborted quoting the first failure until
+// reset() (collective: every member resets).
 #pragma once
 
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -98,13 +103,24 @@ class GroupTransport final : public TensorTransport {
   void abort(const std::string& reason) noexcept;
 
  private:
-  struct PairOrder {
+  // The transfers with one peer, and the thread and group that carry them.
+  struct Lane {
+    explicit Lane(int p) : peer(p) {}
+    const int peer;
     uint64_t next_post = 1;    // the next number this side posts
     uint64_t next_assign = 1;  // the next number to assign (the leader's)
     std::map<uint64_t, std::shared_ptr<GroupJob>> waiting;
+    std::shared_ptr<CollectiveGroup> group;  // the pair's, made on its first transfer
+    bool busy = false;      // making the pair's group, or running a batch on it
+    bool stopping = false;  // reset, replaced or going: the thread ends
+    std::thread thread;
   };
 
-  void loop();
+  Lane& lane_locked(int peer);
+  void run_lane(const std::shared_ptr<Lane>& lane);
+  // The lanes out of the transport, told to stop; join them with stop_lanes (no lock held).
+  std::vector<std::shared_ptr<Lane>> take_lanes_locked();
+  void stop_lanes(const std::vector<std::shared_ptr<Lane>>& lanes);
   void fail_waiting_locked(const std::string& why, std::vector<std::shared_ptr<GroupJob>>& done);
   std::string aborted_text_locked() const;
 
@@ -113,7 +129,7 @@ class GroupTransport final : public TensorTransport {
   const std::string agent_;
 
   mutable std::mutex mutex_;
-  std::condition_variable work_;  // a job was queued, or the group changed
+  std::condition_variable work_;  // a job was queued, or a lane was told to stop
   std::condition_variable done_;  // a job finished
   std::shared_ptr<CollectiveGroup> group_;
   std::function<std::shared_ptr<CollectiveGroup>(uint64_t)> remake_;
@@ -121,10 +137,7 @@ class GroupTransport final : public TensorTransport {
   uint64_t incarnation_ = 0;
   std::string aborted_;  // the first failure; empty while usable
   bool resetting_ = false;
-  std::map<int, PairOrder> pairs_;
-  bool stopping_ = false;
-  bool in_flight_ = false;  // the thread runs a batch
-  std::thread thread_;
+  std::map<int, std::shared_ptr<Lane>> lanes_;  // by peer rank
 };
 
 }  // namespace tutti::detail
