@@ -666,6 +666,42 @@ TEST_F(Transfer, TenThousandCyclesLeakNothing) {
   owner->deallocate(shared);
 }
 
+// A snapshot puts each tensor in a block of its own, deallocated when the object is freed. The
+// consumer's cached mappings of such blocks go at its next get (it sees them gone from the
+// owner's table of live blocks), so their memory goes back; before, up to 64 stayed mapped.
+TEST_F(Transfer, AConsumerUnmapsBlocksItsOwnerDeallocated) {
+  auto blocks_mapped = [] {
+    size_t n = 0;
+    for (const auto& line : mappings()) n += line.find("memfd:tutti-rdt ") != std::string::npos;
+    return n;
+  };
+  std::vector<float> x = iota_floats(1 << 18, 0.0f);  // 1 MiB
+  TensorView live = owner->allocate(4096, DType::kFloat32);
+  ObjectHandle keep = owner->put({live});
+  consumer->get(keep.ref());
+  const size_t before = blocks_mapped();  // the live block, by the owner and the consumer
+  PutOptions p;
+  p.transport = "shm";
+  p.snapshot = true;
+  for (int i = 0; i < 5; ++i) {
+    ObjectHandle h = owner->put({TensorView(x)}, p);
+    EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0])[1000], 1000.0f);
+    EXPECT_GE(blocks_mapped(), before + 2) << "the snapshot, by the owner and the consumer";
+  }
+  // Every snapshot's object is freed (its handle went, its get completed): the owner has
+  // deallocated the blocks, and the consumer drops its mappings at its next get.
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  size_t now = 0;
+  do {
+    consumer->get(keep.ref());
+    now = blocks_mapped();
+  } while (now != before && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(now, before) << added({}, mappings());
+  keep.release();
+  owner->wait_tensor_freed(live, 5s);
+  owner->deallocate(live);
+}
+
 // ---- what a failed, forged or misused get must not do (review of the first step) ----
 
 // A transport whose fetch always fails, after the agent took its lease.

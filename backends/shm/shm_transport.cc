@@ -2,7 +2,9 @@
 // owner's host read the owner's memory themselves.
 // - Tensors in the agent's shareable memory (TransferAgent::allocate: one sealed-size memfd per
 //   allocation): the consumer maps the memfd (once: mappings are cached), then copies from it, or
-//   borrows views of it (zero-copy).
+//   borrows views of it (zero-copy). The owner keeps a table of its live blocks, which consumers
+//   map with their first block; at each get a consumer drops its cached mappings of blocks the
+//   owner has deallocated since (a snapshot's block, for one), so their memory goes back.
 // - Any other CPU tensor: one copy by cross-memory read (process_vm_readv) from the owner's
 //   address space; where the kernel refuses it (another user, Yama), the owner streams the bytes
 //   over the agents' Unix socket instead.
@@ -15,12 +17,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "util/logging.h"
@@ -37,6 +41,11 @@ constexpr uint16_t kInProcess = 2;  // place: (kInProcess, virtual address in th
 // slices of a huge copy ran at half a plain memcpy's speed. At >= 5 GB/s a slice takes <= 50 ms.
 constexpr size_t kCopySlice = 256u << 20;
 constexpr size_t kMappingCache = 64;     // owner chunks a consumer keeps mapped
+// The owner's table of live blocks: entry id % kTableEntries holds the id of the live block there
+// (ids count up from 1), 0 once it is deallocated. Two live blocks 65536 ids apart share an entry:
+// a consumer then drops its mapping of the older one too, and maps it again on its next get.
+constexpr size_t kTableEntries = 1u << 16;
+constexpr size_t kTableBytes = kTableEntries * sizeof(uint64_t);
 
 void put64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -75,6 +84,17 @@ struct Mapping {
   }
 };
 
+// An owner's table of live blocks, mapped read-only by a consumer.
+struct TableView {
+  const std::atomic<uint64_t>* entries = nullptr;
+  ~TableView() {
+    if (entries != nullptr) ::munmap(const_cast<std::atomic<uint64_t>*>(entries), kTableBytes);
+  }
+  bool live(uint64_t block) const {
+    return entries[block % kTableEntries].load(std::memory_order_acquire) == block;
+  }
+};
+
 void copy_sliced(char* dst, const char* src, size_t bytes, const FetchRequest& request,
                  const std::string& what) {
   for (size_t done = 0; done < bytes;) {
@@ -97,6 +117,8 @@ class ShmTransport final : public TensorTransport {
       if (!c.registered) ::munmap(c.base, c.size);
       ::close(c.fd);
     }
+    if (table_ != nullptr) ::munmap(table_, kTableBytes);
+    if (table_fd_ >= 0) ::close(table_fd_);
   }
 
   const char* name() const override { return "shm"; }
@@ -134,6 +156,7 @@ class ShmTransport final : public TensorTransport {
     c.id = ++next_chunk_;
     chunks_[c.base] = c;
     by_id_[c.id] = c.base;
+    mark_locked(c.id, true);
     return TensorView(c.base, dtype, {static_cast<int64_t>(bytes / dtype_size(dtype))});
   }
 
@@ -146,6 +169,7 @@ class ShmTransport final : public TensorTransport {
     }
     ::munmap(it->second.base, it->second.size);
     ::close(it->second.fd);
+    mark_locked(it->second.id, false);
     by_id_.erase(it->second.id);
     chunks_.erase(it);
   }
@@ -203,6 +227,7 @@ class ShmTransport final : public TensorTransport {
     c.offset = fd_offset;
     chunks_[base] = c;
     by_id_[c.id] = base;
+    mark_locked(c.id, true);
   }
 
   void unregister_memory(const TensorView& region) override {
@@ -215,6 +240,7 @@ class ShmTransport final : public TensorTransport {
                   "shm transport: " + region.str() + " is not the start of registered memory");
     }
     ::close(it->second.fd);
+    mark_locked(it->second.id, false);
     by_id_.erase(it->second.id);
     chunks_.erase(it);
   }
@@ -252,7 +278,8 @@ class ShmTransport final : public TensorTransport {
   }
 
   // "chunk <id>": the memfd of a block a live object publishes, to a consumer of this user on
-  // this host (the agent checked both when it accepted the connection). Sealed: read-only there.
+  // this host (the agent checked both when it accepted the connection), and the table of live
+  // blocks. Both sealed: read-only there.
   std::string answer(const std::string& request, const AgentIdentity& consumer,
                      std::vector<int>* fds) override {
     if (request.rfind("chunk ", 0) != 0) {
@@ -274,6 +301,10 @@ class ShmTransport final : public TensorTransport {
     const int fd = ::fcntl(c.fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) throw Error(ErrorCode::kIoError, std::string("shm transport: dup: ") + std::strerror(errno));
     fds->push_back(fd);
+    if (table_fd_ >= 0) {
+      const int table = ::fcntl(table_fd_, F_DUPFD_CLOEXEC, 0);
+      if (table >= 0) fds->push_back(table);  // without it the consumer only caches by count
+    }
     (void)consumer;
     return "ok " + std::to_string(c.offset) + " " + std::to_string(c.size);
   }
@@ -354,14 +385,84 @@ class ShmTransport final : public TensorTransport {
     return p >= c.base && p + bytes <= c.base + c.size ? &c : nullptr;
   }
 
+  // The owner's table of live blocks: made with the first block (no block, nothing to list).
+  void mark_locked(uint64_t block, bool live) {
+    if (table_ == nullptr && live) make_table_locked();
+    if (table_ == nullptr) return;
+    std::atomic<uint64_t>& e = table_[block % kTableEntries];
+    if (live) {
+      e.store(block, std::memory_order_release);
+    } else if (e.load(std::memory_order_relaxed) == block) {
+      e.store(0, std::memory_order_release);
+    }
+  }
+
+  void make_table_locked() {
+    const int fd = ::memfd_create("tutti-rdt-blocks", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(kTableBytes)) != 0) {
+      TUTTI_LOG_DEBUG("shm transport: no table of live blocks: {}", std::strerror(errno));
+      if (fd >= 0) ::close(fd);
+      return;
+    }
+    ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+    void* p = ::mmap(nullptr, kTableBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      TUTTI_LOG_DEBUG("shm transport: no table of live blocks: {}", std::strerror(errno));
+      ::close(fd);
+      return;
+    }
+    ::fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
+    table_ = static_cast<std::atomic<uint64_t>*>(p);
+    table_fd_ = fd;
+  }
+
+  // Drops cached mappings of blocks their owners have deallocated (borrowed views keep theirs).
+  void sweep_locked() {
+    for (auto it = cache_.begin(); it != cache_.end();) {
+      const Cached& c = it->second;
+      if (c.table && !c.table->live(it->first.second)) {
+        lru_.erase(c.position);
+        it = cache_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // The consumer's view of an owner's table of live blocks, mapped from `fd` (taken) unless it
+  // already is.
+  std::shared_ptr<TableView> table_of(const std::array<uint8_t, 16>& owner, int fd) {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    for (auto it = tables_.begin(); it != tables_.end();) {
+      it = it->second.expired() && it->first != owner ? tables_.erase(it) : std::next(it);
+    }
+    auto& known = tables_[owner];
+    if (auto t = known.lock()) {
+      ::close(fd);
+      return t;
+    }
+    struct stat st;
+    void* p = MAP_FAILED;
+    if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(kTableBytes)) {
+      p = ::mmap(nullptr, kTableBytes, PROT_READ, MAP_SHARED, fd, 0);
+    }
+    ::close(fd);
+    if (p == MAP_FAILED) return nullptr;
+    auto t = std::make_shared<TableView>();
+    t->entries = static_cast<const std::atomic<uint64_t>*>(p);
+    known = t;
+    return t;
+  }
+
   std::shared_ptr<Mapping> mapping(const FetchRequest& request, uint64_t chunk) {
     const Key key{request.owner.owner().uuid, chunk};
     {
       std::lock_guard<std::mutex> lock(cache_mutex_);
+      sweep_locked();
       auto it = cache_.find(key);
       if (it != cache_.end()) {
-        lru_.splice(lru_.begin(), lru_, it->second.second);
-        return it->second.first;
+        lru_.splice(lru_.begin(), lru_, it->second.position);
+        return it->second.mapping;
       }
     }
     std::vector<int> fds;
@@ -373,7 +474,8 @@ class ShmTransport final : public TensorTransport {
       throw Error(ErrorCode::kInternal, "shm transport: the owner sent no descriptor for block " +
                                             std::to_string(chunk));
     }
-    for (size_t i = 1; i < fds.size(); ++i) ::close(fds[i]);
+    for (size_t i = 2; i < fds.size(); ++i) ::close(fds[i]);
+    std::shared_ptr<TableView> table = fds.size() > 1 ? table_of(key.first, fds[1]) : nullptr;
     // The block must lie inside the file as it is (a shorter file would fault the reader).
     struct stat st;
     if (!parsed || ::fstat(fds[0], &st) != 0 || st.st_size < 0 ||
@@ -398,9 +500,9 @@ class ShmTransport final : public TensorTransport {
     m->size = size;
     std::lock_guard<std::mutex> lock(cache_mutex_);
     auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second.first;  // another get mapped it meanwhile
+    if (it != cache_.end()) return it->second.mapping;  // another get mapped it meanwhile
     lru_.push_front(key);
-    cache_[key] = {m, lru_.begin()};
+    cache_[key] = Cached{m, std::move(table), lru_.begin()};
     while (cache_.size() > kMappingCache) {
       cache_.erase(lru_.back());  // borrowed views keep their own reference
       lru_.pop_back();
@@ -477,11 +579,19 @@ class ShmTransport final : public TensorTransport {
   std::map<uint64_t, int> publications_;                  // block -> objects publishing it
   std::map<char*, size_t> plain_;  // registered without a file
   uint64_t next_chunk_ = 0;
+  std::atomic<uint64_t>* table_ = nullptr;  // the live blocks (see kTableEntries)
+  int table_fd_ = -1;
 
   using Key = std::pair<std::array<uint8_t, 16>, uint64_t>;  // owner, block
+  struct Cached {
+    std::shared_ptr<Mapping> mapping;
+    std::shared_ptr<TableView> table;  // its owner's live blocks; null from an owner without one
+    std::list<Key>::iterator position;
+  };
   std::mutex cache_mutex_;
   std::list<Key> lru_;
-  std::map<Key, std::pair<std::shared_ptr<Mapping>, std::list<Key>::iterator>> cache_;
+  std::map<Key, Cached> cache_;
+  std::map<std::array<uint8_t, 16>, std::weak_ptr<TableView>> tables_;  // by owner
   std::atomic<bool> cma_refused_{false};
 };
 
