@@ -10,6 +10,7 @@
 
 #include <fstream>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstring>
@@ -633,6 +634,188 @@ TEST(TransferSecret, RefsSignedWithAnotherSecretAreRefused) {
   EXPECT_EQ(as_floats(friendly->get(h.ref()).tensors()[0]), x);
 }
 
+// The agents' wire, written by hand (channel.h): a frame is its length (u32, type included), its
+// type (u8) and its payload; strings are a length (u8 or u32) and their bytes.
+namespace raw {
+constexpr uint8_t kHello = 1, kReply = 9, kError = 10, kChallenge = 12, kProof = 13;
+
+void u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+int connect_abstract(const std::string& name) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());  // abstract: a leading NUL
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int listen_abstract(const std::string& name) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 4) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_frame(int fd, uint8_t type, const std::string& payload) {
+  std::string frame;
+  u32(frame, static_cast<uint32_t>(payload.size() + 1));
+  frame.push_back(static_cast<char>(type));
+  frame += payload;
+  ASSERT_EQ(::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
+}
+
+bool read_exactly(int fd, char* out, size_t n) {
+  for (size_t got = 0; got < n;) {
+    const ssize_t k = ::recv(fd, out + got, n - got, 0);
+    if (k <= 0) return false;
+    got += static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// (type, payload); type 0 when the peer hung up.
+std::pair<uint8_t, std::string> read_frame(int fd) {
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  unsigned char head[5];
+  if (!read_exactly(fd, reinterpret_cast<char*>(head), 5)) return {0, ""};
+  const uint32_t len = head[0] | head[1] << 8 | head[2] << 16 | static_cast<uint32_t>(head[3]) << 24;
+  std::string payload(len - 1, '\0');
+  if (!read_exactly(fd, payload.data(), payload.size())) return {0, ""};
+  return {head[4], payload};
+}
+
+// An agent's identity as the wire carries it.
+std::string identity(const std::array<uint8_t, 16>& uuid, const std::string& name) {
+  std::string id(reinterpret_cast<const char*>(uuid.data()), 16);
+  id += std::string(16, '\x09');  // host key
+  u32(id, static_cast<uint32_t>(::getpid()));
+  id += std::string(8, '\0');  // start time
+  id += std::string(1, '\0');  // no TCP endpoint
+  id += std::string(1, static_cast<char>(name.size())) + name;
+  return id;
+}
+
+std::string hello(const std::string& nonce) {
+  std::array<uint8_t, 16> uuid;
+  uuid.fill(7);
+  const std::string id = identity(uuid, "raw");
+  std::string p;
+  u32(p, static_cast<uint32_t>(id.size()));
+  p += id;
+  u32(p, 0);  // protocol 1's proof: empty
+  u32(p, 2);  // protocol 2
+  p += std::string(1, static_cast<char>(nonce.size())) + nonce;
+  return p;
+}
+}  // namespace raw
+
+// With a secret, an owner challenges each hello with a nonce of its own (a fresh one per
+// connection, so a proof read off one connection is worth nothing on another), and refuses a
+// proof that does not answer it, naming the secret. A consumer without the secret is refused the
+// same way; one with it gets through.
+TEST(TransferSecret, EachHelloIsChallengedAfreshAndAWrongProofIsRefused) {
+  TransferAgentOptions a;
+  a.name = "owner";
+  a.secret = "s3cret";
+  auto owner = TransferAgent::create(a);
+  const std::string address = "tutti-agent/" + owner->identity().uuid_text();
+  std::string nonces[2];
+  for (int c = 0; c < 2; ++c) {
+    const int fd = raw::connect_abstract(address);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    raw::send_frame(fd, raw::kHello, raw::hello(std::string(16, static_cast<char>('a' + c))));
+    const auto [type, payload] = raw::read_frame(fd);
+    ASSERT_EQ(type, raw::kChallenge) << payload;
+    ASSERT_EQ(payload.size(), 17u) << "a 16-byte nonce";
+    nonces[c] = payload.substr(1);
+    // A proof of the right size that is not the HMAC over this connection's nonces.
+    raw::send_frame(fd, raw::kProof, std::string(1, '\x20') + std::string(32, '\x5a'));
+    const auto [answer, message] = raw::read_frame(fd);
+    EXPECT_EQ(answer, raw::kError);
+    EXPECT_NE(message.find("agent 'raw' does not know the shared secret"), std::string::npos)
+        << message;
+    EXPECT_EQ(raw::read_frame(fd).first, 0) << "the owner hangs up";
+    ::close(fd);
+  }
+  EXPECT_NE(nonces[0], nonces[1]);
+  std::vector<float> x = iota_floats(4, 0.0f);
+  ObjectHandle h = owner->put({TensorView(x)});
+  TransferAgentOptions none;
+  none.name = "stranger";
+  const Error e = expect_error([&] { TransferAgent::create(none)->get(h.ref()); },
+                               ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("'stranger' does not know the shared secret"),
+            std::string::npos)
+      << e.what();
+  TransferAgentOptions c;
+  c.name = "friend";
+  c.secret = "s3cret";
+  EXPECT_EQ(as_floats(TransferAgent::create(c)->get(h.ref()).tensors()[0]), x);
+}
+
+// The owner proves the secret too: whoever answers at the owner's address (here a listener that
+// took it over once the owner's agent went) without the proof is refused, before any request.
+TEST(TransferSecret, AnImpostorAtTheOwnersAddressIsRefused) {
+  TransferAgentOptions a;
+  a.name = "owner";
+  a.secret = "s3cret";
+  auto owner = TransferAgent::create(a);
+  std::vector<float> x = iota_floats(4, 0.0f);
+  ObjectHandle h = owner->put({TensorView(x)});
+  const TensorRef ref = h.ref();
+  const auto uuid = owner->identity().uuid;
+  const std::string address = "tutti-agent/" + owner->identity().uuid_text();
+  h.release();
+  owner.reset();
+  int listener = -1;
+  for (int i = 0; i < 100 && listener < 0; ++i) {
+    listener = raw::listen_abstract(address);
+    if (listener < 0) std::this_thread::sleep_for(10ms);  // the agent's socket is closing
+  }
+  ASSERT_GE(listener, 0) << std::strerror(errno);
+  std::thread impostor([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    const auto [type, payload] = raw::read_frame(fd);
+    EXPECT_EQ(type, raw::kHello);
+    std::string reply;
+    const std::string id = raw::identity(uuid, "owner");
+    raw::u32(reply, static_cast<uint32_t>(id.size()));
+    reply += id;
+    raw::u32(reply, 2);                                     // protocol 2
+    reply += std::string(1, '\x20') + std::string(32, '\x11');  // not the owner's proof
+    raw::send_frame(fd, raw::kReply, reply);
+    raw::read_frame(fd);  // until the consumer hangs up
+    ::close(fd);
+  });
+  TransferAgentOptions c;
+  c.name = "consumer";
+  c.secret = "s3cret";
+  GetOptions g;
+  g.timeout = 5s;
+  const Error e = expect_error([&] { TransferAgent::create(c)->get(ref, g); },
+                               ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("does not prove the shared secret"), std::string::npos)
+      << e.what();
+  ::shutdown(listener, SHUT_RDWR);
+  impostor.join();
+  ::close(listener);
+}
+
 // ---- many objects, no leaks ----
 
 TEST_F(Transfer, TenThousandCyclesLeakNothing) {
@@ -828,7 +1011,7 @@ TEST_F(Transfer, AnAgentSpeakingAnotherProtocolIsRefusedByName) {
   ::close(fd);
   ASSERT_GT(answer.size(), 5u);
   EXPECT_EQ(answer[4], 10) << "an error frame (type 10)";
-  EXPECT_NE(answer.find("agent 'old' speaks the direct transport's protocol 0, this agent 1"),
+  EXPECT_NE(answer.find("agent 'old' speaks the direct transport's protocol 0, this agent 2"),
             std::string::npos)
       << answer.substr(5);
   // The owner goes on serving agents of its own build.

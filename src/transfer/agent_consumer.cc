@@ -283,29 +283,41 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
                     ": " + e.what());
   }
   auto conn = std::make_unique<Connection>(fd, owner_text(owner));
+  const std::string my_nonce = nonce();
   WireWriter w;
   w.str32(encode_identity(identity));
-  if (!options.secret.empty()) {
-    const auto proof = hmac_sha256(options.secret, owner.uuid_text() + identity.uuid_text());
-    w.str32(std::string(reinterpret_cast<const char*>(proof.data()), proof.size()));
-  } else {
-    w.str32("");
-  }
+  w.str32("");  // protocol 1's proof: an owner of that build reads on to the version
   w.u32(kProtocolVersion);
+  w.str8(my_nonce);
   std::vector<int> fds;
   if (peer.local) fds.push_back(peer.lane->fd());
   conn->send(MsgType::kHello, w.out(), fds, deadline, cancelled);
   Message m = conn->receive(deadline, cancelled);
+  std::string their_nonce;  // the owner's, when it has a secret
+  if (m.type == MsgType::kChallenge) {
+    for (int f : m.fds) ::close(f);
+    WireReader r(m.payload, "the hello's challenge from " + owner_text(owner));
+    their_nonce = r.str8("nonce");
+    // Without a secret the proof is empty: the owner refuses it, naming the secret.
+    WireWriter p;
+    p.str8(options.secret.empty() ? std::string()
+                                  : hello_proof(options.secret, "consumer", owner, identity,
+                                                their_nonce, my_nonce));
+    conn->send(MsgType::kProof, p.out(), {}, deadline, cancelled);
+    m = conn->receive(deadline, cancelled);
+  }
   if (m.type == MsgType::kError) {
     for (int f : m.fds) ::close(f);
     throw_error_payload(m.payload);
   }
   AgentIdentity them;
   uint32_t version = 0;
+  std::string their_proof;
   try {
     WireReader r(m.payload, "the hello's reply from " + owner_text(owner));
     them = decode_identity(r.str32("identity", 4096));
     version = r.u32("protocol version");
+    if (version == kProtocolVersion) their_proof = r.str8("proof");
   } catch (...) {
     for (int f : m.fds) ::close(f);
     throw;
@@ -316,6 +328,15 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
                 owner_text(owner) + " speaks the direct transport's protocol " +
                     std::to_string(version) + ", this agent " +
                     std::to_string(kProtocolVersion) + " (different tutti versions)");
+  }
+  // With a secret, the owner must prove it over this connection's nonces: whoever answers at
+  // the owner's address without it is not the owner.
+  if (!options.secret.empty() &&
+      their_proof != hello_proof(options.secret, "owner", owner, identity, their_nonce, my_nonce)) {
+    for (int f : m.fds) ::close(f);
+    throw Error(ErrorCode::kInvalidArgument,
+                "whoever answers at " + owner_text(owner) + "'s address does not prove the shared "
+                "secret (the owner has none, or another one)");
   }
   if (them.uuid != owner.uuid) {
     for (int f : m.fds) ::close(f);

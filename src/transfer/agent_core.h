@@ -228,6 +228,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   // Messages of this agent's wire protocol.
   static std::string encode_identity(const AgentIdentity& id);
   static AgentIdentity decode_identity(const std::string& bytes);
+  // The hello's proofs of the shared secret: the consumer's ("consumer") and the owner's
+  // ("owner"), each an HMAC over its role, both agents' ids and both sides' fresh nonces, so that
+  // neither can be replayed on another connection or sent back as the other's.
+  static std::string hello_proof(const std::string& secret, const char* role,
+                                 const AgentIdentity& owner, const AgentIdentity& consumer,
+                                 const std::string& owner_nonce, const std::string& consumer_nonce);
+  static std::string nonce();
 };
 
 // 64-byte aligned heap bytes.

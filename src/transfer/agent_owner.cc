@@ -205,6 +205,27 @@ AgentIdentity AgentCore::decode_identity(const std::string& bytes) {
   return id;
 }
 
+std::string AgentCore::hello_proof(const std::string& secret, const char* role,
+                                   const AgentIdentity& owner, const AgentIdentity& consumer,
+                                   const std::string& owner_nonce,
+                                   const std::string& consumer_nonce) {
+  WireWriter w;
+  w.str8(std::string("tutti-rdt-hello/") + role);
+  w.str8(owner.uuid_text());
+  w.str8(consumer.uuid_text());
+  w.str8(owner_nonce);
+  w.str8(consumer_nonce);
+  const auto mac = hmac_sha256(secret, w.out());
+  return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+}
+
+std::string AgentCore::nonce() {
+  std::random_device rd;
+  std::string out(16, '\0');
+  for (auto& c : out) c = static_cast<char>(rd());
+  return out;
+}
+
 AgentCore::AgentCore(const TransferAgentOptions& opts) : options(opts), fork_gen(fork_generation()) {
   std::random_device rd;
   for (auto& b : identity.uuid) b = static_cast<uint8_t>(rd());
@@ -755,13 +776,14 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
               throw Error(ErrorCode::kInvalidUsage, "a second hello on one connection");
             }
             AgentIdentity them;
-            std::string proof;
             uint32_t version = 0;
+            std::string their_nonce;
             try {
               them = decode_identity(r.str32("identity", 4096));
-              proof = r.str32("proof", 64);
+              r.str32("proof", 64);  // protocol 1's proof; empty from protocol 2 on
               // A hello from before versions ends after the proof: protocol 0.
               version = r.left() >= 4 ? r.u32("protocol version") : 0;
+              if (version == kProtocolVersion) their_nonce = r.str8("nonce");
             } catch (...) {
               for (int f : m.fds) ::close(f);
               throw;
@@ -773,9 +795,30 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
                         ", this agent " + std::to_string(kProtocolVersion) +
                         " (different tutti versions)";
             }
+            std::string my_nonce;
             if (refused.empty() && !options.secret.empty()) {
-              const auto want = hmac_sha256(options.secret, identity.uuid_text() + them.uuid_text());
-              if (proof != std::string(reinterpret_cast<const char*>(want.data()), want.size())) {
+              // A proof over a nonce of this connection's own: one seen on another connection
+              // (read off the wire) is worth nothing here.
+              my_nonce = nonce();
+              WireWriter challenge;
+              challenge.str8(my_nonce);
+              conn->send(MsgType::kChallenge, challenge.out(), {}, Clock::now() + fetch_timeout);
+              std::string proof;  // none (no answer in time, or another message): refused
+              try {
+                Message p = conn->receive(Clock::now() + fetch_timeout);
+                for (int f : p.fds) ::close(f);
+                if (p.type == MsgType::kProof) {
+                  WireReader pr(p.payload, "a hello's proof");
+                  proof = pr.str8("proof");
+                }
+              } catch (const Error& e) {
+                if (e.code() == ErrorCode::kIoError) {
+                  for (int f : m.fds) ::close(f);
+                  throw;  // the consumer went
+                }
+              }
+              if (proof != hello_proof(options.secret, "consumer", identity, them, my_nonce,
+                                       their_nonce)) {
                 refused = "hello to " + who() + ": agent '" + them.name +
                           "' does not know the shared secret";
               }
@@ -828,6 +871,11 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
             WireWriter answer;
             answer.str32(encode_identity(identity));
             answer.u32(kProtocolVersion);
+            // The owner proves the secret too: a consumer is not fooled by an impostor that
+            // took the owner's address.
+            answer.str8(options.secret.empty() ? std::string()
+                                               : hello_proof(options.secret, "owner", identity,
+                                                             them, my_nonce, their_nonce));
             reply(answer.out(), fds);
             break;
           }

@@ -18,8 +18,8 @@ using Clock = std::chrono::steady_clock;
 
 // The agents' protocol, said in the hello and its reply: agents of different tutti builds whose
 // messages differ refuse each other by name instead of misreading each other. Raise it with any
-// change to a message's layout.
-constexpr uint32_t kProtocolVersion = 1;
+// change to a message's layout. 2: with a secret, the hello is a challenge and response.
+constexpr uint32_t kProtocolVersion = 2;
 
 enum class MsgType : uint8_t {
   kHello = 1,    // consumer -> owner: who it is, its proof, its protocol version (+ its lease
@@ -34,6 +34,8 @@ enum class MsgType : uint8_t {
   kReply,
   kError,        // payload: code u8, message
   kFetch,        // two-sided: send the object over the transport's group (reply: the grant)
+  kChallenge,    // owner -> consumer, after a hello when the owner has a secret: the owner's nonce
+  kProof,        // consumer -> owner: its proof of the secret over both agents and both nonces
 };
 
 struct Message {
