@@ -324,6 +324,17 @@ TEST(TransferGroup, AnAttachedGroupCarriesTransfers) {
   EXPECT_EQ(agents[0]->transport_group("gloo"), groups[0]);
   EXPECT_EQ(code_of([&] { agents[0]->reset_transport("gloo"); }), ErrorCode::kInvalidUsage);
   EXPECT_EQ(code_of([&] { agents[0]->attach_group("gloo", nullptr); }), ErrorCode::kInvalidArgument);
+  // The agents go and new ones take the same groups: their pairs meet under names of their own
+  // (the first agents' pair groups were split off these groups too).
+  agents.clear();
+  for (int i = 0; i < 2; ++i) {
+    TransferAgentOptions o;
+    o.name = "attached-again-" + std::to_string(i);
+    agents.push_back(TransferAgent::create(o));
+    agents.back()->attach_group("gloo", groups[i]);
+  }
+  ObjectHandle again = agents[0]->put({TensorView(data)}, on_gloo());
+  EXPECT_TRUE(same_bytes(agents[1]->get(again.ref()).tensors()[0], data));
 }
 
 }  // namespace

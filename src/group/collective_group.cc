@@ -367,7 +367,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   sub->join_record = mine.encode();
   sub->check_ops = s.check_ops;
   sub->take_thread();
-  sub->instance = options.local ? s.instance + ".l" + detail::escape_name(name)
+  // A local split's name is length-prefixed: "x.s0" must not name what "x"'s first split does.
+  const std::string escaped = detail::escape_name(name);
+  sub->instance = options.local ? s.instance + ".l" + std::to_string(escaped.size()) + "-" + escaped
                                 : s.instance + ".s" + std::to_string(n);
   sub->recorder =
       detail::FlightRecorder::create({name, sub->instance, sub_rank, sub_world, info.name});

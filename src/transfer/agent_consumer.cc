@@ -890,13 +890,14 @@ void AgentCore::get_two_sided(Resolved& r, PeerLink& link, const std::vector<Ten
   GroupTransport& g = *r.group;
   const int owner_rank = r.owner_rank;
   const ObjectId object = r.ref.object();
+  const std::string owner_id = r.ref.owner().uuid_text();
   uint64_t seq = 0;  // this rank's number for the transfer, when it leads the pair
   uint64_t incarnation = 0;
   bool sent = false;
   Message m;
   try {
     m = link.exchange(MsgType::kFetch, [&] {
-      seq = g.lead(owner_rank, &incarnation);
+      seq = g.lead(owner_rank, owner_id, &incarnation);
       WireWriter w;
       w.u64(object.id);
       w.u32(object.generation);
@@ -924,13 +925,13 @@ void AgentCore::get_two_sided(Resolved& r, PeerLink& link, const std::vector<Ten
   const uint8_t status = rd.u8("status");
   if (status != 0) {
     const std::string error = rd.str32("error", 1u << 20);
-    if (seq > 0 && status == 1) g.skip(owner_rank, seq, incarnation);
+    if (seq > 0 && status == 1) g.skip(owner_rank, owner_id, seq, incarnation);
     if (seq > 0 && status != 1) g.abort("the owner refused a fetch before it numbered it");
     throw_error_payload(error);
   }
   const uint64_t granted = rd.u64("number");
-  auto job = g.enqueue(GroupJob::Kind::kRecv, owner_rank, granted, incarnation, targets, deadline,
-                       nullptr);
+  auto job = g.enqueue(GroupJob::Kind::kRecv, owner_rank, owner_id, granted, incarnation, targets,
+                       deadline, nullptr);
   g.wait(*job, deadline, cancelled,
          owner_text(r.ref.owner()) + " (rank " + std::to_string(owner_rank) + ")");
 }

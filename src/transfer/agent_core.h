@@ -181,7 +181,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::string freed_text_locked(uint64_t id) const;
   std::string blockers_locked(const Object& o) const;
   void serve_fetch(WireReader& r, const std::function<void(const std::string&)>& reply,
-                   const std::string& consumer);
+                   const AgentIdentity& consumer);
   void accept_loop(int listener, bool local);
   void serve(std::unique_ptr<Connection> connection, bool local);
   void housekeeping_loop();

@@ -1032,7 +1032,7 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
           }
           case MsgType::kFetch: {
             serve_fetch(r, [&](const std::string& payload) { reply(payload); },
-                        consumer ? consumer->identity.name : std::string("?"));
+                        consumer ? consumer->identity : AgentIdentity{});
             break;
           }
           default:
@@ -1078,7 +1078,8 @@ namespace tutti::detail {
 // grant the pair's number. The reply is a status (kGranted + number, or kRefused / kRefusedUnseen
 // + the error), never kError, so that the consumer knows whether its number was used up.
 void AgentCore::serve_fetch(WireReader& r, const std::function<void(const std::string&)>& reply,
-                            const std::string& consumer) {
+                            const AgentIdentity& consumer) {
+  const std::string consumer_id = consumer.uuid_text();
   const uint64_t id = r.u64("id");
   const uint32_t gen = r.u32("generation");
   const std::chrono::milliseconds timeout(r.u64("timeout"));
@@ -1139,8 +1140,8 @@ void AgentCore::serve_fetch(WireReader& r, const std::function<void(const std::s
     };
     std::shared_ptr<GroupJob> job;
     try {
-      job = g->enqueue(GroupJob::Kind::kSend, rank, seq, incarnation, std::move(tensors), deadline,
-                       done);
+      job = g->enqueue(GroupJob::Kind::kSend, rank, consumer_id, seq, incarnation,
+                       std::move(tensors), deadline, done);
     } catch (...) {
       done(false);
       throw;
@@ -1149,9 +1150,9 @@ void AgentCore::serve_fetch(WireReader& r, const std::function<void(const std::s
     w.u64(job->seq);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kIoError) throw;
-    if (seen && seq > 0) g->skip(rank, seq, incarnation);
+    if (seen && seq > 0) g->skip(rank, consumer_id, seq, incarnation);
     TUTTI_LOG_DEBUG("direct transport: {} refuses a two-sided fetch of object {} by agent '{}': {}",
-                    who(), id, consumer, e.what());
+                    who(), id, consumer.name, e.what());
     w = WireWriter();
     w.u8(seen ? 1 : 2);
     w.str32(error_payload(e));

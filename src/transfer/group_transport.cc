@@ -18,8 +18,10 @@ std::chrono::milliseconds ms_until(Clock::time_point t) {
 
 }  // namespace
 
-GroupTransport::GroupTransport(std::string name, bool cuda, std::string agent_name)
-    : name_(std::move(name)), cuda_(cuda), agent_(std::move(agent_name)) {}
+GroupTransport::GroupTransport(std::string name, bool cuda, std::string agent_name,
+                               std::string agent_id)
+    : name_(std::move(name)), cuda_(cuda), agent_(std::move(agent_name)),
+      agent_id_(std::move(agent_id)) {}
 
 GroupTransport::~GroupTransport() {
   std::shared_ptr<CollectiveGroup> g;
@@ -49,13 +51,30 @@ GroupTransport::~GroupTransport() {
   stop_lanes(lanes);
 }
 
-GroupTransport::Lane& GroupTransport::lane_locked(int peer) {
-  auto& lane = lanes_[peer];
-  if (!lane) {
-    lane = std::make_shared<Lane>(peer);
-    lane->thread = std::thread([this, l = lane] { run_lane(l); });
+GroupTransport::Lane& GroupTransport::lane_locked(int peer, const std::string& peer_agent) {
+  auto it = lanes_.find(peer);
+  if (it != lanes_.end()) {
+    if (it->second->peer_agent != peer_agent) {
+      throw Error(ErrorCode::kInvalidUsage,
+                  "transport '" + name_ + "' of agent '" + agent_ + "': rank " +
+                      std::to_string(peer) + " of group '" + set_ + "' was agent " +
+                      it->second->peer_agent + ", now agent " + peer_agent);
+    }
+    return *it->second;
   }
+  auto lane = std::make_shared<Lane>(peer, peer_agent);
+  lane->thread = std::thread([this, lane] { run_lane(lane); });  // before it is listed
+  lanes_[peer] = lane;
   return *lane;
+}
+
+void GroupTransport::abort_for_lane(const Lane& lane, const std::shared_ptr<CollectiveGroup>& base,
+                                    const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (lane.stopping || group_ != base) return;
+  }
+  abort(reason);
 }
 
 std::vector<std::shared_ptr<GroupTransport::Lane>> GroupTransport::take_lanes_locked() {
@@ -274,14 +293,17 @@ std::string GroupTransport::aborted_text_locked() const {
          "); call reset_transport('" + name_ + "') on every member";
 }
 
-uint64_t GroupTransport::lead(int peer, uint64_t* incarnation) {
+uint64_t GroupTransport::lead(int peer, const std::string& peer_agent, uint64_t* incarnation) {
   std::lock_guard<std::mutex> lock(mutex_);
   *incarnation = incarnation_;
   if (!group_ || group_->rank() > peer) return 0;
-  return lane_locked(peer).next_assign++;
+  // Not while a reset runs: a lane made now would number from the old incarnation.
+  if (!aborted_.empty()) throw Error(ErrorCode::kAborted, aborted_text_locked());
+  return lane_locked(peer, peer_agent).next_assign++;
 }
 
-void GroupTransport::skip(int peer, uint64_t seq, uint64_t incarnation) {
+void GroupTransport::skip(int peer, const std::string& peer_agent, uint64_t seq,
+                          uint64_t incarnation) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!aborted_.empty() || incarnation != incarnation_) return;
@@ -290,12 +312,13 @@ void GroupTransport::skip(int peer, uint64_t seq, uint64_t incarnation) {
     job->peer = peer;
     job->seq = seq;
     job->deadline = Clock::now() + std::chrono::hours(1);
-    lane_locked(peer).waiting[seq] = job;
+    lane_locked(peer, peer_agent).waiting[seq] = job;
   }
   work_.notify_all();
 }
 
-std::shared_ptr<GroupJob> GroupTransport::enqueue(GroupJob::Kind kind, int peer, uint64_t seq,
+std::shared_ptr<GroupJob> GroupTransport::enqueue(GroupJob::Kind kind, int peer,
+                                                  const std::string& peer_agent, uint64_t seq,
                                                   uint64_t incarnation,
                                                   std::vector<TensorView> tensors,
                                                   Clock::time_point deadline,
@@ -313,7 +336,7 @@ std::shared_ptr<GroupJob> GroupTransport::enqueue(GroupJob::Kind kind, int peer,
       throw Error(ErrorCode::kAborted, "transport '" + name_ + "' of agent '" + agent_ +
                                            "': its group was reset during the transfer");
     }
-    Lane& pair = lane_locked(peer);
+    Lane& pair = lane_locked(peer, peer_agent);
     job->seq = seq > 0 ? seq : pair.next_assign++;
     if (job->seq < pair.next_post || pair.waiting.count(job->seq) != 0) {
       throw Error(ErrorCode::kInternal, "transport '" + name_ + "': transfer #" +
@@ -440,8 +463,8 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
     const int peer_in_pair = l.peer < me ? 0 : 1;
     for (auto& job : batch) {
       job->posted = true;
+      if (job->kind == GroupJob::Kind::kSkip) continue;  // its deadline is nobody's
       latest = std::max(latest, job->deadline);
-      if (job->kind == GroupJob::Kind::kSkip) continue;
       for (const TensorView& t : job->tensors) {
         if (t.nbytes() == 0) continue;
         ops.push_back(job->kind == GroupJob::Kind::kSend ? P2POp::send(t, peer_in_pair)
@@ -450,8 +473,13 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
     }
     std::shared_ptr<CollectiveGroup> base = group_;
     std::shared_ptr<CollectiveGroup> pair = l.group;
-    const std::string pair_name = set_ + ".pair" + std::to_string(std::min(me, l.peer)) + "-" +
-                                  std::to_string(std::max(me, l.peer));
+    // Named after both ranks and both agents: agents that attach a group another pair of agents
+    // used before meet under names of their own.
+    const bool low = me < l.peer;
+    const std::string pair_name =
+        set_ + ".pair" + std::to_string(std::min(me, l.peer)) + "-" +
+        std::to_string(std::max(me, l.peer)) + "." +
+        (low ? agent_id_ : l.peer_agent).substr(0, 8) + (low ? l.peer_agent : agent_id_).substr(0, 8);
     l.busy = true;
     lock.unlock();
     std::exception_ptr error;
@@ -464,9 +492,18 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
           so.name = pair_name;
           so.timeout = ms_until(latest);
           pair = base->split({std::min(me, l.peer), std::max(me, l.peer)}, so);
-          std::lock_guard<std::mutex> guard(mutex_);
-          l.group = pair;
-          if (l.stopping) throw Error(ErrorCode::kAborted, "the transport is being reset");
+          std::string gone;
+          {
+            std::lock_guard<std::mutex> guard(mutex_);
+            l.group = pair;
+            if (l.stopping) gone = "the transport was reset, given another group, or destroyed";
+            if (gone.empty() && !aborted_.empty()) gone = "the transport was aborted (" + aborted_ + ")";
+          }
+          // Made after an abort or a stop looked for it: nothing may run on it.
+          if (!gone.empty()) {
+            pair->abort(gone);
+            throw Error(ErrorCode::kAborted, gone);
+          }
         }
         BatchP2POptions opts;
         opts.timeout = ms_until(latest);
@@ -476,10 +513,10 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
         error = std::make_exception_ptr(
             Error(e.code() == ErrorCode::kInvalidUsage ? ErrorCode::kAborted : e.code(),
                   "transport '" + name_ + "' of agent '" + agent_ + "': " + e.what()));
-        abort(e.what());
+        abort_for_lane(l, base, e.what());
       } catch (...) {
         error = std::current_exception();
-        abort("an unexpected error in a batch");
+        abort_for_lane(l, base, "an unexpected error in a batch");
       }
     }
     for (auto& job : batch) {

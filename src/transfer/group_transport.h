@@ -57,7 +57,8 @@ struct GroupPlace {
 
 class GroupTransport final : public TensorTransport {
  public:
-  GroupTransport(std::string name, bool cuda, std::string agent_name);
+  // `agent_id`: this agent's id (uuid text); a pair's group is named after both agents' ids.
+  GroupTransport(std::string name, bool cuda, std::string agent_name, std::string agent_id);
   ~GroupTransport() override;
 
   const char* name() const override { return name_.c_str(); }
@@ -84,14 +85,17 @@ class GroupTransport final : public TensorTransport {
   uint64_t incarnation() const;
   int rank() const;
 
+  // The peer is rank `peer` of the group, agent `peer_agent` (its id, uuid text).
   // The pair's next sequence number when this rank assigns the pair's order, else 0.
-  // `incarnation` receives the group's incarnation the number belongs to.
-  uint64_t lead(int peer, uint64_t* incarnation);
+  // `incarnation` receives the group's incarnation the number belongs to. kAborted while the
+  // transport is aborted or being reset.
+  uint64_t lead(int peer, const std::string& peer_agent, uint64_t* incarnation);
   // A number the other side assigned and then gave up (the fetch was refused).
-  void skip(int peer, uint64_t seq, uint64_t incarnation);
+  void skip(int peer, const std::string& peer_agent, uint64_t seq, uint64_t incarnation);
   // Queues a transfer as number `seq` of the pair (0: the next, this rank leads the pair) of the
   // group's `incarnation`; throws kAborted once the group is aborted or was reset since.
-  std::shared_ptr<GroupJob> enqueue(GroupJob::Kind kind, int peer, uint64_t seq,
+  std::shared_ptr<GroupJob> enqueue(GroupJob::Kind kind, int peer, const std::string& peer_agent,
+                                    uint64_t seq,
                                     uint64_t incarnation, std::vector<TensorView> tensors,
                                     Clock::time_point deadline, std::function<void(bool)> on_done);
   // Consumer: waits for a receive. At the deadline or on cancel it aborts the group, waits (a
@@ -105,8 +109,9 @@ class GroupTransport final : public TensorTransport {
  private:
   // The transfers with one peer, and the thread and group that carry them.
   struct Lane {
-    explicit Lane(int p) : peer(p) {}
+    Lane(int p, std::string a) : peer(p), peer_agent(std::move(a)) {}
     const int peer;
+    const std::string peer_agent;  // its id (uuid text)
     uint64_t next_post = 1;    // the next number this side posts
     uint64_t next_assign = 1;  // the next number to assign (the leader's)
     std::map<uint64_t, std::shared_ptr<GroupJob>> waiting;
@@ -116,7 +121,11 @@ class GroupTransport final : public TensorTransport {
     std::thread thread;
   };
 
-  Lane& lane_locked(int peer);
+  Lane& lane_locked(int peer, const std::string& peer_agent);
+  // Aborts the transport for a lane's failure, unless the lane was told to stop or the transport
+  // has moved on to another group since `base` (a reset or an attach: not that group's failure).
+  void abort_for_lane(const Lane& lane, const std::shared_ptr<CollectiveGroup>& base,
+                      const std::string& reason);
   void run_lane(const std::shared_ptr<Lane>& lane);
   // The lanes out of the transport, told to stop; join them with stop_lanes (no lock held).
   std::vector<std::shared_ptr<Lane>> take_lanes_locked();
@@ -127,6 +136,7 @@ class GroupTransport final : public TensorTransport {
   const std::string name_;
   const bool cuda_;
   const std::string agent_;
+  const std::string agent_id_;
 
   mutable std::mutex mutex_;
   std::condition_variable work_;  // a job was queued, or a lane was told to stop

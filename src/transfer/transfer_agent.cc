@@ -61,7 +61,8 @@ void register_builtins() {
       const std::string name = backend;
       registry()[name] = {
           [name](const TransportContext& ctx) {
-            return std::make_unique<detail::GroupTransport>(name, name == "nccl", ctx.agent.name);
+            return std::make_unique<detail::GroupTransport>(name, name == "nccl", ctx.agent.name,
+                                                            ctx.agent.uuid_text());
           },
           [name] { return is_backend_available(name); }};
     }
