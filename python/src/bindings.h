@@ -4,6 +4,9 @@
 #include <nanobind/nanobind.h>
 
 #include <chrono>
+#include <string>
+
+#include "tutti/options.h"
 
 namespace tutti::python {
 
@@ -20,5 +23,10 @@ std::chrono::milliseconds to_milliseconds(nb::handle value, const char* where, c
 
 // Bytes from Python: bytes, bytearray, memoryview or str (UTF-8).
 std::string to_bytes(nb::handle value, const char* where);
+
+// How a group meets: `store` a URL (str) or a tutti.Store (None: the default), `timeout` as
+// to_milliseconds takes it (None: the default). Errors name `context`.
+GroupOptions group_options(nb::handle store, nb::handle timeout, const std::string& job_id,
+                           const char* context);
 
 }  // namespace tutti::python

@@ -412,6 +412,8 @@ Device to_device(nb::handle device) {
 
 // ---- groups ---------------------------------------------------------------------------------
 
+}  // namespace
+
 GroupOptions group_options(nb::handle store, nb::handle timeout, const std::string& job_id,
                            const char* context) {
   GroupOptions options;
@@ -431,8 +433,6 @@ GroupOptions group_options(nb::handle store, nb::handle timeout, const std::stri
   options.job_id = job_id;
   return options;
 }
-
-}  // namespace
 
 void bind_groups(nb::module_& m) {
   nb::enum_<ReduceOp>(m, "ReduceOp", "Reduction operators (Ray's ReduceOp, plus AVG).")

@@ -20,6 +20,7 @@
 #include "bindings.h"
 #include "errors.h"
 #include "tensors.h"
+#include "tutti/collective_group.h"
 #include "tutti/transfer_agent.h"
 
 namespace tutti::python {
@@ -497,6 +498,44 @@ void bind_transfer(nb::module_& parent) {
           "nbytes"_a, "dtype"_a = "uint8", "framework"_a = nb::none(),
           "A 1-D array in memory the transports share without copying (shm: zero-copy gets and "
           "borrows); given back when the array goes.")
+      .def(
+          "join_group",
+          [](AgentBox& box, const std::string& transport, int world_size, int rank,
+             nb::handle store, nb::handle timeout, const std::string& job_id,
+             const std::string& set) {
+            GroupOptions o = group_options(store, timeout, job_id, "TransferAgent.join_group");
+            nb::gil_scoped_release release;
+            box.p->agent().join_group(transport, world_size, rank, o, set);
+          },
+          "transport"_a, "world_size"_a, "rank"_a, nb::kw_only(), "store"_a = nb::none(),
+          "timeout"_a = nb::none(), "job_id"_a = "", "set"_a = "rdt",
+          "Joins the group a two-sided transport ('gloo', 'nccl') sends over: collective, every "
+          "member calls it with its rank and a store they share (a URL, or one tutti.HashStore "
+          "for agents that are threads).")
+      .def(
+          "attach_group",
+          [](AgentBox& box, const std::string& transport, std::shared_ptr<CollectiveGroup> group) {
+            nb::gil_scoped_release release;
+            box.p->agent().attach_group(transport, std::move(group));
+          },
+          "transport"_a, "group"_a.none(),
+          "Gives a two-sided transport the application's group (use it for nothing else: a "
+          "failed transfer aborts it).")
+      .def(
+          "reset_transport",
+          [](AgentBox& box, const std::string& transport) {
+            nb::gil_scoped_release release;
+            box.p->agent().reset_transport(transport);
+          },
+          "transport"_a,
+          "After a two-sided failure: joins the transport group's next incarnation (collective: "
+          "every member calls it). Objects and refs stay valid.")
+      .def(
+          "transport_group",
+          [](AgentBox& box, const std::string& transport) {
+            return box.p->agent().transport_group(transport);
+          },
+          "transport"_a, "The group of a two-sided transport, or None.")
       .def("abort", [](AgentBox& box) { box.p->agent().abort(); },
            "Fails every get in progress with tutti.AbortedError; the agent stays usable.")
       .def("collect", [](AgentBox& box) {
