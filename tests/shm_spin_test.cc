@@ -2,6 +2,7 @@
 // it, and how await() cuts its polls short. Pure bookkeeping, no timing.
 #include <gtest/gtest.h>
 
+#include "../backends/shm/shm_cpus.h"
 #include "../backends/shm/shm_wait.h"
 
 namespace tutti::shm_backend {
@@ -71,6 +72,39 @@ TEST(Await, StopsPollingAtTheFirstNoThenYieldsAndSleeps) {
   EXPECT_EQ(polls, 256 + 5 + 1);
   EXPECT_EQ(asked, 1);
   EXPECT_TRUE(outcome.slept);  // it reached the sleep phase: the 200000 polls were cut short
+}
+
+// Whether the ranks have a core each: the union of their affinity masks (hex, CPU 4k + b in bit
+// b of digit k), capped by a cgroup's cpu.max.
+TEST(UsableCpus, TheUnionOfTheRanksMasksCappedByTheCgroup) {
+  EXPECT_EQ(cpus_in_union({"1", "2"}), 2);       // bound to CPUs 0 and 1: a core each
+  EXPECT_EQ(cpus_in_union({"1", "1"}), 1);       // both bound to CPU 0
+  EXPECT_EQ(cpus_in_union({"0f", "f"}), 8);      // CPUs 4-7 and 0-3
+  EXPECT_EQ(cpus_in_union({"3", "6", "c"}), 4);  // {0,1} | {1,2} | {2,3}
+  EXPECT_EQ(cpus_in_union({}), 0);
+  EXPECT_EQ(cpu_max_cpus("max 100000"), 0.0);
+  EXPECT_EQ(cpu_max_cpus("150000 100000"), 1.5);
+  EXPECT_EQ(cpu_max_cpus("400000 100000\n"), 4.0);
+  EXPECT_EQ(cpu_max_cpus(""), 0.0);
+  EXPECT_EQ(cpu_max_cpus("garbage"), 0.0);
+  EXPECT_EQ(usable_cpus(2, 0, 64), 2);     // two bound ranks on a 64-CPU host
+  EXPECT_EQ(usable_cpus(64, 1.5, 64), 1);  // a container allowed one and a half CPUs
+  EXPECT_EQ(usable_cpus(8, 0.5, 8), 1);
+  EXPECT_EQ(usable_cpus(0, 0, 8), 8);      // no mask readable: the machine's count
+  EXPECT_EQ(usable_cpus(0, 2, 8), 2);
+}
+
+// This process's mask, as written for the other ranks, holds exactly the CPUs the kernel says.
+TEST(UsableCpus, ThisProcesssMaskRoundTrips) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  const std::string text = affinity_mask_text();
+  EXPECT_EQ(cpus_in_union({text}), CPU_COUNT(&set)) << text;
+  for (int cpu = 0; cpu < 4 * static_cast<int>(text.size()); ++cpu) {
+    const int digit = std::stoi(text.substr(cpu / 4, 1), nullptr, 16);
+    EXPECT_EQ((digit >> (cpu % 4)) & 1, CPU_ISSET(cpu, &set) ? 1 : 0) << "CPU " << cpu;
+  }
 }
 
 }  // namespace

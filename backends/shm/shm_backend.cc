@@ -16,6 +16,7 @@
 #include "group/group_util.h"
 #include "util/host_identity.h"
 #include "util/logging.h"
+#include "shm_cpus.h"
 #include "shm_internal.h"
 #include "shm_layout.h"
 #include "tutti/error.h"
@@ -63,26 +64,6 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   const size_t staging_off = align_up(small_off + w * 2 * kSmallSlotBytes, 4096);
   const size_t mail_off = staging_off + w * 2 * chunk_;
   const size_t size = mail_off + w * w * 2 * mail_;
-  // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
-  // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
-  // Otherwise a rank polls long (kLongSpins, ~200 us here) before it yields or sleeps: beside a
-  // CPU-bound process, a rank that gives its CPU away (a yield, a futex sleep) gets it back only at
-  // the other process's next slice or tick (measured 2026-12-01, Linux 6.18, 2 ranks bound to a
-  // CPU each beside `yes`: 4 ms per 8-byte allreduce with 2000 polls, 0.7 us with 200000; Open
-  // MPI, which never sleeps, 0.7 us). The polls stop at once when a rank waited for is on this
-  // rank's CPU (unbound ranks that the scheduler put together; shm_internal.h): there a long spin
-  // held up the peer, 270-530 us per call beside `yes`, against ~4 us now. Either way the wait
-  // ends asleep on a futex. TUTTI_SHM_SPINS and TUTTI_SHM_YIELDS override the base budget (polls,
-  // then yields).
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const bool oversubscribed = static_cast<unsigned>(world_size_) > cores;
-  // The budget then adapts to how the waits end, growing up to TUTTI_SHM_ADAPT times the base
-  // (AdaptiveSpin, shm_wait.h; 1 keeps it fixed).
-  SpinPolicy spin;
-  spin.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kLongSpins, 0));
-  spin.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
-  spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 16, 0)));
-
   segment_ = ShmSegment(*ctx.store, ctx.instance, rank_, world_size_, size);
   char* base = segment_.data();
   header_ = reinterpret_cast<Header*>(base);
@@ -98,10 +79,41 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   // Once every rank has said who it is: a handle on each peer's process, so that its death is
   // noticed at once. Only where its pid and start time match what this host's /proc says, so
   // another pid namespace, or a pid reused since, never counts.
-  ctx.store->set("shm/ready/" + std::to_string(rank_), "1");
+  // Each rank says which CPUs it may run on: whether the ranks have a core each depends on the
+  // union of their masks (ranks bound one CPU each are not oversubscribed; shm_cpus.h).
+  const std::string mask = affinity_mask_text();
+  ctx.store->set("shm/ready/" + std::to_string(rank_), mask.empty() ? "?" : mask);
   std::vector<std::string> keys;
   for (int r = 0; r < world_size_; ++r) keys.push_back("shm/ready/" + std::to_string(r));
   ctx.store->wait(keys);
+  std::vector<std::string> masks;
+  for (const std::string& k : keys) {
+    std::string m = ctx.store->get(k);
+    if (m != "?") masks.push_back(std::move(m));
+  }
+  const int cores = usable_cpus(masks.size() == keys.size() ? cpus_in_union(masks) : 0,
+                                cgroup_cpu_limit(),
+                                static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const bool oversubscribed = world_size_ > cores;
+  // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
+  // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
+  // Otherwise a rank polls long (kLongSpins, ~200 us here) before it yields or sleeps: beside a
+  // CPU-bound process, a rank that gives its CPU away (a yield, a futex sleep) gets it back only at
+  // the other process's next slice or tick (measured 2026-12-01, Linux 6.18, 2 ranks bound to a
+  // CPU each beside `yes`: 4 ms per 8-byte allreduce with 2000 polls, 0.7 us with 200000; Open
+  // MPI, which never sleeps, 0.7 us). The polls stop at once when a rank waited for is on this
+  // rank's CPU (unbound ranks that the scheduler put together; shm_internal.h): there a long spin
+  // held up the peer, 270-530 us per call beside `yes`, against ~4 us now. Either way the wait
+  // ends asleep on a futex. TUTTI_SHM_SPINS and TUTTI_SHM_YIELDS override the base budget (polls,
+  // then yields). Cores: the CPUs the ranks may run on together (shm_cpus.h).
+  // The budget then adapts to how the waits end, growing up to TUTTI_SHM_ADAPT times the base
+  // (AdaptiveSpin, shm_wait.h; 1 keeps it fixed).
+  SpinPolicy spin;
+  spin.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kLongSpins, 0));
+  spin.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
+  spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 16, 0)));
+  TUTTI_LOG_DEBUG("shm: {} ranks on {} usable CPUs ({}): polls {} then yields {}", world_size_,
+                  cores, oversubscribed ? "oversubscribed" : "a core each", spin.spins, spin.yields);
   for (int r = 0; r < world_size_; ++r) {
     if (r == rank_) continue;
     const long peer = static_cast<long>(slots_[r].pid.load());

@@ -1,0 +1,92 @@
+// How many CPUs the ranks of one shm group can run on (internal to the shm backend): the union of
+// their affinity masks (each rank's sched_getaffinity, exchanged through the group's store),
+// capped by the CPU time their cgroup allows (cgroup v2's cpu.max). With more ranks than that, a
+// rank that spins holds up the very rank it waits for. std::thread::hardware_concurrency() counts
+// the machine's online CPUs, which says nothing of a Slurm cpuset, taskset or a container's limit.
+#pragma once
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace tutti::shm_backend {
+
+// This process's affinity mask as hex digits: CPU 4k + b is bit b of digit k (trailing zero
+// digits dropped; "" when unreadable).
+inline std::string affinity_mask_text() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return "";
+  std::string out;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu += 4) {
+    int digit = 0;
+    for (int b = 0; b < 4; ++b) digit |= CPU_ISSET(cpu + b, &set) ? 1 << b : 0;
+    out += "0123456789abcdef"[digit];
+  }
+  out.erase(out.find_last_not_of('0') + 1);
+  return out;
+}
+
+// How many CPUs are in at least one of `masks` (as affinity_mask_text writes them); 0 when none
+// holds a CPU (or none is readable).
+inline int cpus_in_union(const std::vector<std::string>& masks) {
+  std::vector<int> digits;
+  for (const std::string& m : masks) {
+    if (digits.size() < m.size()) digits.resize(m.size(), 0);
+    for (size_t i = 0; i < m.size(); ++i) {
+      const char c = m[i];
+      const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : 0;
+      digits[i] |= v;
+    }
+  }
+  int n = 0;
+  for (int d : digits) n += __builtin_popcount(static_cast<unsigned>(d));
+  return n;
+}
+
+// cgroup v2's cpu.max ("max 100000", "150000 100000"): the CPUs it allows, or 0 for no limit
+// (and for text it cannot read).
+inline double cpu_max_cpus(const std::string& text) {
+  char* end = nullptr;
+  const double quota = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || quota <= 0) return 0;  // "max", or nothing readable
+  const double period = std::strtod(end, nullptr);
+  return period > 0 ? quota / period : 0;
+}
+
+// The smallest cpu.max limit on this process's cgroup (v2) and its ancestors, in CPUs; 0: none.
+inline double cgroup_cpu_limit() {
+  std::ifstream groups("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(groups, line)) {
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  }
+  if (path.empty()) return 0;
+  double limit = 0;
+  while (true) {
+    std::ifstream max("/sys/fs/cgroup" + (path == "/" ? std::string() : path) + "/cpu.max");
+    std::string text;
+    if (std::getline(max, text)) {
+      const double cpus = cpu_max_cpus(text);
+      if (cpus > 0 && (limit == 0 || cpus < limit)) limit = cpus;
+    }
+    if (path == "/" || path.empty()) break;
+    const size_t slash = path.find_last_of('/');
+    path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+  }
+  return limit;
+}
+
+// The CPUs the ranks can use: the union's count, capped by the cgroup's limit (whole CPUs, at
+// least one); `fallback` when no mask was readable.
+inline int usable_cpus(int in_union, double limit, int fallback) {
+  int cpus = in_union > 0 ? in_union : fallback;
+  if (limit > 0) cpus = std::min(cpus, std::max(1, static_cast<int>(limit)));
+  return std::max(1, cpus);
+}
+
+}  // namespace tutti::shm_backend
