@@ -322,5 +322,35 @@ TEST(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
   write_file(dir.path() + "/done", "1");
 }
 
+// The owner killed after its pair's group with the consumer exists: the next get fails at once
+// with kIoError naming the owner (the agents' connection tells), not at the get's timeout, and
+// the group transport is left for a reset, not hung.
+TEST(TwoSided, TheOwnersDeathFailsTheNextGetAtOnce) {
+  testing::TempDir dir;
+  Worker owner("gloo-owner", dir.path());
+  ASSERT_GT(owner.pid(), 0);
+  TransferAgentOptions o;
+  o.name = "gloo-consumer";
+  auto agent = TransferAgent::create(o);
+  GroupOptions go;
+  go.store_url = "file://" + dir.path() + "/store";
+  go.timeout = 30s;
+  go.job_id = "rdt-worker";  // as the worker's
+  agent->join_group("gloo", 2, 1, go);
+  ASSERT_TRUE(wait_file(dir.path() + "/ready", 30s)) << "the owner never published";
+  const TensorRef gloo = TensorRef::from_text(read_file(dir.path() + "/ref.gloo"));
+  EXPECT_EQ(static_cast<const int32_t*>(agent->get(gloo).tensors()[0].data())[7], 21);
+  owner.kill();
+  GetOptions patient;
+  patient.timeout = 60s;
+  try {
+    agent->get(gloo, patient);
+    FAIL() << "a get from a dead owner succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIoError) << e.what();
+    EXPECT_NE(std::string(e.what()).find("gloo-owner"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tutti

@@ -100,7 +100,15 @@ void GroupTransport::stop_lanes(const std::vector<std::shared_ptr<Lane>>& lanes)
     if (g) g->destroy();
   }
   for (const auto& lane : lanes) {
-    if (lane->thread.joinable()) lane->thread.join();
+    if (!lane->thread.joinable()) continue;
+    if (lane->thread.get_id() == std::this_thread::get_id()) {
+      // The transport goes from inside this lane's completion callback (the callback held the
+      // agent's last reference): joining would wait for itself.
+      lane->orphaned = true;
+      lane->thread.detach();
+      continue;
+    }
+    lane->thread.join();
   }
 }
 
@@ -522,6 +530,7 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
     for (auto& job : batch) {
       if (job->on_done) job->on_done(!error);
     }
+    if (l.orphaned) return;  // the transport is gone (see stop_lanes)
     lock.lock();
     l.busy = false;
     for (auto& job : batch) {
