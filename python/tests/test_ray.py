@@ -345,7 +345,19 @@ def test_rdt_a_dead_source_fails_the_consumer(cluster):
     producer, consumer = Worker.remote(), Worker.remote()
     ref = producer.produce.remote(10)
     ray.get(producer.is_kept.remote(ref))  # produced and published
+    pid = ray.get(producer.pid.remote())
     ray.kill(producer)
+    # ray.kill returns before the process is gone (a fresh-clone run once fetched from it in
+    # between): wait until it is, on this one-node cluster.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail(f"the killed producer (pid {pid}) still runs after 60 s")
     with pytest.raises(Exception) as info:
         ray.get(consumer.consume.remote(ref), timeout=120)
     print("dead source:", type(info.value).__name__, str(info.value)[:600])
