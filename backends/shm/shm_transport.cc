@@ -41,9 +41,10 @@ constexpr uint16_t kInProcess = 2;  // place: (kInProcess, virtual address in th
 // slices of a huge copy ran at half a plain memcpy's speed. At >= 5 GB/s a slice takes <= 50 ms.
 constexpr size_t kCopySlice = 256u << 20;
 constexpr size_t kMappingCache = 64;     // owner chunks a consumer keeps mapped
-// The owner's table of live blocks: entry id % kTableEntries holds the id of the live block there
-// (ids count up from 1), 0 once it is deallocated. Two live blocks 65536 ids apart share an entry:
-// a consumer then drops its mapping of the older one too, and maps it again on its next get.
+// The owner's table of live blocks: each block it lists has a slot of its own (1..kTableEntries-1,
+// reused once free) holding the block's id while it lives, 0 after; word 0 counts deallocations,
+// so a consumer looks at its mappings only when it changed. Blocks past the table's size (or
+// made before a table could be) get no slot: consumers keep those mapped by count only.
 constexpr size_t kTableEntries = 1u << 16;
 constexpr size_t kTableBytes = kTableEntries * sizeof(uint64_t);
 
@@ -73,6 +74,7 @@ struct Chunk {
   size_t size = 0;
   bool registered = false;  // the application's memory (not unmapped here)
   uint64_t offset = 0;      // where in the file `base` lies
+  int64_t slot = 0;         // in the table of live blocks; 0: none
 };
 
 // A consumer's read-only mapping of an owner's chunk.
@@ -90,9 +92,13 @@ struct TableView {
   ~TableView() {
     if (entries != nullptr) ::munmap(const_cast<std::atomic<uint64_t>*>(entries), kTableBytes);
   }
-  bool live(uint64_t block) const {
-    return entries[block % kTableEntries].load(std::memory_order_acquire) == block;
+  // True unless the owner listed `block` in `slot` and it is gone since (no slot: not listed).
+  bool live(int64_t slot, uint64_t block) const {
+    return slot <= 0 || slot >= static_cast<int64_t>(kTableEntries) ||
+           entries[slot].load(std::memory_order_acquire) == block;
   }
+  uint64_t deallocations() const { return entries[0].load(std::memory_order_acquire); }
+  uint64_t seen = 0;  // deallocations() when the consumer last looked (under its cache lock)
 };
 
 void copy_sliced(char* dst, const char* src, size_t bytes, const FetchRequest& request,
@@ -154,9 +160,9 @@ class ShmTransport final : public TensorTransport {
     c.base = static_cast<char*>(p);
     std::lock_guard<std::mutex> lock(mutex_);
     c.id = ++next_chunk_;
+    list_locked(c);
     chunks_[c.base] = c;
     by_id_[c.id] = c.base;
-    mark_locked(c.id, true);
     return TensorView(c.base, dtype, {static_cast<int64_t>(bytes / dtype_size(dtype))});
   }
 
@@ -169,7 +175,7 @@ class ShmTransport final : public TensorTransport {
     }
     ::munmap(it->second.base, it->second.size);
     ::close(it->second.fd);
-    mark_locked(it->second.id, false);
+    unlist_locked(it->second);
     by_id_.erase(it->second.id);
     chunks_.erase(it);
   }
@@ -225,9 +231,9 @@ class ShmTransport final : public TensorTransport {
     c.size = bytes;
     c.registered = true;
     c.offset = fd_offset;
+    list_locked(c);
     chunks_[base] = c;
     by_id_[c.id] = base;
-    mark_locked(c.id, true);
   }
 
   void unregister_memory(const TensorView& region) override {
@@ -240,7 +246,7 @@ class ShmTransport final : public TensorTransport {
                   "shm transport: " + region.str() + " is not the start of registered memory");
     }
     ::close(it->second.fd);
-    mark_locked(it->second.id, false);
+    unlist_locked(it->second);
     by_id_.erase(it->second.id);
     chunks_.erase(it);
   }
@@ -306,7 +312,8 @@ class ShmTransport final : public TensorTransport {
       if (table >= 0) fds->push_back(table);  // without it the consumer only caches by count
     }
     (void)consumer;
-    return "ok " + std::to_string(c.offset) + " " + std::to_string(c.size);
+    return "ok " + std::to_string(c.offset) + " " + std::to_string(c.size) + " " +
+           std::to_string(table_fd_ >= 0 ? c.slot : 0);
   }
 
   // ---- consumer ----
@@ -385,27 +392,38 @@ class ShmTransport final : public TensorTransport {
     return p >= c.base && p + bytes <= c.base + c.size ? &c : nullptr;
   }
 
-  // The owner's table of live blocks: made with the first block (no block, nothing to list).
-  void mark_locked(uint64_t block, bool live) {
-    if (table_ == nullptr && live) make_table_locked();
+  // Gives a block a slot in the table of live blocks (made with the first block), if one is free.
+  void list_locked(Chunk& c) {
+    if (table_ == nullptr) make_table_locked();
     if (table_ == nullptr) return;
-    std::atomic<uint64_t>& e = table_[block % kTableEntries];
-    if (live) {
-      e.store(block, std::memory_order_release);
-    } else if (e.load(std::memory_order_relaxed) == block) {
-      e.store(0, std::memory_order_release);
+    if (!free_slots_.empty()) {
+      c.slot = free_slots_.back();
+      free_slots_.pop_back();
+    } else if (next_slot_ < static_cast<int64_t>(kTableEntries)) {
+      c.slot = next_slot_++;
+    } else {
+      return;  // full: consumers keep this block mapped by count only
     }
+    table_[c.slot].store(c.id, std::memory_order_release);
+  }
+
+  void unlist_locked(const Chunk& c) {
+    if (table_ == nullptr || c.slot <= 0) return;
+    table_[c.slot].store(0, std::memory_order_release);
+    table_[0].fetch_add(1, std::memory_order_acq_rel);
+    free_slots_.push_back(c.slot);
   }
 
   void make_table_locked() {
     const int fd = ::memfd_create("tutti-rdt-blocks", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(kTableBytes)) != 0) {
+    const size_t bytes = kTableEntries * sizeof(uint64_t);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
       TUTTI_LOG_DEBUG("shm transport: no table of live blocks: {}", std::strerror(errno));
       if (fd >= 0) ::close(fd);
       return;
     }
     ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
-    void* p = ::mmap(nullptr, kTableBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       TUTTI_LOG_DEBUG("shm transport: no table of live blocks: {}", std::strerror(errno));
       ::close(fd);
@@ -416,11 +434,21 @@ class ShmTransport final : public TensorTransport {
     table_fd_ = fd;
   }
 
-  // Drops cached mappings of blocks their owners have deallocated (borrowed views keep theirs).
+  // Drops cached mappings of blocks their owners have deallocated (borrowed views keep theirs);
+  // nothing to look at while no owner has deallocated a block since the last look.
   void sweep_locked() {
+    bool changed = false;
+    for (auto& [owner, known] : tables_) {
+      auto t = known.lock();
+      if (!t) continue;
+      const uint64_t now = t->deallocations();
+      if (now != t->seen) changed = true;
+      t->seen = now;
+    }
+    if (!changed) return;
     for (auto it = cache_.begin(); it != cache_.end();) {
       const Cached& c = it->second;
-      if (c.table && !c.table->live(it->first.second)) {
+      if (c.table && !c.table->live(c.slot, it->first.second)) {
         lru_.erase(c.position);
         it = cache_.erase(it);
       } else {
@@ -450,6 +478,7 @@ class ShmTransport final : public TensorTransport {
     if (p == MAP_FAILED) return nullptr;
     auto t = std::make_shared<TableView>();
     t->entries = static_cast<const std::atomic<uint64_t>*>(p);
+    t->seen = t->deallocations();
     known = t;
     return t;
   }
@@ -467,9 +496,11 @@ class ShmTransport final : public TensorTransport {
     }
     std::vector<int> fds;
     const std::string reply = request.owner.call("chunk " + std::to_string(chunk), &fds);
-    // "ok <offset in the file> <bytes>"
+    // "ok <offset in the file> <bytes> <slot in the table of live blocks>"
     unsigned long long at = 0, bytes = 0;
-    const bool parsed = std::sscanf(reply.c_str(), "ok %llu %llu", &at, &bytes) == 2 && bytes > 0;
+    long long slot = 0;
+    const bool parsed =
+        std::sscanf(reply.c_str(), "ok %llu %llu %lld", &at, &bytes, &slot) >= 2 && bytes > 0;
     if (fds.empty()) {
       throw Error(ErrorCode::kInternal, "shm transport: the owner sent no descriptor for block " +
                                             std::to_string(chunk));
@@ -502,7 +533,7 @@ class ShmTransport final : public TensorTransport {
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second.mapping;  // another get mapped it meanwhile
     lru_.push_front(key);
-    cache_[key] = Cached{m, std::move(table), lru_.begin()};
+    cache_[key] = Cached{m, std::move(table), slot, lru_.begin()};
     while (cache_.size() > kMappingCache) {
       cache_.erase(lru_.back());  // borrowed views keep their own reference
       lru_.pop_back();
@@ -581,11 +612,14 @@ class ShmTransport final : public TensorTransport {
   uint64_t next_chunk_ = 0;
   std::atomic<uint64_t>* table_ = nullptr;  // the live blocks (see kTableEntries)
   int table_fd_ = -1;
+  std::vector<int64_t> free_slots_;
+  int64_t next_slot_ = 1;  // slot 0 counts deallocations
 
   using Key = std::pair<std::array<uint8_t, 16>, uint64_t>;  // owner, block
   struct Cached {
     std::shared_ptr<Mapping> mapping;
     std::shared_ptr<TableView> table;  // its owner's live blocks; null from an owner without one
+    int64_t slot = 0;                  // the block's slot there (0: not listed)
     std::list<Key>::iterator position;
   };
   std::mutex cache_mutex_;
