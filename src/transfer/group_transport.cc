@@ -388,13 +388,15 @@ void GroupTransport::abort(const std::string& reason) noexcept {
       if (lane->group) pairs.push_back(lane->group);
     }
   }
-  for (auto& j : done) {
-    if (j->on_done) j->on_done(false);
-  }
   done_.notify_all();
   // The pairs' groups end their batches; the transport's ends a lane's split waiting for a peer.
   for (auto& p : pairs) p->abort(reason);
   if (g) g->abort(reason);
+  // Last, and nothing of this transport after them: a callback may drop the agent's last
+  // reference, and with it this transport (see Lane::orphaned).
+  for (auto& j : done) {
+    if (j->on_done) j->on_done(false);
+  }
 }
 
 void GroupTransport::wait(GroupJob& job, Clock::time_point deadline,
@@ -461,6 +463,7 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
     if (!broken.empty() && batch.empty()) {
       lock.unlock();
       abort(broken);
+      if (l.orphaned) return;  // the transport went from inside the abort (see stop_lanes)
       lock.lock();
       continue;
     }

@@ -118,8 +118,9 @@ class GroupTransport final : public TensorTransport {
     std::shared_ptr<CollectiveGroup> group;  // the pair's, made on its first transfer
     bool busy = false;      // making the pair's group, or running a batch on it
     bool stopping = false;  // reset, replaced or going: the thread ends
-    // The transport went from this lane's own thread (a send's completion dropped the agent's
-    // last reference): the thread was detached and must not touch the transport again.
+    // The transport went from this lane's own thread (a send's completion callback, called by
+    // the lane or by an abort it started, dropped the agent's last reference): the thread was
+    // detached and must not touch the transport again.
     bool orphaned = false;
     std::thread thread;
   };
