@@ -329,6 +329,11 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
                     std::to_string(version) + ", this agent " +
                     std::to_string(kProtocolVersion) + " (different tutti versions)");
   }
+  if (them.uuid != owner.uuid) {
+    for (int f : m.fds) ::close(f);
+    throw Error(ErrorCode::kIoError, "a different agent ('" + them.name + "') answers at " +
+                                         owner_text(owner) + "'s address");
+  }
   // With a secret, the owner must prove it over this connection's nonces: whoever answers at
   // the owner's address without it is not the owner.
   if (!options.secret.empty() &&
@@ -337,11 +342,6 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
     throw Error(ErrorCode::kInvalidArgument,
                 "whoever answers at " + owner_text(owner) + "'s address does not prove the shared "
                 "secret (the owner has none, or another one)");
-  }
-  if (them.uuid != owner.uuid) {
-    for (int f : m.fds) ::close(f);
-    throw Error(ErrorCode::kIoError, "a different agent ('" + them.name + "') answers at " +
-                                         owner_text(owner) + "'s address");
   }
   // On one host the kernel says which process answers: the ref's pid must be it (cross-memory
   // reads go to that pid).

@@ -802,7 +802,13 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
               my_nonce = nonce();
               WireWriter challenge;
               challenge.str8(my_nonce);
-              conn->send(MsgType::kChallenge, challenge.out(), {}, Clock::now() + fetch_timeout);
+              try {
+                conn->send(MsgType::kChallenge, challenge.out(), {}, Clock::now() + fetch_timeout);
+              } catch (const Error& e) {
+                for (int f : m.fds) ::close(f);
+                throw Error(ErrorCode::kIoError, "hung up: the challenge to agent '" + them.name +
+                                                     "' did not go: " + e.what());
+              }
               std::string proof;  // none (no answer in time, or another message): refused
               try {
                 Message p = conn->receive(Clock::now() + fetch_timeout);
