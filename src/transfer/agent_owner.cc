@@ -308,6 +308,19 @@ void AgentCore::stop() {
   }
   if (housekeeper.joinable()) housekeeper.join();
   {
+    // The two-sided transports' threads and groups end now, not whenever the last reference to
+    // the agent goes (a completion callback may hold one a moment longer). Transports live as
+    // long as the agent: the pointers stay good outside the lock.
+    std::vector<GroupTransport*> two_sided;
+    {
+      std::lock_guard<std::mutex> lock(transports_mutex);
+      for (auto& [name, t] : transports) {
+        if (auto* g = dynamic_cast<GroupTransport*>(t.get())) two_sided.push_back(g);
+      }
+    }
+    for (GroupTransport* g : two_sided) g->shutdown();
+  }
+  {
     // Whatever is still published goes with the agent (consumers' mappings stay readable).
     std::lock_guard<std::mutex> lock(mutex);
     while (!objects.empty()) free_locked(objects.begin());

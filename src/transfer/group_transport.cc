@@ -23,7 +23,9 @@ GroupTransport::GroupTransport(std::string name, bool cuda, std::string agent_na
     : name_(std::move(name)), cuda_(cuda), agent_(std::move(agent_name)),
       agent_id_(std::move(agent_id)) {}
 
-GroupTransport::~GroupTransport() {
+GroupTransport::~GroupTransport() { shutdown(); }
+
+void GroupTransport::shutdown() noexcept {
   std::shared_ptr<CollectiveGroup> g;
   bool own = false;
   bool busy = false;
@@ -31,6 +33,8 @@ GroupTransport::~GroupTransport() {
   std::vector<std::shared_ptr<GroupJob>> done;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (shut_) return;
+    shut_ = true;
     g = group_;
     own = remake_ != nullptr;
     for (const auto& [peer, lane] : lanes_) busy = busy || lane->busy;
@@ -52,6 +56,10 @@ GroupTransport::~GroupTransport() {
 }
 
 GroupTransport::Lane& GroupTransport::lane_locked(int peer, const std::string& peer_agent) {
+  if (shut_) {
+    throw Error(ErrorCode::kAborted, "transport '" + name_ + "' of agent '" + agent_ +
+                                         "': the agent is going");
+  }
   auto it = lanes_.find(peer);
   if (it != lanes_.end()) {
     if (it->second->peer_agent != peer_agent) {
@@ -314,7 +322,7 @@ void GroupTransport::skip(int peer, const std::string& peer_agent, uint64_t seq,
                           uint64_t incarnation) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!aborted_.empty() || incarnation != incarnation_) return;
+    if (shut_ || !aborted_.empty() || incarnation != incarnation_) return;
     auto job = std::make_shared<GroupJob>();
     job->kind = GroupJob::Kind::kSkip;
     job->peer = peer;

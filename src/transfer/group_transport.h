@@ -60,6 +60,9 @@ class GroupTransport final : public TensorTransport {
   // `agent_id`: this agent's id (uuid text); a pair's group is named after both agents' ids.
   GroupTransport(std::string name, bool cuda, std::string agent_name, std::string agent_id);
   ~GroupTransport() override;
+  // The agent stops: waiting transfers fail, the lanes end (joined: their pairs' groups are
+  // gone on return), the agent's own group is destroyed. Idempotent; also the destructor's work.
+  void shutdown() noexcept;
 
   const char* name() const override { return name_.c_str(); }
   TransportTraits traits() const override;
@@ -152,6 +155,7 @@ class GroupTransport final : public TensorTransport {
   std::string aborted_;  // the first failure; empty while usable
   bool resetting_ = false;
   std::map<int, std::shared_ptr<Lane>> lanes_;  // by peer rank
+  bool shut_ = false;  // shutdown() ran
 };
 
 }  // namespace tutti::detail
