@@ -261,6 +261,20 @@ TEST_F(OwnerThere, ARefNamingAReusedPidOrAStaleGenerationIsRefused) {
 
 // ---- two-sided: the owner is stopped in the middle of a gloo get ----
 
+// This process's agent "gloo-consumer" as rank 1 of the gloo group of a "gloo-owner" worker
+// (rank 0) that works in `dir`.
+std::shared_ptr<TransferAgent> gloo_consumer(const std::string& dir) {
+  TransferAgentOptions o;
+  o.name = "gloo-consumer";
+  auto agent = TransferAgent::create(o);
+  GroupOptions go;
+  go.store_url = "file://" + dir + "/store";
+  go.timeout = 30s;
+  go.job_id = "rdt-worker";  // as the worker's
+  agent->join_group("gloo", 2, 1, go);
+  return agent;
+}
+
 // The worker owns (rank 0 of the agents' gloo group), this process consumes (rank 1). SIGSTOP
 // the owner: a gloo get times out (kTimeout, not a hang), the group is aborted (later gloo gets
 // fail with kAborted quoting the first failure), the shm transport keeps working (it needs
@@ -270,14 +284,7 @@ TEST(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
   testing::TempDir dir;
   Worker owner("gloo-owner", dir.path());
   ASSERT_GT(owner.pid(), 0);
-  TransferAgentOptions o;
-  o.name = "gloo-consumer";
-  auto agent = TransferAgent::create(o);
-  GroupOptions go;
-  go.store_url = "file://" + dir.path() + "/store";
-  go.timeout = 30s;
-  go.job_id = "rdt-worker";  // as the worker's
-  agent->join_group("gloo", 2, 1, go);
+  auto agent = gloo_consumer(dir.path());
   ASSERT_TRUE(wait_file(dir.path() + "/ready", 30s)) << "the owner never published";
   const TensorRef gloo = TensorRef::from_text(read_file(dir.path() + "/ref.gloo"));
   const TensorRef arena = TensorRef::from_text(read_file(dir.path() + "/ref.arena"));
@@ -322,21 +329,13 @@ TEST(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
   write_file(dir.path() + "/done", "1");
 }
 
-// The owner killed after its pair's group with the consumer exists: the next get fails at once
-// with kIoError naming the owner (the agents' connection tells), not at the get's timeout, and
-// the group transport is left for a reset, not hung.
+// The owner killed after its pair's group with the consumer exists: the next get fails with
+// kIoError naming the owner (the agents' connection tells), not kTimeout at the get's 60 s.
 TEST(TwoSided, TheOwnersDeathFailsTheNextGetAtOnce) {
   testing::TempDir dir;
   Worker owner("gloo-owner", dir.path());
   ASSERT_GT(owner.pid(), 0);
-  TransferAgentOptions o;
-  o.name = "gloo-consumer";
-  auto agent = TransferAgent::create(o);
-  GroupOptions go;
-  go.store_url = "file://" + dir.path() + "/store";
-  go.timeout = 30s;
-  go.job_id = "rdt-worker";  // as the worker's
-  agent->join_group("gloo", 2, 1, go);
+  auto agent = gloo_consumer(dir.path());
   ASSERT_TRUE(wait_file(dir.path() + "/ready", 30s)) << "the owner never published";
   const TensorRef gloo = TensorRef::from_text(read_file(dir.path() + "/ref.gloo"));
   EXPECT_EQ(static_cast<const int32_t*>(agent->get(gloo).tensors()[0].data())[7], 21);

@@ -613,19 +613,17 @@ TEST_F(Transfer, CudaTensorsAreRefusedBeforeAnyIo) {
   EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
 }
 
+std::shared_ptr<TransferAgent> agent_with(const std::string& name, const std::string& secret) {
+  TransferAgentOptions o;
+  o.name = name;
+  o.secret = secret;
+  return TransferAgent::create(o);
+}
+
 TEST(TransferSecret, RefsSignedWithAnotherSecretAreRefused) {
-  TransferAgentOptions a;
-  a.name = "owner";
-  a.secret = "s3cret";
-  auto owner = TransferAgent::create(a);
-  TransferAgentOptions b;
-  b.name = "consumer";
-  b.secret = "other";
-  auto consumer = TransferAgent::create(b);
-  TransferAgentOptions c;
-  c.name = "friend";
-  c.secret = "s3cret";
-  auto friendly = TransferAgent::create(c);
+  auto owner = agent_with("owner", "s3cret");
+  auto consumer = agent_with("consumer", "other");
+  auto friendly = agent_with("friend", "s3cret");
   std::vector<float> x = iota_floats(4, 0.0f);
   ObjectHandle h = owner->put({TensorView(x)});
   EXPECT_TRUE(h.ref().is_signed());
@@ -728,10 +726,7 @@ std::string hello(const std::string& nonce) {
 // proof that does not answer it, naming the secret. A consumer without the secret is refused the
 // same way; one with it gets through.
 TEST(TransferSecret, EachHelloIsChallengedAfreshAndAWrongProofIsRefused) {
-  TransferAgentOptions a;
-  a.name = "owner";
-  a.secret = "s3cret";
-  auto owner = TransferAgent::create(a);
+  auto owner = agent_with("owner", "s3cret");
   const std::string address = "tutti-agent/" + owner->identity().uuid_text();
   std::string nonces[2];
   for (int c = 0; c < 2; ++c) {
@@ -754,26 +749,18 @@ TEST(TransferSecret, EachHelloIsChallengedAfreshAndAWrongProofIsRefused) {
   EXPECT_NE(nonces[0], nonces[1]);
   std::vector<float> x = iota_floats(4, 0.0f);
   ObjectHandle h = owner->put({TensorView(x)});
-  TransferAgentOptions none;
-  none.name = "stranger";
-  const Error e = expect_error([&] { TransferAgent::create(none)->get(h.ref()); },
+  const Error e = expect_error([&] { agent_with("stranger", "")->get(h.ref()); },
                                ErrorCode::kInvalidArgument);
   EXPECT_NE(std::string(e.what()).find("'stranger' does not know the shared secret"),
             std::string::npos)
       << e.what();
-  TransferAgentOptions c;
-  c.name = "friend";
-  c.secret = "s3cret";
-  EXPECT_EQ(as_floats(TransferAgent::create(c)->get(h.ref()).tensors()[0]), x);
+  EXPECT_EQ(as_floats(agent_with("friend", "s3cret")->get(h.ref()).tensors()[0]), x);
 }
 
 // The owner proves the secret too: whoever answers at the owner's address (here a listener that
 // took it over once the owner's agent went) without the proof is refused, before any request.
 TEST(TransferSecret, AnImpostorAtTheOwnersAddressIsRefused) {
-  TransferAgentOptions a;
-  a.name = "owner";
-  a.secret = "s3cret";
-  auto owner = TransferAgent::create(a);
+  auto owner = agent_with("owner", "s3cret");
   std::vector<float> x = iota_floats(4, 0.0f);
   ObjectHandle h = owner->put({TensorView(x)});
   const TensorRef ref = h.ref();
@@ -802,12 +789,9 @@ TEST(TransferSecret, AnImpostorAtTheOwnersAddressIsRefused) {
     raw::read_frame(fd);  // until the consumer hangs up
     ::close(fd);
   });
-  TransferAgentOptions c;
-  c.name = "consumer";
-  c.secret = "s3cret";
   GetOptions g;
   g.timeout = 5s;
-  const Error e = expect_error([&] { TransferAgent::create(c)->get(ref, g); },
+  const Error e = expect_error([&] { agent_with("consumer", "s3cret")->get(ref, g); },
                                ErrorCode::kInvalidArgument);
   EXPECT_NE(std::string(e.what()).find("does not prove the shared secret"), std::string::npos)
       << e.what();
