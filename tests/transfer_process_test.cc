@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -261,32 +262,37 @@ TEST_F(OwnerThere, ARefNamingAReusedPidOrAStaleGenerationIsRefused) {
 
 // ---- two-sided: the owner is stopped in the middle of a gloo get ----
 
-// This process's agent "gloo-consumer" as rank 1 of the gloo group of a "gloo-owner" worker
-// (rank 0) that works in `dir`.
-std::shared_ptr<TransferAgent> gloo_consumer(const std::string& dir) {
-  TransferAgentOptions o;
-  o.name = "gloo-consumer";
-  auto agent = TransferAgent::create(o);
-  GroupOptions go;
-  go.store_url = "file://" + dir + "/store";
-  go.timeout = 30s;
-  go.job_id = "rdt-worker";  // as the worker's
-  agent->join_group("gloo", 2, 1, go);
-  return agent;
-}
+// A "gloo-owner" worker (rank 0 of the agents' gloo group, working in `dir`) and this process's
+// agent "gloo-consumer" as rank 1, once the worker has published its refs (`gloo`: on gloo).
+class TwoSided : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    owner = std::make_unique<Worker>("gloo-owner", dir.path());
+    ASSERT_GT(owner->pid(), 0);
+    TransferAgentOptions o;
+    o.name = "gloo-consumer";
+    agent = TransferAgent::create(o);
+    GroupOptions go;
+    go.store_url = "file://" + dir.path() + "/store";
+    go.timeout = 30s;
+    go.job_id = "rdt-worker";  // as the worker's
+    agent->join_group("gloo", 2, 1, go);
+    ASSERT_TRUE(wait_file(dir.path() + "/ready", 30s)) << "the owner never published";
+    gloo = TensorRef::from_text(read_file(dir.path() + "/ref.gloo"));
+  }
+
+  testing::TempDir dir;
+  std::unique_ptr<Worker> owner;
+  std::shared_ptr<TransferAgent> agent;
+  TensorRef gloo;
+};
 
 // The worker owns (rank 0 of the agents' gloo group), this process consumes (rank 1). SIGSTOP
 // the owner: a gloo get times out (kTimeout, not a hang), the group is aborted (later gloo gets
 // fail with kAborted quoting the first failure), the shm transport keeps working (it needs
 // nothing from the stopped owner), and after SIGCONT a reset of both sides heals the gloo group
 // for the same refs.
-TEST(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
-  testing::TempDir dir;
-  Worker owner("gloo-owner", dir.path());
-  ASSERT_GT(owner.pid(), 0);
-  auto agent = gloo_consumer(dir.path());
-  ASSERT_TRUE(wait_file(dir.path() + "/ready", 30s)) << "the owner never published";
-  const TensorRef gloo = TensorRef::from_text(read_file(dir.path() + "/ref.gloo"));
+TEST_F(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
   const TensorRef arena = TensorRef::from_text(read_file(dir.path() + "/ref.arena"));
   auto heap_at = [](const Received& r, int i) {
     return static_cast<const int32_t*>(r.tensors()[0].data())[i];
@@ -297,7 +303,7 @@ TEST(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
   EXPECT_EQ(heap_at(agent->get(gloo), 1000), 3000);
   EXPECT_EQ(arena_at(agent->get(arena), 4321), 4321 * 0.5f);
 
-  ASSERT_EQ(::kill(owner.pid(), SIGSTOP), 0);
+  ASSERT_EQ(::kill(owner->pid(), SIGSTOP), 0);
   GetOptions quick;
   quick.timeout = 1500ms;
   const auto start = Clock::now();
@@ -321,7 +327,7 @@ TEST(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
   // shm goes on while the owner is still stopped: the mapping and the lease need nothing of it.
   EXPECT_EQ(arena_at(agent->get(arena), 77777), 77777 * 0.5f);
 
-  ASSERT_EQ(::kill(owner.pid(), SIGCONT), 0);
+  ASSERT_EQ(::kill(owner->pid(), SIGCONT), 0);
   write_file(dir.path() + "/reset", "1");
   agent->reset_transport("gloo");  // collective: the owner resets too
   EXPECT_EQ(heap_at(agent->get(gloo), 65535), 3 * 65535);
@@ -331,15 +337,9 @@ TEST(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
 
 // The owner killed after its pair's group with the consumer exists: the next get fails with
 // kIoError naming the owner (the agents' connection tells), not kTimeout at the get's 60 s.
-TEST(TwoSided, TheOwnersDeathFailsTheNextGetAtOnce) {
-  testing::TempDir dir;
-  Worker owner("gloo-owner", dir.path());
-  ASSERT_GT(owner.pid(), 0);
-  auto agent = gloo_consumer(dir.path());
-  ASSERT_TRUE(wait_file(dir.path() + "/ready", 30s)) << "the owner never published";
-  const TensorRef gloo = TensorRef::from_text(read_file(dir.path() + "/ref.gloo"));
+TEST_F(TwoSided, TheOwnersDeathFailsTheNextGetAtOnce) {
   EXPECT_EQ(static_cast<const int32_t*>(agent->get(gloo).tensors()[0].data())[7], 21);
-  owner.kill();
+  owner->kill();
   GetOptions patient;
   patient.timeout = 60s;
   try {

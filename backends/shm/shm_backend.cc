@@ -76,11 +76,9 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   const long pid = static_cast<long>(::getpid());
   slots_[rank_].start.store(detail::process_start_time(pid));
   slots_[rank_].pid.store(pid);
-  // Once every rank has said who it is: a handle on each peer's process, so that its death is
-  // noticed at once. Only where its pid and start time match what this host's /proc says, so
-  // another pid namespace, or a pid reused since, never counts.
-  // Each rank says which CPUs it may run on: whether the ranks have a core each depends on the
-  // union of their masks (ranks bound one CPU each are not oversubscribed; shm_cpus.h).
+  // Each rank says it is here, and which CPUs it may run on: whether the ranks have a core each
+  // depends on the union of their masks (ranks bound one CPU each are not oversubscribed;
+  // shm_cpus.h).
   const std::string mask = affinity_mask_text();
   ctx.store->set("shm/ready/" + std::to_string(rank_), mask.empty() ? "?" : mask);
   std::vector<std::string> keys;
@@ -114,6 +112,9 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 16, 0)));
   TUTTI_LOG_DEBUG("shm: {} ranks on {} usable CPUs ({}): polls {} then yields {}", world_size_,
                   cores, oversubscribed ? "oversubscribed" : "a core each", spin.spins, spin.yields);
+  // Once every rank has said who it is: a handle on each peer's process, so that its death is
+  // noticed at once. Only where its pid and start time match what this host's /proc says, so
+  // another pid namespace, or a pid reused since, never counts.
   for (int r = 0; r < world_size_; ++r) {
     if (r == rank_) continue;
     const long peer = static_cast<long>(slots_[r].pid.load());

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "util/logging.h"
 #include "tutti/error.h"
@@ -101,6 +102,33 @@ struct TableView {
   uint64_t seen = 0;  // deallocations() when the consumer last looked (under its cache lock)
 };
 
+// A memfd of `size` bytes, mapped read-write here, that consumers handed the descriptor can map
+// read-only only: its size is sealed (a consumer's mapping never loses its pages to a shrink),
+// and so, once mapped here, is writing (F_SEAL_FUTURE_WRITE, Linux 5.1+; older kernels keep the
+// size seals only). Errors name the `asked` bytes.
+std::pair<int, char*> sealed_memory(const char* name, size_t size, size_t asked) {
+  const int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    const int saved = errno;
+    if (fd >= 0) ::close(fd);
+    throw Error(saved == ENOMEM || saved == ENOSPC ? ErrorCode::kUnavailable : ErrorCode::kIoError,
+                "shm transport: allocating " + std::to_string(asked) +
+                    " shareable bytes: " + std::strerror(saved));
+  }
+  ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int saved = errno;
+    ::close(fd);
+    throw Error(ErrorCode::kUnavailable, "shm transport: mapping " + std::to_string(size) +
+                                             " bytes: " + std::strerror(saved));
+  }
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+    TUTTI_LOG_DEBUG("shm transport: F_SEAL_FUTURE_WRITE: {}", std::strerror(errno));
+  }
+  return {fd, static_cast<char*>(p)};
+}
+
 void copy_sliced(char* dst, const char* src, size_t bytes, const FetchRequest& request,
                  const std::string& what) {
   for (size_t done = 0; done < bytes;) {
@@ -135,29 +163,9 @@ class ShmTransport final : public TensorTransport {
   TensorView allocate(size_t bytes, DType dtype) override {
     Chunk c;
     c.size = page_round(bytes);
-    c.fd = ::memfd_create("tutti-rdt", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (c.fd < 0 || ::ftruncate(c.fd, static_cast<off_t>(c.size)) != 0) {
-      const int saved = errno;
-      if (c.fd >= 0) ::close(c.fd);
-      throw Error(saved == ENOMEM || saved == ENOSPC ? ErrorCode::kUnavailable : ErrorCode::kIoError,
-                  "shm transport: allocating " + std::to_string(bytes) +
-                      " shareable bytes: " + std::strerror(saved));
-    }
-    // Its size is fixed: a consumer's mapping can never lose its pages to a shrink.
-    ::fcntl(c.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
-    void* p = ::mmap(nullptr, c.size, PROT_READ | PROT_WRITE, MAP_SHARED, c.fd, 0);
-    if (p == MAP_FAILED) {
-      const int saved = errno;
-      ::close(c.fd);
-      throw Error(ErrorCode::kUnavailable, "shm transport: mapping " + std::to_string(c.size) +
-                                               " bytes: " + std::strerror(saved));
-    }
-    // Only the owner's mapping (made above) may write: a consumer handed the descriptor can map
-    // it read-only, never writable (Linux 5.1+; older kernels keep the size seals only).
-    if (::fcntl(c.fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
-      TUTTI_LOG_DEBUG("shm transport: F_SEAL_FUTURE_WRITE: {}", std::strerror(errno));
-    }
-    c.base = static_cast<char*>(p);
+    const auto [fd, p] = sealed_memory("tutti-rdt", c.size, bytes);
+    c.fd = fd;
+    c.base = p;
     std::lock_guard<std::mutex> lock(mutex_);
     c.id = ++next_chunk_;
     list_locked(c);
@@ -313,7 +321,7 @@ class ShmTransport final : public TensorTransport {
     }
     (void)consumer;
     return "ok " + std::to_string(c.offset) + " " + std::to_string(c.size) + " " +
-           std::to_string(table_fd_ >= 0 ? c.slot : 0);
+           std::to_string(c.slot);
   }
 
   // ---- consumer ----
@@ -415,23 +423,13 @@ class ShmTransport final : public TensorTransport {
   }
 
   void make_table_locked() {
-    const int fd = ::memfd_create("tutti-rdt-blocks", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    const size_t bytes = kTableEntries * sizeof(uint64_t);
-    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      TUTTI_LOG_DEBUG("shm transport: no table of live blocks: {}", std::strerror(errno));
-      if (fd >= 0) ::close(fd);
-      return;
+    try {
+      const auto [fd, p] = sealed_memory("tutti-rdt-blocks", kTableBytes, kTableBytes);
+      table_ = reinterpret_cast<std::atomic<uint64_t>*>(p);
+      table_fd_ = fd;
+    } catch (const Error& e) {
+      TUTTI_LOG_DEBUG("shm transport: no table of live blocks: {}", e.what());
     }
-    ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      TUTTI_LOG_DEBUG("shm transport: no table of live blocks: {}", std::strerror(errno));
-      ::close(fd);
-      return;
-    }
-    ::fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL);
-    table_ = static_cast<std::atomic<uint64_t>*>(p);
-    table_fd_ = fd;
   }
 
   // Drops cached mappings of blocks their owners have deallocated (borrowed views keep theirs);

@@ -36,37 +36,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def on_threads(n: int, fn):
+    """Runs fn(i) for i in range(n), each on a thread of its own; returns their results in order
+    and re-raises the first one's exception."""
+    results = [None] * n
+    errors = [None] * n
+
+    def main(i):
+        try:
+            results[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 (handed to the test thread)
+            errors[i] = e
+
+    threads = [threading.Thread(target=main, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_TIMEOUT_S)
+        assert not t.is_alive(), "a thread did not finish"
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
 def run_threads(world_size: int, fn, backend: str = "shm", timeout: float = 20.0):
     """Runs fn(group) on world_size ranks that are threads sharing a HashStore; returns their
     results in rank order and re-raises the first rank's exception."""
     store = tutti.HashStore()
     name = unique()
-    results = [None] * world_size
-    errors = [None] * world_size
 
     def rank_main(rank):
-        group = None
+        group = tutti.CollectiveGroup.create(world_size, rank, backend, name, store=store,
+                                             timeout=timeout)
         try:
-            group = tutti.CollectiveGroup.create(world_size, rank, backend, name, store=store,
-                                                 timeout=timeout)
-            results[rank] = fn(group)
-        except BaseException as e:  # noqa: BLE001 (handed to the test thread)
-            errors[rank] = e
+            return fn(group)
         finally:
-            if group is not None:
-                group.destroy()
+            group.destroy()
 
-    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True)
-               for r in range(world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_TIMEOUT_S)
-        assert not t.is_alive(), "a rank thread did not finish"
-    for e in errors:
-        if e is not None:
-            raise e
-    return results
+    return on_threads(world_size, rank_main)
 
 
 def _process_main(target, rank, world_size, args, results):

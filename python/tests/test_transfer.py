@@ -14,7 +14,7 @@ import torch
 
 import tutti
 from tutti import transfer
-from conftest import run_processes
+from conftest import on_threads, run_processes
 
 
 @pytest.fixture(scope="module")
@@ -119,28 +119,9 @@ def test_two_sided_gloo_between_agents_in_a_ring():
     """Three agents (threads of this process) join the transport group over one HashStore; each
     gets its neighbour's array over 'gloo' at once (every pair has its own group and thread), a
     process outside the group is refused naming it, and the group can be reset."""
-    import threading
-
     store = tutti.HashStore()
     agents = [transfer.TransferAgent(f"ring-{r}") for r in range(3)]
-    errors = []
-
-    def each(fn):
-        def run(r):
-            try:
-                fn(r)
-            except BaseException as e:  # noqa: BLE001 (handed to the test thread)
-                errors.append(e)
-        threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-            assert not t.is_alive(), "an agent's thread did not finish"
-        if errors:
-            raise errors[0]
-
-    each(lambda r: agents[r].join_group("gloo", 3, r, store=store, timeout=20))
+    on_threads(3, lambda r: agents[r].join_group("gloo", 3, r, store=store, timeout=20))
     assert agents[0].transport_group("gloo").world_size == 3
     arrays = [np.arange(5000, dtype=np.int64) * (r + 1) for r in range(3)]
     handles = [agents[r].put(arrays[r], transport="gloo") for r in range(3)]
@@ -151,13 +132,13 @@ def test_two_sided_gloo_between_agents_in_a_ring():
         for _ in range(5):
             got[r] = agents[r].get(handles[(r + 1) % 3].ref, timeout=20)
 
-    each(fetch)
+    on_threads(3, fetch)
     for r in range(3):
         np.testing.assert_array_equal(got[r][0], arrays[(r + 1) % 3])
     outsider = transfer.TransferAgent("outsider")
     with pytest.raises(tutti.InvalidUsageError, match="rdt.gloo"):
         outsider.get(handles[0].ref)
-    each(lambda r: agents[r].reset_transport("gloo"))
+    on_threads(3, lambda r: agents[r].reset_transport("gloo"))
     np.testing.assert_array_equal(agents[1].get(handles[0].ref)[0], arrays[0])
     for h in handles:
         h.release()

@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <asio.hpp>
 #include <atomic>
-#include <random>
 #include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "util/deadline.h"
 #include "util/logging.h"
+#include "util/random_bytes.h"
 #include "util/sha256.h"
 #include "store/store_util.h"
 #include "store/tcp_store_protocol.h"
@@ -35,13 +35,6 @@ constexpr auto kFirstAcceptPause = std::chrono::milliseconds(10);
 constexpr auto kMaxAcceptPause = std::chrono::milliseconds(1000);
 // A repeated warning is written at most once per this.
 constexpr auto kWarningInterval = std::chrono::seconds(10);
-
-std::string random_bytes(size_t n) {
-  std::random_device rd;
-  std::string out(n, '\0');
-  for (auto& c : out) c = static_cast<char>(rd() & 0xff);
-  return out;
-}
 
 std::string hex(const std::string& bytes) {
   static const char kHex[] = "0123456789abcdef";
@@ -136,7 +129,7 @@ class Session : public std::enable_shared_from_this<Session> {
       : server_(server), socket_(std::move(socket)), timer_(server.io) {}
 
   void start() {
-    nonce_ = random_bytes(proto::kNonceBytes);
+    nonce_ = detail::random_bytes(proto::kNonceBytes);
     const auto idle_ms = std::clamp<int64_t>(server_.options.idle_timeout.count(), 0, UINT32_MAX);
     proto::Writer hello;
     hello.u32(proto::kMagic).u16(proto::kVersion).raw(server_.id.data(), server_.id.size());
@@ -541,7 +534,7 @@ TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port,
     : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
   impl_->options = std::move(options);
-  impl_->id = random_bytes(proto::kServerIdBytes);
+  impl_->id = detail::random_bytes(proto::kServerIdBytes);
   impl_->nonce = hex(impl_->id);
   impl_->data["tutti/store-nonce"] = impl_->nonce;
   const std::string where = "tcp store server " + host + ":" + std::to_string(port);

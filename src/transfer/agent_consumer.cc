@@ -13,6 +13,7 @@
 #include "util/deadline.h"
 #include "util/host_identity.h"
 #include "util/logging.h"
+#include "util/random_bytes.h"
 #include "util/sha256.h"
 
 namespace tutti::detail {
@@ -283,7 +284,7 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
                     ": " + e.what());
   }
   auto conn = std::make_unique<Connection>(fd, owner_text(owner));
-  const std::string my_nonce = nonce();
+  const std::string my_nonce = random_bytes(kHelloNonceBytes);
   WireWriter w;
   w.str32(encode_identity(identity));
   w.str32("");  // protocol 1's proof: an owner of that build reads on to the version

@@ -234,7 +234,6 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   static std::string hello_proof(const std::string& secret, const char* role,
                                  const AgentIdentity& owner, const AgentIdentity& consumer,
                                  const std::string& owner_nonce, const std::string& consumer_nonce);
-  static std::string nonce();
 };
 
 // 64-byte aligned heap bytes.

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 
 #include "transfer/agent_core.h"
 #include "transfer/group_transport.h"
@@ -22,6 +21,7 @@
 #include "util/fork_watch.h"
 #include "util/host_identity.h"
 #include "util/logging.h"
+#include "util/random_bytes.h"
 #include "util/sha256.h"
 
 namespace tutti::detail {
@@ -219,16 +219,9 @@ std::string AgentCore::hello_proof(const std::string& secret, const char* role,
   return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
 }
 
-std::string AgentCore::nonce() {
-  std::random_device rd;
-  std::string out(16, '\0');
-  for (auto& c : out) c = static_cast<char>(rd());
-  return out;
-}
-
 AgentCore::AgentCore(const TransferAgentOptions& opts) : options(opts), fork_gen(fork_generation()) {
-  std::random_device rd;
-  for (auto& b : identity.uuid) b = static_cast<uint8_t>(rd());
+  const std::string id = random_bytes(identity.uuid.size());
+  std::memcpy(identity.uuid.data(), id.data(), id.size());
   const std::string where = host_identity() + "/" + std::to_string(namespace_inode("net")) + "/" +
                             std::to_string(namespace_inode("pid"));
   const auto digest = sha256(where);
@@ -812,7 +805,7 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
             if (refused.empty() && !options.secret.empty()) {
               // A proof over a nonce of this connection's own: one seen on another connection
               // (read off the wire) is worth nothing here.
-              my_nonce = nonce();
+              my_nonce = random_bytes(kHelloNonceBytes);
               WireWriter challenge;
               challenge.str8(my_nonce);
               try {

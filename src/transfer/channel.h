@@ -20,6 +20,7 @@ using Clock = std::chrono::steady_clock;
 // messages differ refuse each other by name instead of misreading each other. Raise it with any
 // change to a message's layout. 2: with a secret, the hello is a challenge and response.
 constexpr uint32_t kProtocolVersion = 2;
+constexpr size_t kHelloNonceBytes = 16;  // each side's fresh nonce in a hello with a secret
 
 enum class MsgType : uint8_t {
   kHello = 1,    // consumer -> owner: who it is, its proof, its protocol version (+ its lease

@@ -41,10 +41,7 @@ void GroupTransport::shutdown() noexcept {
     fail_waiting_locked("the agent is going", done);
     lanes = take_lanes_locked();
   }
-  for (auto& j : done) {
-    if (j->on_done) j->on_done(false);
-  }
-  done_.notify_all();
+  end_failed(done);
   // The agent's own group goes; the application's is aborted only when a lane may be splitting
   // a pair off it (that ends the split's wait for the peer).
   if (g && own) {
@@ -145,10 +142,7 @@ void GroupTransport::attach(std::shared_ptr<CollectiveGroup> group, std::string 
     aborted_.clear();
     ++incarnation_;
   }
-  for (auto& j : done) {
-    if (j->on_done) j->on_done(false);
-  }
-  done_.notify_all();
+  end_failed(done);
   if (old) old->abort("replaced by another group");
   stop_lanes(lanes);
 }
@@ -178,10 +172,7 @@ void GroupTransport::reset() {
     fail_waiting_locked("the group is being reset", done);
     lanes = take_lanes_locked();
   }
-  for (auto& j : done) {
-    if (j->on_done) j->on_done(false);
-  }
-  done_.notify_all();
+  end_failed(done);
   old->destroy();  // first: it ends a lane's split waiting for its peer
   stop_lanes(lanes);
   std::shared_ptr<CollectiveGroup> fresh;
@@ -396,13 +387,15 @@ void GroupTransport::abort(const std::string& reason) noexcept {
       if (lane->group) pairs.push_back(lane->group);
     }
   }
-  done_.notify_all();
   // The pairs' groups end their batches; the transport's ends a lane's split waiting for a peer.
   for (auto& p : pairs) p->abort(reason);
   if (g) g->abort(reason);
-  // Last, and nothing of this transport after them: a callback may drop the agent's last
-  // reference, and with it this transport (see Lane::orphaned).
-  for (auto& j : done) {
+  end_failed(done);  // last: nothing of this transport after it
+}
+
+void GroupTransport::end_failed(const std::vector<std::shared_ptr<GroupJob>>& done) {
+  done_.notify_all();
+  for (const auto& j : done) {
     if (j->on_done) j->on_done(false);
   }
 }
@@ -440,6 +433,37 @@ void GroupTransport::wait(GroupJob& job, Clock::time_point deadline,
   }
   throw Error(code, why + " over transport '" + name_ + "' (its group '" + set_ +
                         "' is aborted: call reset_transport('" + name_ + "') on every member)");
+}
+
+std::shared_ptr<CollectiveGroup> GroupTransport::make_pair_group(
+    Lane& l, const std::shared_ptr<CollectiveGroup>& base, const std::string& set, int me,
+    Clock::time_point deadline) {
+  if (!base) throw Error(ErrorCode::kAborted, "the transport has no group");
+  const int low = std::min(me, l.peer);
+  const int high = std::max(me, l.peer);
+  const std::string& low_agent = me == low ? agent_id_ : l.peer_agent;
+  const std::string& high_agent = me == low ? l.peer_agent : agent_id_;
+  SplitOptions so;
+  so.local = true;
+  // Named after both ranks and both agents: agents that attach a group another pair of agents
+  // used before meet under names of their own.
+  so.name = set + ".pair" + std::to_string(low) + "-" + std::to_string(high) + "." +
+            low_agent.substr(0, 8) + high_agent.substr(0, 8);
+  so.timeout = ms_until(deadline);
+  auto pair = base->split({low, high}, so);
+  std::string gone;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    l.group = pair;
+    if (l.stopping) gone = "the transport was reset, given another group, or destroyed";
+    if (gone.empty() && !aborted_.empty()) gone = "the transport was aborted (" + aborted_ + ")";
+  }
+  // Made after an abort or a stop looked for it: nothing may run on it.
+  if (!gone.empty()) {
+    pair->abort(gone);
+    throw Error(ErrorCode::kAborted, gone);
+  }
+  return pair;
 }
 
 void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
@@ -492,38 +516,13 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
     }
     std::shared_ptr<CollectiveGroup> base = group_;
     std::shared_ptr<CollectiveGroup> pair = l.group;
-    // Named after both ranks and both agents: agents that attach a group another pair of agents
-    // used before meet under names of their own.
-    const bool low = me < l.peer;
-    const std::string pair_name =
-        set_ + ".pair" + std::to_string(std::min(me, l.peer)) + "-" +
-        std::to_string(std::max(me, l.peer)) + "." +
-        (low ? agent_id_ : l.peer_agent).substr(0, 8) + (low ? l.peer_agent : agent_id_).substr(0, 8);
+    const std::string set = pair ? std::string() : set_;  // names the pair's group, once
     l.busy = true;
     lock.unlock();
     std::exception_ptr error;
     if (!ops.empty()) {
       try {
-        if (!pair) {
-          if (!base) throw Error(ErrorCode::kAborted, "the transport has no group");
-          SplitOptions so;
-          so.local = true;
-          so.name = pair_name;
-          so.timeout = ms_until(latest);
-          pair = base->split({std::min(me, l.peer), std::max(me, l.peer)}, so);
-          std::string gone;
-          {
-            std::lock_guard<std::mutex> guard(mutex_);
-            l.group = pair;
-            if (l.stopping) gone = "the transport was reset, given another group, or destroyed";
-            if (gone.empty() && !aborted_.empty()) gone = "the transport was aborted (" + aborted_ + ")";
-          }
-          // Made after an abort or a stop looked for it: nothing may run on it.
-          if (!gone.empty()) {
-            pair->abort(gone);
-            throw Error(ErrorCode::kAborted, gone);
-          }
-        }
+        if (!pair) pair = make_pair_group(l, base, set, me, latest);
         BatchP2POptions opts;
         opts.timeout = ms_until(latest);
         auto w = pair->batch_isend_irecv(ops, opts);

@@ -134,10 +134,21 @@ class GroupTransport final : public TensorTransport {
   void abort_for_lane(const Lane& lane, const std::shared_ptr<CollectiveGroup>& base,
                       const std::string& reason);
   void run_lane(const std::shared_ptr<Lane>& lane);
+  // The pair's group, split off `base` (a local split: only the two meet) on the pair's first
+  // transfer, within `deadline`; kAborted when the lane was stopped or the transport aborted
+  // meanwhile (the group is then aborted at once).
+  std::shared_ptr<CollectiveGroup> make_pair_group(Lane& lane,
+                                                   const std::shared_ptr<CollectiveGroup>& base,
+                                                   const std::string& set, int me,
+                                                   Clock::time_point deadline);
   // The lanes out of the transport, told to stop; join them with stop_lanes (no lock held).
   std::vector<std::shared_ptr<Lane>> take_lanes_locked();
   void stop_lanes(const std::vector<std::shared_ptr<Lane>>& lanes);
   void fail_waiting_locked(const std::string& why, std::vector<std::shared_ptr<GroupJob>>& done);
+  // After fail_waiting_locked, without the lock: wakes the jobs' waiters, then runs the owners'
+  // completion callbacks, last (a callback may drop the agent's last reference, and with it this
+  // transport: see Lane::orphaned).
+  void end_failed(const std::vector<std::shared_ptr<GroupJob>>& done);
   std::string aborted_text_locked() const;
 
   const std::string name_;
