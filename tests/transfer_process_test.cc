@@ -260,6 +260,29 @@ TEST_F(OwnerThere, ARefNamingAReusedPidOrAStaleGenerationIsRefused) {
   write_file(dir.path() + "/done", "1");
 }
 
+// ---- an owner that exits as soon as its object is freed ----
+
+// The owner expects one get, lets go of its handle, and exits the moment the object is freed:
+// the get that freed it has its bytes and must succeed. The owner used to count the get, free
+// the object and only then answer the count, so the get failed ("closed the connection") when
+// the owner's exit won that race (seen in Examples.weight_sync under load). Twenty owners in a
+// row.
+TEST(OwnerExits, TheGetThatFreesTheObjectSucceeds) {
+  TransferAgentOptions o;
+  o.name = "last-consumer";
+  auto agent = TransferAgent::create(o);
+  for (int round = 0; round < 20; ++round) {
+    testing::TempDir dir;
+    Worker owner("owner-exits", dir.path());
+    ASSERT_GT(owner.pid(), 0);
+    ASSERT_TRUE(wait_file(dir.path() + "/ref.heap", 30s)) << "the owner never published";
+    const TensorRef ref = TensorRef::from_text(read_file(dir.path() + "/ref.heap"));
+    Received r = agent->get(ref);
+    EXPECT_EQ(static_cast<const int32_t*>(r.tensors()[0].data())[1000], 3000) << "round " << round;
+    EXPECT_EQ(owner.wait(30s), 0) << "round " << round;
+  }
+}
+
 // ---- two-sided: the owner is stopped in the middle of a gloo get ----
 
 // A "gloo-owner" worker (rank 0 of the agents' gloo group, working in `dir`) and this process's

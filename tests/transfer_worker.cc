@@ -9,6 +9,7 @@
 //   transfer_worker threads <dir>           8 threads getting and borrowing ref.* at once
 //   transfer_worker gloo-owner <dir>         rank 0 of a gloo group (store <dir>/store): put,
 //                                            reset_transport when <dir>/reset appears
+//   transfer_worker owner-exits <dir>        publish ref.heap for one get, exit once it is freed
 // With TUTTI_RDT_GROUP_STORE set, owner (rank 0) and fetch (rank 1) also join a gloo group
 // through that store and move ref.gloo over it.
 #include <unistd.h>
@@ -145,6 +146,21 @@ int getloop(const std::string& dir) {
   }
 }
 
+// Puts the heap expecting one get, lets go of the handle, and exits the moment the object is
+// freed, as a program whose last step that was.
+int owner_exits(const std::string& dir) {
+  auto a = agent("owner-exits");
+  std::vector<int32_t> heap(kHeap);
+  for (int64_t i = 0; i < kHeap; ++i) heap[i] = static_cast<int32_t>(3 * i);
+  PutOptions once;
+  once.expected_gets = 1;
+  ObjectHandle h = a->put({TensorView(heap)}, once);
+  write_file(dir + "/ref.heap", h.ref().to_text());
+  h.release();
+  a->wait_tensor_freed(TensorView(heap), 30s);
+  std::_Exit(0);
+}
+
 int gloo_owner(const std::string& dir) {
   auto a = agent("gloo-owner");
   a->join_group("gloo", 2, 0, group_options("file://" + dir + "/store"));
@@ -245,6 +261,7 @@ int main(int argc, char** argv) {
     if (mode == "getloop") return getloop(dir);
     if (mode == "fetch") return fetch(dir);
     if (mode == "gloo-owner") return gloo_owner(dir);
+    if (mode == "owner-exits") return owner_exits(dir);
     if (mode == "threads") return threads(dir);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "transfer_worker %s: %s\n", mode.c_str(), e.what());

@@ -737,6 +737,32 @@ void AgentCore::accept_loop(int listener, bool local) {
   }
 }
 
+namespace {
+
+// Settles object `id` (every object: kAll; nothing: kNone) when the scope ends, so after the
+// answer to the message that led to it went, or failed to: settling may free the object, and an
+// owner waiting for that (wait_tensor_freed) may exit at once, before a later answer went, and
+// fail a get that has its bytes ("closed the connection"; OwnerExits.TheGetThatFreesTheObject
+// Succeeds).
+struct SettleAfter {
+  static constexpr uint64_t kNone = 0;  // object ids count from 1
+  static constexpr uint64_t kAll = ~uint64_t{0};
+  SettleAfter(AgentCore& c, uint64_t i) : core(c), id(i) {}
+  ~SettleAfter() {
+    if (id == kNone) return;
+    std::lock_guard<std::mutex> lock(core.mutex);
+    if (id == kAll) {
+      core.settle_all_locked();
+    } else if (auto it = core.objects.find(id); it != core.objects.end()) {
+      core.settle_locked(it->second);
+    }
+  }
+  AgentCore& core;
+  const uint64_t id;
+};
+
+}  // namespace
+
 void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
   std::shared_ptr<Consumer> consumer;
   const int fd = conn->fd();
@@ -942,26 +968,25 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
             reply(w.out());
             break;
           }
+          // kGot, kReleased and kUnlease are answered before the settling they lead to (see
+          // SettleAfter): settling may free an object, and an owner waiting for that may exit.
           case MsgType::kGot: {
             const uint64_t id = r.u64("id");
             const uint32_t gen = r.u32("generation");
+            SettleAfter settle(*this, id);
             {
               std::lock_guard<std::mutex> lock(mutex);
               auto it = objects.find(id);
               if (it != objects.end() && it->second.generation == gen &&
                   it->second.expected_gets > 0) {
                 if (--it->second.expected_gets == 0) slots.slot(it->second.slot).flags.store(0);
-                settle_locked(it->second);
               }
             }
             reply("");
             break;
           }
           case MsgType::kReleased: {
-            {
-              std::lock_guard<std::mutex> lock(mutex);
-              settle_all_locked();
-            }
+            SettleAfter settle(*this, SettleAfter::kAll);
             reply("");
             break;
           }
@@ -985,13 +1010,11 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
               auto it = objects.find(id);
               if (consumer && consumer->leases[id] > 0) {
                 if (--consumer->leases[id] == 0) consumer->leases.erase(id);
-                if (it != objects.end()) {
-                  --it->second.local_leases;
-                  settle_locked(it->second);
-                }
+                if (it != objects.end()) --it->second.local_leases;
               }
             }
             lock.unlock();
+            SettleAfter settle(*this, m.type == MsgType::kUnlease ? id : SettleAfter::kNone);
             WireWriter w;
             w.u32(kSlotLive);
             reply(w.out());
