@@ -194,7 +194,7 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   template <typename Issue>
   WorkPtr run(Call& call, Issue&& issue);
   Call begin(OpType op, const OpSignature& signature, const OpOptions& opts,
-             const std::vector<int64_t>* shape = nullptr, int peer = -1, bool sending = false);
+             const Shape* shape = nullptr, int peer = -1, bool sending = false);
   void leave_store();
 
   std::shared_ptr<State> state_;

@@ -71,10 +71,14 @@ struct OpContext {
   std::shared_ptr<const std::string> group_name;
   int rank = 0;
   int world_size = 1;
+  // When the op started running (the group sets it as it hands the op over: one clock read
+  // serves the deadline and the flight recorder). Unset (the clock's epoch): deadline() counts
+  // from the call.
+  std::chrono::steady_clock::time_point started{};
 
   // "allreduce #12 on group 'default' (rank 1/4)": built only when an error needs it.
   TUTTI_API std::string description() const;
-  // now + timeout, saturated (a timeout of milliseconds::max() never overflows).
+  // started (or now) + timeout, saturated (a timeout of milliseconds::max() never overflows).
   TUTTI_API std::chrono::steady_clock::time_point deadline() const;
 };
 

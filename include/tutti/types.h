@@ -64,8 +64,27 @@ TUTTI_API float to_float(BFloat16 v) noexcept;
 TUTTI_API Float16 to_float16(float v) noexcept;
 TUTTI_API BFloat16 to_bfloat16(float v) noexcept;
 
-TUTTI_API size_t dtype_size(DType dtype) noexcept;
-TUTTI_API bool is_floating(DType dtype) noexcept;
+// Bytes per element (inline: every op asks).
+constexpr size_t dtype_size(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::kBool:
+    case DType::kInt8:
+    case DType::kUInt8: return 1;
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kInt32:
+    case DType::kUInt32:
+    case DType::kFloat32: return 4;
+    case DType::kInt64:
+    case DType::kUInt64:
+    case DType::kFloat64: return 8;
+  }
+  return 0;
+}
+constexpr bool is_floating(DType dtype) noexcept {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
+         dtype == DType::kFloat64;
+}
 TUTTI_API const char* to_string(DType dtype) noexcept;     // "float32"
 TUTTI_API const char* to_string(ReduceOp op) noexcept;     // "sum"
 TUTTI_API const char* to_string(DeviceType type) noexcept;  // "cpu"

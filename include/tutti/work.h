@@ -33,7 +33,7 @@ class TUTTI_API Work {
   explicit Work(OpContext ctx);
   virtual ~Work();
   // A Work that has already finished successfully (what a blocking call returns).
-  static std::shared_ptr<Work> completed(OpContext ctx);
+  static std::shared_ptr<Work> completed(const OpContext& ctx);
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 

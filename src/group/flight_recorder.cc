@@ -171,65 +171,90 @@ FlightRecorder::FlightRecorder(Identity identity, size_t capacity)
       wall_base_us_(std::chrono::duration_cast<std::chrono::microseconds>(
                         std::chrono::system_clock::now().time_since_epoch())
                         .count()),
-      ring_(capacity) {}
+      capacity_(std::max<size_t>(capacity, 1)),
+      ring_(new Entry[capacity_]) {}
 
 FlightRecorder::~FlightRecorder() = default;
 
-int64_t FlightRecorder::now_us() const {
-  return wall_base_us_ + std::chrono::duration_cast<std::chrono::microseconds>(
-                             std::chrono::steady_clock::now() - steady_base_)
-                             .count();
+int64_t FlightRecorder::wall_us(std::chrono::steady_clock::time_point t) const {
+  return wall_base_us_ +
+         std::chrono::duration_cast<std::chrono::microseconds>(t - steady_base_).count();
 }
 
-FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
-  Entry& e = ring_[id % ring_.size()];
-  return e.id == id ? &e : nullptr;
+int64_t FlightRecorder::now_us() const { return wall_us(std::chrono::steady_clock::now()); }
+
+void FlightRecorder::lock_entry(Entry& e) {
+  while (e.busy.exchange(1, std::memory_order_acquire) != 0) {
+    while (e.busy.load(std::memory_order_relaxed) != 0) std::this_thread::yield();
+  }
 }
 
-uint64_t FlightRecorder::issue(const OpContext& ctx, int peer) {
-  const int64_t now = now_us();
-  std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t id = next_id_++;
-  Entry& e = ring_[id % ring_.size()];
+FlightRecorder::Entry* FlightRecorder::lock(uint64_t id) {
+  Entry& e = ring_[id % capacity_];
+  lock_entry(e);
+  if (e.id == id) return &e;
+  unlock(e);
+  return nullptr;
+}
+
+uint64_t FlightRecorder::issue(const OpContext& ctx, int peer, bool running) {
+  const int64_t when =
+      ctx.started == std::chrono::steady_clock::time_point{} ? now_us() : wall_us(ctx.started);
+  const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  Entry& e = ring_[id % capacity_];
+  lock_entry(e);
   e.id = id;
   e.seq = ctx.seq;
   e.sig = ctx.signature;
   e.sig.op = ctx.op;
   e.peer = peer;
-  e.state = State::kIssued;
-  e.issued_us = now;
-  e.started_us = 0;
+  e.state = running ? State::kStarted : State::kIssued;
+  e.issued_us = when;
+  e.started_us = running ? when : 0;
   e.ended_us = 0;
   e.error.clear();
+  unlock(e);
   return id;
 }
 
-void FlightRecorder::start(uint64_t id) {
-  const int64_t now = now_us();
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (Entry* e = find(id)) {
+void FlightRecorder::start(uint64_t id, std::chrono::steady_clock::time_point when) {
+  const int64_t now = wall_us(when);
+  if (Entry* e = lock(id)) {
     e->state = State::kStarted;
     e->started_us = now;
+    unlock(*e);
   }
 }
 
 void FlightRecorder::finish(uint64_t id, const std::string* error) {
   const int64_t now = now_us();
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (Entry* e = find(id)) {
+  if (Entry* e = lock(id)) {
     if (e->started_us == 0) e->started_us = now;
     e->ended_us = now;
     e->state = error == nullptr ? State::kCompleted : State::kFailed;
     if (error != nullptr) e->error = error->substr(0, 400);
+    unlock(*e);
   }
 }
 
 std::string FlightRecorder::text(const std::string& reason) const {
-  std::vector<Entry> entries;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const uint64_t first = next_id_ > ring_.size() ? next_id_ - ring_.size() : 1;
-    for (uint64_t id = first; id < next_id_; ++id) entries.push_back(ring_[id % ring_.size()]);
+  struct Copy {
+    uint64_t id, seq;
+    OpSignature sig;
+    int peer;
+    State state;
+    int64_t issued_us, started_us, ended_us;
+    std::string error;
+  };
+  std::vector<Copy> entries;
+  const uint64_t next = next_id_.load(std::memory_order_relaxed);
+  const uint64_t first = next > capacity_ ? next - capacity_ : 1;
+  for (uint64_t id = first; id < next; ++id) {
+    Entry& e = ring_[id % capacity_];
+    lock_entry(e);
+    entries.push_back(Copy{e.id, e.seq, e.sig, e.peer, e.state, e.issued_us, e.started_us,
+                           e.ended_us, e.error});
+    unlock(e);
   }
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
@@ -240,7 +265,7 @@ std::string FlightRecorder::text(const std::string& reason) const {
          escape_name(identity_.backend) + " pid=" + std::to_string(::getpid()) + " host=" +
          escape_name(host) + " dumped_us=" + std::to_string(now_us()) +
          " reason=" + escape_name(reason) + "\n";
-  for (const Entry& e : entries) {
+  for (const Copy& e : entries) {
     if (e.id == 0) continue;
     out += "op id=" + std::to_string(e.id) + " seq=" + std::to_string(e.seq) +
            " kind=" + kind_of(e.sig.op) + " peer=" + std::to_string(e.peer) +

@@ -78,8 +78,9 @@ std::exception_ptr aborted_error(const CollectiveGroup::State& s, const OpContex
 }
 
 // The flight recorder's view of an op (see flight_recorder.h); no-ops when it is off.
-void note_start(const CollectiveGroup::State& s, uint64_t record) {
-  if (s.recorder) s.recorder->start(record);
+void note_start(const CollectiveGroup::State& s, uint64_t record,
+                std::chrono::steady_clock::time_point when) {
+  if (s.recorder) s.recorder->start(record, when);
 }
 
 void note_finish(const CollectiveGroup::State& s, uint64_t record, const char* error = nullptr) {
@@ -104,12 +105,42 @@ const char* what_of(const std::exception_ptr& error) {
   }
 }
 
-// A list of one tensor, moved in (an initializer list would copy its shape).
-std::vector<TensorView> one(TensorView t) {
-  std::vector<TensorView> list;
-  list.reserve(1);
-  list.push_back(std::move(t));
-  return list;
+// A list of one tensor, for the backend, made without allocating: the calling thread's own
+// list while no other OneTensor of the thread holds it (a backend that runs another group's op
+// from inside its own gets a fresh list there). Lives as long as the backend's call.
+class OneTensor {
+ public:
+  explicit OneTensor(const TensorView& t) {
+    static thread_local std::vector<TensorView> spare(1);
+    static thread_local bool spare_busy = false;
+    if (!spare_busy) {
+      spare_busy = true;
+      busy_ = &spare_busy;
+      spare[0] = t;
+      list_ = &spare;
+    } else {
+      own_.push_back(t);
+      list_ = &own_;
+    }
+  }
+  ~OneTensor() {
+    if (busy_ != nullptr) *busy_ = false;
+  }
+  OneTensor(const OneTensor&) = delete;
+  OneTensor& operator=(const OneTensor&) = delete;
+  operator const std::vector<TensorView>&() const { return *list_; }  // NOLINT
+
+ private:
+  const std::vector<TensorView>* list_ = nullptr;
+  bool* busy_ = nullptr;
+  std::vector<TensorView> own_;
+};
+
+// What a blocking op returns. (Handing out again a Work its caller dropped would save ~15 ns
+// of the ~100 a call costs the core, but a Work outliving its caller's handle would keep what
+// keep_alive() was given alive too.)
+std::shared_ptr<Work> completed_work(CollectiveGroup::State&, const OpContext& ctx) {
+  return Work::completed(ctx);
 }
 
 }  // namespace
@@ -122,14 +153,15 @@ struct CollectiveGroup::Call {
   bool skip = false;   // zero elements: nothing to move
   bool async = false;
   bool p2p = false;    // a send, a recv or a batch of them
-  uint64_t record = 0;  // its entry in the flight recorder
+  int peer = -1;       // the other rank of a send or recv
+  uint64_t record = 0;  // its entry in the flight recorder (once run or skipped)
   // Set when the ranks compare their ops' fingerprints before each collective.
   std::optional<detail::Fingerprint> fingerprint;
 };
 
 CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
                                              const OpOptions& opts,
-                                             const std::vector<int64_t>* shape, int peer,
+                                             const Shape* shape, int peer,
                                              bool sending) {
   State& s = *state_;
   // Before the op lock: in a forked child it may be held forever by a thread of the parent.
@@ -146,7 +178,7 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
   // CPU backends only: the NCCL backend's ops are enqueued on streams, and its users (and
   // tests) issue from a second thread while the first holds an async op; see collective_group.h.
   if (s.runs_inline) s.check_thread(op);
-  Call call{std::unique_lock<std::mutex>(s.op_mutex), {}, false, opts.async_op, false, {}};
+  Call call{std::unique_lock<std::mutex>(s.op_mutex), {}, false, opts.async_op, false, -1, 0, {}};
   if (s.destroyed.load()) s.fail(ErrorCode::kInvalidUsage, op, "the group was destroyed");
   if (s.aborted.load()) {
     std::lock_guard<std::mutex> lock(s.state_mutex);
@@ -176,10 +208,11 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
   call.ctx.group_name = s.name;
   call.ctx.rank = s.rank;
   call.ctx.world_size = s.world_size;
+  call.ctx.started = std::chrono::steady_clock::now();  // an inline op's deadline counts from here
+  call.peer = peer;
   if (s.check_ops && !call.p2p && s.runs_inline && s.world_size > 1) {
     call.fingerprint = detail::fingerprint(seq, sig, shape);
   }
-  if (s.recorder) call.record = s.recorder->issue(call.ctx, peer);
   return call;
 }
 
@@ -192,8 +225,9 @@ CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
     // tag, so that a rank alone in calling it with no elements fails as any mismatch does
     // instead of returning at once; messages and GPU ops complete at once.
     if (call.p2p || !state_->runs_inline) {
+      if (state_->recorder) call.record = state_->recorder->issue(call.ctx, call.peer, true);
       note_finish(*state_, call.record);
-      return Work::completed(call.ctx);
+      return completed_work(*state_, call.ctx);
     }
     return run(call, [](Backend& b, const OpContext& ctx) {
       return b.barrier(BarrierOptions{}, ctx);
@@ -205,20 +239,25 @@ CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
 template <typename Issue>
 CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
   State& s = *state_;
-  if (s.runs_inline && (call.async || s.queued.load() > 0)) {
+  const bool queue_it = s.runs_inline && (call.async || s.queued.load() > 0);
+  if (s.recorder) call.record = s.recorder->issue(call.ctx, call.peer, !queue_it);
+  if (queue_it) {
     // On the group's worker, after the ops queued before it. A blocking call behind async ones
     // waits for its turn there, so ops always run in issue order.
     auto work = std::make_shared<Work>(call.ctx);
     s.queued.fetch_add(1);
     State* state = &s;
-    s.queue.push([state, work, ctx = call.ctx, fingerprint = call.fingerprint,
+    s.queue.push([state, work, queued_ctx = call.ctx, fingerprint = call.fingerprint,
                   record = call.record, fn = std::decay_t<Issue>(std::forward<Issue>(issue))] {
+      OpContext ctx = queued_ctx;
       if (state->aborted.load() || state->destroyed.load()) {
         auto error = aborted_error(*state, ctx);
         note_finish(*state, record, what_of(error));
         work->finish(error);
       } else {
-        note_start(*state, record);
+        // Its deadline counts from when it starts, not from when it was queued.
+        ctx.started = std::chrono::steady_clock::now();
+        note_start(*state, record, ctx.started);
         try {
           if (fingerprint) detail::check_fingerprints(*state->backend, ctx, *fingerprint);
           WorkPtr inner = fn(*state->backend, ctx);
@@ -243,7 +282,6 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
     return work;
   }
   WorkPtr work;
-  note_start(s, call.record);
   try {
     if (call.fingerprint) detail::check_fingerprints(*s.backend, call.ctx, *call.fingerprint);
     work = issue(*s.backend, call.ctx);
@@ -259,7 +297,7 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
   }
   if (!work) {
     note_finish(s, call.record);
-    return Work::completed(call.ctx);
+    return completed_work(s, call.ctx);
   }
   // It completes later (a GPU op): its failure aborts the group as a synchronous one would.
   std::weak_ptr<State> weak = state_;
@@ -286,8 +324,8 @@ WorkPtr CollectiveGroup::broadcast(TensorView tensor, const BroadcastOptions& op
   state_->check_rank(op, opts.root_rank, "root rank");
   auto call = begin(op, signature_of(op, tensor, opts.root_rank), opts, &tensor.shape());
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = one(std::move(tensor)), opts](
-                          Backend& b, const OpContext& ctx) { return b.broadcast(t, opts, ctx); });
+  return submit(call, [t = std::move(tensor), opts](
+                          Backend& b, const OpContext& ctx) { return b.broadcast(OneTensor(t), opts, ctx); });
 }
 
 WorkPtr CollectiveGroup::allreduce(TensorView tensor, const AllreduceOptions& opts) {
@@ -297,8 +335,8 @@ WorkPtr CollectiveGroup::allreduce(TensorView tensor, const AllreduceOptions& op
   auto call = begin(op, signature_of(op, tensor, -1, static_cast<int>(opts.reduce_op)), opts,
                     &tensor.shape());
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = one(std::move(tensor)), opts](
-                          Backend& b, const OpContext& ctx) { return b.allreduce(t, opts, ctx); });
+  return submit(call, [t = std::move(tensor), opts](
+                          Backend& b, const OpContext& ctx) { return b.allreduce(OneTensor(t), opts, ctx); });
 }
 
 WorkPtr CollectiveGroup::reduce(TensorView tensor, const ReduceOptions& opts) {
@@ -309,8 +347,8 @@ WorkPtr CollectiveGroup::reduce(TensorView tensor, const ReduceOptions& opts) {
   auto call = begin(op, signature_of(op, tensor, opts.root_rank, static_cast<int>(opts.reduce_op)),
                     opts, &tensor.shape());
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = one(std::move(tensor)), opts](
-                          Backend& b, const OpContext& ctx) { return b.reduce(t, opts, ctx); });
+  return submit(call, [t = std::move(tensor), opts](
+                          Backend& b, const OpContext& ctx) { return b.reduce(OneTensor(t), opts, ctx); });
 }
 
 WorkPtr CollectiveGroup::allgather(const std::vector<TensorView>& output_list, TensorView input,
@@ -321,9 +359,9 @@ WorkPtr CollectiveGroup::allgather(const std::vector<TensorView>& output_list, T
   auto call = begin(op, signature_of(op, input), opts, &input.shape());
   call.skip = input.numel() == 0;
   return submit(call, [outs = std::vector<std::vector<TensorView>>{output_list},
-                       in = one(std::move(input)),
+                       in = std::move(input),
                        opts](Backend& b, const OpContext& ctx) {
-    return b.allgather(outs, in, opts, ctx);
+    return b.allgather(outs, OneTensor(in), opts, ctx);
   });
 }
 
@@ -387,10 +425,10 @@ WorkPtr CollectiveGroup::reduce_scatter(TensorView output, const std::vector<Ten
   auto call = begin(op, signature_of(op, output, -1, static_cast<int>(opts.reduce_op)), opts,
                     &output.shape());
   call.skip = output.numel() == 0;
-  return submit(call, [out = one(std::move(output)),
+  return submit(call, [out = std::move(output),
                        ins = std::vector<std::vector<TensorView>>{input_list},
                        opts](Backend& b, const OpContext& ctx) {
-    return b.reduce_scatter(out, ins, opts, ctx);
+    return b.reduce_scatter(OneTensor(out), ins, opts, ctx);
   });
 }
 
@@ -562,8 +600,8 @@ WorkPtr CollectiveGroup::send(TensorView tensor, int dst_rank, const SendOptions
   // multi-device form).
   SendOptions o = opts;
   o.dst_device_index = kPeerDevice;
-  return submit(call, [t = one(std::move(tensor)), dst_rank, o](Backend& b, const OpContext& ctx) {
-    return b.send(t, dst_rank, o, ctx);
+  return submit(call, [t = std::move(tensor), dst_rank, o](Backend& b, const OpContext& ctx) {
+    return b.send(OneTensor(t), dst_rank, o, ctx);
   });
 }
 
@@ -577,8 +615,8 @@ WorkPtr CollectiveGroup::recv(TensorView tensor, int src_rank, const RecvOptions
   call.skip = tensor.numel() == 0;
   RecvOptions o = opts;
   o.src_device_index = kPeerDevice;
-  return submit(call, [t = one(std::move(tensor)), src_rank, o](Backend& b, const OpContext& ctx) {
-    return b.recv(t, src_rank, o, ctx);
+  return submit(call, [t = std::move(tensor), src_rank, o](Backend& b, const OpContext& ctx) {
+    return b.recv(OneTensor(t), src_rank, o, ctx);
   });
 }
 
@@ -719,9 +757,9 @@ WorkPtr CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t 
   sig.layout = pair_of(tensor.device().index, opts.dst_device_index);
   auto call = begin(OpType::kSend, sig, opts, nullptr, dst_rank, /*sending=*/true);
   call.skip = view.numel() == 0;
-  return submit(call, [t = one(std::move(view)), dst_rank, opts](
+  return submit(call, [t = std::move(view), dst_rank, opts](
                           Backend& b, const OpContext& ctx) {
-    return b.send(t, dst_rank, opts, ctx);
+    return b.send(OneTensor(t), dst_rank, opts, ctx);
   });
 }
 
@@ -733,9 +771,9 @@ WorkPtr CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t 
   sig.layout = pair_of(opts.src_device_index, tensor.device().index);
   auto call = begin(OpType::kRecv, sig, opts, nullptr, src_rank, /*sending=*/false);
   call.skip = view.numel() == 0;
-  return submit(call, [t = one(std::move(view)), src_rank, opts](
+  return submit(call, [t = std::move(view), src_rank, opts](
                           Backend& b, const OpContext& ctx) {
-    return b.recv(t, src_rank, opts, ctx);
+    return b.recv(OneTensor(t), src_rank, opts, ctx);
   });
 }
 

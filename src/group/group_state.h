@@ -83,6 +83,7 @@ struct CollectiveGroup::State {
   std::atomic<int> queued{0};        // async ops pushed and not yet finished
   detail::OpQueue queue;
 
+
   std::string describe() const;
   std::shared_ptr<Backend> current_backend() const;
   // Marks the group aborted (the first reason stays) and tells the backend. From any thread.

@@ -44,7 +44,7 @@ std::string Fingerprint::str() const {
   return out + signature_tail(devices, root, root_tensor, reduce_op, layout);
 }
 
-Fingerprint fingerprint(uint64_t seq, const OpSignature& sig, const std::vector<int64_t>* shape) {
+Fingerprint fingerprint(uint64_t seq, const OpSignature& sig, const Shape* shape) {
   Fingerprint f;
   f.magic = kMagic;
   f.op = static_cast<uint8_t>(sig.op);

@@ -15,6 +15,7 @@
 
 #include "tutti/backend.h"
 #include "tutti/op_type.h"
+#include "tutti/tensor_view.h"
 
 namespace tutti::detail {
 
@@ -41,7 +42,7 @@ struct Fingerprint {
 static_assert(sizeof(Fingerprint) == 96, "fingerprints travel as 96 bytes");
 
 // The fingerprint of collective `seq` with this signature; `shape` may be null.
-Fingerprint fingerprint(uint64_t seq, const OpSignature& sig, const std::vector<int64_t>* shape);
+Fingerprint fingerprint(uint64_t seq, const OpSignature& sig, const Shape* shape);
 
 // Exchanges fingerprints with every rank (an allgather through `backend` under a tag of its
 // own) and throws Error(kInvalidUsage) naming the ranks that disagree and what each called.

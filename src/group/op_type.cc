@@ -34,16 +34,21 @@ std::string OpSignature::str() const {
 }
 
 uint64_t OpSignature::hash() const {
-  return detail::WordMix()
-      .mix(static_cast<uint64_t>(op))
-      .mix(static_cast<uint64_t>(dtype))
-      .mix(static_cast<uint64_t>(count))
-      .mix(static_cast<uint64_t>(static_cast<int64_t>(root)))
-      .mix(static_cast<uint64_t>(static_cast<int64_t>(root_tensor)))
-      .mix(static_cast<uint64_t>(static_cast<int64_t>(devices)))
-      .mix(static_cast<uint64_t>(static_cast<int64_t>(reduce_op)))
-      .mix(layout)
-      .value();
+  // Every field, packed into as few words as they fit (this runs for every op): the small ones
+  // in one, the count, and the rarely set ones only where set.
+  const uint64_t small = static_cast<uint64_t>(op) | static_cast<uint64_t>(dtype) << 8 |
+                         static_cast<uint64_t>(static_cast<uint8_t>(reduce_op)) << 16 |
+                         static_cast<uint64_t>(static_cast<uint32_t>(root)) << 32;
+  detail::WordMix h;
+  h.mix(small).mix(static_cast<uint64_t>(count));
+  const bool plain_devices = devices == 1 && root_tensor == 0 && reduce_op >= -1 && reduce_op < 255;
+  if (!plain_devices) {
+    h.mix(static_cast<uint64_t>(static_cast<uint32_t>(devices)) << 32 |
+          static_cast<uint32_t>(root_tensor))
+        .mix(static_cast<uint64_t>(static_cast<int64_t>(reduce_op)));
+  }
+  if (layout != 0) h.mix(layout);
+  return h.value();
 }
 
 std::string OpContext::description() const {
@@ -53,7 +58,8 @@ std::string OpContext::description() const {
 }
 
 std::chrono::steady_clock::time_point OpContext::deadline() const {
-  return deadline_after(timeout);
+  if (started == std::chrono::steady_clock::time_point{}) return deadline_after(timeout);
+  return detail::deadline_after(timeout, started);
 }
 
 std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {

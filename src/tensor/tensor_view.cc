@@ -7,9 +7,12 @@
 
 namespace tutti {
 
-TensorView::TensorView(void* data, DType dtype, std::vector<int64_t> shape, Device device)
+TensorView::TensorView(void* data, DType dtype, Shape shape, Device device)
     : data_(data), dtype_(dtype), shape_(std::move(shape)), device_(device) {
+  // The element count, and its size in bytes, must fit an int64 (checked without a division:
+  // this runs for every view made).
   int64_t numel = 1;
+  bool overflow = false, empty = false;
   for (size_t i = 0; i < shape_.size(); ++i) {
     const int64_t dim = shape_[i];
     if (dim < 0) {
@@ -17,13 +20,16 @@ TensorView::TensorView(void* data, DType dtype, std::vector<int64_t> shape, Devi
                   "tensor shape has a negative dimension " + std::to_string(dim) + " at index " +
                       std::to_string(i));
     }
-    if (dim != 0 && numel > std::numeric_limits<int64_t>::max() /
-                                static_cast<int64_t>(dtype_size(dtype)) / dim) {
-      throw Error(ErrorCode::kInvalidArgument, "tensor shape overflows a 64-bit byte count");
-    }
-    numel *= dim;
+    overflow |= __builtin_mul_overflow(numel, dim, &numel);
+    empty |= dim == 0;
   }
-  numel_ = numel;
+  int64_t bytes = 0;
+  overflow |= __builtin_mul_overflow(numel, static_cast<int64_t>(dtype_size(dtype)), &bytes);
+  // A zero dimension anywhere makes an empty tensor, whatever the others are.
+  if (overflow && !empty) {
+    throw Error(ErrorCode::kInvalidArgument, "tensor shape overflows a 64-bit byte count");
+  }
+  numel_ = empty ? 0 : numel;
   if (data_ == nullptr && numel_ != 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 "tensor of " + std::to_string(numel_) + " elements has a null data pointer");

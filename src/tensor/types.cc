@@ -89,28 +89,6 @@ BFloat16 to_bfloat16(float value) noexcept {
   return BFloat16{static_cast<uint16_t>(rounded >> 16)};
 }
 
-size_t dtype_size(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::kBool:
-    case DType::kInt8:
-    case DType::kUInt8: return 1;
-    case DType::kFloat16:
-    case DType::kBFloat16: return 2;
-    case DType::kInt32:
-    case DType::kUInt32:
-    case DType::kFloat32: return 4;
-    case DType::kInt64:
-    case DType::kUInt64:
-    case DType::kFloat64: return 8;
-  }
-  return 0;
-}
-
-bool is_floating(DType dtype) noexcept {
-  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
-         dtype == DType::kFloat64;
-}
-
 const char* to_string(DType dtype) noexcept {
   switch (dtype) {
     case DType::kBool: return "bool";
