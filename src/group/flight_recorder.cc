@@ -172,7 +172,8 @@ FlightRecorder::FlightRecorder(Identity identity, size_t capacity)
                         std::chrono::system_clock::now().time_since_epoch())
                         .count()),
       capacity_(std::max<size_t>(capacity, 1)),
-      ring_(new Entry[capacity_]) {}
+      ring_(new Entry[capacity_]),
+      errors_(capacity_) {}
 
 FlightRecorder::~FlightRecorder() = default;
 
@@ -183,79 +184,125 @@ int64_t FlightRecorder::wall_us(std::chrono::steady_clock::time_point t) const {
 
 int64_t FlightRecorder::now_us() const { return wall_us(std::chrono::steady_clock::now()); }
 
-void FlightRecorder::lock_entry(Entry& e) {
-  while (e.busy.exchange(1, std::memory_order_acquire) != 0) {
-    while (e.busy.load(std::memory_order_relaxed) != 0) std::this_thread::yield();
-  }
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+
+void pack_sig(const OpSignature& sig, std::atomic<uint64_t>* out) {
+  out[0].store(static_cast<uint64_t>(sig.op) | static_cast<uint64_t>(sig.dtype) << 8 |
+                   static_cast<uint64_t>(static_cast<uint32_t>(sig.root)) << 32,
+               kRelaxed);
+  out[1].store(static_cast<uint64_t>(sig.count), kRelaxed);
+  out[2].store(static_cast<uint64_t>(static_cast<uint32_t>(sig.devices)) << 32 |
+                   static_cast<uint32_t>(sig.root_tensor),
+               kRelaxed);
+  out[3].store(static_cast<uint64_t>(static_cast<uint32_t>(sig.reduce_op)), kRelaxed);
+  out[4].store(sig.layout, kRelaxed);
 }
 
-FlightRecorder::Entry* FlightRecorder::lock(uint64_t id) {
-  Entry& e = ring_[id % capacity_];
-  lock_entry(e);
-  if (e.id == id) return &e;
-  unlock(e);
-  return nullptr;
+OpSignature unpack_sig(const std::atomic<uint64_t>* in) {
+  OpSignature sig;
+  const uint64_t w0 = in[0].load(kRelaxed), w2 = in[2].load(kRelaxed), w3 = in[3].load(kRelaxed);
+  sig.op = static_cast<OpType>(w0 & 0xff);
+  sig.dtype = static_cast<DType>((w0 >> 8) & 0xff);
+  sig.root = static_cast<int>(static_cast<uint32_t>(w0 >> 32));
+  sig.count = static_cast<int64_t>(in[1].load(kRelaxed));
+  sig.devices = static_cast<int>(static_cast<uint32_t>(w2 >> 32));
+  sig.root_tensor = static_cast<int>(static_cast<uint32_t>(w2));
+  sig.reduce_op = static_cast<int>(static_cast<uint32_t>(w3));
+  sig.layout = in[4].load(kRelaxed);
+  return sig;
 }
+
+}  // namespace
 
 uint64_t FlightRecorder::issue(const OpContext& ctx, int peer, bool running) {
   const int64_t when =
       ctx.started == std::chrono::steady_clock::time_point{} ? now_us() : wall_us(ctx.started);
-  const uint64_t id = next_id_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t id = next_id_.load(kRelaxed);
+  next_id_.store(id + 1, kRelaxed);  // one issuer at a time (the op lock)
   Entry& e = ring_[id % capacity_];
-  lock_entry(e);
-  e.id = id;
-  e.seq = ctx.seq;
-  e.sig = ctx.signature;
-  e.sig.op = ctx.op;
-  e.peer = peer;
-  e.state = running ? State::kStarted : State::kIssued;
-  e.issued_us = when;
-  e.started_us = running ? when : 0;
-  e.ended_us = 0;
-  e.error.clear();
-  unlock(e);
+  const uint64_t v = e.version.load(kRelaxed);
+  e.version.store(v + 1, kRelaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  e.tag.store(tag_of(id, running ? State::kStarted : State::kIssued), kRelaxed);
+  e.seq.store(ctx.seq, kRelaxed);
+  OpSignature sig = ctx.signature;
+  sig.op = ctx.op;
+  pack_sig(sig, e.sig);
+  e.peer.store(peer, kRelaxed);
+  e.issued_us.store(when, kRelaxed);
+  e.started_us.store(running ? when : 0, kRelaxed);
+  e.ended_us.store(0, kRelaxed);
+  e.version.store(v + 2, std::memory_order_release);
   return id;
 }
 
-void FlightRecorder::start(uint64_t id, std::chrono::steady_clock::time_point when) {
-  const int64_t now = wall_us(when);
-  if (Entry* e = lock(id)) {
-    e->state = State::kStarted;
-    e->started_us = now;
-    unlock(*e);
+bool FlightRecorder::claim(Entry& e, uint64_t id, State to, bool exclusive) {
+  if (exclusive) {
+    if ((e.tag.load(kRelaxed) >> 2) != id) return false;
+    e.tag.store(tag_of(id, to), kRelaxed);
+    return true;
   }
+  uint64_t now = e.tag.load(kRelaxed);
+  while ((now >> 2) == id) {
+    const auto state = static_cast<State>(now & 3);
+    if (state == State::kCompleted || state == State::kFailed) return false;
+    if (e.tag.compare_exchange_weak(now, tag_of(id, to), std::memory_order_release, kRelaxed)) {
+      return true;
+    }
+  }
+  return false;
 }
 
-void FlightRecorder::finish(uint64_t id, const std::string* error) {
+void FlightRecorder::start(uint64_t id, std::chrono::steady_clock::time_point when) {
+  Entry& e = ring_[id % capacity_];
+  if (claim(e, id, State::kStarted, false)) e.started_us.store(wall_us(when), kRelaxed);
+}
+
+void FlightRecorder::finish(uint64_t id, const std::string* error, bool exclusive) {
   const int64_t now = now_us();
-  if (Entry* e = lock(id)) {
-    if (e->started_us == 0) e->started_us = now;
-    e->ended_us = now;
-    e->state = error == nullptr ? State::kCompleted : State::kFailed;
-    if (error != nullptr) e->error = error->substr(0, 400);
-    unlock(*e);
+  Entry& e = ring_[id % capacity_];
+  if (error != nullptr) {
+    std::lock_guard<std::mutex> lock(errors_mutex_);
+    errors_[id % capacity_] = {id, error->substr(0, 400)};
   }
+  if (!claim(e, id, error == nullptr ? State::kCompleted : State::kFailed, exclusive)) return;
+  if (e.started_us.load(kRelaxed) == 0) e.started_us.store(now, kRelaxed);
+  e.ended_us.store(now, kRelaxed);
+}
+
+FlightRecorder::Copy FlightRecorder::read(uint64_t id) const {
+  const Entry& e = ring_[id % capacity_];
+  Copy c;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const uint64_t v = e.version.load(std::memory_order_acquire);
+    if (v & 1) continue;  // being written
+    const uint64_t tag = e.tag.load(kRelaxed);
+    c.id = tag >> 2;
+    c.state = static_cast<State>(tag & 3);
+    c.seq = e.seq.load(kRelaxed);
+    c.sig = unpack_sig(e.sig);
+    c.peer = static_cast<int>(e.peer.load(kRelaxed));
+    c.issued_us = e.issued_us.load(kRelaxed);
+    c.started_us = e.started_us.load(kRelaxed);
+    c.ended_us = e.ended_us.load(kRelaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e.version.load(kRelaxed) == v) break;
+  }
+  if (c.state == State::kFailed) {
+    std::lock_guard<std::mutex> lock(errors_mutex_);
+    const auto& err = errors_[id % capacity_];
+    if (err.first == c.id) c.error = err.second;
+  }
+  return c;
 }
 
 std::string FlightRecorder::text(const std::string& reason) const {
-  struct Copy {
-    uint64_t id, seq;
-    OpSignature sig;
-    int peer;
-    State state;
-    int64_t issued_us, started_us, ended_us;
-    std::string error;
-  };
   std::vector<Copy> entries;
-  const uint64_t next = next_id_.load(std::memory_order_relaxed);
+  const uint64_t next = next_id_.load(kRelaxed);
   const uint64_t first = next > capacity_ ? next - capacity_ : 1;
-  for (uint64_t id = first; id < next; ++id) {
-    Entry& e = ring_[id % capacity_];
-    lock_entry(e);
-    entries.push_back(Copy{e.id, e.seq, e.sig, e.peer, e.state, e.issued_us, e.started_us,
-                           e.ended_us, e.error});
-    unlock(e);
-  }
+  for (uint64_t id = first; id < next; ++id) entries.push_back(read(id));
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   std::string out = "tutti-flight-record 1\n";

@@ -23,10 +23,14 @@
 // Times are wall-clock microseconds since the epoch (0: not yet); state is issued (queued
 // behind other ops), started, completed or failed.
 //
-// Threads: every method may be called from any thread. The per-op calls take no lock the
-// group's other threads hold: each entry has a lock of its own, contended only by the dump and by
-// an op finishing after `capacity` later ones were issued (so they cost the fast path a few
-// nanoseconds, and no clock read at issue: the op's start time comes with its context).
+// Threads: issue() is called under the group's op lock (one issuer at a time); start(), finish()
+// and the dump from any thread. The per-op calls take no lock and make no locked instruction:
+// every field is a relaxed atomic (plain stores on x86), issue() brackets its writes with a
+// version the dump reads before and after (retrying a torn read), and a finish from outside the
+// op lock claims the entry's state with one compare-and-swap, so that an entry reused by an op
+// issued `capacity` ops later is never marked with the old op's end. Errors, on the failure path
+// only, are kept under a mutex. Nor is there a clock read at issue: the op's start time comes
+// with its context.
 #pragma once
 
 #include <atomic>
@@ -63,8 +67,9 @@ class FlightRecorder {
   uint64_t issue(const OpContext& ctx, int peer, bool running);
   // A queued op begins, at `when`.
   void start(uint64_t id, std::chrono::steady_clock::time_point when);
-  // error null: completed.
-  void finish(uint64_t id, const std::string* error);
+  // error null: completed. `exclusive`: called under the op lock that issue() is called under
+  // (an inline op), so that no issue() can reuse the entry meanwhile.
+  void finish(uint64_t id, const std::string* error, bool exclusive = false);
 
   // Writes the dump (to the directory, else the log). Never throws.
   void dump(const std::string& reason) const;
@@ -73,20 +78,30 @@ class FlightRecorder {
 
  private:
   enum class State : uint8_t { kIssued, kStarted, kCompleted, kFailed };
+  // One op. `tag` holds (id << 2) | state, so that a finish can claim it for its own id.
   struct Entry {
-    std::atomic<uint32_t> busy{0};  // the entry's lock (see Threads)
-    uint64_t id = 0;  // 0: unused
-    uint64_t seq = 0;
+    std::atomic<uint64_t> version{0};  // odd while issue() writes the entry
+    std::atomic<uint64_t> tag{0};      // 0: unused
+    std::atomic<uint64_t> seq{0};
+    std::atomic<uint64_t> sig[5] = {};  // OpSignature, packed (pack_sig)
+    std::atomic<int64_t> peer{-1};
+    std::atomic<int64_t> issued_us{0}, started_us{0}, ended_us{0};
+  };
+  // What the dump reads of an entry.
+  struct Copy {
+    uint64_t id = 0, seq = 0;
     OpSignature sig;
     int peer = -1;
     State state = State::kIssued;
     int64_t issued_us = 0, started_us = 0, ended_us = 0;
     std::string error;
   };
-  // The entry of op `id`, locked; unlock() it. Null (nothing locked) where a later op took it.
-  Entry* lock(uint64_t id);
-  static void unlock(Entry& e) { e.busy.store(0, std::memory_order_release); }
-  static void lock_entry(Entry& e);
+  static uint64_t tag_of(uint64_t id, State state) {
+    return id << 2 | static_cast<uint64_t>(state);
+  }
+  // Moves op `id`'s entry from a running state to `to`; false where another op took the entry.
+  bool claim(Entry& e, uint64_t id, State to, bool exclusive);
+  Copy read(uint64_t id) const;
   int64_t now_us() const;
   int64_t wall_us(std::chrono::steady_clock::time_point t) const;
 
@@ -96,7 +111,9 @@ class FlightRecorder {
   const int64_t wall_base_us_;
   const size_t capacity_;
   const std::unique_ptr<Entry[]> ring_;
-  std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> next_id_{1};  // written only by issue(), under the op lock
+  mutable std::mutex errors_mutex_;
+  std::vector<std::pair<uint64_t, std::string>> errors_;  // by entry: the id it is for, the text
 };
 
 }  // namespace tutti::detail

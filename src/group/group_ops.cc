@@ -83,13 +83,15 @@ void note_start(const CollectiveGroup::State& s, uint64_t record,
   if (s.recorder) s.recorder->start(record, when);
 }
 
-void note_finish(const CollectiveGroup::State& s, uint64_t record, const char* error = nullptr) {
+// `exclusive`: the caller holds the op lock (an inline op).
+void note_finish(const CollectiveGroup::State& s, uint64_t record, const char* error = nullptr,
+                 bool exclusive = false) {
   if (!s.recorder) return;
   if (error == nullptr) {
-    s.recorder->finish(record, nullptr);
+    s.recorder->finish(record, nullptr, exclusive);
   } else {
     const std::string text = error;
-    s.recorder->finish(record, &text);
+    s.recorder->finish(record, &text, exclusive);
   }
 }
 
@@ -226,7 +228,7 @@ CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
     // instead of returning at once; messages and GPU ops complete at once.
     if (call.p2p || !state_->runs_inline) {
       if (state_->recorder) call.record = state_->recorder->issue(call.ctx, call.peer, true);
-      note_finish(*state_, call.record);
+      note_finish(*state_, call.record, nullptr, true);
       return completed_work(*state_, call.ctx);
     }
     return run(call, [](Backend& b, const OpContext& ctx) {
@@ -286,17 +288,17 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
     if (call.fingerprint) detail::check_fingerprints(*s.backend, call.ctx, *call.fingerprint);
     work = issue(*s.backend, call.ctx);
   } catch (const Error& e) {
-    note_finish(s, call.record, e.what());
+    note_finish(s, call.record, e.what(), true);
     s.record_failure(call.ctx, e);
     throw;
   } catch (const std::exception& e) {
     Error wrapped(ErrorCode::kInternal, call.ctx.description() + ": " + e.what());
-    note_finish(s, call.record, wrapped.what());
+    note_finish(s, call.record, wrapped.what(), true);
     s.record_failure(call.ctx, wrapped);
     throw wrapped;
   }
   if (!work) {
-    note_finish(s, call.record);
+    note_finish(s, call.record, nullptr, true);
     return completed_work(s, call.ctx);
   }
   // It completes later (a GPU op): its failure aborts the group as a synchronous one would.
