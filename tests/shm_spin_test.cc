@@ -74,6 +74,29 @@ TEST(Await, StopsPollingAtTheFirstNoThenYieldsAndSleeps) {
   EXPECT_TRUE(outcome.slept);  // it reached the sleep phase: the 200000 polls were cut short
 }
 
+// With a time budget the polls go on until it has passed (however many that takes), but never
+// past the wait's deadline.
+TEST(Await, PollsForItsTimeThenSleepsButNeverPastTheDeadline) {
+  std::atomic<uint32_t> word{0}, sleepers{0};
+  WaitOutcome outcome;
+  const auto start = Clock::now();
+  const bool ok = await([&] { return Clock::now() - start >= std::chrono::milliseconds(3); }, word,
+                        sleepers, Clock::now() + std::chrono::seconds(10),
+                        SpinPolicy{10, 0, std::chrono::milliseconds(20)}, [] { return true; },
+                        [] {}, &outcome);
+  EXPECT_TRUE(ok);
+  EXPECT_FALSE(outcome.slept);  // 3 ms of polling fit in the 20 ms budget
+
+  const auto begin = Clock::now();
+  const bool late = await([] { return false; }, word, sleepers,
+                          Clock::now() + std::chrono::milliseconds(2),
+                          SpinPolicy{10, 0, std::chrono::seconds(5)}, [] { return true; }, [] {});
+  const auto took = Clock::now() - begin;
+  EXPECT_FALSE(late);
+  EXPECT_LT(took, std::chrono::milliseconds(500));  // the 2 ms deadline, not the 5 s budget
+  EXPECT_GE(took, std::chrono::milliseconds(2));
+}
+
 // Whether the ranks have a core each: the union of their affinity masks (hex, CPU 4k + b in bit
 // b of digit k), capped by a cgroup's cpu.max.
 TEST(UsableCpus, TheUnionOfTheRanksMasksCappedByTheCgroup) {

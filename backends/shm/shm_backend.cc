@@ -95,23 +95,30 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   const bool oversubscribed = world_size_ > cores;
   // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
   // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
-  // Otherwise a rank polls long (kLongSpins, ~200 us here) before it yields or sleeps: beside a
-  // CPU-bound process, a rank that gives its CPU away (a yield, a futex sleep) gets it back only at
-  // the other process's next slice or tick (measured 2026-12-01, Linux 6.18, 2 ranks bound to a
-  // CPU each beside `yes`: 4 ms per 8-byte allreduce with 2000 polls, 0.7 us with 200000; Open
-  // MPI, which never sleeps, 0.7 us). The polls stop at once when a rank waited for is on this
-  // rank's CPU (unbound ranks that the scheduler put together; shm_internal.h): there a long spin
-  // held up the peer, 270-530 us per call beside `yes`, against ~4 us now. Either way the wait
-  // ends asleep on a futex. TUTTI_SHM_SPINS and TUTTI_SHM_YIELDS override the base budget (polls,
-  // then yields). Cores: the CPUs the ranks may run on together (shm_cpus.h).
-  // The budget then adapts to how the waits end, growing up to TUTTI_SHM_ADAPT times the base
-  // (AdaptiveSpin, shm_wait.h; 1 keeps it fixed).
+  // Otherwise a rank polls for kLongSpin (5 ms) before it yields or sleeps: a rank that gives its
+  // CPU away to another process (a yield, a futex sleep) gets it back only at that process's next
+  // tick or slice, since a wake-up does not preempt it (Linux 6.18, PREEMPT_NONE, HZ=250,
+  // measured 2026-12-01: 2 ranks bound to a CPU each beside `yes` took 4 ms per 8-byte allreduce
+  // with 2000 polls, 0.7 us with ~200 us of polling; with both CPUs busy (two `yes`, or a build)
+  // ~200 us of polling was not enough either: 8 ms per op at 256 KiB, 116 ms at 16 MiB, where
+  // 5 ms gives 27 us and 6-7 ms, ahead of Open MPI, which never sleeps). The polls stop at once
+  // when a rank waited for is on this rank's CPU (unbound ranks that the scheduler put together;
+  // shm_internal.h): there a long spin held up the peer, 270-530 us per call beside `yes`,
+  // against ~4 us now. Either way the wait ends asleep on a futex, so a rank waiting for a slow
+  // peer burns at most 5 ms of CPU per wait. TUTTI_SHM_SPIN_US, TUTTI_SHM_SPINS and
+  // TUTTI_SHM_YIELDS override the budget (time, the least polls, then yields). Cores: the CPUs
+  // the ranks may run on together (shm_cpus.h). TUTTI_SHM_ADAPT (default 1: fixed) lets the
+  // budget grow up to that many times after waits that slept briefly (AdaptiveSpin, shm_wait.h).
   SpinPolicy spin;
-  spin.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kLongSpins, 0));
+  spin.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kMinSpins, 0));
+  spin.spin_for = std::chrono::microseconds(
+      env_size("TUTTI_SHM_SPIN_US", oversubscribed ? 0 : static_cast<size_t>(kLongSpin.count()), 0));
   spin.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
-  spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 16, 0)));
-  TUTTI_LOG_DEBUG("shm: {} ranks on {} usable CPUs ({}): polls {} then yields {}", world_size_,
-                  cores, oversubscribed ? "oversubscribed" : "a core each", spin.spins, spin.yields);
+  spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 1, 0)));
+  TUTTI_LOG_DEBUG("shm: {} ranks on {} usable CPUs ({}): polls for {} us (at least {}) then "
+                  "yields {}", world_size_, cores, oversubscribed ? "oversubscribed" : "a core each",
+                  std::chrono::duration_cast<std::chrono::microseconds>(spin.spin_for).count(),
+                  spin.spins, spin.yields);
   // Once every rank has said who it is: a handle on each peer's process, so that its death is
   // noticed at once. Only where its pid and start time match what this host's /proc says, so
   // another pid namespace, or a pid reused since, never counts.

@@ -27,9 +27,12 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::milliseconds kMaxNap{10};
 
-// The base number of polls before a wait yields while every rank has a core (shm_backend.cc
-// says why; ~200 us on the development VM).
-constexpr int kLongSpins = 200000;
+// How long a wait polls before it yields and sleeps while every rank has a core: longer than a
+// scheduler tick (4 ms at HZ=250), because a rank that gives its CPU away to another process gets
+// it back only at that process's next tick or slice (shm_backend.cc says why). At least
+// kMinSpins polls also where the clock is slow to advance.
+constexpr std::chrono::microseconds kLongSpin{5000};
+constexpr int kMinSpins = 2000;
 
 inline uint32_t* futex_address(std::atomic<uint32_t>& word) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
@@ -57,6 +60,9 @@ struct SpinPolicy {
   // clock without pauses was as bad: ~105 us.)
   int spins = 0;
   int yields = 0;  // then iterations that give the core to any other runnable thread
+  // Polls go on past `spins` until this long has passed since the first (0: `spins` only). The
+  // clock is read every 256 polls.
+  Clock::duration spin_for{};
 };
 
 // How a wait ended, for AdaptiveSpin.
@@ -86,7 +92,8 @@ class AdaptiveSpin {
   AdaptiveSpin(SpinPolicy base, int max_scale) : base_(base), max_scale_(std::max(1, max_scale)) {}
 
   SpinPolicy policy() const {
-    return SpinPolicy{static_cast<int>(scaled(base_.spins)), static_cast<int>(scaled(base_.yields))};
+    return SpinPolicy{static_cast<int>(scaled(base_.spins)), static_cast<int>(scaled(base_.yields)),
+                      base_.spin_for * sixteenths_ / 16};
   }
   void record(const WaitOutcome& w) {
     if (max_scale_ == 1) return;
@@ -116,9 +123,23 @@ template <typename Ready, typename KeepSpinning, typename OnNap>
 bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
            Clock::time_point deadline, SpinPolicy policy, KeepSpinning keep_spinning,
            OnNap on_nap, WaitOutcome* outcome = nullptr) {
-  for (int i = 0; i < policy.spins; ++i) {
-    if (ready()) return true;
-    if ((i & 255) == 255 && !keep_spinning()) break;
+  if (policy.spins > 0 || policy.spin_for.count() > 0) {
+    // The clock is first read after 256 polls: most waits end sooner, and a clock read at the
+    // start of each would be on every op's critical path. Never past the wait's own deadline (an
+    // op's short timeout ends it on time).
+    Clock::time_point spin_until{};
+    for (int i = 0;; ++i) {
+      if (ready()) return true;
+      if ((i & 255) != 255) continue;
+      if (!keep_spinning()) break;
+      if (i + 1 < policy.spins || policy.spin_for.count() <= 0) {
+        if (i + 1 >= policy.spins) break;
+        continue;
+      }
+      const Clock::time_point now = Clock::now();
+      if (spin_until == Clock::time_point{}) spin_until = std::min(deadline, now + policy.spin_for);
+      if (now >= spin_until) break;
+    }
   }
   for (int i = 0; i < policy.yields; ++i) {
     if (ready()) return true;
