@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Plots tutti-bench JSON files (and the comparison tools' JSON, which has the same shape):
-bus bandwidth and latency against message size, one line per run.
+time per size with the spread over runs (where the rows carry min_us/max_us, as the main job's
+merged runs do), bus bandwidth, and how many times faster the first file (tutti) is than each of
+the others at each size.
 
-    python3 benchmarks/plot.py results/allreduce.json other.json -o results/allreduce.png
+    python3 benchmarks/plot.py results/allreduce.json results/openmpi.json -o results/allreduce.png
 
-With --baseline rows, raw Gloo's time is plotted as a line of its own. Uses matplotlib where it
-is installed (Debian: python3-matplotlib), else draws the same two panels with png_plot.py, which
-needs nothing beyond Python's standard library.
+With --baseline rows (raw Gloo beside tutti's gloo backend), raw Gloo is a line of its own.
+Needs matplotlib (Debian: python3-matplotlib, which scripts/setup-debian.sh installs).
 """
 import argparse
 import os
@@ -17,19 +18,29 @@ from bench_json import load_run  # noqa: E402
 
 
 def series(path):
+    """[(name, sizes, times, lows, highs, busbw)] for one file."""
     config, label, rows = load_run(path)
     name = f"{label} (n={config.get('world_size')})"
-    out = [(name, [r["size_bytes"] for r in rows], [r["time_us"] for r in rows],
+    sizes = [r["size_bytes"] for r in rows]
+    out = [(name, sizes, [r["time_us"] for r in rows],
+            [r.get("min_us", r["time_us"]) for r in rows],
+            [r.get("max_us", r["time_us"]) for r in rows],
             [r["busbw_gbps"] for r in rows])]
     if rows and "baseline_time_us" in rows[0]:
         factor = config.get("bus_factor", 1.0)
         base = [r["baseline_time_us"] for r in rows]
         raw = config.get("baseline") or "raw"
         out.append((f"{raw} (beside tutti {config.get('backend')}, n={config.get('world_size')})",
-                    [r["size_bytes"] for r in rows], base,
-                    [r["size_bytes"] / t / 1e3 * factor if t > 0 else 0
-                     for r, t in zip(rows, base)]))
+                    sizes, base, base, base,
+                    [s / t / 1e3 * factor if t > 0 else 0 for s, t in zip(sizes, base)]))
     return config.get("op", "?"), out
+
+
+def size_label(b):
+    for unit, name in ((1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")):
+        if b >= unit:
+            return f"{b // unit}{name}"
+    return str(b)
 
 
 def main():
@@ -43,30 +54,38 @@ def main():
         op, more = series(path)
         ops.add(op)
         lines += more
-    title = args.title or f"{', '.join(sorted(ops))}: busbw and latency by message size"
+    title = args.title or f"{', '.join(sorted(ops))}: time, busbw and speed-up by message size"
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    try:
-        import matplotlib
-    except ImportError:
-        from png_plot import write_plot
-        write_plot(args.output, title, lines)
-        print(f"wrote {args.output}")
-        return
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (bw, lat) = plt.subplots(1, 2, figsize=(13, 5))
-    for name, sizes, times, busbw in lines:
+    fig, (lat, bw, up) = plt.subplots(1, 3, figsize=(18, 5.2))
+    for name, sizes, times, lows, highs, busbw in lines:
+        (line,) = lat.plot(sizes, times, marker="o", markersize=3, label=name)
+        if any(lo != hi for lo, hi in zip(lows, highs)):
+            lat.fill_between(sizes, lows, highs, color=line.get_color(), alpha=0.2)
         bw.plot(sizes, busbw, marker="o", markersize=3, label=name)
-        lat.plot(sizes, times, marker="o", markersize=3, label=name)
-    for ax in (bw, lat):
+    mine = lines[0]
+    for name, sizes, times, _, _, _ in lines[1:]:
+        theirs = dict(zip(sizes, times))
+        common = [(s, theirs[s] / t) for s, t in zip(mine[1], mine[2]) if s in theirs and t > 0]
+        if common:
+            up.plot([s for s, _ in common], [x for _, x in common], marker="o", markersize=3,
+                    label=f"vs {name}")
+    up.axhline(1.0, color="black", linewidth=1)
+    for ax in (lat, bw, up):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("message size (bytes)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    bw.set_ylabel("bus bandwidth (GB/s)")
-    lat.set_ylabel("time, median (us)")
+        ticks = [s for s in mine[1] if s & (s - 1) == 0][::2]
+        ax.set_xticks(ticks, [size_label(s) for s in ticks])
+    lat.set_ylabel("time, median over runs, band: their spread (us)")
     lat.set_yscale("log")
+    bw.set_ylabel("bus bandwidth (GB/s)")
+    up.set_ylabel(f"{mine[0]}: times faster (above 1) or slower")
+    up.set_ylim(bottom=0)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(args.output, dpi=110)

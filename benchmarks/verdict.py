@@ -1,19 +1,34 @@
 #!/usr/bin/env python3
-"""One line: how a tutti-bench run fared against the baselines that ran beside it.
+"""The main job's verdict: how tutti fared against the baselines that ran beside it, over
+several interleaved runs, in words a person can read.
 
-    python3 benchmarks/verdict.py results/allreduce.json [results/openmpi.json ...]
+    python3 benchmarks/verdict.py results/bench [--membw results/membw.json]
 
-The first file is tutti's; its own --baseline column (raw Gloo) counts as a baseline, and so does
-each further file (a comparison tool's JSON, e.g. Open MPI's). Per baseline: at how many sizes
-tutti's median time was lower, the median of tutti's time / the baseline's over all sizes, and
-the sizes where tutti was slower, with the factor (the worst three).
+The directory holds tutti.r<N>.json (tutti-bench runs), base.r<N>.json (the baseline tool's runs
+of the same sweep, e.g. Open MPI's; optional) and <name>.r<N>.state.json (benchmarks/machine.py:
+how busy the machine was during each run). A tutti run with a --baseline column (raw Gloo beside
+tutti's gloo backend) counts as a baseline of its own.
+
+Per baseline, over the sizes both measured: the median over runs of each one's time per size,
+at how many sizes tutti's is lower, how much faster or slower it is at the median size and at
+the closest (or worst) sizes, and how the count varied from run to run (run k of tutti against
+run k of the baseline, which ran next to it). Then whether the machine was quiet, and where it
+was not, the verdict over the quiet runs alone. With --membw (tutti-membw's JSON): tutti's time
+at 16 and 64 MiB against the memory's floor for an in-place allreduce (2 n S bytes through
+memory at the rate every core reaches together; see benchmarks/membw.cc).
 """
+import argparse
+import glob
+import json
 import os
+import re
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, here)
 from bench_json import load_run  # noqa: E402
+import machine  # noqa: E402
 
 
 def size_text(b):
@@ -23,36 +38,143 @@ def size_text(b):
     return f"{b} B"
 
 
-def against(name, mine, theirs):
-    sizes = sorted(s for s in mine if s in theirs and theirs[s] > 0)
+def how_much(ratio):
+    """tutti's time / the baseline's, as words: "2.5x faster", "1.08x slower", "even"."""
+    if ratio <= 0:
+        return "?"
+    if abs(ratio - 1) < 0.005:
+        return "even"
+    if ratio < 1:
+        faster = 1 / ratio
+        return f"{faster:.0f}x faster" if faster >= 100 else f"{faster:.2f}x faster"
+    return f"{ratio:.2f}x slower"
+
+
+def runs_of(directory, stem):
+    """{rep: (config, label, rows)} and {rep: state}."""
+    runs, states = {}, {}
+    for path in glob.glob(os.path.join(directory, f"{stem}.r*.json")):
+        m = re.search(rf"{re.escape(stem)}\.r(\d+)\.json$", path)
+        if not m:
+            continue
+        rep = int(m.group(1))
+        runs[rep] = load_run(path)
+        state = os.path.join(directory, f"{stem}.r{rep}.state.json")
+        if os.path.exists(state):
+            with open(state) as f:
+                states[rep] = json.load(f)
+    return runs, states
+
+
+def compare(mine, theirs, reps):
+    """mine, theirs: {rep: {size: us}}. The verdict text for the runs in reps, or None."""
+    reps = [r for r in reps if r in mine and r in theirs]
+    if not reps:
+        return None
+    sizes = sorted(set.intersection(*(set(mine[r]) & set(theirs[r]) for r in reps)))
+    sizes = [s for s in sizes if all(theirs[r][s] > 0 for r in reps)]
     if not sizes:
-        return f"vs {name}: no common sizes"
-    ratios = {s: mine[s] / theirs[s] for s in sizes}
-    ahead = sum(1 for s in sizes if ratios[s] < 1)
-    text = (f"vs {name}: ahead at {ahead} of {len(sizes)} sizes, "
-            f"median ratio {statistics.median(ratios.values()):.2f}")
+        return None
+    med_m = {s: statistics.median(mine[r][s] for r in reps) for s in sizes}
+    med_t = {s: statistics.median(theirs[r][s] for r in reps) for s in sizes}
+    ratios = {s: med_m[s] / med_t[s] for s in sizes}
+    ahead = [s for s in sizes if ratios[s] < 1]
     behind = sorted((s for s in sizes if ratios[s] >= 1), key=lambda s: -ratios[s])
+    per_run = [sum(1 for s in sizes if mine[r][s] < theirs[r][s]) for r in reps]
+    text = (f"ahead at {len(ahead)} of {len(sizes)} sizes, "
+            f"{how_much(statistics.median(ratios.values()))} at the median size")
     if behind:
-        worst = ", ".join(f"{size_text(s)} ({ratios[s]:.2f}x)" for s in sorted(behind[:3]))
-        more = f" and {len(behind) - 3} more" if len(behind) > 3 else ""
+        worst = ", ".join(f"{size_text(s)} ({how_much(ratios[s])})" for s in behind[:4])
+        more = f" and {len(behind) - 4} more" if len(behind) > 4 else ""
         text += f"; behind at {worst}{more}"
-    return text
+    else:
+        close = sorted(sizes, key=lambda s: -ratios[s])[:2]
+        text += "; closest at " + ", ".join(f"{size_text(s)} ({how_much(ratios[s])})"
+                                             for s in close)
+    if len(reps) > 1:
+        text += (f"; run by run: ahead at {min(per_run)}-{max(per_run)} of {len(sizes)}"
+                 if min(per_run) != max(per_run) else
+                 f"; run by run: ahead at {per_run[0]} of {len(sizes)} in every run")
+    return text, med_m
+
+
+def memory_line(med_tutti, world, membw_path):
+    with open(membw_path) as f:
+        rows = json.load(f)["rows"]
+    parts = []
+    for size in (16 << 20, 64 << 20):
+        if size not in med_tutti:
+            continue
+        candidates = [r for r in rows if r["size_bytes"] == size]
+        if not candidates:
+            continue
+        best = max(candidates, key=lambda r: r["cores"])
+        rate = best["update_all_gbps"] * 1e9
+        floor_us = 2 * world * size / rate * 1e6
+        parts.append(f"{size_text(size)} in {med_tutti[size]:.0f} us, "
+                     f"{floor_us / med_tutti[size]:.0%} of the memory's bound ({floor_us:.0f} us: "
+                     f"2 x {world} x {size_text(size)} at {best['update_all_gbps']:.1f} GB/s, "
+                     f"{best['cores']} cores)")
+    if not parts:
+        return None
+    return "memory: " + "; ".join(parts)
 
 
 def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    config, label, rows = load_run(sys.argv[1])
-    mine = {r["size_bytes"]: r["time_us"] for r in rows}
-    parts = []
-    for path in sys.argv[2:]:
-        _, other, other_rows = load_run(path)
-        parts.append(against(other, mine, {r["size_bytes"]: r["time_us"] for r in other_rows}))
-    if rows and "baseline_time_us" in rows[0]:
-        parts.append(against(str(config.get("baseline") or "raw"), mine,
-                             {r["size_bytes"]: r["baseline_time_us"] for r in rows}))
-    world = config.get("world_size")
-    print(f"verdict: {label} ({world} ranks, median time per size) " + "; ".join(parts))
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("directory")
+    ap.add_argument("--membw")
+    args = ap.parse_args()
+    tutti, tutti_states = runs_of(args.directory, "tutti")
+    base, base_states = runs_of(args.directory, "base")
+    if not tutti:
+        sys.exit(f"verdict: no tutti runs in {args.directory}")
+    first = tutti[min(tutti)]
+    config, label = first[0], first[1]
+    world = config.get("world_size", 2)
+    mine = {r: {row["size_bytes"]: row["time_us"] for row in rows} for r, (_, _, rows) in
+            tutti.items()}
+    baselines = []
+    if base:
+        name = base[min(base)][1]
+        baselines.append((name, {r: {row["size_bytes"]: row["time_us"] for row in rows}
+                                 for r, (_, _, rows) in base.items()}, base_states))
+    if first[2] and "baseline_time_us" in first[2][0]:
+        raw = {r: {row["size_bytes"]: row["baseline_time_us"] for row in rows}
+               for r, (_, _, rows) in tutti.items()}
+        baselines.append((str(config.get("baseline") or "raw"), raw, {}))
+    reps = sorted(tutti)
+    head = f"verdict: {label} ({world} ranks, {len(reps)} interleaved run{'s' * (len(reps) > 1)})"
+    sizes = sorted(set.union(*(set(m) for m in mine.values())))
+    med_tutti = {s: statistics.median(mine[r][s] for r in reps if s in mine[r]) for s in sizes}
+    if not baselines:
+        print(head + ": no baseline ran beside it")
+    for name, theirs, states in baselines:
+        result = compare(mine, theirs, reps)
+        if result is None:
+            print(f"{head} vs {name}: no common sizes")
+            continue
+        text, _ = result
+        print(f"{head} vs {name}: {text}")
+        all_states = [tutti_states[r] for r in reps if r in tutti_states] + \
+                     [states[r] for r in reps if r in states]
+        if not all_states:
+            continue
+        print("  " + machine.describe(all_states))
+        quiet = [r for r in reps
+                 if not machine.is_busy(tutti_states.get(r, {}))
+                 and not machine.is_busy(states.get(r, {}))]
+        if len(quiet) < len(reps):
+            if quiet:
+                q = compare(mine, theirs, quiet)
+                if q:
+                    print(f"  on the {len(quiet)} quiet run{'s' * (len(quiet) > 1)} alone: {q[0]}")
+            else:
+                print("  no run was quiet: run it again on a quiet machine for a verdict that holds")
+    if args.membw and med_tutti and os.path.exists(args.membw):
+        line = memory_line(med_tutti, world, args.membw)
+        if line:
+            print(line)
 
 
 if __name__ == "__main__":

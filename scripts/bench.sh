@@ -1,41 +1,109 @@
 #!/usr/bin/env bash
 # The main job: set-up, build, then the allreduce sweep (8 B to 64 MiB, float32, sum, checked)
 # on local ranks over the embedded defaults (backend "auto", which is shm on one host; the TCP
-# store hosted by the launcher), with raw Gloo's time beside tutti's in the same run, then the
-# same sweep through Open MPI (its shared-memory transport) right after it. Writes
-# results/allreduce.json, results/openmpi.json and a plot, results/allreduce.png, and ends with
-# a one-line verdict against both baselines. About a minute on a 2-core machine.
+# store hosted by the launcher), interleaved with the same sweep through Open MPI's shared memory
+# (A B, B A, ... for REPS rounds), beside a probe of the memory's own speed. Writes
+# results/bench/ (every run, and how busy the machine was during each), results/allreduce.json
+# and results/openmpi.json (the medians over the runs, with their spread), results/membw.json
+# and the plot results/allreduce.png, and ends with the verdict: at how many sizes tutti is
+# ahead, by how much, how that varied from run to run, whether the machine was quiet (and if not,
+# the verdict of the quiet runs alone), and tutti's time at 16 and 64 MiB against the memory's
+# floor. About a minute on a 2-core machine, plus a few minutes for the first build.
 #
 #   scripts/bench.sh                     # 2 ranks
-#   RANKS=4 scripts/bench.sh             # more ranks
-#   scripts/bench.sh --backend gloo      # extra tutti-bench options are passed on
+#   RANKS=4 REPS=7 scripts/bench.sh      # more ranks, more rounds
+#   scripts/bench.sh --backend gloo      # extra tutti-bench options are passed on; with gloo the
+#                                        # baselines are raw Gloo (in the same processes) and
+#                                        # Open MPI over TCP
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh >&2
-mkdir -p results
 ranks=${RANKS:-2}
-sweep=(-b 8 -e 64M -f 2 -w 10 -n 50)
-build/bin/tutti-bench --ranks "$ranks" --op allreduce "${sweep[@]}" -d float32 -o sum -c 1 \
-  --baseline --json results/allreduce.json "$@"
-
-# Python's standard library is enough for the verdict and the plot (matplotlib is used where
-# installed); Debian's interpreter, as a python3 earlier on PATH may lack zlib.
+reps=${REPS:-5}
+sweep=(-b 8 -e 64M -f 2 -w 10 -n 100)
+out=results/bench
+rm -rf "$out"
+mkdir -p "$out"
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-runs=(results/allreduce.json)
-if command -v mpicxx >/dev/null && command -v mpirun >/dev/null; then
-  echo "== Open MPI (shared memory), the same sweep" >&2
-  mpicxx -O2 -o build/mpi_allreduce benchmarks/compare/mpi_allreduce.cc
-  as_root=(); [ "$(id -u)" -eq 0 ] && as_root=(--allow-run-as-root)
-  if mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$ranks" build/mpi_allreduce \
-      "${sweep[@]}" --label "openmpi sm" --json results/openmpi.json >&2; then
-    runs+=(results/openmpi.json)
-  else
-    echo "bench: Open MPI's run failed; the verdict is against raw Gloo only" >&2
-  fi
-else
-  echo "bench: no Open MPI (scripts/setup-debian.sh installs it); the verdict is against raw Gloo only" >&2
+
+# The gloo backend is compared with what it is built on (raw Gloo) and with Open MPI's TCP path;
+# every other with Open MPI's shared memory.
+backend=auto
+for ((i = 1; i <= $#; i++)); do
+  [ "${!i}" = "--backend" ] && { j=$((i + 1)); backend=${!j:-auto}; }
+done
+extra=()
+btl=self,vader
+label="openmpi sm"
+if [ "$backend" = gloo ]; then
+  extra=(--baseline)
+  btl=self,tcp
+  label="openmpi tcp"
 fi
-"$py" benchmarks/plot.py "${runs[@]}" -o results/allreduce.png \
-  --title "allreduce, $ranks ranks, float32 sum, one run" >&2
-"$py" benchmarks/verdict.py "${runs[@]}"
+
+have_mpi=0
+if command -v mpicxx >/dev/null && command -v mpirun >/dev/null; then
+  mpicxx -O2 -o build/mpi_allreduce benchmarks/compare/mpi_allreduce.cc
+  have_mpi=1
+else
+  echo "bench: no Open MPI (scripts/setup-debian.sh installs it); no baseline but raw Gloo's" >&2
+fi
+as_root=(); [ "$(id -u)" -eq 0 ] && as_root=(--allow-run-as-root)
+
+echo "== the memory's speed (tutti-membw)" >&2
+build/bin/tutti-membw -s 16M,64M -n 5 --json results/membw.json >&2
+
+run_tutti() {  # run_tutti REP [tutti-bench options...]
+  local rep=$1
+  shift
+  "$py" benchmarks/machine.py run --state "$out/tutti.r$rep.state.json" -- \
+    build/bin/tutti-bench --ranks "$ranks" --op allreduce "${sweep[@]}" -d float32 -o sum -c 1 \
+    "${extra[@]}" --json "$out/tutti.r$rep.json" "$@" >"$out/tutti.r$rep.log" 2>&1 || {
+    cat "$out/tutti.r$rep.log" >&2
+    echo "bench: tutti-bench failed (run $rep)" >&2
+    exit 1
+  }
+}
+run_mpi() {
+  [ $have_mpi = 1 ] || return 0
+  "$py" benchmarks/machine.py run --state "$out/base.r$1.state.json" -- \
+    mpirun "${as_root[@]}" --oversubscribe --mca btl "$btl" -np "$ranks" build/mpi_allreduce \
+    "${sweep[@]}" --label "$label" --json "$out/base.r$1.json" >"$out/base.r$1.log" 2>&1 || {
+    cat "$out/base.r$1.log" >&2
+    echo "bench: Open MPI's run $1 failed; it is left out" >&2
+    rm -f "$out/base.r$1.json"
+  }
+}
+for ((rep = 1; rep <= reps; rep++)); do
+  echo "== run $rep of $reps: tutti and $label" >&2
+  if ((rep % 2 == 1)); then
+    run_tutti "$rep" "$@"
+    run_mpi "$rep"
+  else
+    run_mpi "$rep"
+    run_tutti "$rep" "$@"
+  fi
+done
+# The last tutti run's table, for the eye; the verdict below is over every run.
+grep -v '^tutti-run' "$out/tutti.r$reps.log" >&2 || true
+
+"$py" - "$out" <<'EOF'
+import glob, os, sys
+sys.path.insert(0, "benchmarks")
+from bench_json import merge_runs, write_run
+out = sys.argv[1]
+for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/openmpi.json")):
+    paths = sorted(glob.glob(os.path.join(out, stem + ".r*.json")))
+    paths = [p for p in paths if not p.endswith(".state.json")]
+    if paths:
+        config, _, rows = merge_runs(paths)
+        write_run(target, config, rows)
+    elif os.path.exists(target):
+        os.remove(target)
+EOF
+plots=(results/allreduce.json)
+[ -f results/openmpi.json ] && plots+=(results/openmpi.json)
+"$py" benchmarks/plot.py "${plots[@]}" -o results/allreduce.png \
+  --title "allreduce, $ranks ranks, float32 sum, median of $reps interleaved runs" >&2
+"$py" benchmarks/verdict.py "$out" --membw results/membw.json

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(BENCH, "compare"))
 
 import ab_table  # noqa: E402
 import machine  # noqa: E402
+import verdict  # noqa: E402
 
 
 def write_run(path, times, backend="shm", tool="tutti-bench", world=2):
@@ -106,6 +107,57 @@ class Machine(unittest.TestCase):
         rc = machine.main(["machine.py", "run", "--state", os.path.join(d, "s.json"), "--",
                            sys.executable, "-c", "raise SystemExit(3)"])
         self.assertEqual(rc, 3)
+
+
+class Verdict(unittest.TestCase):
+    def run_verdict(self, d, *extra):
+        return subprocess.run([sys.executable, os.path.join(BENCH, "verdict.py"), d, *extra],
+                              capture_output=True, text=True, check=True).stdout
+
+    def test_medians_over_runs_and_readable_ratios(self):
+        d = tempfile.mkdtemp()
+        # tutti per run at 8 B / 1 MiB / 64 MiB; the baseline beside it.
+        tutti = [{8: 0.4, 1 << 20: 100.0, 64 << 20: 10000.0},
+                 {8: 0.5, 1 << 20: 110.0, 64 << 20: 11000.0},
+                 {8: 0.3, 1 << 20: 90.0, 64 << 20: 30000.0}]
+        base = [{8: 0.45, 1 << 20: 200.0, 64 << 20: 20000.0}] * 3
+        for rep in range(3):
+            write_run(os.path.join(d, f"tutti.r{rep + 1}.json"), tutti[rep])
+            write_run(os.path.join(d, f"base.r{rep + 1}.json"), base[rep], backend="openmpi sm",
+                      tool="mpi_allreduce")
+            write_state(os.path.join(d, f"tutti.r{rep + 1}.state.json"))
+            write_state(os.path.join(d, f"base.r{rep + 1}.state.json"),
+                        others=0.4 if rep == 2 else 0.0)
+        out = self.run_verdict(d)
+        # Medians: 8 B 0.4 vs 0.45 (1.12x faster), 1 MiB 100 vs 200 (2x), 64 MiB 11000 vs 20000.
+        # Run 3 was beside a busy machine; runs 1 and 2 alone: 8 B median 0.45 (even, not ahead).
+        self.assertIn("vs openmpi sm: ahead at 3 of 3 sizes, 1.82x faster at the median size; "
+                      "closest at 8 B (1.12x faster), 64 MiB (1.82x faster); run by run: ahead "
+                      "at 2-3 of 3", out)
+        self.assertIn("machine BUSY in 1 of 6 runs", out)
+        self.assertIn("on the 2 quiet runs alone: ahead at 2 of 3 sizes", out)
+        self.assertIn("behind at 8 B (even)", out)
+
+    def test_the_memory_floor(self):
+        d = tempfile.mkdtemp()
+        write_run(os.path.join(d, "tutti.r1.json"), {16 << 20: 2000.0, 64 << 20: 10000.0})
+        membw = os.path.join(d, "membw.json")
+        with open(membw, "w") as f:
+            json.dump({"rows": [
+                {"size_bytes": 16 << 20, "cores": 1, "update_all_gbps": 30.0},
+                {"size_bytes": 16 << 20, "cores": 2, "update_all_gbps": 50.0},
+                {"size_bytes": 64 << 20, "cores": 2, "update_all_gbps": 26.8435456}]}, f)
+        out = self.run_verdict(d, "--membw", membw)
+        # 2 x 2 ranks x 16 MiB = 67.108864 MB at 50 GB/s: 1342 us, 67% of 2000 us. At 64 MiB:
+        # 268.435456 MB at 26.8435456 GB/s: 10000 us, 100%.
+        self.assertIn("16 MiB in 2000 us, 67% of the memory's bound (1342 us", out)
+        self.assertIn("64 MiB in 10000 us, 100% of the memory's bound (10000 us", out)
+
+    def test_how_much(self):
+        self.assertEqual(verdict.how_much(0.5), "2.00x faster")
+        self.assertEqual(verdict.how_much(1.25), "1.25x slower")
+        self.assertEqual(verdict.how_much(1.002), "even")
+        self.assertEqual(verdict.how_much(0.002), "500x faster")
 
 
 if __name__ == "__main__":

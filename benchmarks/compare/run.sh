@@ -8,8 +8,9 @@
 #   STEP=lo4:2 benchmarks/compare/run.sh              # one configuration, one repetition (see
 #                                                     # below), then TABLE=1 for the table
 #
-# Configurations: lo2, lo4 (2 or 4 ranks on this host), ns1+1 and ns2+2 (1 or 2 ranks in each
-# of two namespaces; needs root). Each repetition of a configuration runs every implementation
+# Configurations: lo2, lo4 (2 or 4 ranks on this host), lo2hog, lo4hog (the same beside a
+# CPU-bound process, `yes`, started for the configuration and stopped after it: a busy host),
+# ns1+1 and ns2+2 (1 or 2 ranks in each of two namespaces; needs root). Each repetition of a configuration runs every implementation
 # once, one after another:
 #   tutti shm          tutti-bench --backend shm (one host only)
 #   tutti auto         the default: shm on one host; across hosts gloo
@@ -34,7 +35,7 @@
 # results/compare/table.md. Installs Open MPI from Debian if missing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-configs=${CONFIGS:-lo2 lo4 ns1+1 ns2+2}
+configs=${CONFIGS:-lo2 lo4 lo2hog lo4hog ns1+1 ns2+2}
 reps=${REPS:-3}
 sweep=(-b "${MIN:-8}" -e "${MAX:-64M}" -f "${FACTOR:-2}" -w "${WARMUP:-5}" -n "${ITERS:-20}")
 out=${OUT:-results/compare}
@@ -110,7 +111,22 @@ step() {
   mkdir -p "$dir"
   local common=(--op allreduce "${sweep[@]}" -d float32 -o sum -c 1)
   echo "== $config, repetition $rep" >&2
+  local hog=""
   case $config in
+    lo2hog|lo4hog)
+      # tutti's shm and Open MPI's shared memory beside a CPU hog (the Gloo paths are measured
+      # quiet; beside a hog they only repeat what the quiet rows say about TCP).
+      local n=${config:2:1}
+      yes >/dev/null &
+      hog=$!
+      trap 'kill $hog 2>/dev/null || true' EXIT
+      build/bin/tutti-bench --ranks "$n" --backend shm "${common[@]}" --json "$dir/shm.r$rep.json" >&2
+      mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$n" build/mpi_allreduce \
+        "${sweep[@]}" --label "openmpi sm" --json "$dir/mpi-sm.r$rep.json" >&2
+      kill "$hog" 2>/dev/null || true
+      wait "$hog" 2>/dev/null || true
+      trap - EXIT
+      ;;
     lo2|lo4)
       local n=${config#lo}
       build/bin/tutti-bench --ranks "$n" --backend shm "${common[@]}" --json "$dir/shm.r$rep.json" >&2

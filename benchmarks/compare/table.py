@@ -16,8 +16,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from bench_json import load_run  # noqa: E402
+from verdict import how_much  # noqa: E402
 
 CONFIGS = {"lo2": "2 ranks, one host", "lo4": "4 ranks, one host (2 cores)",
+           "lo2hog": "2 ranks beside a CPU hog", "lo4hog": "4 ranks beside a CPU hog (2 cores)",
            "ns1+1": "2 namespace hosts x 1 rank", "ns2+2": "2 namespace hosts x 2 ranks"}
 # File stem -> row label, in table order. "raw gloo" comes from the baseline column of the runs
 # that have one (gloo-and-raw; gloo in results from before 2026-12-01).
@@ -60,7 +62,7 @@ def versus(mine, theirs):
         return ""
     ratios = [mine[s] / theirs[s] for s in sizes]
     ahead = sum(1 for q in ratios if q < 1)
-    return f"{ahead}/{len(sizes)}, {statistics.median(ratios):.2f}"
+    return f"{ahead}/{len(sizes)}, {how_much(statistics.median(ratios))}"
 
 
 def cell(us):
@@ -76,8 +78,8 @@ def main():
     args = p.parse_args()
     shown = [parse_size(s) for s in args.sizes.split(",")]
     print("Median time per allreduce (us), float32 sum; median over repetitions of each run's "
-          "median. `vs MPI`: sizes (of all measured) where the row was faster / median ratio of "
-          "its time to Open MPI's.\n")
+          "median. `vs MPI`: sizes (of all measured) where the row was faster, and how much faster "
+          "or slower than Open MPI it was at the median size.\n")
     print("| configuration | implementation | reps | " +
           " | ".join(size_text(s) for s in shown) + " | vs MPI tcp | vs MPI sm |")
     print("|---|---|---:|" + "---:|" * len(shown) + "---|---|")

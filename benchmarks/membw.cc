@@ -1,0 +1,193 @@
+// The machine's memory ceiling, beside the allreduce sweep: how many bytes per second one core,
+// and every core at once, moves through memory at the sizes the sweep measures, for three
+// kernels over float32 buffers of S bytes: memcpy (reads S, writes S), an update in place
+// (a += 1: reads S, writes S back) and a reduction (a += b: reads 2S, writes S).
+//
+// The floor it gives an allreduce: in place, every rank must at least read its S bytes and
+// write the result back, 2 S per rank, 2 n S for n ranks, whatever the algorithm (what it reads
+// of its peers' comes on top, from cache when it is done well). So no in-place allreduce of S
+// bytes on n ranks takes less than 2 n S / (the update's rate with every core running), and
+// benchmarks/verdict.py prints tutti's time against that floor as a fraction (its "busbw
+// against the memory's bound").
+//
+//   build/bin/tutti-membw [-s 16M,64M] [-n 9] [--threads 1,2] [--json results/membw.json]
+//
+// GB/s are bytes read plus bytes written per second (write-allocate reads not counted), per
+// core (the slowest of those running) and in all. Each figure is the median over -n
+// repetitions. Threads are bound to CPUs 0, 1, ... and touch their own buffers first.
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t parse_size(const std::string& text) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  switch (*end) {
+    case 'K': case 'k': v *= 1024; break;
+    case 'M': case 'm': v *= 1024 * 1024; break;
+    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
+    default: break;
+  }
+  return static_cast<uint64_t>(v);
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const size_t end = comma == std::string::npos ? text.size() : comma;
+    if (end > start) out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string size_text(uint64_t b) {
+  if (b >= (1ull << 30) && b % (1ull << 30) == 0) return std::to_string(b >> 30) + " GiB";
+  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= (1ull << 10) && b % (1ull << 10) == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+void bind_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu % static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+enum class Kernel { kCopy, kUpdate, kAdd };
+
+// Bytes each kernel reads and writes over a buffer of S bytes.
+double traffic(Kernel k, uint64_t bytes) {
+  return static_cast<double>(bytes) * (k == Kernel::kAdd ? 3 : 2);
+}
+
+// Runs `kernel` over S bytes on `threads` threads at once, `reps` times; the median over reps of
+// the slowest thread's time, in seconds.
+double measure(Kernel kernel, uint64_t bytes, int threads, int reps) {
+  std::vector<double> slowest(static_cast<size_t>(reps), 0.0);
+  std::atomic<int> ready{0};
+  std::atomic<int> go{-1};
+  std::vector<std::vector<double>> times(static_cast<size_t>(threads),
+                                         std::vector<double>(static_cast<size_t>(reps)));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      bind_to(t);
+      const size_t n = bytes / sizeof(float);
+      std::vector<float> a(n, 1.0f), b(n, 2.0f);  // touched here, on this thread's CPU
+      for (int r = -1; r < reps; ++r) {             // r = -1: a warm-up pass
+        ready.fetch_add(1);
+        while (go.load() < r) {
+        }
+        const auto t0 = Clock::now();
+        if (kernel == Kernel::kCopy) {
+          std::memcpy(a.data(), b.data(), n * sizeof(float));
+        } else if (kernel == Kernel::kUpdate) {
+          float* __restrict pa = a.data();
+          for (size_t i = 0; i < n; ++i) pa[i] += 1.0f;
+        } else {
+          float* __restrict pa = a.data();
+          const float* __restrict pb = b.data();
+          for (size_t i = 0; i < n; ++i) pa[i] += pb[i];
+        }
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (r >= 0) times[static_cast<size_t>(t)][static_cast<size_t>(r)] = s;
+        // Keep the result live.
+        if (a[n / 2] == -1.0f) std::fprintf(stderr, "?");
+      }
+    });
+  }
+  for (int r = -1; r < reps; ++r) {
+    while (ready.load() < threads * (r + 2)) {
+    }
+    go.store(r);
+  }
+  for (auto& th : pool) th.join();
+  for (int r = 0; r < reps; ++r) {
+    for (int t = 0; t < threads; ++t) {
+      slowest[static_cast<size_t>(r)] =
+          std::max(slowest[static_cast<size_t>(r)], times[static_cast<size_t>(t)][static_cast<size_t>(r)]);
+    }
+  }
+  std::sort(slowest.begin(), slowest.end());
+  return slowest[slowest.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<uint64_t> sizes = {16ull << 20, 64ull << 20};
+  std::vector<int> thread_counts = {1, static_cast<int>(std::max(1u, std::min(2u, std::thread::hardware_concurrency())))};
+  int reps = 9;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "-h" || a == "--help") {
+      std::printf("usage: tutti-membw [-s 16M,64M] [-n 9] [--threads 1,2] [--json FILE]\n");
+      return 0;
+    } else if (a == "-s" && has_value) {
+      sizes.clear();
+      for (const auto& s : split(argv[++i])) sizes.push_back(parse_size(s));
+    } else if (a == "-n" && has_value) {
+      reps = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--threads" && has_value) {
+      thread_counts.clear();
+      for (const auto& s : split(argv[++i])) thread_counts.push_back(std::max(1, std::atoi(s.c_str())));
+    } else if (a == "--json" && has_value) {
+      json = argv[++i];
+    } else {
+      std::fprintf(stderr, "tutti-membw: unknown or incomplete option '%s' (see --help)\n", a.c_str());
+      return 2;
+    }
+  }
+  thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
+  std::printf("# memory traffic (bytes read + written per second), median of %d; per core: the "
+              "slowest of those running\n", reps);
+  std::printf("#%11s %6s %13s %13s %13s %13s\n", "size", "cores", "memcpy/core", "update/core",
+              "a+=b/core", "update, all");
+  std::string rows;
+  for (uint64_t s : sizes) {
+    for (int t : thread_counts) {
+      const double copy = traffic(Kernel::kCopy, s) / measure(Kernel::kCopy, s, t, reps) / 1e9;
+      const double update = traffic(Kernel::kUpdate, s) / measure(Kernel::kUpdate, s, t, reps) / 1e9;
+      const double add = traffic(Kernel::kAdd, s) / measure(Kernel::kAdd, s, t, reps) / 1e9;
+      std::printf("%12s %6d %10.2f GB/s %8.2f GB/s %8.2f GB/s %8.2f GB/s\n", size_text(s).c_str(), t,
+                  copy, update, add, update * t);
+      char row[320];
+      std::snprintf(row, sizeof(row),
+                    "%s{\"size_bytes\": %llu, \"cores\": %d, \"memcpy_gbps\": %.3f, "
+                    "\"update_gbps\": %.3f, \"add_gbps\": %.3f, \"update_all_gbps\": %.3f}",
+                    rows.empty() ? "" : ", ", static_cast<unsigned long long>(s), t, copy, update,
+                    add, update * t);
+      rows += row;
+    }
+  }
+  if (!json.empty()) {
+    std::ofstream out(json);
+    out << "{\"config\": {\"tool\": \"tutti-membw\", \"reps\": " << reps << "}, \"rows\": [" << rows
+        << "]}\n";
+    if (!out) {
+      std::fprintf(stderr, "tutti-membw: cannot write %s\n", json.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
