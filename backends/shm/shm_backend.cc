@@ -15,6 +15,7 @@
 
 #include "group/group_util.h"
 #include "util/host_identity.h"
+#include "util/local_processes.h"
 #include "util/logging.h"
 #include "shm_cpus.h"
 #include "shm_internal.h"
@@ -92,7 +93,11 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   const int cores = usable_cpus(masks.size() == keys.size() ? cpus_in_union(masks) : 0,
                                 cgroup_cpu_limit(),
                                 static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  const bool oversubscribed = world_size_ > cores;
+  // Every process of this user running tutti groups on this kernel competes for those CPUs too,
+  // whatever its group or host id (local_processes.h): ranks of two "hosts" in network
+  // namespaces on one machine, or of two jobs.
+  const int local = detail::count_local_processes(mask_union(masks));
+  const bool oversubscribed = std::max(world_size_, local) > cores;
   // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
   // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
   // Otherwise a rank polls for kLongSpin (5 ms) before it yields or sleeps: a rank that gives its
@@ -115,8 +120,9 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
       env_size("TUTTI_SHM_SPIN_US", oversubscribed ? 0 : static_cast<size_t>(kLongSpin.count()), 0));
   spin.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
   spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 1, 0)));
-  TUTTI_LOG_DEBUG("shm: {} ranks on {} usable CPUs ({}): polls for {} us (at least {}) then "
-                  "yields {}", world_size_, cores, oversubscribed ? "oversubscribed" : "a core each",
+  TUTTI_LOG_DEBUG("shm: {} ranks ({} tutti processes here) on {} usable CPUs ({}): polls for {} "
+                  "us (at least {}) then yields {}", world_size_, local, cores,
+                  oversubscribed ? "oversubscribed" : "a core each",
                   std::chrono::duration_cast<std::chrono::microseconds>(spin.spin_for).count(),
                   spin.spins, spin.yields);
   // Once every rank has said who it is: a handle on each peer's process, so that its death is

@@ -48,6 +48,23 @@ inline int cpus_in_union(const std::vector<std::string>& masks) {
   return n;
 }
 
+// The CPUs in at least one of `masks`, as a set (this process's mask where none is readable).
+inline cpu_set_t mask_union(const std::vector<std::string>& masks) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (const std::string& m : masks) {
+    for (size_t i = 0; i < m.size() && 4 * i < CPU_SETSIZE; ++i) {
+      const char c = m[i];
+      const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : 0;
+      for (int b = 0; b < 4; ++b) {
+        if ((v >> b & 1) != 0 && 4 * i + b < CPU_SETSIZE) CPU_SET(static_cast<int>(4 * i + b), &set);
+      }
+    }
+  }
+  if (CPU_COUNT(&set) == 0 && ::sched_getaffinity(0, sizeof(set), &set) != 0) CPU_ZERO(&set);
+  return set;
+}
+
 // cgroup v2's cpu.max ("max 100000", "150000 100000"): the CPUs it allows, or 0 for no limit
 // (and for text it cannot read).
 inline double cpu_max_cpus(const std::string& text) {

@@ -12,6 +12,7 @@
 #include "group/group_state.h"
 #include "group/group_util.h"
 #include "util/host_identity.h"
+#include "util/local_processes.h"
 #include "util/logging.h"
 #include "group/op_check.h"
 #include "group/rendezvous.h"
@@ -176,6 +177,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
     throw Error(ErrorCode::kInvalidArgument, ctx + ": timeout must be positive, got " +
                                                  std::to_string(options.timeout.count()) + " ms");
   }
+  // Before the rendezvous: by the time any rank's backend counts the processes that compete for
+  // its CPUs, every rank of the group has registered (local_processes.h).
+  if (world_size > 1) detail::register_local_process();
   const auto start = Clock::now();
   const std::string requested = detail::backend_key(backend);
   const bool automatic = requested == "auto";
