@@ -42,7 +42,13 @@ inline void write_value(DType dtype, void* data, int64_t i, double v) {
     case DType::kUInt32: static_cast<uint32_t*>(data)[i] = static_cast<uint32_t>(v); break;
     case DType::kInt64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); break;
     case DType::kUInt64: static_cast<uint64_t*>(data)[i] = static_cast<uint64_t>(v); break;
+#if defined(__FLT16_MAX__)
     case DType::kFloat16: static_cast<_Float16*>(data)[i] = static_cast<_Float16>(v); break;
+#else
+    // No _Float16 in this compiler (clang < 15 on x86-64: the sanitizer and fuzzer build): the
+    // library's conversion, which Types.Float16MatchesCompiler checks where there is one.
+    case DType::kFloat16: static_cast<Float16*>(data)[i] = to_float16(static_cast<float>(v)); break;
+#endif
     case DType::kBFloat16: {
       const float f = static_cast<float>(round_to_bfloat16(v));
       uint32_t bits;
@@ -64,7 +70,11 @@ inline double read_value(DType dtype, const void* data, int64_t i) {
     case DType::kUInt32: return static_cast<const uint32_t*>(data)[i];
     case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
     case DType::kUInt64: return static_cast<double>(static_cast<const uint64_t*>(data)[i]);
+#if defined(__FLT16_MAX__)
     case DType::kFloat16: return static_cast<double>(static_cast<const _Float16*>(data)[i]);
+#else
+    case DType::kFloat16: return to_float(static_cast<const Float16*>(data)[i]);
+#endif
     case DType::kBFloat16: {
       const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(data)[i]) << 16;
       float f;

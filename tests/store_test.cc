@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <limits>
 #include <thread>
 
 #include "test_util.h"
@@ -116,6 +117,20 @@ TEST_P(StoreTest, AddIsAtomicAcross64Threads) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(client()->add("counter", 0), 64 * 20);
   EXPECT_EQ(client()->add("counter", -5), 64 * 20 - 5);
+}
+
+// A sum past int64 fails, naming the key, and leaves the counter as it was (both ways).
+TEST_P(StoreTest, AnAddThatOverflowsFailsAndLeavesTheCounter) {
+  auto s = client();
+  const int64_t top = std::numeric_limits<int64_t>::max() - 1;
+  EXPECT_EQ(s->add("big", top), top);
+  EXPECT_TUTTI_ERROR(s->add("big", 5), ErrorCode::kInvalidArgument, "big'", "overflows");
+  EXPECT_EQ(s->add("big", 0), top);
+  EXPECT_EQ(s->add("big", 1), top + 1);  // to the very top is fine
+  const int64_t bottom = std::numeric_limits<int64_t>::min();
+  EXPECT_EQ(s->add("small", bottom), bottom);
+  EXPECT_TUTTI_ERROR(s->add("small", -1), ErrorCode::kInvalidArgument, "overflows");
+  EXPECT_EQ(s->add("small", 0), bottom);
 }
 
 TEST_P(StoreTest, AddReturnsDistinctValues) {

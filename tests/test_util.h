@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "sanitizers.h"
 #include "tutti/tutti.h"
 
 namespace tutti::testing {

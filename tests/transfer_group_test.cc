@@ -60,6 +60,14 @@ PutOptions on_gloo() {
   return p;
 }
 
+// Ends an object and waits until its owner lets go of the tensors (an owner's send may still
+// hold them when the consumer has its bytes: Gloo completes a send after its receiver does), so
+// that they may be freed.
+void release_and_wait(TransferAgent& owner, ObjectHandle& h, const std::vector<TensorView>& views) {
+  h.release();
+  for (const TensorView& v : views) owner.wait_tensor_freed(v, 10s);
+}
+
 ErrorCode code_of(const std::function<void()>& fn, std::string* what = nullptr) {
   try {
     fn();
@@ -122,6 +130,10 @@ TEST(TransferGroup, RoundTripsAtSeveralSizesAndDtypesBothWays) {
       // A borrow is a private copy on a two-sided transport.
       Borrowed b = other->borrow(ref);
       for (size_t i = 0; i < data.size(); ++i) EXPECT_TRUE(same_bytes(b.tensors()[i], data[i]));
+      // The owner's sends may still hold the buffers after the consumer has the bytes (Gloo
+      // completes a send after its receiver does): the buffers are the owner's again only once
+      // wait_tensor_freed says so (found by AddressSanitizer: freed here, written after).
+      release_and_wait(*own, h, views);
     }
   }
 }
@@ -166,6 +178,10 @@ TEST(TransferGroup, TwoAgentsFetchingFromEachOtherDoNotDeadlock) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(done.load(), 4 * kRounds);
+  // The owners' last sends may still hold the data when the consumers have their bytes.
+  for (int a = 0; a < 2; ++a) {
+    for (int i = 0; i < kObjects; ++i) release_and_wait(*agents[a], handles[a][i], {TensorView(data[a][i])});
+  }
 }
 
 TEST(TransferGroup, AProcessOutsideTheGroupIsRefusedBeforeAnyIo) {
@@ -197,6 +213,8 @@ TEST(TransferGroup, AProcessOutsideTheGroupIsRefusedBeforeAnyIo) {
   EXPECT_NE(what.find("join_group"), std::string::npos) << what;
   // Not a two-sided transport.
   EXPECT_EQ(code_of([&] { outsider->reset_transport("socket"); }), ErrorCode::kInvalidArgument);
+  // The stream may still hold v when the outsider has its bytes.
+  release_and_wait(*agents[0], h, {TensorView(v)});
 }
 
 TEST(TransferGroup, ReservedFailedFreedAndCountedObjects) {
@@ -240,6 +258,8 @@ TEST(TransferGroup, ReservedFailedFreedAndCountedObjects) {
   std::vector<float> v = {1, 2};
   ObjectHandle ok = own->put({TensorView(v)}, on_gloo());
   EXPECT_EQ(static_cast<const float*>(other->get(ok.ref()).tensors()[0].data())[1], 2.0f);
+  release_and_wait(*own, ok, {TensorView(v)});
+  release_and_wait(*own, h, {TensorView(later)});
 }
 
 // A cancelled transfer leaves the pair out of step: the group is aborted (only it), later gets
@@ -266,6 +286,9 @@ TEST(TransferGroup, ACancelAbortsOnlyTheGroupUntilReset) {
   EXPECT_EQ(static_cast<const float*>(agents[1]->get(h.ref()).tensors()[0].data())[2], 3.0f);
   agents[0]->fulfil(pending, {TensorView(w)});
   EXPECT_EQ(static_cast<const float*>(agents[1]->get(pending.ref()).tensors()[0].data())[0], 4.0f);
+  release_and_wait(*agents[0], pending, {TensorView(w)});
+  plain.release();
+  release_and_wait(*agents[0], h, {TensorView(v)});
 }
 
 // Three agents in a ring, each getting its neighbour's objects while its own are got by the
@@ -306,6 +329,7 @@ TEST(TransferGroup, ARingOfAgentsFetchingFromEachOtherDoesNotDeadlock) {
     EXPECT_EQ(failed[a], static_cast<ErrorCode>(-1)) << "agent " << a << ": " << why[a];
   }
   EXPECT_EQ(wrong.load(), 0);
+  for (int a = 0; a < kAgents; ++a) release_and_wait(*agents[a], handles[a], {TensorView(data[a])});
 }
 
 // The application's own group, attached.
@@ -325,7 +349,8 @@ TEST(TransferGroup, AnAttachedGroupCarriesTransfers) {
   EXPECT_EQ(code_of([&] { agents[0]->reset_transport("gloo"); }), ErrorCode::kInvalidUsage);
   EXPECT_EQ(code_of([&] { agents[0]->attach_group("gloo", nullptr); }), ErrorCode::kInvalidArgument);
   // The agents go and new ones take the same groups: their pairs meet under names of their own
-  // (the first agents' pair groups were split off these groups too).
+  // (the first agents' pair groups were split off these groups too). First the first object.
+  release_and_wait(*agents[1], h, {TensorView(data)});
   agents.clear();
   for (int i = 0; i < 2; ++i) {
     TransferAgentOptions o;
@@ -335,6 +360,7 @@ TEST(TransferGroup, AnAttachedGroupCarriesTransfers) {
   }
   ObjectHandle again = agents[0]->put({TensorView(data)}, on_gloo());
   EXPECT_TRUE(same_bytes(agents[1]->get(again.ref()).tensors()[0], data));
+  release_and_wait(*agents[0], again, {TensorView(data)});
 }
 
 }  // namespace

@@ -32,6 +32,10 @@ TEST(Types, ParseNames) {
 // Every float16 bit pattern converts to float as the compiler's _Float16 does, and every float
 // that is a float16 value converts back to the same bits.
 TEST(Types, Float16MatchesCompiler) {
+#if !defined(__FLT16_MAX__)
+  GTEST_SKIP() << "this compiler has no _Float16 to check against (clang < 15 on x86-64); the "
+                  "GCC build runs it";
+#else
   for (uint32_t bits = 0; bits < 0x10000u; ++bits) {
     const uint16_t b = static_cast<uint16_t>(bits);
     _Float16 h;
@@ -53,6 +57,7 @@ TEST(Types, Float16MatchesCompiler) {
     std::memcpy(&want, &h, 2);
     EXPECT_EQ(to_float16(f).bits, want) << f;
   }
+#endif
 }
 
 TEST(Types, BFloat16RoundsToNearestEven) {

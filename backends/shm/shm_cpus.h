@@ -31,11 +31,13 @@ inline std::string affinity_mask_text() {
   return out;
 }
 
-// How many CPUs are in at least one of `masks` (as affinity_mask_text writes them); 0 when none
-// holds a CPU (or none is readable).
+// How many CPUs are in at least one of `masks` (as affinity_mask_text writes them; the first
+// CPU_SETSIZE CPUs); 0 when none holds a CPU (or none is readable).
 inline int cpus_in_union(const std::vector<std::string>& masks) {
   std::vector<int> digits;
-  for (const std::string& m : masks) {
+  for (const std::string& m0 : masks) {
+    // CPUs past what a cpu_set_t holds are not counted (mask_union cannot hold them either).
+    const std::string m = m0.substr(0, CPU_SETSIZE / 4);
     if (digits.size() < m.size()) digits.resize(m.size(), 0);
     for (size_t i = 0; i < m.size(); ++i) {
       const char c = m[i];
@@ -102,7 +104,9 @@ inline double cgroup_cpu_limit() {
 // least one); `fallback` when no mask was readable.
 inline int usable_cpus(int in_union, double limit, int fallback) {
   int cpus = in_union > 0 ? in_union : fallback;
-  if (limit > 0) cpus = std::min(cpus, std::max(1, static_cast<int>(limit)));
+  // A limit at or above the count caps nothing (compared as doubles: a huge or odd cpu.max
+  // must not overflow the conversion to int, found by fuzzing).
+  if (limit > 0 && limit < static_cast<double>(cpus)) cpus = std::max(1, static_cast<int>(limit));
   return std::max(1, cpus);
 }
 

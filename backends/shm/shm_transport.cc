@@ -28,6 +28,7 @@
 #include <mutex>
 #include <utility>
 
+#include "shm_messages.h"
 #include "util/logging.h"
 #include "tutti/error.h"
 #include "tutti/tensor_transport.h"
@@ -296,11 +297,11 @@ class ShmTransport final : public TensorTransport {
   // blocks. Both sealed: read-only there.
   std::string answer(const std::string& request, const AgentIdentity& consumer,
                      std::vector<int>* fds) override {
-    if (request.rfind("chunk ", 0) != 0) {
+    uint64_t id = 0;
+    if (!parse_chunk_request(request, id)) {
       throw Error(ErrorCode::kInvalidArgument, "shm transport: unknown request '" +
                                                    request.substr(0, 32) + "'");
     }
-    const uint64_t id = std::strtoull(request.c_str() + 6, nullptr, 10);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = by_id_.find(id);
     if (it == by_id_.end()) {
@@ -320,8 +321,7 @@ class ShmTransport final : public TensorTransport {
       if (table >= 0) fds->push_back(table);  // without it the consumer only caches by count
     }
     (void)consumer;
-    return "ok " + std::to_string(c.offset) + " " + std::to_string(c.size) + " " +
-           std::to_string(c.slot);
+    return chunk_reply(c.offset, c.size, static_cast<int64_t>(c.slot));
   }
 
   // ---- consumer ----
@@ -493,12 +493,10 @@ class ShmTransport final : public TensorTransport {
       }
     }
     std::vector<int> fds;
-    const std::string reply = request.owner.call("chunk " + std::to_string(chunk), &fds);
-    // "ok <offset in the file> <bytes> <slot in the table of live blocks>"
-    unsigned long long at = 0, bytes = 0;
-    long long slot = 0;
-    const bool parsed =
-        std::sscanf(reply.c_str(), "ok %llu %llu %lld", &at, &bytes, &slot) >= 2 && bytes > 0;
+    const std::string reply = request.owner.call(chunk_request(chunk), &fds);
+    uint64_t at = 0, bytes = 0;
+    int64_t slot = 0;
+    const bool parsed = parse_chunk_reply(reply, at, bytes, slot);
     if (fds.empty()) {
       throw Error(ErrorCode::kInternal, "shm transport: the owner sent no descriptor for block " +
                                             std::to_string(chunk));
@@ -508,8 +506,7 @@ class ShmTransport final : public TensorTransport {
     // The block must lie inside the file as it is (a shorter file would fault the reader).
     struct stat st;
     if (!parsed || ::fstat(fds[0], &st) != 0 || st.st_size < 0 ||
-        at > static_cast<unsigned long long>(st.st_size) ||
-        bytes > static_cast<unsigned long long>(st.st_size) - at) {
+        at > static_cast<uint64_t>(st.st_size) || bytes > static_cast<uint64_t>(st.st_size) - at) {
       ::close(fds[0]);
       throw Error(ErrorCode::kIoError, "shm transport: the owner's block " + std::to_string(chunk) +
                                            " does not lie inside its file ('" +

@@ -449,7 +449,7 @@ void CollectiveGroup::destroy() noexcept {
     // there (joining them would wait forever), closing its Gloo pairs would take the parent's
     // sockets out of their shared epoll set, and leaving the segment or the store would tell the
     // parent's peers that it left. The child leaves it all be: the state is kept, never freed.
-    static_cast<void>(new std::shared_ptr<State>(state_));
+    detail::keep_forever(state_);
     return;
   }
   try {

@@ -184,7 +184,8 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   Locked lock(*this);
   const auto& cache = log_->cache;
   auto it = cache.find(key);
-  const int64_t value = (it == cache.end() ? 0 : detail::parse_counter(key, it->second)) + delta;
+  const int64_t value =
+      detail::add_to_counter(key, it == cache.end() ? nullptr : &it->second, delta);
   append_locked(kSet, key, std::to_string(value));
   return value;
 }

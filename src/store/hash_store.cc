@@ -27,7 +27,7 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = map_.find(key);
-    value = (it == map_.end() ? 0 : detail::parse_counter(key, it->second)) + delta;
+    value = detail::add_to_counter(key, it == map_.end() ? nullptr : &it->second, delta);
     map_[key] = std::to_string(value);
   }
   changed_.notify_all();

@@ -167,9 +167,11 @@ int64_t RedisStore::add(const std::string& key, int64_t delta) {
     return r->integer;
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kInvalidUsage) throw;
-    // Not a counter: say so as every store does, naming the key and its value.
+    // Not a counter, or a sum that overflows: say so as every store does, naming the key.
     Reply v = impl_->command({"GET", impl_->key(key)}, "get '" + key + "'", timeout());
-    return detail::parse_counter(key, v->type == REDIS_REPLY_STRING ? std::string(v->str, v->len) : "");
+    const std::string value = v->type == REDIS_REPLY_STRING ? std::string(v->str, v->len) : "";
+    detail::add_to_counter(key, &value, delta);  // throws for either
+    throw;  // Redis refused it for another reason
   }
 }
 

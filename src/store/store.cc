@@ -54,6 +54,17 @@ int64_t parse_counter(const std::string& key, const std::string& value) {
   throw Error(ErrorCode::kInvalidUsage,
               "store key '" + key + "' holds '" + value + "', not a counter written by add()");
 }
+
+int64_t add_to_counter(const std::string& key, const std::string* current, int64_t delta) {
+  const int64_t now = current == nullptr ? 0 : parse_counter(key, *current);
+  int64_t sum = 0;
+  if (__builtin_add_overflow(now, delta, &sum)) {
+    throw Error(ErrorCode::kInvalidArgument, "store key '" + key + "': add(" +
+                                                 std::to_string(delta) + ") to " +
+                                                 std::to_string(now) + " overflows an int64");
+  }
+  return sum;
+}
 }  // namespace detail
 
 namespace {

@@ -27,4 +27,9 @@ std::string redact_url(const std::string& url);
 // Parses a value written by add(); throws kInvalidUsage naming the key otherwise.
 int64_t parse_counter(const std::string& key, const std::string& value);
 
+// What add(key, delta) leaves in a counter holding `current` (null: none yet); throws
+// kInvalidArgument naming the key when the sum does not fit an int64 (found by fuzzing the TCP
+// store: the server computed it with a signed overflow).
+int64_t add_to_counter(const std::string& key, const std::string* current, int64_t delta);
+
 }  // namespace tutti::detail

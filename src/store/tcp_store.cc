@@ -508,7 +508,14 @@ int64_t TCPStore::add(const std::string& key, int64_t delta) {
       impl_->request("add '" + key + "'", Repeat::kOnlyIfUnapplied, deadline_after(timeout()), w);
   proto::Reader r(body.data() + 1, body.size() - 1);
   if (status_of(body) == proto::Status::kError) {
-    throw Error(ErrorCode::kInvalidUsage, r.str(proto::kMaxValueBytes));
+    const std::string message = r.str(proto::kMaxValueBytes);
+    // The server's error code follows the message (servers from before it send none).
+    ErrorCode code = ErrorCode::kInvalidUsage;
+    if (r.ok() && !r.done()) {
+      const uint8_t c = r.u8();
+      if (r.done() && c <= static_cast<uint8_t>(ErrorCode::kInternal)) code = static_cast<ErrorCode>(c);
+    }
+    throw Error(code, message);
   }
   const int64_t value = r.i64();
   if (!r.done()) throw Error(ErrorCode::kIoError, impl_->where() + ": malformed add response");

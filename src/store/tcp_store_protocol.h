@@ -47,7 +47,7 @@ constexpr size_t kMaxOnCloseKeys = 1024;
 enum class Command : uint8_t {
   kSet = 1,          // key, value                 -> kOk
   kGet = 2,          // key                        -> kOk value | kNotFound
-  kAdd = 3,          // key, delta i64             -> kOk i64 | kError message
+  kAdd = 3,          // key, delta i64             -> kOk i64 | kError message [code u8]
   kCompareSet = 4,   // key, expected, desired     -> kOk value
   kWait = 5,         // timeout_ms i64, n u32, keys -> kOk | kTimeout (when it passes)
   kCheck = 6,        // n u32, keys                -> kOk u8

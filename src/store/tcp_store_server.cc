@@ -345,11 +345,12 @@ class Session : public std::enable_shared_from_this<Session> {
         const int64_t delta = r.i64();
         if (!r.done()) return close("malformed add");
         auto it = data.find(key);
-        int64_t value = delta;
+        int64_t value = 0;
         try {
-          if (it != data.end()) value += detail::parse_counter(key, it->second);
+          value = detail::add_to_counter(key, it == data.end() ? nullptr : &it->second, delta);
         } catch (const Error& e) {
-          w.u8(static_cast<uint8_t>(Status::kError)).str(e.what());
+          // The code after the message: clients from before it read the message alone.
+          w.u8(static_cast<uint8_t>(Status::kError)).str(e.what()).u8(static_cast<uint8_t>(e.code()));
           break;
         }
         data[key] = std::to_string(value);

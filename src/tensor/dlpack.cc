@@ -1,5 +1,7 @@
 #include "tutti/dlpack.h"
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "tutti/error.h"
@@ -44,15 +46,20 @@ DType dtype_from(const DLDataType& t) {
 TensorView from_dlpack(const DLTensor& tensor) {
   const DType dtype = dtype_from(tensor.dtype);
   Device device;
-  switch (tensor.device.device_type) {
+  // The device type as the integer it is: a producer may have written any value there (a newer
+  // DLPack's device, or garbage), and loading one outside the enum's range as the enum is
+  // undefined behaviour (found by fuzzing).
+  int32_t device_type = 0;
+  static_assert(sizeof(tensor.device.device_type) == sizeof(device_type), "DLPack's int32 field");
+  std::memcpy(&device_type, &tensor.device.device_type, sizeof(device_type));
+  switch (device_type) {
     case kDLCPU:
     case kDLCUDAHost: device = Device::cpu(); break;
     case kDLCUDA: device = Device::cuda(tensor.device.device_id); break;
     default:
-      throw Error(ErrorCode::kInvalidArgument,
-                  "from_dlpack: unsupported device type " +
-                      std::to_string(static_cast<int>(tensor.device.device_type)) +
-                      " (expected CPU, CUDA host or CUDA)");
+      throw Error(ErrorCode::kInvalidArgument, "from_dlpack: unsupported device type " +
+                                                   std::to_string(device_type) +
+                                                   " (expected CPU, CUDA host or CUDA)");
   }
   if (tensor.ndim < 0 || (tensor.ndim > 0 && tensor.shape == nullptr)) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -73,9 +80,18 @@ TensorView from_dlpack(const DLTensor& tensor) {
       expected *= shape[i];
     }
   }
-  void* data = tensor.data == nullptr
-                   ? nullptr
-                   : static_cast<char*>(tensor.data) + tensor.byte_offset;
+  // The offset must not carry the pointer past the end of the address space (pointer arithmetic
+  // that wraps is undefined; found by fuzzing).
+  void* data = nullptr;
+  if (tensor.data != nullptr) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(tensor.data);
+    if (tensor.byte_offset > UINTPTR_MAX - base) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "from_dlpack: byte offset " + std::to_string(tensor.byte_offset) +
+                      " runs past the end of the address space from the data pointer");
+    }
+    data = reinterpret_cast<void*>(base + static_cast<uintptr_t>(tensor.byte_offset));
+  }
   return TensorView(data, dtype, std::move(shape), device);
 }
 

@@ -34,14 +34,25 @@ TUTTI_MULTIVERSION void reduce_plain(void* out, const void* a, const void* b, si
 }
 
 // float16 through float32, rounding once per step (the compiler's _Float16 conversions round to
-// nearest even; with F16C they are single instructions).
+// nearest even; with F16C they are single instructions). Compilers without _Float16 on this
+// target (clang before 15 on x86-64) convert in software, with the same rounding.
+#if defined(__FLT16_MAX__)
+using Half = _Float16;
+inline float half_to_float(Half v) { return static_cast<float>(v); }
+inline Half float_to_half(float f) { return static_cast<Half>(f); }
+#else
+using Half = Float16;
+inline float half_to_float(Half v) { return to_float(v); }
+inline Half float_to_half(float f) { return to_float16(f); }
+#endif
+
 template <typename Op>
 TUTTI_MULTIVERSION void reduce_f16(void* out, const void* a, const void* b, size_t n) {
-  auto* o = static_cast<_Float16*>(out);
-  const auto* x = static_cast<const _Float16*>(a);
-  const auto* y = static_cast<const _Float16*>(b);
+  auto* o = static_cast<Half*>(out);
+  const auto* x = static_cast<const Half*>(a);
+  const auto* y = static_cast<const Half*>(b);
   for (size_t i = 0; i < n; ++i) {
-    o[i] = static_cast<_Float16>(Op::apply(static_cast<float>(x[i]), static_cast<float>(y[i])));
+    o[i] = float_to_half(Op::apply(half_to_float(x[i]), half_to_float(y[i])));
   }
 }
 
@@ -104,8 +115,8 @@ TUTTI_MULTIVERSION void divide(T* data, size_t n, T d) {
   for (size_t i = 0; i < n; ++i) data[i] /= d;
 }
 
-TUTTI_MULTIVERSION void divide_f16(_Float16* data, size_t n, float d) {
-  for (size_t i = 0; i < n; ++i) data[i] = static_cast<_Float16>(static_cast<float>(data[i]) / d);
+TUTTI_MULTIVERSION void divide_f16(Half* data, size_t n, float d) {
+  for (size_t i = 0; i < n; ++i) data[i] = float_to_half(half_to_float(data[i]) / d);
 }
 
 TUTTI_MULTIVERSION void divide_bf16(uint16_t* data, size_t n, float d) {
@@ -151,7 +162,7 @@ void reduce_many(ReduceFn fn, void* out, const void* const* inputs, int count, s
 
 void scale_average(void* data, DType dtype, size_t n, int divisor) noexcept {
   switch (dtype) {
-    case DType::kFloat16: divide_f16(static_cast<_Float16*>(data), n, static_cast<float>(divisor)); break;
+    case DType::kFloat16: divide_f16(static_cast<Half*>(data), n, static_cast<float>(divisor)); break;
     case DType::kBFloat16: divide_bf16(static_cast<uint16_t*>(data), n, static_cast<float>(divisor)); break;
     case DType::kFloat32: divide(static_cast<float*>(data), n, static_cast<float>(divisor)); break;
     case DType::kFloat64: divide(static_cast<double*>(data), n, static_cast<double>(divisor)); break;

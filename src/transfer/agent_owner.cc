@@ -82,6 +82,7 @@ std::string seconds_ago(Clock::time_point t) {
 }
 
 // A consumer's timeout off the wire as a deadline: at most a day.
+// A deadline a peer asked for, in milliseconds from now: at most a day.
 Clock::time_point wire_deadline(uint64_t ms) {
   return deadline_after(std::chrono::milliseconds(std::min<uint64_t>(ms, 86400000)));
 }
@@ -1117,8 +1118,10 @@ void AgentCore::serve_fetch(WireReader& r, const std::function<void(const std::s
   const std::string consumer_id = consumer.uuid_text();
   const uint64_t id = r.u64("id");
   const uint32_t gen = r.u32("generation");
-  const std::chrono::milliseconds timeout(r.u64("timeout"));
-  const auto deadline = Clock::now() + timeout;
+  // At most a day, as every wait a consumer asks for (a larger one overflowed the clock's sum:
+  // found by fuzzing).
+  const std::chrono::milliseconds timeout(std::min<uint64_t>(r.u64("timeout"), 86400000));
+  const auto deadline = wire_deadline(static_cast<uint64_t>(timeout.count()));
   // A reservation not fulfilled in time is refused a little before the consumer gives up, so
   // that the refusal reaches it (a consumer that gives up first must abort the group).
   const auto wait_deadline = deadline - std::min<std::chrono::milliseconds>(

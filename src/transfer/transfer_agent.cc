@@ -11,6 +11,7 @@
 #include "transfer/group_transport.h"
 #include "tutti/backend.h"
 #include "tutti/collective_group.h"
+#include "util/fork_watch.h"
 #include "util/logging.h"
 
 namespace tutti {
@@ -225,7 +226,7 @@ TransferAgent::~TransferAgent() {
   if (core_->forked()) {
     // A forked child's copy of its parent's agent: its threads, locks and condition variables
     // are the parent's state at the fork; destroying them could wait forever. Left as it is.
-    new std::shared_ptr<detail::AgentCore>(std::move(core_));
+    detail::keep_forever(std::move(core_));
     return;
   }
   core_->stop();

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <vector>
 
 namespace tutti::detail {
 namespace {
@@ -21,6 +22,21 @@ uint64_t fork_generation() {
   }();
   static_cast<void>(installed);
   return g_generation.load(std::memory_order_relaxed);
+}
+
+}  // namespace tutti::detail
+
+namespace tutti::detail {
+
+void keep_forever(std::shared_ptr<const void> object) {
+  // A spin lock, not a mutex: a mutex a parent thread held at the fork would stay locked here.
+  // Leaked on purpose, reachable from this static: nothing of it may be destroyed at exit.
+  static std::atomic_flag busy = ATOMIC_FLAG_INIT;
+  static auto* kept = new std::vector<std::shared_ptr<const void>>();
+  while (busy.test_and_set(std::memory_order_acquire)) {
+  }
+  kept->push_back(std::move(object));
+  busy.clear(std::memory_order_release);
 }
 
 }  // namespace tutti::detail

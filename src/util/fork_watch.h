@@ -9,8 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 namespace tutti::detail {
+
+// Keeps `object` alive until the process ends, reachable (so leak checkers see no leak): what a
+// forked child inherited of its parent's groups and agents, which it must neither use nor tear
+// down (their threads and locks are the parent's). Thread-safe.
+void keep_forever(std::shared_ptr<const void> object);
 
 // The number of forks between the first process and this one (0 in a process never forked
 // into). Installs the fork handler on first use; thread-safe and cheap (one atomic load).

@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -37,7 +38,51 @@ struct Bf16 {
   uint16_t bits;
 };
 
-inline double load(const _Float16* p, size_t i) { return static_cast<double>(p[i]); }
+// float16: the compiler's where it has _Float16, else bits converted here (clang < 15 on x86-64,
+// the sanitizer build), round to nearest even either way.
+#if defined(__FLT16_MAX__)
+using Half = _Float16;
+inline double load(const Half* p, size_t i) { return static_cast<double>(p[i]); }
+inline void store(Half* p, size_t i, double v) { p[i] = static_cast<Half>(v); }
+#else
+struct Half {
+  uint16_t bits;
+};
+inline double load(const Half* p, size_t i) {
+  const uint32_t h = p[i].bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f,
+                 man = h & 0x3ff;
+  if (exp == 0) return (sign ? -1.0 : 1.0) * man * std::ldexp(1.0, -24);  // zero, subnormal
+  uint32_t bits = sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline void store(Half* p, size_t i, double v) {
+  const float f = static_cast<float>(v);
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t a = x & 0x7fffffffu;
+  uint16_t out;
+  if (a > 0x7f800000u) {
+    out = 0x7e00;  // NaN
+  } else if (a >= 0x477ff000u) {
+    out = 0x7c00;  // rounds to infinity
+  } else if (a < 0x38800000u) {
+    // Subnormal (or zero): add 0.5 so the float's rounding does the half's.
+    float g;
+    std::memcpy(&g, &a, 4);
+    g += 0.5f;
+    uint32_t gb;
+    std::memcpy(&gb, &g, 4);
+    out = static_cast<uint16_t>(gb - 0x3f000000u);
+  } else {
+    const uint32_t odd = (a >> 13) & 1u;
+    out = static_cast<uint16_t>((a + 0xc8000fffu + odd) >> 13);
+  }
+  p[i].bits = static_cast<uint16_t>(sign | out);
+}
+#endif
 inline double load(const Bf16* p, size_t i) {
   const uint32_t bits = static_cast<uint32_t>(p[i].bits) << 16;
   float f;
@@ -49,7 +94,6 @@ double load(const T* p, size_t i) {
   return static_cast<double>(p[i]);
 }
 
-inline void store(_Float16* p, size_t i, double v) { p[i] = static_cast<_Float16>(v); }
 inline void store(Bf16* p, size_t i, double v) {
   const float f = static_cast<float>(v);
   uint32_t bits;
@@ -118,7 +162,7 @@ inline void reduce(void* out, const std::vector<const void*>& in, size_t count, 
     case ncclUint32: detail::reduce_integer<uint32_t>(out, in, count, op); break;
     case ncclInt64: detail::reduce_integer<int64_t>(out, in, count, op); break;
     case ncclUint64: detail::reduce_integer<uint64_t>(out, in, count, op); break;
-    case ncclFloat16: detail::reduce_floating<_Float16>(out, in, count, op); break;
+    case ncclFloat16: detail::reduce_floating<detail::Half>(out, in, count, op); break;
     case ncclBfloat16: detail::reduce_floating<detail::Bf16>(out, in, count, op); break;
     case ncclFloat32: detail::reduce_floating<float>(out, in, count, op); break;
     case ncclFloat64: detail::reduce_floating<double>(out, in, count, op); break;
