@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command (what CI runs): set-up, build, and every test except the "large" (>2 GiB)
 # cases; then the Python package's tests (pytest, in the venv scripts/python-env.sh makes, Ray
-# included). TUTTI_TEST_LARGE=1 runs the large cases too; TUTTI_TEST_PYTHON=0 skips the Python
-# part.
+# included); then the sanitizer runs (scripts/sanitize.sh: the whole suite under AddressSanitizer
+# and UndefinedBehaviorSanitizer, the threaded and transfer tests under ThreadSanitizer, every
+# fuzzer for FUZZ_SECONDS each). TUTTI_TEST_LARGE=1 runs the large cases too;
+# TUTTI_TEST_PYTHON=0 skips the Python part, TUTTI_TEST_SANITIZE=0 the sanitizer runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
@@ -18,4 +20,9 @@ if [ "${TUTTI_TEST_PYTHON:-1}" = "1" ]; then
   # would shadow the installed package.
   "$python" -m pytest -q python/tests
   echo "test.sh: the Python part took $((SECONDS - start)) s (venv, package build, tests)"
+fi
+if [ "${TUTTI_TEST_SANITIZE:-1}" = "1" ]; then
+  start=$SECONDS
+  FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/sanitize.sh
+  echo "test.sh: the sanitizer runs took $((SECONDS - start)) s (builds, tests, fuzzers)"
 fi

@@ -2,9 +2,11 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -77,6 +79,23 @@ bool connects_first(const sockaddr_storage& self, const sockaddr_storage& peer) 
   return cmp > 0;
 }
 
+// The scan below looks at every descriptor of the process, including ones other threads (Gloo's,
+// the store client's, other groups') may close or reuse at that moment: it never trusts a number
+// (a socket is kept with its inode and checked again before use). It asks the kernel directly
+// rather than through libc's wrappers, which ThreadSanitizer intercepts to pair a descriptor's
+// uses with its close: a look at a descriptor this code does not own is not such a use.
+int stat_of(int fd, struct stat* st) {
+#ifdef SYS_fstat
+  return static_cast<int>(::syscall(SYS_fstat, fd, st));
+#else  // aarch64 has only the *at form
+  return static_cast<int>(::syscall(SYS_newfstatat, fd, "", st, AT_EMPTY_PATH));
+#endif
+}
+int name_of(long call, int fd, sockaddr_storage* ss) {
+  socklen_t len = sizeof(*ss);
+  return static_cast<int>(::syscall(call, fd, reinterpret_cast<sockaddr*>(ss), &len));
+}
+
 }  // namespace
 
 void GlooConnections::record(int r, const std::vector<char>& addresses) {
@@ -116,11 +135,10 @@ void GlooConnections::find(int rank, int world_size) {
     const long fd = std::strtol(entry->d_name, &end, 10);
     if (*end != '\0' || fd == ::dirfd(dir)) continue;
     struct stat st;
-    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    if (stat_of(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     sockaddr_storage local{}, remote{};
-    socklen_t local_len = sizeof(local), remote_len = sizeof(remote);
-    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
-        ::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&remote), &remote_len) != 0) {
+    if (name_of(SYS_getsockname, static_cast<int>(fd), &local) != 0 ||
+        name_of(SYS_getpeername, static_cast<int>(fd), &remote) != 0) {
       continue;  // not connected
     }
     auto accepted = accepted_on.find(text_of(local));
@@ -138,7 +156,7 @@ void GlooConnections::find(int rank, int world_size) {
 
 bool GlooConnections::still_ours(const Socket& s) const {
   struct stat st;
-  return ::fstat(s.fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == s.inode;
+  return stat_of(s.fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == s.inode;
 }
 
 void GlooConnections::reset_all() {

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The sanitizer runs of the test command (scripts/test.sh calls this; CI runs it):
+#   asan   the whole C++ suite built with AddressSanitizer (and LeakSanitizer) and
+#          UndefinedBehaviorSanitizer, clang, in build-asan/; the fuzzers are built there too
+#   tsan   the threaded, transfer and NCCL-stand-in tests built with ThreadSanitizer, GCC, in
+#          build-tsan/ (only those targets)
+#   fuzz   every libFuzzer target (tests/fuzz/) for FUZZ_SECONDS each (default 20), from its seeds
+#          in tests/fuzz/seeds/<target>/; a crash leaves its input in build-asan/fuzz/<target>/
+#
+#   scripts/sanitize.sh            # all three
+#   scripts/sanitize.sh asan fuzz  # some
+#
+# Suppressions (tests/sanitizers/*.supp) are for third-party code only, each with its reason.
+# Findings fail the run: UBSan's are errors (-fno-sanitize-recover), not warnings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(asan tsan fuzz)
+jobs=$(nproc)
+supp=$root/tests/sanitizers
+export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=0:strict_string_checks=1
+export LSAN_OPTIONS=suppressions=$supp/lsan.supp
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp
+# Not under the sanitizers: the installed package's consumer project (built without them, it
+# cannot link their runtimes), and a test that runs the process out of file descriptors, which
+# UBSan's vptr check itself needs to read /proc/self/maps and its suppressions (the plain build
+# runs both).
+asan_skip='Package\.|TCPStoreServerLimits\.OutOfDescriptorsPausesAcceptingAndWarnsOnce'
+
+configure_asan() {
+  CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None \
+    -DCMAKE_C_FLAGS="-O1 -g1" -DCMAKE_CXX_FLAGS="-O1 -g1" -DTUTTI_SANITIZE="address;undefined" \
+    -DTUTTI_FUZZ=ON >/dev/null
+}
+
+for part in "${parts[@]}"; do
+  start=$SECONDS
+  case $part in
+    asan)
+      configure_asan
+      cmake --build build-asan -j"$jobs"
+      (cd build-asan && ctest -j"$jobs" --output-on-failure --timeout 900 -LE "large|gpu" \
+        -E "$asan_skip")
+      ;;
+    tsan)
+      cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="-O1 -g1" \
+        -DCMAKE_CXX_FLAGS="-O1 -g1" -DTUTTI_SANITIZE=thread >/dev/null
+      # The threaded parts: async ops and abort, splits, batched p2p, the direct transport and
+      # its two-sided transports, and the NCCL backend's host logic on the stand-in.
+      targets=(work_test abort_test split_test batch_p2p_test transfer_test transfer_group_test
+               transfer_process_test transfer_worker tutti_test_worker tutti_fault_worker tutti-run
+               tutti-flight)
+      tests='^(Backends/(WorkTest|Abort|AbortProcesses|Split|BatchP2P|BatchP2PRules)|NewGroup|TensorRefFormat|Transfer|TransferSecret|TransferCustom|TransferGroup|OwnerHere|OwnerThere|OwnerExits|TwoSided)[./]'
+      if ninja -C build-tsan -t targets all 2>/dev/null | grep -q '^transfer_nccl_test:'; then
+        targets+=(nccl_test nccl_fault_test transfer_nccl_test nccl_world_test
+                  tutti_standin_cudart tutti_standin_nccl)
+        tests="$tests|^standin\\.(nccl_test|nccl_fault_test|transfer_nccl_test|nccl_world_test)"
+      fi
+      cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
+      (cd build-tsan && ctest -j"$jobs" --output-on-failure --timeout 900 -LE "large|gpu" \
+        -R "$tests")
+      ;;
+    fuzz)
+      configure_asan
+      cmake --build build-asan -j"$jobs" --target tutti_fuzzers
+      secs=${FUZZ_SECONDS:-20}
+      for bin in build-asan/tests/fuzz/fuzz_*; do
+        [ -x "$bin" ] || continue
+        name=$(basename "$bin")
+        seeds=$root/tests/fuzz/seeds/${name#fuzz_}
+        work=build-asan/fuzz/$name
+        mkdir -p "$work/corpus"
+        echo "sanitize: $name for $secs s (seeds: $seeds)" >&2
+        # The corpus it grows stays in build-asan/fuzz/ between runs; the seeds are read only.
+        "$bin" -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$work/" \
+          -timeout=10 -rss_limit_mb=2048 "$work/corpus" "$seeds" 2>"$work/log" || {
+          tail -40 "$work/log" >&2
+          echo "sanitize: $name found a crash; its input is in $work/ (replay: $bin FILE)" >&2
+          exit 1
+        }
+        grep -E "^stat::number_of_executed_units|^stat::new_units_added" "$work/log" | tr '\n' ' ' >&2
+        echo >&2
+      done
+      ;;
+    *) echo "sanitize: unknown part '$part' (asan, tsan, fuzz)" >&2; exit 2 ;;
+  esac
+  echo "sanitize: $part took $((SECONDS - start)) s" >&2
+done
