@@ -13,7 +13,7 @@
 
 #include "util/deadline.h"
 #include "util/logging.h"
-#include "util/sha256.h"
+#include "util/crypto.h"
 #include "store/store_util.h"
 #include "store/tcp_store_protocol.h"
 #include "tutti/error.h"

@@ -9,8 +9,7 @@
 
 #include "util/deadline.h"
 #include "util/logging.h"
-#include "util/random_bytes.h"
-#include "util/sha256.h"
+#include "util/crypto.h"
 #include "store/store_util.h"
 #include "store/tcp_store_protocol.h"
 #include "tutti/error.h"
@@ -220,9 +219,7 @@ class Session : public std::enable_shared_from_this<Session> {
     bool ok = r.done() && magic == proto::kMagic && version == proto::kVersion;
     if (ok && !server_.options.secret.empty()) {
       const auto want = detail::hmac_sha256(server_.options.secret, nonce_);
-      unsigned diff = 0;  // constant time
-      for (size_t i = 0; i < want.size(); ++i) diff |= want[i] ^ static_cast<uint8_t>(proof[i]);
-      ok = diff == 0;
+      ok = detail::same_secret(want.data(), want.size(), proof.data(), proof.size());
     }
     if (!ok) {
       server_.refused_warning.warn("tcp store: refused a client (bad magic, version or secret)");

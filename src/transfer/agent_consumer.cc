@@ -13,8 +13,7 @@
 #include "util/deadline.h"
 #include "util/host_identity.h"
 #include "util/logging.h"
-#include "util/random_bytes.h"
-#include "util/sha256.h"
+#include "util/crypto.h"
 
 namespace tutti::detail {
 namespace {
@@ -338,7 +337,8 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
   // With a secret, the owner must prove it over this connection's nonces: whoever answers at
   // the owner's address without it is not the owner.
   if (!options.secret.empty() &&
-      their_proof != hello_proof(options.secret, "owner", owner, identity, their_nonce, my_nonce)) {
+      !same_secret(their_proof,
+                   hello_proof(options.secret, "owner", owner, identity, their_nonce, my_nonce))) {
     for (int f : m.fds) ::close(f);
     throw Error(ErrorCode::kInvalidArgument,
                 "whoever answers at " + owner_text(owner) + "'s address does not prove the shared "

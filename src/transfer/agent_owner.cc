@@ -21,8 +21,7 @@
 #include "util/fork_watch.h"
 #include "util/host_identity.h"
 #include "util/logging.h"
-#include "util/random_bytes.h"
-#include "util/sha256.h"
+#include "util/crypto.h"
 
 namespace tutti::detail {
 namespace {
@@ -856,8 +855,8 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
                   throw;  // the consumer went
                 }
               }
-              if (proof != hello_proof(options.secret, "consumer", identity, them, my_nonce,
-                                       their_nonce)) {
+              if (!same_secret(proof, hello_proof(options.secret, "consumer", identity, them,
+                                                  my_nonce, their_nonce))) {
                 refused = "hello to " + who() + ": agent '" + them.name +
                           "' does not know the shared secret";
               }

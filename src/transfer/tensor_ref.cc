@@ -6,7 +6,7 @@
 
 #include "transfer/lease_table.h"
 #include "transfer/wire.h"
-#include "util/sha256.h"
+#include "util/crypto.h"
 
 namespace tutti {
 namespace {
@@ -231,9 +231,7 @@ void TensorRef::sign(const std::string& key) {
 bool TensorRef::verify(const std::string& key) const {
   if (!signed_) return false;
   const auto want = detail::hmac_sha256(key, body());
-  uint8_t diff = 0;
-  for (size_t i = 0; i < want.size(); ++i) diff |= want[i] ^ hmac_[i];
-  return diff == 0;
+  return detail::same_secret(want.data(), want.size(), hmac_.data(), hmac_.size());
 }
 
 }  // namespace tutti

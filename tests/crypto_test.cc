@@ -1,0 +1,71 @@
+// The store's and the direct transport's cryptography (util/crypto.h) against published test
+// vectors: FIPS 180-2's SHA-256 examples and RFC 4231's HMAC-SHA-256 cases.
+#include "util/crypto.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+namespace {
+
+std::string hex(const std::array<uint8_t, 32>& d) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : d) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Crypto, Sha256MatchesTheStandardsExamples) {
+  using tutti::detail::sha256;
+  EXPECT_EQ(hex(sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hex(sha256("abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST(Crypto, HmacSha256MatchesRfc4231) {
+  using tutti::detail::hmac_sha256;
+  // Test case 1: a 20-byte key of 0x0b.
+  EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  // Test case 2: a key shorter than the output.
+  EXPECT_EQ(hex(hmac_sha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  // Test case 6: a key longer than the block, hashed first.
+  EXPECT_EQ(hex(hmac_sha256(std::string(131, '\xaa'),
+                            "Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+TEST(Crypto, SameSecretComparesEveryByteAndTheLength) {
+  using tutti::detail::same_secret;
+  EXPECT_TRUE(same_secret("", ""));
+  EXPECT_TRUE(same_secret(std::string("a\0b", 3), std::string("a\0b", 3)));
+  EXPECT_FALSE(same_secret(std::string("a\0b", 3), std::string("a\0c", 3)));
+  EXPECT_FALSE(same_secret("proof", "proof!"));
+  EXPECT_FALSE(same_secret("", "x"));
+  const std::string a(32, 'p');
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::string b = a;
+    b[i] ^= 1;
+    EXPECT_FALSE(same_secret(a, b)) << "a difference at byte " << i;
+  }
+}
+
+TEST(Crypto, RandomBytesHaveTheLengthAskedAndDoNotRepeat) {
+  using tutti::detail::random_bytes;
+  EXPECT_EQ(random_bytes(0).size(), 0u);
+  EXPECT_EQ(random_bytes(1000).size(), 1000u);
+  std::set<std::string> seen;
+  for (int i = 0; i < 100; ++i) seen.insert(random_bytes(16));
+  EXPECT_EQ(seen.size(), 100u);  // 128-bit values: a repeat would mean no randomness
+  // Every byte value shows up in 64 KiB (a fixed or narrow source would not).
+  std::set<unsigned char> values;
+  for (unsigned char c : random_bytes(65536)) values.insert(c);
+  EXPECT_EQ(values.size(), 256u);
+}
