@@ -4,6 +4,8 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -44,6 +46,26 @@ TEST(Launcher, FirstFailingRankEndsTheJobWithItsStatus) {
   EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("exited with status 3"), std::string::npos) << r.output;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));  // the sleepers were stopped
+}
+
+TEST(Launcher, MaxFailuresLetsTheOthersGoOn) {
+  // One rank may fail: the others finish and the job succeeds.
+  auto r = tutti_run({"-n", "3", "--max-failures", "1", "sh", "-c",
+                      "if [ $TUTTI_RANK = 1 ]; then kill -KILL $$; fi; sleep 0.5; echo done"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (pid"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the others go on (1 of --max-failures 1)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[0]: done"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[2]: done"), std::string::npos) << r.output;
+  // A second failure ends the job with its status.
+  const auto start = Clock::now();
+  auto two = tutti_run({"-n", "3", "--max-failures", "1", "sh", "-c",
+                        "if [ $TUTTI_RANK = 0 ]; then exit 4; fi; "
+                        "if [ $TUTTI_RANK = 1 ]; then sleep 0.3; exit 5; fi; sleep 60"});
+  EXPECT_EQ(two.exit_code, 5) << two.output;
+  EXPECT_NE(two.output.find("stopping the other ranks"), std::string::npos) << two.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
 }
 
 TEST(Launcher, CrashingRankIsReportedBySignal) {
@@ -131,6 +153,55 @@ TEST(Launcher, BadOptionsExit2) {
   }
 }
 
+TEST(Launcher, AJobsStoreRefusesClientsThatDoNotKnowItsSecret) {
+  // With one node tutti-run makes a random secret for the job's store and gives it to its ranks;
+  // a process that was not given it (another user's, on this host) cannot use the store.
+  char dir_template[] = "/tmp/tutti-launcher-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  WorkerResult job;
+  std::thread t([&] {
+    job = tutti_run({"-n", "2", "sh", "-c",
+                     "if [ $TUTTI_RANK = 0 ]; then echo \"$TUTTI_STORE $TUTTI_STORE_SECRET\" > " +
+                         dir + "/store.tmp && mv " + dir + "/store.tmp " + dir +
+                         "/store; fi; while [ ! -e " + dir + "/done ]; do sleep 0.02; done"});
+  });
+  std::string url, secret;
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < deadline) {
+    std::ifstream in(dir + "/store");
+    if (in >> url >> secret) break;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  std::ofstream(dir + "/done").put('\n');
+  ASSERT_FALSE(url.empty()) << "rank 0 never wrote its store's address";
+  EXPECT_EQ(secret.size(), 64u) << secret;  // 32 random bytes in hex
+  const std::smatch m = [&] {
+    std::smatch out;
+    std::regex_match(url, out, std::regex("tcp://127\\.0\\.0\\.1:([0-9]+)"));
+    return out;
+  }();
+  ASSERT_EQ(m.size(), 2u) << url;
+  const auto port = static_cast<uint16_t>(std::stoi(m[1]));
+  TCPStoreOptions wrong;
+  wrong.timeout = milliseconds(3000);
+  try {
+    TCPStore outsider("127.0.0.1", port, wrong);
+    outsider.set("k", "v");
+    ADD_FAILURE() << "a client without the job's secret used its store";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("secret"), std::string::npos) << e.what();
+  }
+  TCPStoreOptions right = wrong;
+  right.secret = secret;
+  TCPStore member("127.0.0.1", port, right);
+  member.set("k", "v");
+  EXPECT_EQ(member.get("k"), "v");
+  t.join();
+  EXPECT_EQ(job.exit_code, 0) << job.output;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Launcher, GroupsFromTuttiRun) {
   auto r = tutti_run({"-n", "4", TUTTI_TEST_WORKER, "env_allreduce"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -155,6 +226,10 @@ TEST(Launcher, TwoNodesOnOneHost) {
   std::thread t([&] { results[1] = run_command(node1, milliseconds(60000)); });
   results[0] = run_command(node0, milliseconds(60000));
   t.join();
+  // Without TUTTI_STORE_SECRET in the environment the nodes cannot share a secret: node 0 says
+  // its store is open.
+  EXPECT_NE(results[0].output.find("the store has no secret"), std::string::npos)
+      << results[0].output;
   for (const auto& r : results) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("of 4 local"), std::string::npos) << r.output;

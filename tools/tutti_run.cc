@@ -11,10 +11,12 @@
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,7 +24,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ options:
                           the store's own id)
   --timeout SECONDS       end the job (exit 124) when it runs longer
   --no-prefix             do not prefix output lines with "[rank]: "
+  --max-failures N        up to N ranks may fail without ending the job (for programs whose
+                          survivors go on: CollectiveGroup::shrink); the job then succeeds when
+                          every other rank exits 0 (default 0: the first failure ends it)
   --bind-to core|none     core: the CPUs this launcher may use are split between the local
                           ranks, each rank on its own share (the default with several ranks
                           that fit, one CPU or more each); none: the scheduler places them
@@ -58,7 +62,11 @@ options:
   --version               tutti's version
 
 Each rank gets TUTTI_RANK, TUTTI_WORLD_SIZE, TUTTI_LOCAL_RANK, TUTTI_LOCAL_WORLD_SIZE,
-TUTTI_STORE and TUTTI_JOB_ID; tutti::init_collective_group_from_env() reads them.
+TUTTI_STORE, TUTTI_STORE_SECRET and TUTTI_JOB_ID; tutti::init_collective_group_from_env()
+reads them. The store refuses clients that do not prove TUTTI_STORE_SECRET: with one node,
+tutti-run makes a random one for the job unless the environment sets one; with several, set
+the same TUTTI_STORE_SECRET on every node (without it the store is open to anyone who can
+reach its port, and tutti-run says so).
 The first rank to fail ends the others; tutti-run exits with its status (128+N for signal N).
 )";
 
@@ -90,6 +98,7 @@ struct Options {
   std::string job_id;
   long timeout_s = 0;
   bool prefix = true;
+  long max_failures = 0;
   std::string bind_to;  // "core", "none", or "" (core when the ranks fit)
   std::vector<std::string> command;
 };
@@ -130,6 +139,8 @@ Options parse(int argc, char** argv) {
       o.job_id = value(a);
     } else if (a == "--timeout") {
       o.timeout_s = parse_number(a, value(a), 1, 100L * 24 * 3600);
+    } else if (a == "--max-failures" || a == "--max_failures") {
+      o.max_failures = parse_number(a, value(a), 0, 100000);
     } else if (a == "--no-prefix") {
       o.prefix = false;
     } else if (a == "--bind-to" || a == "--bind_to") {
@@ -150,12 +161,29 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::string random_id() {
-  std::random_device rd;
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
-  return buf;
+// n random bytes from the kernel (getrandom), in hex.
+std::string random_hex(size_t n) {
+  std::string bytes(n, '\0');
+  size_t have = 0;
+  while (have < n) {
+    const ssize_t got = ::getrandom(&bytes[have], n - have, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      std::fprintf(stderr, "tutti-run: getrandom failed: %s\n", std::strerror(errno));
+      std::exit(1);
+    }
+    have += static_cast<size_t>(got);
+  }
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
 }
+
+std::string random_id() { return random_hex(8); }
 
 // Forwards a child's output line by line, each prefixed with its rank.
 struct Stream {
@@ -213,11 +241,20 @@ int main(int argc, char** argv) {
   std::unique_ptr<tutti::TCPStoreServer> server;
   long port = o.master_port;
   if (port < 0) port = o.nnodes == 1 ? 0 : 29500;
-  const char* secret = std::getenv("TUTTI_STORE_SECRET");
+  // The job's store secret: the environment's, else (one node) a random one, so that no other
+  // user's process on this host can read or write the job's keys (or join its groups).
+  std::string secret;
+  if (const char* s = std::getenv("TUTTI_STORE_SECRET")) secret = s;
+  if (secret.empty() && o.nnodes == 1) secret = random_hex(32);
+  if (secret.empty() && o.node_rank == 0) {
+    std::fprintf(stderr,
+                 "tutti-run: the store has no secret (set the same TUTTI_STORE_SECRET on every "
+                 "node to keep other users' processes out)\n");
+  }
   if (o.node_rank == 0) {
     try {
       server = std::make_unique<tutti::TCPStoreServer>(o.master_addr, static_cast<uint16_t>(port),
-                                                       secret ? secret : "");
+                                                       secret);
       port = server->port();
     } catch (const tutti::Error& e) {
       std::fprintf(stderr, "tutti-run: cannot serve the store: %s\n", e.what());
@@ -284,6 +321,7 @@ int main(int argc, char** argv) {
     env["TUTTI_LOCAL_RANK"] = std::to_string(local);
     env["TUTTI_LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
     env["TUTTI_STORE"] = store_url;
+    if (!secret.empty()) env["TUTTI_STORE_SECRET"] = secret;
     if (!job_id.empty()) env["TUTTI_JOB_ID"] = job_id;
     if (!o.backend.empty()) env["TUTTI_BACKEND"] = o.backend;
     std::vector<std::string> env_strings;
@@ -351,6 +389,7 @@ int main(int argc, char** argv) {
   std::optional<Clock::time_point> kill_at;  // when still-running ranks get SIGKILL
   std::optional<int> result;                 // the job's exit code, once decided
   int running = o.nproc;
+  long failures = 0;  // ranks that failed, up to --max-failures, while the others went on
   auto stop_all = [&](int sig) {
     for (auto& r : ranks) {
       if (r.running) kill(-r.pid, sig);
@@ -388,7 +427,12 @@ int main(int argc, char** argv) {
       r.status = status;
       --running;
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !result) {
+      if (failed && !result && failures < o.max_failures) {
+        ++failures;
+        std::fprintf(stderr, "tutti-run: rank %d (pid %d) %s; the others go on (%ld of "
+                     "--max-failures %ld)\n", r.rank, static_cast<int>(r.pid),
+                     describe_status(status).c_str(), failures, o.max_failures);
+      } else if (failed && !result) {
         std::fprintf(stderr, "tutti-run: rank %d (pid %d) %s; stopping the other ranks\n", r.rank,
                      static_cast<int>(r.pid), describe_status(status).c_str());
         result = exit_code_of(status);
