@@ -5,7 +5,9 @@
 #   tsan   the threaded, transfer and NCCL-stand-in tests built with ThreadSanitizer, GCC, in
 #          build-tsan/ (only those targets)
 #   fuzz   every libFuzzer target (tests/fuzz/) for FUZZ_SECONDS each (default 20), from its seeds
-#          in tests/fuzz/seeds/<target>/; a crash leaves its input in build-asan/fuzz/<target>/
+#          in tests/fuzz/seeds/<target>/ with seed FUZZ_SEED (default 1); a crash leaves its
+#          input in build-asan/fuzz/<target>/ (copy it to the seeds as regression-<what> once
+#          fixed). To hunt: FUZZ_SEED=0 FUZZ_SECONDS=600 FUZZ_CORPUS=keep scripts/sanitize.sh fuzz
 #
 #   scripts/sanitize.sh            # all three
 #   scripts/sanitize.sh asan fuzz  # some
@@ -66,16 +68,22 @@ for part in "${parts[@]}"; do
       configure_asan
       cmake --build build-asan -j"$jobs" --target tutti_fuzzers
       secs=${FUZZ_SECONDS:-20}
+      # A fixed seed and a fresh corpus (the seeds only): a run explores the same inputs in the
+      # same order wherever it runs, so the test command's run is a prefix of what passed here
+      # (a faster machine goes further). FUZZ_SEED=0 lets libFuzzer pick one; FUZZ_CORPUS=keep
+      # grows a corpus in build-asan/fuzz/<target>/corpus across runs instead.
+      seed=${FUZZ_SEED:-1}
       for bin in build-asan/tests/fuzz/fuzz_*; do
         [ -x "$bin" ] || continue
         name=$(basename "$bin")
         seeds=$root/tests/fuzz/seeds/${name#fuzz_}
         work=build-asan/fuzz/$name
+        [ "${FUZZ_CORPUS:-fresh}" = keep ] || rm -rf "$work/corpus"
         mkdir -p "$work/corpus"
-        echo "sanitize: $name for $secs s (seeds: $seeds)" >&2
-        # The corpus it grows stays in build-asan/fuzz/ between runs; the seeds are read only.
-        "$bin" -max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$work/" \
-          -timeout=10 -rss_limit_mb=2048 "$work/corpus" "$seeds" 2>"$work/log" || {
+        echo "sanitize: $name for $secs s, seed $seed (seeds: $seeds)" >&2
+        "$bin" -max_total_time="$secs" -seed="$seed" -print_final_stats=1 \
+          -artifact_prefix="$work/" -timeout=10 -rss_limit_mb=2048 "$work/corpus" "$seeds" \
+          2>"$work/log" || {
           tail -40 "$work/log" >&2
           echo "sanitize: $name found a crash; its input is in $work/ (replay: $bin FILE)" >&2
           exit 1

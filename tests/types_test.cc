@@ -136,6 +136,15 @@ TEST(DLPack, RejectsWhatTuttiCannotView) {
   t.dtype = {kDLFloat, 32, 1};
   t.device = {kDLVulkan, 0};
   EXPECT_TUTTI_ERROR(from_dlpack(t), ErrorCode::kInvalidArgument, "device type");
+  // Strides given for a shape whose element count overflows int64 (found by fuzzing): refused
+  // by name, no overflow on the way.
+  t.device = {kDLCPU, 0};
+  int64_t huge[] = {int64_t(1) << 40, int64_t(1) << 40};
+  int64_t huge_strides[] = {int64_t(1) << 40, 1};
+  t.shape = huge;
+  t.strides = huge_strides;
+  EXPECT_TUTTI_ERROR(from_dlpack(t), ErrorCode::kInvalidArgument, "overflows int64",
+                     "dimension 0");
 }
 
 }  // namespace

@@ -77,7 +77,13 @@ TensorView from_dlpack(const DLTensor& tensor) {
                         " has stride " + std::to_string(tensor.strides[i]) + ", expected " +
                         std::to_string(expected) + " (make it contiguous first)");
       }
-      expected *= shape[i];
+      // A shape whose product overflows is refused here (the view would refuse it too, but
+      // the product must not overflow on the way; found by fuzzing).
+      if (__builtin_mul_overflow(expected, shape[i], &expected)) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "from_dlpack: the shape's element count overflows int64 at dimension " +
+                        std::to_string(i) + " (size " + std::to_string(shape[i]) + ")");
+      }
     }
   }
   // The offset must not carry the pointer past the end of the address space (pointer arithmetic
