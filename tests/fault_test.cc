@@ -122,6 +122,22 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values("kill", "term", "exit", "abort")),
     [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
+// World 4, rank 2 SIGKILLed in the middle of an allreduce loop: the three survivors shrink
+// (through the TCP store rank 0 hosts, no new one) and finish the loop with world 3's sums,
+// renumbered in rank order, within 2 s of their op's failure.
+TEST_P(Faults, SurvivorsShrinkAndFinishTheLoop) {
+  auto results = run("shrink", 4, "tcp://127.0.0.1:" + std::to_string(free_port()),
+                     milliseconds(90000),
+                     {backend(), "timeout=5000", "name=" + unique_name("shrinking"),
+                      "bound=2000"});
+  EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
+  expect_all_ok({results[0], results[1], results[3]});
+  for (int r : {0, 1, 3}) {
+    EXPECT_NE(results[r].output.find("finished 50 steps at world 3"), std::string::npos)
+        << results[r].output;
+  }
+}
+
 // Mismatched count, dtype, op and root, and a skipped collective, without the op check: named
 // errors on both ranks within the timeout (shm at once), never mixed data; re-created each time.
 TEST_P(Faults, MismatchedAndSkippedCollectivesFailNamedAndTheGroupComesBack) {

@@ -700,6 +700,58 @@ void scenario_stale(const Args& a) {
   destroy_collective_group(name);
 }
 
+// World 4: rank 2 is SIGKILLed in the middle of an allreduce loop (before its part of step
+// `kill_at`, while the others are in it); the survivors' op fails, they shrink to world 3 and
+// finish the loop with world 3's sums. A bad exclude list is refused first, before any I/O.
+void scenario_shrink(const Args& a) {
+  require(a.world == 4, "shrink runs with 4 ranks");
+  const int steps = static_cast<int>(a.num("steps", 50));
+  const int kill_at = static_cast<int>(a.num("kill_at", 20));
+  const double bound = static_cast<double>(a.num("bound", 2000));
+  GroupOptions o = a.options();
+  auto group = CollectiveGroup::create(4, a.rank, a.backend(), a.name(), o);
+  std::vector<float> v(static_cast<size_t>(a.num("size", 4096)));
+  int step = 0;
+  Clock::time_point failed_at{};
+  while (step < steps) {
+    if (a.rank == 2 && step == kill_at) ::raise(SIGKILL);
+    std::fill(v.begin(), v.end(), static_cast<float>((group->global_rank() + 1) * (step + 1)));
+    try {
+      group->allreduce(v);
+    } catch (const Error& e) {
+      require(group->world_size() == 4, "the first failure is the world-4 group's: " +
+                                            std::string(e.what()));
+      failed_at = Clock::now();
+      std::fprintf(stderr, "rank %d, step %d: %s\n", a.rank, step, e.what());
+      expect_error([&] { group->shrink(ShrinkOptions{{9}}); }, {ErrorCode::kInvalidArgument},
+                   {"shrink of", "excluded rank 9", "outside [0, 4)"});
+      auto smaller = group->shrink();
+      const double ms = ms_since(failed_at);
+      group->destroy();
+      const auto destroyed_ms = ms_since(failed_at) - ms;
+      group = smaller;
+      std::printf("FIGURE shrink %s rank %d -> %d of %d: shrink_ms=%.1f destroy_ms=%.1f\n",
+                  a.backend().c_str(), a.rank, group->rank(), group->world_size(), ms,
+                  destroyed_ms);
+      require(group->world_size() == 3, "world 3 after the shrink");
+      require(group->rank() == (a.rank < 2 ? a.rank : a.rank - 1), "renumbered in rank order");
+      require(ms < bound, "shrank within " + std::to_string(static_cast<int>(bound)) + " ms");
+      continue;  // the failed step again, at world 3
+    }
+    // Ranks 1..4 (global rank + 1), times the step: 10 at world 4, 1 + 2 + 4 = 7 without rank 2.
+    const float want = static_cast<float>((group->world_size() == 4 ? 10 : 7) * (step + 1));
+    for (float x : {v.front(), v.back()}) {
+      require(x == want, "step " + std::to_string(step) + ": sum " + std::to_string(x) +
+                             ", want " + std::to_string(want));
+    }
+    ++step;
+  }
+  require(group->world_size() == 3, "rank 2 died and the group shrank");
+  std::printf("shrink: rank %d finished %d steps at world %d\n", a.rank, steps,
+              group->world_size());
+  group->destroy();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -714,6 +766,7 @@ int main(int argc, char** argv) {
       {"delay", scenario_delay},
       {"timeouts", scenario_timeouts},
       {"stale", scenario_stale},
+      {"shrink", scenario_shrink},
   };
   if (argc < 5) {
     std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [key=value...]\n",

@@ -118,6 +118,30 @@ TEST(Group, DestroyIsLocalAndIdempotent) {
   EXPECT_TUTTI_ERROR(groups[1]->allreduce(v), ErrorCode::kInvalidUsage, "destroyed");
 }
 
+TEST(Group, TheStoreHostsDestroyReturnsAtOnceWhileAPeerSleeps) {
+  // Rank 0 hosts the TCP store; rank 1 is busy elsewhere for 3 s before it destroys. Rank 0's
+  // destroy does not wait for it (the store keeps serving on a thread), and rank 1's teardown
+  // still finds the store.
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const std::string name = unique_name("host-destroy");
+  std::vector<double> destroy_ms(2);
+  run_ranks(2, [&](int r) {
+    GroupOptions o;
+    o.store_url = url;
+    o.timeout = milliseconds(5000);
+    auto g = CollectiveGroup::create(2, r, "gloo", name, o);
+    std::vector<float> v(4, 1.0f);
+    g->allreduce(v);
+    if (r == 1) std::this_thread::sleep_for(milliseconds(3000));
+    const auto start = std::chrono::steady_clock::now();
+    g->destroy();
+    destroy_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                              start).count();
+  });
+  EXPECT_LT(destroy_ms[0], 1000) << "the host's destroy waited for the sleeping peer";
+  EXPECT_LT(destroy_ms[1], 1000) << "the late rank's teardown did not find the store";
+}
+
 TEST(Group, ReinitThroughTheSameStoreIsAFreshIncarnation) {
   auto store = std::make_shared<HashStore>();
   const std::string name = unique_name("again");

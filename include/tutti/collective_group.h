@@ -44,6 +44,7 @@
 namespace tutti {
 
 class Store;
+struct BackendInfo;
 
 class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<CollectiveGroup> {
  public:
@@ -85,9 +86,10 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   void abort(const std::string& reason = "aborted by the application");
 
   // Tears down the backend. Local: it never waits for other ranks and never throws. An op still
-  // running in another thread, or queued, is aborted first (kAborted). (The one exception: a
-  // rank that hosts the group's TCP store keeps serving until the other ranks have left, at most
-  // 10 s, so that a fast rank 0 does not break slower ranks' teardown.) Later calls fail with
+  // running in another thread, or queued, is aborted first (kAborted). A rank that hosts the
+  // group's TCP store keeps serving it on a thread until the other ranks have left, at most
+  // 10 s, so that a fast rank 0 does not break slower ranks' teardown: destroy returns at once,
+  // and the process's exit waits for that (at most the 10 s). Later calls fail with
   // kInvalidUsage. Idempotent. Subgroups split from this group live on.
   void destroy() noexcept;
 
@@ -98,6 +100,19 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   // members call it (see SplitOptions).
   std::shared_ptr<CollectiveGroup> split(const std::vector<int>& ranks,
                                          const SplitOptions& options = {});
+
+  // The survivors of a failure (typically: a rank died and this group is aborted) form a group of
+  // themselves, through this group's store (no new server or store), renumbered in the order of
+  // their ranks here, with the same backend. Every surviving rank calls it, once per failure.
+  // A rank is taken for gone when it is in options.exclude, when its process on this host has
+  // exited, or when its connection to the group's TCP store host closed; the survivors wait for
+  // the others to call shrink too, up to options.timeout, and then go on without them. They
+  // agree through the store (the first proposal of the members is everyone's), so all of them
+  // get the same group; a rank that calls shrink after the members were decided without it gets
+  // kAborted naming them. Works on an aborted group; this group stays as it is: destroy it (local:
+  // it never waits on a dead rank). Throws kInvalidArgument for a bad exclude list before any
+  // I/O.
+  std::shared_ptr<CollectiveGroup> shrink(const ShrinkOptions& options = {});
 
   WorkPtr broadcast(TensorView tensor, const BroadcastOptions& opts = {});
   WorkPtr allreduce(TensorView tensor, const AllreduceOptions& opts = {});
@@ -196,6 +211,17 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   Call begin(OpType op, const OpSignature& signature, const OpOptions& opts,
              const Shape* shape = nullptr, int peer = -1, bool sending = false);
   void leave_store();
+  // Forms the subgroup of `ranks` (this group's ranks, in the subgroup's order) that meets under
+  // `base` in the store: split's and shrink's common end.
+  std::shared_ptr<CollectiveGroup> form_subgroup(const std::vector<int>& ranks,
+                                                 const std::string& name,
+                                                 const std::string& base,
+                                                 const std::string& instance,
+                                                 const std::string& requested,
+                                                 const BackendInfo& info, bool inherited,
+                                                 bool with_parent,
+                                                 std::chrono::milliseconds timeout,
+                                                 const std::string& ctx, bool after_failure);
 
   std::shared_ptr<State> state_;
 };

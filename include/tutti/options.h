@@ -127,6 +127,18 @@ struct SplitOptions {
   bool local = false;
 };
 
+// CollectiveGroup::shrink: the survivors of a failure form a group without the ranks that died.
+struct ShrinkOptions {
+  // Ranks of this group to leave out: dead ones the caller knows of (a failure named them), or
+  // ones not wanted. The others are found by shrink itself (see CollectiveGroup::shrink).
+  std::vector<int> exclude;
+  std::string name;     // empty: "<this group>.shrink<n>", n counting this group's shrinks from 0
+  std::string backend;  // empty: this group's backend
+  // How long the survivors wait for a rank that is not known gone to call shrink too, before
+  // they go on without it. Default: the group's timeout.
+  std::chrono::milliseconds timeout = kUseGroupTimeout;
+};
+
 // How a group meets its peers and how long it waits by default.
 struct GroupOptions {
   // A store URL (see open_store), e.g. "tcp://10.0.0.1:29500" (rank 0 hosts it) or

@@ -547,6 +547,25 @@ void bind_groups(nb::module_& m) {
           "Splits a subgroup off: every rank calls it with the same ranks (members get the "
           "subgroup, the others None), or with local=True only the members, from any thread, "
           "meeting under `name` (required, new among this group's local splits).")
+      .def(
+          "shrink",
+          [](CollectiveGroup& g, const std::vector<int>& exclude, const std::string& name,
+             const std::string& backend, nb::handle timeout) {
+            ShrinkOptions o;
+            o.exclude = exclude;
+            o.name = name;
+            o.backend = backend;
+            if (!timeout.is_none()) o.timeout = to_milliseconds(timeout, "shrink", "timeout");
+            nb::gil_scoped_release release;
+            return g.shrink(o);
+          },
+          "exclude"_a = std::vector<int>{}, "name"_a = "", "backend"_a = "",
+          "timeout"_a = nb::none(),
+          "After a failure, the survivors (every rank that is left calls it) form a group of "
+          "themselves, renumbered in rank order, through this group's store. Ranks in `exclude`, "
+          "and ranks whose process on this host exited or whose store connection closed, are "
+          "left out at once; the others are waited for up to `timeout`. Works on an aborted "
+          "group; destroy this one after.")
       .def("allreduce", &do_allreduce, "tensor"_a.none(), "op"_a = nb::none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
       .def("reduce", &do_reduce, "tensor"_a.none(), "dst_rank"_a = 0, "op"_a = nb::none(),

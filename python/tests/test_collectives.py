@@ -290,6 +290,31 @@ def test_splits_collective_and_local(backend):
     assert run_threads(4, body, backend=backend) == [True] * 4
 
 
+@pytest.mark.parametrize("backend", ["shm", "gloo"])
+def test_survivors_shrink_and_go_on(backend):
+    """Rank 2 leaves; ranks 0 and 1 shrink without it (named in exclude) and sum among
+    themselves in the new group, renumbered, through the same store."""
+    def body(g):
+        x = np.full(4, g.rank + 1, dtype=np.float32)
+        g.allreduce(x)
+        assert x[0] == 6
+        if g.rank == 2:
+            return None  # gone (its group is destroyed)
+        with pytest.raises(tutti.InvalidArgumentError, match="excluded rank 5"):
+            g.shrink(exclude=[5])
+        small = g.shrink(exclude=[2])
+        try:
+            assert (small.world_size, small.rank) == (2, g.rank)
+            assert small.name == g.name + ".shrink0"
+            y = np.full(4, 10 * (g.rank + 1), dtype=np.float32)
+            small.allreduce(y)
+            return float(y[0])
+        finally:
+            small.destroy()
+
+    assert run_threads(3, body, backend=backend) == [30.0, 30.0, None]
+
+
 def test_abort_ends_a_waiting_op_promptly():
     done = threading.Event()
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 
+#include "group/group_state.h"
 #include "util/logging.h"
 #include "tutti/error.h"
 
@@ -44,6 +45,7 @@ void destroy_all_groups_at_exit() {
     groups.swap(registry().groups);
   }
   for (auto& [name, group] : groups) group->destroy();
+  detail::wait_for_lingering_stores();  // the hosts among them serve the slower ranks a while
 }
 
 std::shared_ptr<CollectiveGroup> find(std::string_view name) {

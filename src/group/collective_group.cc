@@ -5,8 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <numeric>
+#include <thread>
 
 #include "group/backend_registry.h"
 #include "group/group_state.h"
@@ -33,8 +37,95 @@ std::string where(const std::string& name, int rank, int world_size) {
          ")";
 }
 
-// How long a rank hosting the group's TCP store keeps serving, at destroy, for the others.
+// How long a rank hosting the group's TCP store keeps serving, after destroy, for the others.
 constexpr std::chrono::milliseconds kHostLingerTimeout{10000};
+
+// The TCP stores that ranks of destroyed groups host, kept serving until the group's other ranks
+// have left (or kHostLingerTimeout), so that destroy() returns at once while slower ranks still
+// find the store for their own teardown. One thread for the process looks at them every 20 ms
+// (started at the first, idle after); the process's exit waits for them (wait()), no longer than
+// their linger.
+class LingeringStores {
+ public:
+  // The calling process's: a forked child gets one of its own (its parent's thread is not in it,
+  // and the parent's lock may have been held at the fork).
+  static LingeringStores& get() {
+    static std::atomic<LingeringStores*> instance{nullptr};
+    LingeringStores* l = instance.load();
+    if (l == nullptr || l->pid_ != ::getpid()) {
+      l = new LingeringStores();  // leaked: its thread outlives the statics
+      instance.store(l);
+    }
+    return *l;
+  }
+
+  // Until every key in `keys` (the ranks' departures) is set, or `mine` (this rank's own, set
+  // before) is gone: a later incarnation formed and its rank 0 deleted this one's keys.
+  void add(std::shared_ptr<Store> store, std::vector<std::string> keys, std::string mine) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!started_) {
+      std::atexit([] { get().wait(); });  // a child's exit: its own (empty) one
+      std::thread([this] { run(); }).detach();
+      started_ = true;
+    }
+    entries_.push_back({std::move(store), std::move(keys), std::move(mine),
+                        Clock::now() + kHostLingerTimeout});
+    wake_.notify_all();
+  }
+
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait_for(lock, kHostLingerTimeout + std::chrono::seconds(5),
+                   [&] { return entries_.empty() && !looking_; });
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<Store> store;
+    std::vector<std::string> keys;
+    std::string mine;
+    Clock::time_point deadline;
+  };
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [&] { return !entries_.empty(); });
+      std::vector<Entry> entries;
+      entries.swap(entries_);
+      looking_ = true;
+      lock.unlock();
+      std::vector<Entry> still;
+      for (auto& e : entries) {
+        bool over = Clock::now() >= e.deadline;
+        if (!over) {
+          try {
+            // Every other rank has left, or a later incarnation took over.
+            over = e.store->check(e.keys) || !e.store->check({e.mine});
+          } catch (const Error& err) {
+            TUTTI_LOG_DEBUG("a destroyed group's store host: {}", err.what());
+            over = true;
+          }
+        }
+        if (!over) still.push_back(std::move(e));
+      }
+      entries.clear();  // the servers of the finished ones stop here, unless a group uses them
+      if (!still.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      lock.lock();
+      for (auto& e : still) entries_.push_back(std::move(e));
+      looking_ = false;
+      if (entries_.empty()) done_.notify_all();
+    }
+  }
+
+  const pid_t pid_ = ::getpid();
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::vector<Entry> entries_;
+  bool looking_ = false;
+  bool started_ = false;
+};
+
 // How long a failing rank that hosts the store waits for the others to read why (those in the
 // round after the backends poll at least every 200 ms; a rank still making its backend does not
 // read it before that backend's own timeout, and is not waited for).
@@ -209,9 +300,11 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   std::iota(s->global_ranks.begin(), s->global_ranks.end(), 0);
   s->hosts = m.hosts();
   s->pids = m.pids();
+  for (const auto& r : m.ranks) s->starts.push_back(r.start);
   s->store = choice.store;
   s->owns_store = choice.owned;
   s->scope = m.scope;
+  s->root_scope = m.scope;
   s->ledger = std::make_shared<detail::LedgerStore>(choice.store, detail::ledger_of(m.scope));
   s->base = detail::group_base(choice.job_id, name);
   s->incarnation = m.incarnation;
@@ -320,32 +413,183 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
   const std::string name = options.name.empty() ? *s.name + ".split" + std::to_string(n)
                                                  : options.name;
   const std::string sub_ctx = ctx + " into " + where(name, sub_rank, sub_world);
+  const std::string base = options.local ? s.scope + "/local/" + detail::escape_name(name)
+                                         : s.scope + "/split/" + std::to_string(n);
+  // A local split's name is length-prefixed: "x.s0" must not name what "x"'s first split does.
+  const std::string escaped = detail::escape_name(name);
+  const std::string instance =
+      options.local ? s.instance + ".l" + std::to_string(escaped.size()) + "-" + escaped
+                    : s.instance + ".s" + std::to_string(n);
+  // A local split's other members are not in the parent backend's call: it meets afresh.
+  return form_subgroup(ranks, name, base, instance, requested, info, options.backend.empty(),
+                       /*with_parent=*/!options.local, timeout, sub_ctx, /*after_failure=*/false);
+}
+
+std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& options) {
+  State& s = *state_;
+  const std::string ctx = "shrink of " + s.describe();
+  if (s.forked()) throw Error(ErrorCode::kInvalidUsage, ctx + ": " + s.forked_message());
+  if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
+  std::vector<bool> gone(s.world_size, false);
+  for (int r : options.exclude) {
+    if (r < 0 || r >= s.world_size) {
+      throw Error(ErrorCode::kInvalidArgument, ctx + ": excluded rank " + std::to_string(r) +
+                                                   " is outside [0, " +
+                                                   std::to_string(s.world_size) + ")");
+    }
+    if (r == s.rank) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  ctx + ": rank " + std::to_string(r) +
+                      " excludes itself (a rank that leaves does not call shrink)");
+    }
+    if (gone[r]) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  ctx + ": excluded rank " + std::to_string(r) + " is listed twice");
+    }
+    gone[r] = true;
+  }
+  const std::chrono::milliseconds timeout =
+      options.timeout == kUseGroupTimeout ? s.timeout : options.timeout;
+  if (timeout.count() <= 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                ctx + ": timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
+  }
+  const std::string requested =
+      detail::backend_key(options.backend.empty() ? s.backend_name : options.backend);
+  BackendInfo info;
+  if (requested != "auto") info = prefixed(ctx, [&] { return detail::find_backend(requested); });
+  uint64_t n = 0;
+  {
+    std::lock_guard<std::mutex> guard(s.state_mutex);
+    n = s.shrink_count++;
+  }
+  // A live group's ops end first (they would wait on the dead rank): shrink aborts it.
+  if (!s.aborted.load()) s.abort(ctx + ": the group is being shrunk");
+
+  // The survivors agree on the members through the store: each says it is here, then waits until
+  // every other rank is either here or known gone (or the timeout), and proposes who is here;
+  // the first proposal stored is everyone's.
+  const std::string base = s.scope + "/shrink/" + std::to_string(n);
+  const std::string members_key = base + "/members";
+  const auto here_key = [&](int r) { return base + "/here/" + std::to_string(r); };
+  const std::string my_host = detail::host_identity();
+  const long my_pid = static_cast<long>(::getpid());
+  // Gone without a doubt: its process on this host has exited (a pid and start time name one
+  // process), or its connection to the TCP store's host closed (the host notes it).
+  const auto known_gone = [&](int r) {
+    if (s.hosts[r] == my_host && s.pids[r] != my_pid && s.starts[r] != 0 &&
+        detail::process_start_time(s.pids[r]) != s.starts[r]) {
+      return true;
+    }
+    return s.store->check({s.root_scope + "/left/" + std::to_string(s.global_ranks[r])});
+  };
+  std::vector<bool> here(s.world_size, false);
+  here[s.rank] = true;
+  std::string decided;
+  prefixed(ctx, [&] {
+    s.ledger->set(here_key(s.rank), "1");
+    const auto deadline = Clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(1);
+    while (true) {
+      if (s.ledger->check({members_key})) {  // the members were decided
+        decided = s.ledger->get(members_key);
+        return;
+      }
+      bool waiting = false;
+      for (int r = 0; r < s.world_size; ++r) {
+        if (here[r] || gone[r]) continue;
+        if (s.ledger->check({here_key(r)})) {
+          here[r] = true;
+        } else if (known_gone(r)) {
+          gone[r] = true;
+        } else {
+          waiting = true;
+        }
+      }
+      if (!waiting || Clock::now() >= deadline || s.destroyed.load()) return;
+      std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+  });
+  if (s.destroyed.load()) {
+    throw Error(ErrorCode::kAborted, ctx + ": the group was destroyed during the shrink");
+  }
+  if (decided.empty()) {
+    std::string proposal;
+    for (int r = 0; r < s.world_size; ++r) {
+      if (here[r]) proposal += (proposal.empty() ? "" : ",") + std::to_string(r);
+    }
+    decided = prefixed(ctx, [&] { return s.ledger->compare_set(members_key, "", proposal); });
+  }
+  std::vector<int> ranks;
+  for (size_t at = 0; at < decided.size();) {
+    size_t comma = decided.find(',', at);
+    if (comma == std::string::npos) comma = decided.size();
+    ranks.push_back(std::stoi(decided.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  if (std::find(ranks.begin(), ranks.end(), s.rank) == ranks.end()) {
+    throw Error(ErrorCode::kAborted, ctx + ": the survivors formed their group of ranks " +
+                                         decided + " without rank " + std::to_string(s.rank) +
+                                         " (it called shrink after they had decided)");
+  }
+  std::string left_out;
+  for (int r = 0; r < s.world_size; ++r) {
+    if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) {
+      left_out += (left_out.empty() ? "" : ",") + std::to_string(r);
+    }
+  }
+  const std::string name =
+      options.name.empty() ? *s.name + ".shrink" + std::to_string(n) : options.name;
+  const int sub_rank =
+      static_cast<int>(std::find(ranks.begin(), ranks.end(), s.rank) - ranks.begin());
+  const std::string sub_ctx =
+      ctx + " into " + where(name, sub_rank, static_cast<int>(ranks.size()));
+  TUTTI_LOG_INFO("{}: ranks {} go on without {}", ctx, decided, left_out);
+  return form_subgroup(ranks, name, base + "/group", s.instance + ".k" + std::to_string(n),
+                       requested, info, options.backend.empty(), /*with_parent=*/false, timeout,
+                       sub_ctx, /*after_failure=*/true);
+}
+
+std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
+    const std::vector<int>& ranks, const std::string& name, const std::string& base,
+    const std::string& instance, const std::string& requested, const BackendInfo& asked,
+    bool inherited, bool with_parent, std::chrono::milliseconds timeout,
+    const std::string& sub_ctx, bool after_failure) {
+  State& s = *state_;
+  BackendInfo info = asked;
+  std::string listed;
+  for (int r : ranks) listed += (listed.empty() ? "" : ",") + std::to_string(r);
+  const int sub_rank =
+      static_cast<int>(std::find(ranks.begin(), ranks.end(), s.rank) - ranks.begin());
+  const int sub_world = static_cast<int>(ranks.size());
 
   // The members meet through the parent's store (no new server), checking that they agree on
   // the list of ranks. The parent's abort or destroy from another thread ends the split's waits
-  // (the meeting, the backend's rendezvous, the round after it) within StoppableStore::kSlice.
+  // (the meeting, the backend's rendezvous, the round after it) within StoppableStore::kSlice;
+  // a shrink, made after the parent failed, is ended by its destroy only.
   std::weak_ptr<State> parent = state_;
   using Stop = detail::StoppableStore::Stop;
-  auto stoppable = std::make_shared<detail::StoppableStore>(s.ledger, [parent]() -> Stop {
-    auto p = parent.lock();
-    if (!p) return {ErrorCode::kAborted, "the parent group is gone"};
-    if (p->aborted.load()) {
-      std::lock_guard<std::mutex> guard(p->state_mutex);
-      return {ErrorCode::kAborted, "the parent group was aborted (" + p->abort_reason + ")"};
-    }
-    if (p->destroyed.load()) return {ErrorCode::kAborted, "the parent group was destroyed"};
-    return {};
-  });
-  const detail::JoinRecord mine = detail::JoinRecord::mine(sub_world, requested + " ranks " + listed);
-  const std::string base = options.local ? s.scope + "/local/" + detail::escape_name(name)
-                                         : s.scope + "/split/" + std::to_string(n);
+  auto stoppable =
+      std::make_shared<detail::StoppableStore>(s.ledger, [parent, after_failure]() -> Stop {
+        auto p = parent.lock();
+        if (!p) return {ErrorCode::kAborted, "the parent group is gone"};
+        if (p->aborted.load() && !after_failure) {
+          std::lock_guard<std::mutex> guard(p->state_mutex);
+          return {ErrorCode::kAborted, "the parent group was aborted (" + p->abort_reason + ")"};
+        }
+        if (p->destroyed.load()) return {ErrorCode::kAborted, "the parent group was destroyed"};
+        return {};
+      });
+  const detail::JoinRecord mine =
+      detail::JoinRecord::mine(sub_world, requested + " ranks " + listed);
   const detail::Membership m = prefixed(sub_ctx, [&] {
     return detail::meet(*stoppable, base, sub_world, sub_rank, mine, timeout);
   });
   if (requested == "auto") {
     info = prefixed(sub_ctx + ": backend 'auto'",
                     [&] { return detail::choose_auto_backend(m.hosts()); });
-  } else if (options.backend.empty() && info.suits && !info.suits(m.hosts())) {
+  } else if (inherited && info.suits && !info.suits(m.hosts())) {
     // The parent's backend, inherited, does not suit the subgroup's hosts (hier for ranks on one
     // host): the subgroup takes what "auto" takes for them.
     info = prefixed(sub_ctx + ": backend 'auto'",
@@ -363,26 +607,25 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
     sub->global_ranks.push_back(s.global_ranks[r]);
     sub->hosts.push_back(s.hosts[r]);
     sub->pids.push_back(s.pids[r]);
+    sub->starts.push_back(s.starts[r]);
   }
   sub->store = s.store;
   sub->ledger = s.ledger;  // its keys go with the root group's incarnation
   sub->owns_store = false;  // the parent's: it leaves the store, the subgroup only uses it
   sub->scope = m.scope;
+  sub->root_scope = s.root_scope;
   sub->join_record = mine.encode();
   sub->check_ops = s.check_ops;
   sub->take_thread();
-  // A local split's name is length-prefixed: "x.s0" must not name what "x"'s first split does.
-  const std::string escaped = detail::escape_name(name);
-  sub->instance = options.local ? s.instance + ".l" + std::to_string(escaped.size()) + "-" + escaped
-                                : s.instance + ".s" + std::to_string(n);
+  sub->instance = instance;
   sub->recorder =
       detail::FlightRecorder::create({name, sub->instance, sub_rank, sub_world, info.name});
   BackendContext bctx = backend_context(*sub, stoppable);
-  // A local split's other members are not in the parent backend's call: it meets afresh.
-  if (info.name == s.backend_name && !options.local) bctx.parent = s.backend.get();
+  if (with_parent && info.name == s.backend_name) bctx.parent = s.backend.get();
   attach_backend(*sub, info, std::move(bctx), sub_ctx, stoppable.get());
   stoppable->disarm();  // the subgroup's backend keeps its store: the parent's end is not its
-  TUTTI_LOG_INFO("split {} off {} with backend '{}'", sub->describe(), s.describe(), info.name);
+  TUTTI_LOG_INFO("{} {} off {} with backend '{}'", after_failure ? "shrank" : "split",
+                 sub->describe(), s.describe(), info.name);
   return std::shared_ptr<CollectiveGroup>(new CollectiveGroup(std::move(sub)));
 }
 
@@ -493,11 +736,13 @@ void CollectiveGroup::leave_store() {
     try {
       detail::leave(*tcp, s.scope, s.rank, mine);
       tcp->set(s.scope + "/left/" + std::to_string(s.rank), "1");
-      // An aborted group's peers may be gone or stuck: the host does not wait for them.
+      // The host keeps serving for the others on a thread of its own (destroy never waits on
+      // a peer); an aborted group's peers may be gone or stuck: it does not wait for them.
       if (tcp->is_hosting() && !s.aborted.load()) {
         std::vector<std::string> keys;
         for (int r = 0; r < s.world_size; ++r) keys.push_back(s.scope + "/left/" + std::to_string(r));
-        tcp->wait(keys, kHostLingerTimeout);
+        LingeringStores::get().add(s.store, std::move(keys),
+                                   s.scope + "/left/" + std::to_string(s.rank));
       }
     } catch (const Error& e) {
       TUTTI_LOG_DEBUG("{}: leaving the store: {}", describe(), e.what());
@@ -522,5 +767,9 @@ void CollectiveGroup::leave_store() {
   s.ledger.reset();
   s.store.reset();
 }
+
+namespace detail {
+void wait_for_lingering_stores() { LingeringStores::get().wait(); }
+}  // namespace detail
 
 }  // namespace tutti

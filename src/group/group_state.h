@@ -24,6 +24,12 @@
 
 namespace tutti {
 
+namespace detail {
+// Waits (at most their linger) for the TCP stores that ranks of destroyed groups host and keep
+// serving for the group's slower ranks: the exit hooks call it.
+void wait_for_lingering_stores();
+}  // namespace detail
+
 struct CollectiveGroup::State {
   // Who this group is; fixed at creation.
   std::shared_ptr<const std::string> name;
@@ -34,9 +40,11 @@ struct CollectiveGroup::State {
   std::vector<int> global_ranks;
   std::vector<std::string> hosts;
   std::vector<long> pids;
+  std::vector<uint64_t> starts;  // each rank's process start time (0: unknown)
 
   std::shared_ptr<Store> store;  // the store the group met through
   std::string scope;             // this incarnation's key prefix in store
+  std::string root_scope;        // the root group's scope (where ranks' departures are noted)
   // `store`, noting the keys this incarnation writes (backends, subgroups) so that they can be
   // deleted later (see store/ledger_store.h); a subgroup notes into its root group's.
   std::shared_ptr<Store> ledger;
@@ -78,6 +86,7 @@ struct CollectiveGroup::State {
   uint64_t collective_seq = 0;
   uint64_t batch_seq = 0;
   uint64_t split_count = 0;
+  uint64_t shrink_count = 0;  // guarded by state_mutex
   std::map<int, uint64_t> send_seq;  // per destination rank
   std::map<int, uint64_t> recv_seq;  // per source rank
   std::atomic<int> queued{0};        // async ops pushed and not yet finished
