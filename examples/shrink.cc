@@ -1,5 +1,6 @@
 // Survivors shrink and go on. Four ranks run an allreduce loop; rank 2 is killed (SIGKILL) in
-// the middle of it. The other three see their op fail naming the dead rank, call shrink(), and
+// the middle of it. The other three see their op fail naming the dead rank, call shrink(), agree
+// on the step to go on from (one survivor may have finished the step another failed in), and
 // finish the loop in a group of three made through the same store (no new server, no new
 // rendezvous of the job), checking every sum.
 //
@@ -39,7 +40,13 @@ int main() {
             std::chrono::duration<double, std::milli>(Clock::now() - failed).count();
         tutti::destroy_collective_group("train");  // local: never waits on the dead rank
         group = survivors;
-        std::printf("rank %d is rank %d of %d after %.1f ms; step %d again\n", me, group->rank(),
+        // Go on from the earliest step a survivor has not finished.
+        std::vector<int64_t> resume{step};
+        tutti::AllreduceOptions earliest;
+        earliest.reduce_op = tutti::ReduceOp::kMin;
+        group->allreduce(resume, earliest);
+        step = static_cast<int>(resume[0]);
+        std::printf("rank %d is rank %d of %d after %.1f ms; on from step %d\n", me, group->rank(),
                     group->world_size(), ms, step);
         continue;
       }

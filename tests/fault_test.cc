@@ -138,6 +138,25 @@ TEST_P(Faults, SurvivorsShrinkAndFinishTheLoop) {
   }
 }
 
+// Two deaths, one after the other (rank 2 at step 15, rank 3 at step 30): the group shrinks
+// twice. The first shrink's survivors destroyed the world-4 group (their departure keys say so)
+// and are alive: the second shrink must not take them for gone. Each rank runs on a "host" of
+// its own (TUTTI_HOST_ID), so deaths are seen through the store's closed connections, not pids.
+TEST_P(Faults, ASecondDeathShrinksTheGroupAgain) {
+  if (GetParam() == "shm") GTEST_SKIP() << "shm needs its ranks on one host";
+  auto results = run("shrink", 4, "tcp://127.0.0.1:" + std::to_string(free_port()),
+                     milliseconds(90000),
+                     {backend(), "timeout=5000", "name=" + unique_name("shrinking"), "bound=2000",
+                      "kill_at=15", "second_kill_at=30", "host_id=shrink-host-"});
+  EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
+  EXPECT_EQ(results[3].signal, SIGKILL) << results[3].output;
+  expect_all_ok({results[0], results[1]});
+  for (int r : {0, 1}) {
+    EXPECT_NE(results[r].output.find("finished 50 steps at world 2"), std::string::npos)
+        << results[r].output;
+  }
+}
+
 // Mismatched count, dtype, op and root, and a skipped collective, without the op check: named
 // errors on both ranks within the timeout (shm at once), never mixed data; re-created each time.
 TEST_P(Faults, MismatchedAndSkippedCollectivesFailNamedAndTheGroupComesBack) {

@@ -50,21 +50,31 @@ class LingeringStores {
   // The calling process's: a forked child gets one of its own (its parent's thread is not in it,
   // and the parent's lock may have been held at the fork).
   static LingeringStores& get() {
-    static std::atomic<LingeringStores*> instance{nullptr};
-    LingeringStores* l = instance.load();
-    if (l == nullptr || l->pid_ != ::getpid()) {
-      l = new LingeringStores();  // leaked: its thread outlives the statics
-      instance.store(l);
+    static std::mutex made;
+    static LingeringStores* instance = nullptr;
+    std::lock_guard<std::mutex> lock(made);
+    if (instance == nullptr || instance->pid_ != ::getpid()) {
+      instance = new LingeringStores();  // leaked: its thread outlives the statics
     }
-    return *l;
+    return *instance;
   }
 
   // Until every key in `keys` (the ranks' departures) is set, or `mine` (this rank's own, set
   // before) is gone: a later incarnation formed and its rank 0 deleted this one's keys.
   void add(std::shared_ptr<Store> store, std::vector<std::string> keys, std::string mine) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (exiting_) {
+      // A group destroyed by the exit hooks, or after them: no new thread now; wait here.
+      lock.unlock();
+      try {
+        store->wait(keys, kHostLingerTimeout);
+      } catch (const Error& e) {
+        TUTTI_LOG_DEBUG("a destroyed group's store host: {}", e.what());
+      }
+      return;
+    }
     if (!started_) {
-      std::atexit([] { get().wait(); });  // a child's exit: its own (empty) one
+      std::atexit([] { get().wait(/*exiting=*/true); });  // a child's exit: its own (empty) one
       std::thread([this] { run(); }).detach();
       started_ = true;
     }
@@ -73,8 +83,9 @@ class LingeringStores {
     wake_.notify_all();
   }
 
-  void wait() {
+  void wait(bool exiting = false) {
     std::unique_lock<std::mutex> lock(mutex_);
+    exiting_ = exiting_ || exiting;
     done_.wait_for(lock, kHostLingerTimeout + std::chrono::seconds(5),
                    [&] { return entries_.empty() && !looking_; });
   }
@@ -124,6 +135,7 @@ class LingeringStores {
   std::vector<Entry> entries_;
   bool looking_ = false;
   bool started_ = false;
+  bool exiting_ = false;  // the process's exit began
 };
 
 // How long a failing rank that hosts the store waits for the others to read why (those in the
@@ -448,8 +460,10 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
     }
     gone[r] = true;
   }
+  // Twice the group's timeout by default: a survivor whose op ends only at that timeout (its
+  // peer stopped, not dead) comes to shrink that much later than one that saw the death at once.
   const std::chrono::milliseconds timeout =
-      options.timeout == kUseGroupTimeout ? s.timeout : options.timeout;
+      options.timeout == kUseGroupTimeout ? 2 * s.timeout : options.timeout;
   if (timeout.count() <= 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 ctx + ": timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
@@ -458,13 +472,14 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
       detail::backend_key(options.backend.empty() ? s.backend_name : options.backend);
   BackendInfo info;
   if (requested != "auto") info = prefixed(ctx, [&] { return detail::find_backend(requested); });
-  uint64_t n = 0;
-  {
-    std::lock_guard<std::mutex> guard(s.state_mutex);
-    n = s.shrink_count++;
-  }
-  // A live group's ops end first (they would wait on the dead rank): shrink aborts it.
+  // A live group's ops end first (they would wait on the dead rank): shrink aborts it. Then it
+  // holds the op lock, as split does: a destroy from another thread waits for it (it sees the
+  // group destroyed within 50 ms, and the subgroup's meeting stops at once), so the store is
+  // not taken from under it.
   if (!s.aborted.load()) s.abort(ctx + ": the group is being shrunk");
+  std::lock_guard<std::mutex> op_lock(s.op_mutex);
+  if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
+  const uint64_t n = s.shrink_count++;
 
   // The survivors agree on the members through the store: each says it is here, then waits until
   // every other rank is either here or known gone (or the timeout), and proposes who is here;
@@ -475,13 +490,15 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
   const std::string my_host = detail::host_identity();
   const long my_pid = static_cast<long>(::getpid());
   // Gone without a doubt: its process on this host has exited (a pid and start time name one
-  // process), or its connection to the TCP store's host closed (the host notes it).
+  // process), or its connection to the TCP store's host closed: the host then sets its root
+  // group's departure key to "closed" (a rank that destroyed that group but lives on wrote "1").
   const auto known_gone = [&](int r) {
     if (s.hosts[r] == my_host && s.pids[r] != my_pid && s.starts[r] != 0 &&
         detail::process_start_time(s.pids[r]) != s.starts[r]) {
       return true;
     }
-    return s.store->check({s.root_scope + "/left/" + std::to_string(s.global_ranks[r])});
+    const std::string left = s.root_scope + "/left/" + std::to_string(s.global_ranks[r]);
+    return s.store->check({left}) && s.store->get(left) == "closed";
   };
   std::vector<bool> here(s.world_size, false);
   here[s.rank] = true;
@@ -519,19 +536,35 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
     for (int r = 0; r < s.world_size; ++r) {
       if (here[r]) proposal += (proposal.empty() ? "" : ",") + std::to_string(r);
     }
-    decided = prefixed(ctx, [&] { return s.ledger->compare_set(members_key, "", proposal); });
+    decided = prefixed(ctx, [&] {
+      try {
+        return s.ledger->compare_set(members_key, "", proposal);
+      } catch (const Error&) {
+        // The connection may have broken after the proposal was applied: what is stored wins.
+        if (s.ledger->check({members_key})) return s.ledger->get(members_key);
+        throw;
+      }
+    });
   }
   std::vector<int> ranks;
-  for (size_t at = 0; at < decided.size();) {
+  for (size_t at = 0; at <= decided.size();) {
     size_t comma = decided.find(',', at);
     if (comma == std::string::npos) comma = decided.size();
-    ranks.push_back(std::stoi(decided.substr(at, comma - at)));
+    const std::string item = decided.substr(at, comma - at);
+    char* end = nullptr;
+    const long r = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || r < 0 || r >= s.world_size ||
+        std::find(ranks.begin(), ranks.end(), static_cast<int>(r)) != ranks.end()) {
+      throw Error(ErrorCode::kInternal, ctx + ": the store's member list '" + decided + "' (" +
+                                            members_key + ") is not a list of this group's ranks");
+    }
+    ranks.push_back(static_cast<int>(r));
     at = comma + 1;
   }
   if (std::find(ranks.begin(), ranks.end(), s.rank) == ranks.end()) {
-    throw Error(ErrorCode::kAborted, ctx + ": the survivors formed their group of ranks " +
-                                         decided + " without rank " + std::to_string(s.rank) +
-                                         " (it called shrink after they had decided)");
+    throw Error(ErrorCode::kAborted,
+                ctx + ": the survivors formed their group of ranks " + decided + " without rank " +
+                    std::to_string(s.rank) + " (it was not among those there when they decided)");
   }
   std::string left_out;
   for (int r = 0; r < s.world_size; ++r) {
@@ -611,7 +644,10 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   }
   sub->store = s.store;
   sub->ledger = s.ledger;  // its keys go with the root group's incarnation
-  sub->owns_store = false;  // the parent's: it leaves the store, the subgroup only uses it
+  // A split uses the parent's store: the parent leaves it. A shrink's parent failed (it leaves
+  // without waiting for anyone), so the survivors' group takes the leaving over: its ranks note
+  // their departures, and the store's host keeps serving until they have left.
+  sub->owns_store = after_failure && s.owns_store;
   sub->scope = m.scope;
   sub->root_scope = s.root_scope;
   sub->join_record = mine.encode();
@@ -620,6 +656,13 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   sub->instance = instance;
   sub->recorder =
       detail::FlightRecorder::create({name, sub->instance, sub_rank, sub_world, info.name});
+  if (auto* tcp = dynamic_cast<TCPStore*>(sub->store.get()); tcp != nullptr && sub->owns_store) {
+    try {
+      tcp->set_on_close(sub->scope + "/left/" + std::to_string(sub_rank), "closed");
+    } catch (const Error& e) {
+      TUTTI_LOG_DEBUG("{}: no departure notice: {}", sub->describe(), e.what());
+    }
+  }
   BackendContext bctx = backend_context(*sub, stoppable);
   if (with_parent && info.name == s.backend_name) bctx.parent = s.backend.get();
   attach_backend(*sub, info, std::move(bctx), sub_ctx, stoppable.get());
@@ -769,7 +812,7 @@ void CollectiveGroup::leave_store() {
 }
 
 namespace detail {
-void wait_for_lingering_stores() { LingeringStores::get().wait(); }
+void wait_for_lingering_stores() { LingeringStores::get().wait(/*exiting=*/true); }
 }  // namespace detail
 
 }  // namespace tutti

@@ -86,7 +86,7 @@ struct CollectiveGroup::State {
   uint64_t collective_seq = 0;
   uint64_t batch_seq = 0;
   uint64_t split_count = 0;
-  uint64_t shrink_count = 0;  // guarded by state_mutex
+  uint64_t shrink_count = 0;
   std::map<int, uint64_t> send_seq;  // per destination rank
   std::map<int, uint64_t> recv_seq;  // per source rank
   std::atomic<int> queued{0};        // async ops pushed and not yet finished

@@ -28,6 +28,8 @@ uint64_t process_start_time(long pid) {
   std::istringstream fields(text.substr(paren + 2));
   std::string field;
   for (int i = 3; i <= 22 && (fields >> field); ++i) {
+    // A zombie (exited, not yet reaped by its parent) is no live process.
+    if (i == 3 && (field == "Z" || field == "X")) return 0;
     if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
   }
   return 0;

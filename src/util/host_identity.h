@@ -14,8 +14,9 @@ namespace tutti::detail {
 std::string host_identity();
 
 // When process `pid` started, in clock ticks since boot (field 22 of /proc/<pid>/stat), as this
-// host's /proc shows it; 0 when no such process is visible. A pid and its start time name one
-// process: a pid reused later has a later start time.
+// host's /proc shows it; 0 when no such process is visible or it has exited (a zombie its parent
+// has not reaped yet). A pid and its start time name one process: a pid reused later has a later
+// start time.
 uint64_t process_start_time(long pid);
 
 }  // namespace tutti::detail
