@@ -1,7 +1,8 @@
 // Ranks as real processes over a FileStore: launch, timeouts, crashes, exit.
 #include <gtest/gtest.h>
-
 #include <signal.h>
+
+#include <regex>
 
 #include "test_util.h"
 
@@ -43,6 +44,41 @@ TEST(Processes, RankThatNeverArrivesTimesOutNamingIt) {
   expect_all_ok(results);
   // Within the timeout plus a margin for process start-up on a loaded machine.
   EXPECT_LT(elapsed.count(), 1500 + 5000);
+}
+
+// The same through a tcp:// store rank 0 hosts: rank 1 fails within its timeout, naming the
+// missing rank, not a store timeout or three later (it was 20 s for a 5 s timeout: each of its
+// last store calls waited for the host rank 0 had taken away with its own failure).
+TEST(Processes, RankThatNeverArrivesIsNamedOnEveryRankThroughATcpStore) {
+  auto results = run_workers("never_arrive", 3, "tcp://127.0.0.1:" + std::to_string(free_port()),
+                             milliseconds(30000), {"1500"}, {0, 1});
+  expect_all_ok(results);
+  for (const auto& r : results) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("elapsed_ms=([0-9]+)"))) << r.output;
+    EXPECT_LT(std::stoi(m[1]), 1500 + 1000) << r.output;
+  }
+}
+
+// Rank 0 hosts the tcp:// store and never starts, or dies half a second into the rendezvous:
+// the others say so, within their timeout and one store timeout (1.5 s each).
+TEST(Processes, TheStoresHostMissingOrDeadIsNamed) {
+  // Rank 2 never comes, so rank 0 dies while the rendezvous waits for it.
+  for (const std::vector<int>& ranks : {std::vector<int>{1, 2}, std::vector<int>{0, 1}}) {
+    auto results = run_workers("host_gone", 3, "tcp://127.0.0.1:" + std::to_string(free_port()),
+                               milliseconds(30000), {"1500"}, ranks);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] == 0) {
+        EXPECT_EQ(results[i].signal, SIGKILL) << results[i].output;
+        continue;
+      }
+      EXPECT_EQ(results[i].exit_code, 0) << results[i].output;
+      std::smatch m;
+      ASSERT_TRUE(std::regex_search(results[i].output, m, std::regex("elapsed_ms=([0-9]+)")))
+          << results[i].output;
+      EXPECT_LT(std::stoi(m[1]), 1500 + 1500 + 1000) << results[i].output;
+    }
+  }
 }
 
 TEST(Processes, OpTimeoutAbortsTheGroup) {

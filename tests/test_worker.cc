@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+
+#include <signal.h>
 #include <vector>
 
 #include "tutti/tutti.h"
@@ -140,6 +142,24 @@ void scenario_never_arrive(const Args& a) {
   const auto start = Clock::now();
   expect_error([&] { init_collective_group(a.world, a.rank, "gloo", "default", options(a)); },
                ErrorCode::kTimeout, "missing rank(s) " + std::to_string(a.world - 1));
+  std::fprintf(stderr, "elapsed_ms=%.0f\n", ms_since(start));
+}
+
+// Through a tcp:// store rank 0 hosts, which is never started or (when it is) SIGKILLed half a
+// second into the rendezvous: the other ranks fail within their timeout and one
+// store timeout, saying that rank 0 hosts the store and is not there.
+void scenario_host_gone(const Args& a) {
+  if (a.rank == 0) {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ::raise(SIGKILL);
+    }).detach();
+    init_collective_group(a.world, a.rank, "gloo", "default", options(a));
+    return;
+  }
+  const auto start = Clock::now();
+  expect_error([&] { init_collective_group(a.world, a.rank, "gloo", "default", options(a)); },
+               ErrorCode::kTimeout, "rank 0 hosts this group's store");
   std::fprintf(stderr, "elapsed_ms=%.0f\n", ms_since(start));
 }
 
@@ -529,6 +549,7 @@ int main(int argc, char** argv) {
       {"allreduce", scenario_allreduce},
       {"ray", scenario_ray},
       {"never_arrive", scenario_never_arrive},
+      {"host_gone", scenario_host_gone},
       {"op_timeout", scenario_op_timeout},
       {"mismatch", scenario_mismatch},
       {"exit_without_destroy", scenario_exit_without_destroy},

@@ -60,14 +60,20 @@ class LingeringStores {
   }
 
   // Until every key in `keys` (the ranks' departures) is set, or `mine` (this rank's own, set
-  // before) is gone: a later incarnation formed and its rank 0 deleted this one's keys.
-  void add(std::shared_ptr<Store> store, std::vector<std::string> keys, std::string mine) {
+  // before) is gone: a later incarnation formed and its rank 0 deleted this one's keys; at most
+  // `linger`. With no keys: for `linger`.
+  void add(std::shared_ptr<Store> store, std::vector<std::string> keys, std::string mine,
+           std::chrono::milliseconds linger = kHostLingerTimeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (exiting_) {
       // A group destroyed by the exit hooks, or after them: no new thread now; wait here.
       lock.unlock();
       try {
-        store->wait(keys, kHostLingerTimeout);
+        if (keys.empty()) {
+          std::this_thread::sleep_for(linger);
+        } else {
+          store->wait(keys, linger);
+        }
       } catch (const Error& e) {
         TUTTI_LOG_DEBUG("a destroyed group's store host: {}", e.what());
       }
@@ -79,7 +85,7 @@ class LingeringStores {
       started_ = true;
     }
     entries_.push_back({std::move(store), std::move(keys), std::move(mine),
-                        Clock::now() + kHostLingerTimeout});
+                        Clock::now() + linger});
     wake_.notify_all();
   }
 
@@ -112,7 +118,7 @@ class LingeringStores {
         if (!over) {
           try {
             // Every other rank has left, or a later incarnation took over.
-            over = e.store->check(e.keys) || !e.store->check({e.mine});
+            over = !e.keys.empty() && (e.store->check(e.keys) || !e.store->check({e.mine}));
           } catch (const Error& err) {
             TUTTI_LOG_DEBUG("a destroyed group's store host: {}", err.what());
             over = true;
@@ -289,12 +295,43 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   BackendInfo info;
   if (!automatic) info = prefixed(ctx, [&] { return detail::find_backend(requested); });
 
-  const detail::StoreChoice choice =
-      prefixed(ctx, [&] { return detail::resolve_store(options, world_size, rank); });
+  // A rank other than 0 that cannot reach a TCP store rank 0 hosts: say who hosts it.
+  const auto unreachable_host = [&](const Error& e, const std::string& where) {
+    const std::string what = e.what();
+    if (rank == 0 || (what.find("could not connect") == std::string::npos &&
+                      what.find("could not be reached") == std::string::npos)) {
+      return;
+    }
+    throw Error(e.code(), what + "; rank 0 hosts this group's store (" + where +
+                              "): it has not started, or it is gone (did its init fail?)");
+  };
+  const detail::StoreChoice choice = prefixed(ctx, [&] {
+    try {
+      return detail::resolve_store(options, world_size, rank);
+    } catch (const Error& e) {
+      if (!options.store && options.store_url.rfind("tcp://", 0) == 0) {
+        unreachable_host(e, options.store_url);
+      }
+      throw;
+    }
+  });
   const detail::JoinRecord mine = detail::JoinRecord::mine(world_size, requested);
   const detail::Membership m = prefixed(ctx, [&] {
-    return detail::meet(*choice.store, detail::group_base(choice.job_id, name), world_size, rank,
-                        mine, options.timeout);
+    auto* tcp = dynamic_cast<TCPStore*>(choice.store.get());
+    try {
+      return detail::meet(*choice.store, detail::group_base(choice.job_id, name), world_size,
+                          rank, mine, options.timeout);
+    } catch (const Error& e) {
+      if (tcp != nullptr && tcp->is_hosting() && world_size > 1) {
+        // The others read why from the store (the failed incarnation names this rank and its
+        // reason): it keeps serving them a while after this rank's init fails.
+        LingeringStores::get().add(choice.store, {}, "", kFailureLinger);
+      }
+      if (tcp != nullptr && !tcp->is_hosting() && choice.owned) {
+        unreachable_host(e, "tcp://" + tcp->host() + ":" + std::to_string(tcp->port()));
+      }
+      throw;
+    }
   });
   if (automatic) {
     info = prefixed(ctx + ": backend 'auto'",

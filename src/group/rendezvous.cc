@@ -216,6 +216,60 @@ int64_t read_incarnation(Store& store, const std::string& base) {
   return std::atoll(store.get(base + "/current").c_str());
 }
 
+// The store as a meeting uses it, noting whether a call of it failed: once the store cannot be
+// reached (its host is gone), the best-effort writes of a failing rank are skipped instead of each
+// waiting out the store's timeout again (a rank once took three of them past its own deadline).
+class WatchedStore : public Store {
+ public:
+  explicit WatchedStore(Store& inner) : Store(inner.timeout()), inner_(inner) {}
+  bool failed() const { return failed_; }
+
+  void set(const std::string& k, const std::string& v) override {
+    watch([&] { inner_.set(k, v); });
+  }
+  std::string get(const std::string& k) override {
+    return watch([&] { return inner_.get(k); });
+  }
+  int64_t add(const std::string& k, int64_t d) override {
+    return watch([&] { return inner_.add(k, d); });
+  }
+  std::string compare_set(const std::string& k, const std::string& e,
+                          const std::string& d) override {
+    return watch([&] { return inner_.compare_set(k, e, d); });
+  }
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds t) override {
+    watch([&] { inner_.wait(keys, t); });
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return watch([&] { return inner_.check(keys); });
+  }
+  bool delete_key(const std::string& k) override {
+    return watch([&] { return inner_.delete_key(k); });
+  }
+  int64_t num_keys() override {
+    return watch([&] { return inner_.num_keys(); });
+  }
+
+ private:
+  template <typename Fn>
+  auto watch(Fn&& fn) -> decltype(fn()) {
+    try {
+      return fn();
+    } catch (const Error& e) {
+      // A wait that times out is the meeting's own business; anything else is the store's.
+      if (!(e.code() == ErrorCode::kTimeout &&
+            std::string(e.what()).find("could not connect") == std::string::npos &&
+            std::string(e.what()).find("could not be reached") == std::string::npos)) {
+        failed_ = true;
+      }
+      throw;
+    }
+  }
+  Store& inner_;
+  bool failed_ = false;
+};
+
 class Meeting {
  public:
   Meeting(Store& store, const std::string& base, int world_size, int rank, const JoinRecord& mine,
@@ -402,7 +456,7 @@ class Meeting {
   // `about`: the nonce of the join this rank disagreed with (that rank fails at once, even if it
   // looks at the state only after it failed).
   [[noreturn]] void fail(ErrorCode code, const std::string& what, uint64_t about = 0) {
-    if (claimed_) {
+    if (claimed_ && !store_.failed()) {
       try {
         store_.compare_set(scope_of(base_, incarnation_) + "/state", "",
                            "failed\n" + std::to_string(static_cast<int>(code)) + "\n" +
@@ -424,6 +478,7 @@ class Meeting {
   void give_back() {
     if (!claimed_) return;
     claimed_ = false;
+    if (store_.failed()) return;  // unreachable: nothing to give back to
     try {
       store_.compare_set(rank_key(scope_of(base_, incarnation_), rank_), me_, "");
     } catch (const Error&) {
@@ -431,7 +486,7 @@ class Meeting {
     }
   }
 
-  Store& store_;
+  WatchedStore store_;
   const std::string base_;
   const int world_size_;
   const int rank_;
