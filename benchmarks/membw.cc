@@ -29,21 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include "parse_size.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-uint64_t parse_size(const std::string& text) {
-  char* end = nullptr;
-  double v = std::strtod(text.c_str(), &end);
-  switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
-  }
-  return static_cast<uint64_t>(v);
-}
 
 std::vector<std::string> split(const std::string& text) {
   std::vector<std::string> out;

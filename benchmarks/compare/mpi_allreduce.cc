@@ -15,19 +15,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "../parse_size.h"
 
-uint64_t parse_size(const char* text) {
-  char* end = nullptr;
-  double v = std::strtod(text, &end);
-  switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
-  }
-  return static_cast<uint64_t>(v);
-}
+namespace {
 
 double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());

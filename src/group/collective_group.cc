@@ -159,6 +159,26 @@ auto prefixed(const std::string& context, Fn&& fn) -> decltype(fn()) {
   }
 }
 
+// A split's or shrink's timeout: `asked`, or `fallback` for kUseGroupTimeout; positive.
+std::chrono::milliseconds subgroup_timeout(const std::string& ctx, std::chrono::milliseconds asked,
+                                           std::chrono::milliseconds fallback) {
+  const auto timeout = asked == kUseGroupTimeout ? fallback : asked;
+  if (timeout.count() <= 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                ctx + ": timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
+  }
+  return timeout;
+}
+
+// A split's or shrink's backend: `asked`, or the parent's when empty, as a registry key; `info`
+// found unless it is "auto" (chosen once the members met).
+std::string subgroup_backend(const std::string& ctx, const std::string& asked,
+                             const std::string& parents, BackendInfo* info) {
+  const std::string requested = detail::backend_key(asked.empty() ? parents : asked);
+  if (requested != "auto") *info = prefixed(ctx, [&] { return detail::find_backend(requested); });
+  return requested;
+}
+
 bool aborts_group(ErrorCode code) {
   return code == ErrorCode::kTimeout || code == ErrorCode::kIoError ||
          code == ErrorCode::kRemoteError || code == ErrorCode::kInternal ||
@@ -411,16 +431,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
     }
     seen[r] = true;
   }
-  const std::chrono::milliseconds timeout =
-      options.timeout == kUseGroupTimeout ? s.timeout : options.timeout;
-  if (timeout.count() <= 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                ctx + ": timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
-  }
-  const std::string requested =
-      detail::backend_key(options.backend.empty() ? s.backend_name : options.backend);
+  const std::chrono::milliseconds timeout = subgroup_timeout(ctx, options.timeout, s.timeout);
   BackendInfo info;
-  if (requested != "auto") info = prefixed(ctx, [&] { return detail::find_backend(requested); });
+  const std::string requested = subgroup_backend(ctx, options.backend, s.backend_name, &info);
 
   std::string listed;
   for (int r : ranks) listed += (listed.empty() ? "" : ",") + std::to_string(r);
@@ -500,15 +513,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
   // Twice the group's timeout by default: a survivor whose op ends only at that timeout (its
   // peer stopped, not dead) comes to shrink that much later than one that saw the death at once.
   const std::chrono::milliseconds timeout =
-      options.timeout == kUseGroupTimeout ? 2 * s.timeout : options.timeout;
-  if (timeout.count() <= 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                ctx + ": timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
-  }
-  const std::string requested =
-      detail::backend_key(options.backend.empty() ? s.backend_name : options.backend);
+      subgroup_timeout(ctx, options.timeout, 2 * s.timeout);
   BackendInfo info;
-  if (requested != "auto") info = prefixed(ctx, [&] { return detail::find_backend(requested); });
+  const std::string requested = subgroup_backend(ctx, options.backend, s.backend_name, &info);
   // A live group's ops end first (they would wait on the dead rank): shrink aborts it. Then it
   // holds the op lock, as split does: a destroy from another thread waits for it (it sees the
   // group destroyed within 50 ms, and the subgroup's meeting stops at once), so the store is
