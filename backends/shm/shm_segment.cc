@@ -76,8 +76,10 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
     if (rank == 0) ::shm_unlink(name.c_str());
     throw_errno("mapping segment '" + name + "'");
   }
-  // Everyone attached: then the name goes, so nothing outlives the processes.
+  // Everyone attached: then the name goes, so nothing outlives the processes. The last rank to
+  // attach takes the name away too, so that it goes even when rank 0 died after making it.
   store.set("shm/attached/" + std::to_string(rank), "1");
+  if (store.add("shm/attached-count", 1) == parties) ::shm_unlink(name.c_str());
   if (rank == 0) {
     std::vector<std::string> keys;
     for (int r = 0; r < parties; ++r) keys.push_back("shm/attached/" + std::to_string(r));
