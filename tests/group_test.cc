@@ -142,6 +142,53 @@ TEST(Group, TheStoreHostsDestroyReturnsAtOnceWhileAPeerSleeps) {
   EXPECT_LT(destroy_ms[1], 1000) << "the late rank's teardown did not find the store";
 }
 
+// A rank that comes to shrink after the others decided without it (they waited out their
+// shrink timeout for it) is told so, naming the members; the others' group works.
+TEST(Group, ALateRankIsLeftOutOfAShrinkByName) {
+  auto groups = create_groups(3, "gloo", unique_name("late-shrink"));
+  std::vector<std::shared_ptr<CollectiveGroup>> small(3);
+  ShrinkOptions o;
+  o.timeout = milliseconds(300);
+  run_ranks(3, [&](int r) {
+    if (r == 2) {
+      std::this_thread::sleep_for(milliseconds(1500));  // past the others' 300 ms
+      EXPECT_TUTTI_ERROR(groups[2]->shrink(o), ErrorCode::kAborted,
+                         "formed their group of ranks 0,1 without rank 2");
+      return;
+    }
+    small[r] = groups[r]->shrink(o);
+    std::vector<float> v(4, static_cast<float>(r + 1));
+    small[r]->allreduce(v);
+    EXPECT_EQ(v[0], 3.0f);
+  });
+  for (auto& g : small) {
+    if (g) g->destroy();
+  }
+}
+
+// destroy() from another thread while a shrink waits for a rank: the shrink ends at once with
+// a named error, nothing hangs.
+TEST(Group, DestroyDuringAShrinkEndsIt) {
+  auto groups = create_groups(2, "shm", unique_name("destroyed-shrink"));
+  ShrinkOptions o;
+  o.timeout = milliseconds(20000);  // rank 1 never comes: only the destroy can end it
+  std::atomic<bool> ended{false};
+  std::thread shrinker([&] {
+    groups[0]->issue_from_this_thread();
+    EXPECT_TUTTI_ERROR(groups[0]->shrink(o), ErrorCode::kAborted, "destroyed during the shrink");
+    ended = true;
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  const auto start = std::chrono::steady_clock::now();
+  groups[0]->destroy();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                              start).count();
+  shrinker.join();
+  EXPECT_TRUE(ended.load());
+  EXPECT_LT(ms, 1000) << "destroy waited for the shrink";
+  groups[1]->destroy();
+}
+
 TEST(Group, ReinitThroughTheSameStoreIsAFreshIncarnation) {
   auto store = std::make_shared<HashStore>();
   const std::string name = unique_name("again");
