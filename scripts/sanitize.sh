@@ -2,6 +2,8 @@
 # The sanitizer runs of the test command (scripts/test.sh calls this; CI runs it):
 #   asan   the whole C++ suite built with AddressSanitizer (and LeakSanitizer) and
 #          UndefinedBehaviorSanitizer, clang, in build-asan/; the fuzzers are built there too
+#          (the NCCL backend and cuda_ipc against the declared CUDA headers, as on a machine
+#          without the toolkit)
 #   tsan   the threaded, transfer and NCCL-stand-in tests built with ThreadSanitizer, GCC, in
 #          build-tsan/ (only those targets)
 #   fuzz   every libFuzzer target (tests/fuzz/) for FUZZ_SECONDS each (default 20), from its seeds
@@ -34,7 +36,7 @@ asan_skip='Package\.|TCPStoreServerLimits\.OutOfDescriptorsPausesAcceptingAndWar
 configure_asan() {
   CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None \
     -DCMAKE_C_FLAGS="-O1 -g1" -DCMAKE_CXX_FLAGS="-O1 -g1" -DTUTTI_SANITIZE="address;undefined" \
-    -DTUTTI_FUZZ=ON >/dev/null
+    -DTUTTI_FUZZ=ON -DTUTTI_CUDA_HEADERS=DECLARED >/dev/null
 }
 
 for part in "${parts[@]}"; do

@@ -93,8 +93,13 @@ NcclBackend::NcclBackend(const BackendContext& ctx)
       store_(ctx.store),
       timeout_(ctx.timeout) {
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    throw Error(ErrorCode::kUnavailable, "nccl: no CUDA device is visible to this process");
+  const cudaError_t counted = cudaGetDeviceCount(&devices);
+  if (counted != cudaSuccess || devices == 0) {
+    // The runtime's words say why: no device, no driver, or (declared headers) no runtime.
+    throw Error(ErrorCode::kUnavailable,
+                std::string("nccl: no CUDA device is visible to this process") +
+                    (counted != cudaSuccess ? std::string(" (") + cudaGetErrorString(counted) + ")"
+                                            : std::string()));
   }
   TUTTI_LOG_DEBUG("nccl: NCCL {} from {}", api_.version, api_.library);
   watchdog_ = std::thread([this, gone = gone_] { watchdog_loop(gone); });
