@@ -114,6 +114,24 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   // I/O.
   std::shared_ptr<CollectiveGroup> shrink(const ShrinkOptions& options = {});
 
+  // Admits options.add new processes, without tearing this group down: every member calls grow
+  // (collective, ordered with this group's ops as split is), and each new process calls join()
+  // with the name this group's root was created under and the same store. The grown group keeps
+  // the members' ranks and numbers the new ranks after them, in the order they joined; it meets
+  // through this group's store (no new server) under a new incarnation, on this group's backend
+  // (see GrowOptions). This group stays usable; destroy it when done. Fails with kTimeout naming
+  // the ranks that did not come within options.timeout, kInvalidArgument for add < 1 (before
+  // any I/O).
+  std::shared_ptr<CollectiveGroup> grow(const GrowOptions& options = {});
+
+  // A new process joins the next grow() of the group created as `group_name` (or of a group
+  // shrunk or grown from it), through the store `options` names (store_url, store or env://, as
+  // for create; a tcp:// store is reached as a client) and its job id. Waits up to
+  // options.timeout for the members to call grow and fails with kTimeout saying so; the
+  // group's op timeout, backend and check_ops are the members'.
+  static std::shared_ptr<CollectiveGroup> join(std::string_view group_name,
+                                               const GroupOptions& options = {});
+
   WorkPtr broadcast(TensorView tensor, const BroadcastOptions& opts = {});
   WorkPtr allreduce(TensorView tensor, const AllreduceOptions& opts = {});
   // Only the root's tensor changes.

@@ -139,6 +139,17 @@ struct ShrinkOptions {
   std::chrono::milliseconds timeout = kUseGroupTimeout;
 };
 
+// CollectiveGroup::grow: the members admit new processes, which call CollectiveGroup::join.
+struct GrowOptions {
+  int add = 1;          // how many new ranks join (at least 1)
+  std::string name;     // empty: "<this group>.grow<n>", n counting this group's grows from 0
+  // Empty: this group's backend, or what "auto" picks when that does not suit the grown group's
+  // hosts (shm, say, when a new rank is on another host).
+  std::string backend;
+  // How long the members wait for the new ranks. Default: the group's timeout.
+  std::chrono::milliseconds timeout = kUseGroupTimeout;
+};
+
 // How a group meets its peers and how long it waits by default.
 struct GroupOptions {
   // A store URL (see open_store), e.g. "tcp://10.0.0.1:29500" (rank 0 hosts it) or

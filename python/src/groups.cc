@@ -509,6 +509,20 @@ void bind_groups(nb::module_& m) {
           "store"_a = nb::none(), "timeout"_a = nb::none(), "job_id"_a = "",
           "Joins a group without registering its name (ranks that are threads pass one "
           "tutti.HashStore).")
+      .def_static(
+          "join",
+          [](const std::string& name, nb::handle store, nb::handle timeout,
+             const std::string& job_id) {
+            GroupOptions options = group_options(store, timeout, job_id, "CollectiveGroup.join");
+            if (store.is_none()) options.store_url = "env://";
+            nb::gil_scoped_release release;
+            return CollectiveGroup::join(name, options);
+          },
+          "name"_a, nb::kw_only(), "store"_a = nb::none(), "timeout"_a = nb::none(),
+          "job_id"_a = "",
+          "A new process joins the next grow() of the group created as `name` (or of one shrunk "
+          "or grown from it), through its store (a URL, a tutti.Store, or the launcher's when "
+          "None); returns the grown group, whose new ranks follow the members'.")
       .def_prop_ro("name", &CollectiveGroup::name)
       .def_prop_ro("rank", &CollectiveGroup::rank)
       .def_prop_ro("world_size", &CollectiveGroup::world_size)
@@ -566,6 +580,22 @@ void bind_groups(nb::module_& m) {
           "and ranks whose process on this host exited or whose store connection closed, are "
           "left out at once; the others are waited for up to `timeout`. Works on an aborted "
           "group; destroy this one after.")
+      .def(
+          "grow",
+          [](CollectiveGroup& g, int add, const std::string& name, const std::string& backend,
+             nb::handle timeout) {
+            GrowOptions o;
+            o.add = add;
+            o.name = name;
+            o.backend = backend;
+            if (!timeout.is_none()) o.timeout = to_milliseconds(timeout, "grow", "timeout");
+            nb::gil_scoped_release release;
+            return g.grow(o);
+          },
+          "add"_a = 1, "name"_a = "", "backend"_a = "", "timeout"_a = nb::none(),
+          "Admits `add` new processes (each calls CollectiveGroup.join): every member calls it; "
+          "the grown group keeps the members' ranks and numbers the new ones after them. This "
+          "group stays usable; destroy it when done.")
       .def("allreduce", &do_allreduce, "tensor"_a.none(), "op"_a = nb::none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
       .def("reduce", &do_reduce, "tensor"_a.none(), "dst_rank"_a = 0, "op"_a = nb::none(),

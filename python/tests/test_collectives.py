@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import tutti
-from conftest import JOIN_TIMEOUT_S, NUMPY_DTYPES, REDUCE_OPS, rank_input, reference, run_threads
+from conftest import (JOIN_TIMEOUT_S, NUMPY_DTYPES, REDUCE_OPS, on_threads, rank_input, reference,
+                      run_threads, unique)
 
 WORLDS = [("shm", 2), ("shm", 4), ("gloo", 2), ("gloo", 3)]
 
@@ -313,6 +314,38 @@ def test_survivors_shrink_and_go_on(backend):
             small.destroy()
 
     assert run_threads(3, body, backend=backend) == [30.0, 30.0, None]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "shm"])
+def test_a_new_process_joins_a_grow(backend):
+    """Two members grow by one; a third thread joins under the group's name through the same
+    store. Members keep their ranks, the new rank comes after them, and the sum counts all three."""
+    store = tutti.HashStore()
+    name = unique()
+
+    def rank_main(rank):
+        if rank == 2:
+            grown = tutti.CollectiveGroup.join(name, store=store, timeout=20)
+        else:
+            g = tutti.CollectiveGroup.create(2, rank, backend, name, store=store, timeout=20)
+            with pytest.raises(tutti.InvalidArgumentError, match="add must be at least 1, got 0"):
+                g.grow(add=0)
+            grown = g.grow()
+            g.destroy()
+        try:
+            assert grown.world_size == 3 and grown.name == name + ".grow0"
+            x = np.full(4, grown.rank + 1, dtype=np.float32)
+            grown.allreduce(x)
+            return (grown.rank, float(x[0]))
+        finally:
+            grown.destroy()
+
+    assert on_threads(3, rank_main) == [(0, 6.0), (1, 6.0), (2, 6.0)]
+
+
+def test_a_join_with_no_grow_times_out_saying_so():
+    with pytest.raises(tutti.TimeoutError, match="no grow of it began within 200 ms"):
+        tutti.CollectiveGroup.join(unique(), store=tutti.HashStore(), timeout=0.2)
 
 
 def test_abort_ends_a_waiting_op_promptly():

@@ -179,6 +179,84 @@ std::string subgroup_backend(const std::string& ctx, const std::string& asked,
   return requested;
 }
 
+// The backend a subgroup or grown group takes once its members met: "auto"'s choice for their
+// hosts when asked for "auto", or when the backend was inherited and does not suit them (hier for
+// ranks on one host, shm across hosts); else `info`. Every member computes the same.
+BackendInfo settled_backend(const std::string& ctx, const std::string& requested,
+                            const BackendInfo& info, bool inherited,
+                            const std::vector<std::string>& hosts) {
+  if (requested == "auto" || (inherited && info.suits && !info.suits(hosts))) {
+    return prefixed(ctx + ": backend 'auto'", [&] { return detail::choose_auto_backend(hosts); });
+  }
+  return info;
+}
+
+// What the admission key holds after a grow failed: no grow is admitting.
+constexpr const char* kAdmissionClosed = "closed";
+
+// What grow() stores for the new processes (CollectiveGroup::join): where the grown group meets
+// and everything about it the members decided. One line per field.
+struct Admission {
+  std::string base;     // the meeting's key prefix
+  std::string ledger;   // the ledger prefix the members' keys are noted in
+  int world = 0;        // the members
+  int add = 0;          // the new ranks
+  std::string requested;
+  bool inherited = false;
+  std::string name;
+  int64_t timeout_ms = 0;  // the grown group's op timeout
+  std::string instance;
+  bool check_ops = false;
+
+  std::string encode() const {
+    return "tutti-admission 1\n" + base + "\n" + ledger + "\n" + std::to_string(world) + "\n" +
+           std::to_string(add) + "\n" + requested + "\n" + (inherited ? "1" : "0") + "\n" +
+           name + "\n" + std::to_string(timeout_ms) + "\n" + instance + "\n" +
+           (check_ops ? "1" : "0");
+  }
+  // Throws kInternal (naming `key`) for anything that is not a record encode() wrote.
+  static Admission decode(const std::string& text, const std::string& key) {
+    std::vector<std::string> f;
+    for (size_t at = 0; at <= text.size();) {
+      size_t nl = text.find('\n', at);
+      if (nl == std::string::npos) nl = text.size();
+      f.push_back(text.substr(at, nl - at));
+      at = nl + 1;
+    }
+    const auto number = [&](const std::string& v, int64_t lo, int64_t hi) {
+      char* end = nullptr;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || x < lo || x > hi) {
+        throw Error(ErrorCode::kInternal, "the admission record in " + key + " is damaged");
+      }
+      return static_cast<int64_t>(x);
+    };
+    if (f.size() != 11 || f[0] != "tutti-admission 1") {
+      throw Error(ErrorCode::kInternal,
+                  "the admission record in " + key + " is not one this version of tutti reads");
+    }
+    Admission a;
+    a.base = f[1];
+    a.ledger = f[2];
+    a.world = static_cast<int>(number(f[3], 1, 1 << 20));
+    a.add = static_cast<int>(number(f[4], 1, 1 << 20));
+    a.requested = f[5];
+    a.inherited = number(f[6], 0, 1) == 1;
+    a.name = f[7];
+    a.timeout_ms = number(f[8], 1, int64_t{1} << 40);
+    a.instance = f[9];
+    a.check_ops = number(f[10], 0, 1) == 1;
+    if (a.base.empty() || a.name.empty() || a.requested.empty()) {
+      throw Error(ErrorCode::kInternal, "the admission record in " + key + " is damaged");
+    }
+    return a;
+  }
+  // What every rank of the grown group claims, members and new ones alike.
+  std::string join_label() const {
+    return requested + " grow of " + std::to_string(world) + " by " + std::to_string(add);
+  }
+};
+
 bool aborts_group(ErrorCode code) {
   return code == ErrorCode::kTimeout || code == ErrorCode::kIoError ||
          code == ErrorCode::kRemoteError || code == ErrorCode::kInternal ||
@@ -376,6 +454,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->root_scope = m.scope;
   s->ledger = std::make_shared<detail::LedgerStore>(choice.store, detail::ledger_of(m.scope));
   s->base = detail::group_base(choice.job_id, name);
+  s->admit_key = s->base + "/admit";
   s->incarnation = m.incarnation;
   s->join_record = mine.encode();
   s->check_ops = options.check_ops || detail::check_ops_from_env();
@@ -663,15 +742,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   const detail::Membership m = prefixed(sub_ctx, [&] {
     return detail::meet(*stoppable, base, sub_world, sub_rank, mine, timeout);
   });
-  if (requested == "auto") {
-    info = prefixed(sub_ctx + ": backend 'auto'",
-                    [&] { return detail::choose_auto_backend(m.hosts()); });
-  } else if (inherited && info.suits && !info.suits(m.hosts())) {
-    // The parent's backend, inherited, does not suit the subgroup's hosts (hier for ranks on one
-    // host): the subgroup takes what "auto" takes for them.
-    info = prefixed(sub_ctx + ": backend 'auto'",
-                    [&] { return detail::choose_auto_backend(m.hosts()); });
-  }
+  info = settled_backend(sub_ctx, requested, info, inherited, m.hosts());
 
   auto sub = std::make_shared<State>();
   sub->name = std::make_shared<const std::string>(name);
@@ -688,6 +759,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   }
   sub->store = s.store;
   sub->ledger = s.ledger;  // its keys go with the root group's incarnation
+  sub->admit_key = s.admit_key;
   // A split uses the parent's store: the parent leaves it. A shrink's parent failed (it leaves
   // without waiting for anyone), so the survivors' group takes the leaving over: its ranks note
   // their departures, and the store's host keeps serving until they have left.
@@ -714,6 +786,213 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   TUTTI_LOG_INFO("{} {} off {} with backend '{}'", after_failure ? "shrank" : "split",
                  sub->describe(), s.describe(), info.name);
   return std::shared_ptr<CollectiveGroup>(new CollectiveGroup(std::move(sub)));
+}
+
+namespace {
+
+// The grown group, on a member or a new rank alike, once its ranks met: a root group of its own
+// (its ranks' departures are noted under its scope) whose keys are noted in the members' ledger.
+std::shared_ptr<CollectiveGroup::State> grown_state(
+    const Admission& a, const detail::Membership& m, int rank, const BackendInfo& info,
+    std::shared_ptr<Store> store, std::shared_ptr<Store> ledger, bool owns_store,
+    const detail::JoinRecord& mine, const std::string& admit_key) {
+  const int world = a.world + a.add;
+  auto g = std::make_shared<CollectiveGroup::State>();
+  g->name = std::make_shared<const std::string>(a.name);
+  g->rank = rank;
+  g->world_size = world;
+  g->creator_pid = static_cast<long>(::getpid());
+  g->backend_name = info.name;
+  g->timeout = std::chrono::milliseconds(a.timeout_ms);
+  g->global_ranks.resize(world);
+  std::iota(g->global_ranks.begin(), g->global_ranks.end(), 0);
+  g->hosts = m.hosts();
+  g->pids = m.pids();
+  for (const auto& r : m.ranks) g->starts.push_back(r.start);
+  g->store = std::move(store);
+  g->ledger = std::move(ledger);
+  g->owns_store = owns_store;
+  g->scope = m.scope;
+  g->root_scope = m.scope;
+  g->admit_key = admit_key;
+  g->join_record = mine.encode();
+  g->check_ops = a.check_ops;
+  g->take_thread();
+  g->instance = a.instance;
+  g->recorder = detail::FlightRecorder::create({a.name, a.instance, rank, world, info.name});
+  if (auto* tcp = dynamic_cast<TCPStore*>(g->store.get()); tcp != nullptr && g->owns_store) {
+    try {
+      tcp->set_on_close(g->scope + "/left/" + std::to_string(rank), "closed");
+    } catch (const Error& e) {
+      TUTTI_LOG_DEBUG("{}: no departure notice: {}", g->describe(), e.what());
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& options) {
+  State& s = *state_;
+  const std::string ctx = "grow of " + s.describe();
+  if (s.forked()) throw Error(ErrorCode::kInvalidUsage, ctx + ": " + s.forked_message());
+  if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
+  if (options.add < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                ctx + ": add must be at least 1, got " + std::to_string(options.add));
+  }
+  if (s.world_size > (1 << 20) - options.add) {
+    throw Error(ErrorCode::kInvalidArgument,
+                ctx + ": add " + std::to_string(options.add) + " makes the group too large");
+  }
+  const std::chrono::milliseconds timeout = subgroup_timeout(ctx, options.timeout, s.timeout);
+  BackendInfo info;
+  const std::string requested = subgroup_backend(ctx, options.backend, s.backend_name, &info);
+  // Collective and ordered like split: the ops queued before it finish first.
+  s.drain();
+  std::lock_guard<std::mutex> op_lock(s.op_mutex);
+  if (s.aborted.load()) {
+    throw Error(ErrorCode::kAborted, ctx + ": the group was aborted (" + [&] {
+      std::lock_guard<std::mutex> guard(s.state_mutex);
+      return s.abort_reason;
+    }() + ")");
+  }
+  const uint64_t n = s.grow_count++;
+  Admission a;
+  a.base = s.scope + "/grow/" + std::to_string(n);
+  a.ledger = detail::ledger_of(s.root_scope);
+  a.world = s.world_size;
+  a.add = options.add;
+  a.requested = requested;
+  a.inherited = options.backend.empty();
+  a.name = options.name.empty() ? *s.name + ".grow" + std::to_string(n) : options.name;
+  a.timeout_ms = s.timeout.count();
+  a.instance = s.instance + ".g" + std::to_string(n);
+  a.check_ops = s.check_ops;
+  const int world = a.world + a.add;
+  const std::string sub_ctx = ctx + " into " + where(a.name, s.rank, world);
+  // Rank 0 opens the admission; the new processes take tickets for the new ranks under it.
+  if (s.rank == 0) prefixed(ctx, [&] { s.store->set(s.admit_key, a.encode()); });
+  // The members' waits end when this group is aborted or destroyed from another thread.
+  std::weak_ptr<State> self = state_;
+  auto stoppable = std::make_shared<detail::StoppableStore>(s.ledger, [self]() -> detail::StoppableStore::Stop {
+    auto p = self.lock();
+    if (!p) return {ErrorCode::kAborted, "the group is gone"};
+    if (p->destroyed.load()) return {ErrorCode::kAborted, "the group was destroyed"};
+    if (p->aborted.load()) {
+      std::lock_guard<std::mutex> guard(p->state_mutex);
+      return {ErrorCode::kAborted, "the group was aborted (" + p->abort_reason + ")"};
+    }
+    return {};
+  });
+  const detail::JoinRecord mine = detail::JoinRecord::mine(world, a.join_label());
+  std::shared_ptr<State> g;
+  try {
+    const detail::Membership m = prefixed(sub_ctx, [&] {
+      return detail::meet(*stoppable, a.base + "/group", world, s.rank, mine, timeout);
+    });
+    info = settled_backend(sub_ctx, requested, info, a.inherited, m.hosts());
+    g = grown_state(a, m, s.rank, info, s.store, s.ledger, s.owns_store, mine, s.admit_key);
+    attach_backend(*g, info, backend_context(*g, stoppable), sub_ctx, stoppable.get());
+  } catch (const Error&) {
+    // A process that comes later waits for the next grow instead of this failed one (one that
+    // took a ticket already fails in the meeting, which says why).
+    if (s.rank == 0) {
+      try {
+        s.store->compare_set(s.admit_key, a.encode(), kAdmissionClosed);
+      } catch (const Error& e) {
+        TUTTI_LOG_DEBUG("{}: closing the admission: {}", ctx, e.what());
+      }
+    }
+    throw;
+  }
+  stoppable->disarm();
+  TUTTI_LOG_INFO("grew {} from {} with backend '{}'", g->describe(), s.describe(), info.name);
+  return std::shared_ptr<CollectiveGroup>(new CollectiveGroup(std::move(g)));
+}
+
+std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_name,
+                                                       const GroupOptions& options) {
+  const std::string root(group_name);
+  const std::string ctx = "join of group '" + root + "'";
+  if (root.empty()) throw Error(ErrorCode::kInvalidArgument, "join: group name must not be empty");
+  if (options.timeout.count() <= 0) {
+    throw Error(ErrorCode::kInvalidArgument, ctx + ": timeout must be positive, got " +
+                                                 std::to_string(options.timeout.count()) + " ms");
+  }
+  detail::register_local_process();
+  const auto deadline = Clock::now() + options.timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
+  // A client of the members' store (world 2, rank 1: never its host).
+  const detail::StoreChoice choice =
+      prefixed(ctx, [&] { return detail::resolve_store(options, 2, 1); });
+  const std::string admit_key = detail::group_base(choice.job_id, root) + "/admit";
+  // The members' next grow: an admission with a ticket left. One that is full (its new ranks
+  // came) is waited past, until the members open another.
+  Admission a;
+  int ticket = 0;
+  std::string full;  // the last full admission seen
+  prefixed(ctx, [&] {
+    while (true) {
+      std::string text;
+      if (!choice.store->check({admit_key})) {
+        try {
+          choice.store->wait({admit_key}, left());
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::kTimeout) throw;
+          throw Error(ErrorCode::kTimeout,
+                      "no grow of it began within " + std::to_string(options.timeout.count()) +
+                          " ms (its members call CollectiveGroup::grow to admit new ranks)");
+        }
+      }
+      text = choice.store->get(admit_key);
+      if (text != full && text != kAdmissionClosed) {
+        a = Admission::decode(text, admit_key);
+        const int64_t t = choice.store->add(a.base + "/tickets", 1);
+        if (t >= 1 && t <= a.add) {
+          ticket = static_cast<int>(t);
+          return;
+        }
+        full = text;
+      }
+      if (Clock::now() >= deadline && a.base.empty()) {  // only a failed grow's closed one
+        throw Error(ErrorCode::kTimeout,
+                    "no grow of it began within " + std::to_string(options.timeout.count()) +
+                        " ms (the last one failed)");
+      }
+      if (Clock::now() >= deadline) {
+        throw Error(ErrorCode::kTimeout,
+                    "no grow of it admitted this process within " +
+                        std::to_string(options.timeout.count()) + " ms (the last, into '" +
+                        a.name + "', admitted " + std::to_string(a.add) +
+                        " rank(s), and they came)");
+      }
+      std::this_thread::sleep_for(std::min(std::chrono::milliseconds(20), left()));
+    }
+  });
+  const int world = a.world + a.add;
+  const int rank = a.world + ticket - 1;
+  const std::string sub_ctx = ctx + " into " + where(a.name, rank, world);
+  BackendInfo info;
+  if (a.requested != "auto") info = prefixed(sub_ctx, [&] { return detail::find_backend(a.requested); });
+  auto ledger = std::make_shared<detail::LedgerStore>(choice.store, a.ledger);
+  const detail::JoinRecord mine = detail::JoinRecord::mine(world, a.join_label());
+  const detail::Membership m = prefixed(sub_ctx, [&] {
+    return detail::meet(*ledger, a.base + "/group", world, rank, mine, left());
+  });
+  info = settled_backend(sub_ctx, a.requested, info, a.inherited, m.hosts());
+  auto g = grown_state(a, m, rank, info, choice.store, ledger, choice.owned, mine, admit_key);
+  try {
+    attach_backend(*g, info, backend_context(*g), sub_ctx);
+  } catch (const Error&) {
+    detail::forget_join(mine);
+    throw;
+  }
+  TUTTI_LOG_INFO("joined {} grown with backend '{}'", g->describe(), info.name);
+  return std::shared_ptr<CollectiveGroup>(new CollectiveGroup(std::move(g)));
 }
 
 std::shared_ptr<Backend> CollectiveGroup::State::current_backend() const {

@@ -49,6 +49,7 @@ struct CollectiveGroup::State {
   // deleted later (see store/ledger_store.h); a subgroup notes into its root group's.
   std::shared_ptr<Store> ledger;
   std::string base;              // a root group's key prefix over all its incarnations
+  std::string admit_key;         // where grow() invites new processes (its root's base + /admit)
   int64_t incarnation = 0;
   bool owns_store = false;       // opened from a URL by this group
   std::string instance;          // names OS resources (see BackendContext)
@@ -87,6 +88,7 @@ struct CollectiveGroup::State {
   uint64_t batch_seq = 0;
   uint64_t split_count = 0;
   uint64_t shrink_count = 0;
+  uint64_t grow_count = 0;
   std::map<int, uint64_t> send_seq;  // per destination rank
   std::map<int, uint64_t> recv_seq;  // per source rank
   std::atomic<int> queued{0};        // async ops pushed and not yet finished
