@@ -5,6 +5,8 @@ declared from the driver, an actor killed mid-allreduce) and the "TUTTI" RDT ten
 source)."""
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -157,6 +159,11 @@ class Worker:
     def get_put(self, refs):
         (t,) = refs
         return float(ray.get(t).sum())
+
+    def get_put_list(self, refs):
+        (t,) = refs
+        got = ray.get(t)
+        return got.tolist(), got.is_contiguous()
 
 
 @ray.remote(max_concurrency=3)
@@ -339,6 +346,36 @@ def test_rdt_put_from_the_driver(workers):
     t = torch.arange(100, dtype=torch.float64)
     ref = ray.put(t, _tensor_transport="tutti")
     assert ray.get(workers[2].get_put.remote([ref])) == 4950.0
+
+
+def test_rdt_non_contiguous_tensors_arrive_with_their_values(workers):
+    """A transpose and a strided slice (put refused them before): made contiguous once at put,
+    they arrive with every value in place."""
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    for t in (base.t(), base[:, ::2]):
+        assert not t.is_contiguous()
+        ref = ray.put(t, _tensor_transport="tutti")
+        values, contiguous = ray.get(workers[2].get_put_list.remote([ref]))
+        assert values == t.tolist() and contiguous
+
+
+def test_register_without_torch_registers_the_collective_backend():
+    """A numpy-only Ray user: tutti.ray.register() registers the collective backend and says
+    why the tensor transport is not (torch made unimportable in a fresh interpreter)."""
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['torch'] = None\n"
+        "import tutti.ray\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    tutti.ray.register()\n"
+        "from ray.util.collective.backend_registry import _global_registry\n"
+        "print(_global_registry.is_registered('TUTTI'), [str(x.message) for x in w])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("True ")
+    assert "torch is not importable" in out.stdout
 
 
 def test_rdt_a_dead_source_fails_the_consumer(cluster):

@@ -14,6 +14,7 @@ path. Ray needs the collective backend registered in every process that uses it 
 hook above does that); the tensor transport Ray registers on actors itself.
 """
 
+import warnings
 from typing import Optional
 
 from . import _group
@@ -21,13 +22,15 @@ from ._group import TuttiGroup
 from ._transport import TuttiTensorTransport, wait_tensor_freed
 
 NAME = "TUTTI"
+_warned_no_torch = False
 
 
 def register(timeout: Optional[float] = None, collective: bool = True,
              tensor_transport: bool = True) -> None:
     """Registers TuttiGroup as Ray's collective backend "TUTTI" and TuttiTensorTransport as the
     RDT tensor transport "TUTTI" in this process. Idempotent. timeout: seconds each op and the
-    rendezvous may take (default 30, or TUTTI_RAY_TIMEOUT_S)."""
+    rendezvous may take (default 30, or TUTTI_RAY_TIMEOUT_S). Without torch, only the collective
+    backend is registered (numpy is all it needs), with a warning saying so."""
     if timeout is not None:
         _group.DEFAULT_TIMEOUT_S = float(timeout)
     if collective:
@@ -36,7 +39,18 @@ def register(timeout: Optional[float] = None, collective: bool = True,
         if not _global_registry.is_registered(NAME):
             register_collective_backend(NAME, TuttiGroup)
     if tensor_transport:
-        import torch
+        try:
+            import torch
+        except ImportError:
+            # The collective backend needs numpy only; the tensor transport moves torch tensors.
+            global _warned_no_torch
+            if not _warned_no_torch:
+                _warned_no_torch = True
+                warnings.warn("tutti.ray: torch is not importable, so the tensor transport "
+                              "'TUTTI' is not registered (the collective backend is); install "
+                              "torch for tensor_transport='tutti', or pass "
+                              "tensor_transport=False", RuntimeWarning, stacklevel=2)
+            return
         from ray.experimental import register_tensor_transport
         from ray.experimental.rdt import util as rdt_util
 

@@ -9,7 +9,8 @@ read is in progress. Transfers can be aborted (a fetch in progress is cancelled)
 not kill actors on a failed transfer; a source that died fails the fetch with tutti.IoError,
 which Ray hands to whoever uses the object.
 
-CPU torch tensors only: tutti's direct transport has no CUDA path yet.
+CPU torch tensors only: tutti's direct transport has no CUDA path through Ray yet. A
+non-contiguous tensor is made contiguous once at put (one copy); the rest travel in place.
 """
 
 import threading
@@ -88,7 +89,11 @@ class TuttiTensorTransport(TensorTransportManager):
         meta = [(t.shape, t.dtype) for t in tensors]
         if not tensors:
             return TuttiTransportMetadata(tensor_meta=[], tensor_device=None, ref=b"")
-        # Non-contiguous tensors are refused by put with a tutti.InvalidArgumentError naming them.
+        # A non-contiguous tensor (a transpose, a slice with a step) is copied once into a
+        # contiguous one, which the object then holds (put keeps what it is given): the consumer
+        # gets the same values in a contiguous tensor, as from Ray's object store. Contiguous
+        # tensors are published in place.
+        tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         handle = transfer.default_agent().put(tensors)
         with self._lock:
             self._handles[obj_id] = handle
