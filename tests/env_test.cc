@@ -56,6 +56,22 @@ TEST_F(Env, Tutti) {
   EXPECT_EQ(local_world_size(), 2);
 }
 
+// open_store("env://") opens the launcher's store; without a launcher it says what it needs.
+TEST_F(Env, OpenStoreOfEnvOpensTheLaunchersStore) {
+  EXPECT_TUTTI_ERROR(open_store("env://"), ErrorCode::kUnavailable,
+                     "store URL 'env://' names the launcher's store", "no launcher variables");
+  EXPECT_TUTTI_ERROR(open_store("env://x"), ErrorCode::kInvalidArgument,
+                     "env:// takes nothing after it");
+  TempDir dir;
+  const std::string url = "file://" + dir.path() + "/store";
+  set("TUTTI_RANK", "1");
+  set("TUTTI_WORLD_SIZE", "2");
+  set("TUTTI_STORE", url.c_str());
+  auto store = open_store("env://");
+  store->set("k", "v");
+  EXPECT_EQ(open_store(url)->get("k"), "v");  // the same file, opened by its own URL
+}
+
 TEST_F(Env, TorchrunUnderSrunIsNormal) {
   set("RANK", "3");
   set("WORLD_SIZE", "8");

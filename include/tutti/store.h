@@ -69,7 +69,8 @@ class TUTTI_API Store {
 //   redis://host:port[/db][?prefix=P&password=W]  a RedisStore
 //   file:///path/to/file        a FileStore on that file
 //   hash://                     a new, private HashStore (useful for world size 1)
-// env:// is resolved by the group (see tutti/env.h), not here.
+//   env://                      the launcher's store (read_launch_env() in tutti/env.h: what
+//                               tutti-run, torchrun, srun or mpirun set), opened as above
 TUTTI_API std::shared_ptr<Store> open_store(const std::string& url,
                                             std::chrono::milliseconds timeout =
                                                 Store::kDefaultTimeout,

@@ -5,6 +5,7 @@
 #include <map>
 #include <vector>
 
+#include "tutti/env.h"
 #include "tutti/error.h"
 #include "tutti/file_store.h"
 #include "tutti/hash_store.h"
@@ -208,13 +209,23 @@ std::shared_ptr<Store> open_store(const std::string& full_url, std::chrono::mill
     return std::make_shared<RedisStore>(host, port, options);
   }
   if (scheme == "env") {
-    throw Error(ErrorCode::kUnavailable,
-                "store URL '" + url + "': the " + scheme +
-                    ":// store is not built yet; give a file:///path store URL or a Store object "
-                    "in GroupOptions");
+    // The launcher's store (tutti-run, torchrun, srun, mpirun: see tutti/env.h).
+    if (url != "env://") {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "store URL '" + url + "': env:// takes nothing after it");
+    }
+    LaunchEnv env;
+    try {
+      env = read_launch_env();
+    } catch (const Error& e) {
+      throw Error(e.code(), "store URL 'env://' names the launcher's store: " +
+                                std::string(e.what()));
+    }
+    return open_store(env.store_url, timeout, host);
   }
-  throw Error(ErrorCode::kInvalidArgument, "store URL '" + url + "' has unknown scheme '" +
-                                               scheme + "' (expected tcp://, file:// or hash://)");
+  throw Error(ErrorCode::kInvalidArgument,
+              "store URL '" + url + "' has unknown scheme '" + scheme +
+                  "' (expected tcp://, redis://, file://, hash:// or env://)");
 }
 
 }  // namespace tutti
