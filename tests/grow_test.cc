@@ -102,8 +102,18 @@ TEST(Grow, BadInputIsRefusedBeforeAnyIo) {
   g.add = 1;
   g.timeout = milliseconds(-5);
   EXPECT_TUTTI_ERROR(groups[0]->grow(g), ErrorCode::kInvalidArgument, "timeout must be positive");
+  g.timeout = milliseconds(1000);
+  g.name = "two\nlines";
+  EXPECT_TUTTI_ERROR(groups[0]->grow(g), ErrorCode::kInvalidArgument,
+                     "the name must not hold a line break");
   EXPECT_TUTTI_ERROR(CollectiveGroup::join("", through(std::make_shared<HashStore>())),
                      ErrorCode::kInvalidArgument, "group name must not be empty");
+  EXPECT_TUTTI_ERROR(CollectiveGroup::join("g", GroupOptions{}), ErrorCode::kInvalidArgument,
+                     "joining needs the members' store");
+  // Nothing was admitted: the group still runs alone.
+  std::vector<int32_t> v(4, 7);
+  groups[0]->allreduce(v);
+  EXPECT_EQ(v[0], 7);
   groups[0]->destroy();
 }
 
@@ -126,7 +136,9 @@ TEST(Grow, MembersNameTheNewRankThatNeverCame) {
   });
   // A process that comes after the failed grow is not let into it: it waits for the next.
   EXPECT_TUTTI_ERROR(CollectiveGroup::join(name, through(store, milliseconds(300))),
-                     ErrorCode::kTimeout, "no grow of it began within 300 ms (the last one failed)");
+                     ErrorCode::kTimeout,
+                     "no grow of it began within 300 ms (the last one ended before this process "
+                     "came)");
   // The members' group is unharmed.
   run_ranks(2, [&](int r) {
     std::vector<int32_t> v(4, 1);
@@ -145,9 +157,11 @@ TEST(Grow, AJoinPastAFullAdmissionWaitsForTheNext) {
   auto two = groups[0]->grow();
   joiner.join();
   ASSERT_TRUE(first);
-  // A second process finds that admission full: it fails at its timeout naming it...
+  // A second process finds that grow over (its admission closed): it fails at its timeout...
   EXPECT_TUTTI_ERROR(CollectiveGroup::join(name, through(store, milliseconds(300))),
-                     ErrorCode::kTimeout, "admitted 1 rank(s), and they came");
+                     ErrorCode::kTimeout,
+                     "no grow of it began within 300 ms (the last one ended before this process "
+                     "came)");
   // ...or is admitted by the next grow.
   std::thread late_joiner([&] { late = CollectiveGroup::join(name, through(store)); });
   std::vector<std::shared_ptr<CollectiveGroup>> three(2);

@@ -22,6 +22,7 @@
 #include "group/rendezvous.h"
 #include "store/ledger_store.h"
 #include "store/stoppable_store.h"
+#include "tutti/env.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"
 #include "tutti/store.h"
@@ -181,11 +182,16 @@ std::string subgroup_backend(const std::string& ctx, const std::string& asked,
 
 // The backend a subgroup or grown group takes once its members met: "auto"'s choice for their
 // hosts when asked for "auto", or when the backend was inherited and does not suit them (hier for
-// ranks on one host, shm across hosts); else `info`. Every member computes the same.
+// ranks on one host, a one-host backend such as shm across hosts); else `info`. Every member
+// computes the same.
 BackendInfo settled_backend(const std::string& ctx, const std::string& requested,
                             const BackendInfo& info, bool inherited,
                             const std::vector<std::string>& hosts) {
-  if (requested == "auto" || (inherited && info.suits && !info.suits(hosts))) {
+  const bool one_host = std::all_of(hosts.begin(), hosts.end(),
+                                    [&](const std::string& h) { return h == hosts.front(); });
+  const bool unsuited = (info.suits && !info.suits(hosts)) ||
+                        (info.scope == BackendInfo::Scope::kOneHost && !one_host);
+  if (requested == "auto" || (inherited && unsuited)) {
     return prefixed(ctx + ": backend 'auto'", [&] { return detail::choose_auto_backend(hosts); });
   }
   return info;
@@ -205,6 +211,7 @@ struct Admission {
   bool inherited = false;
   std::string name;
   int64_t timeout_ms = 0;  // the grown group's op timeout
+  int64_t meet_ms = 0;     // how long the members wait in the meeting
   std::string instance;
   bool check_ops = false;
 
@@ -212,7 +219,7 @@ struct Admission {
     return "tutti-admission 1\n" + base + "\n" + ledger + "\n" + std::to_string(world) + "\n" +
            std::to_string(add) + "\n" + requested + "\n" + (inherited ? "1" : "0") + "\n" +
            name + "\n" + std::to_string(timeout_ms) + "\n" + instance + "\n" +
-           (check_ops ? "1" : "0");
+           (check_ops ? "1" : "0") + "\n" + std::to_string(meet_ms);
   }
   // Throws kInternal (naming `key`) for anything that is not a record encode() wrote.
   static Admission decode(const std::string& text, const std::string& key) {
@@ -231,7 +238,7 @@ struct Admission {
       }
       return static_cast<int64_t>(x);
     };
-    if (f.size() != 11 || f[0] != "tutti-admission 1") {
+    if (f.size() != 12 || f[0] != "tutti-admission 1") {
       throw Error(ErrorCode::kInternal,
                   "the admission record in " + key + " is not one this version of tutti reads");
     }
@@ -246,6 +253,7 @@ struct Admission {
     a.timeout_ms = number(f[8], 1, int64_t{1} << 40);
     a.instance = f[9];
     a.check_ops = number(f[10], 0, 1) == 1;
+    a.meet_ms = number(f[11], 1, int64_t{1} << 40);
     if (a.base.empty() || a.name.empty() || a.requested.empty()) {
       throw Error(ErrorCode::kInternal, "the admission record in " + key + " is damaged");
     }
@@ -455,6 +463,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->ledger = std::make_shared<detail::LedgerStore>(choice.store, detail::ledger_of(m.scope));
   s->base = detail::group_base(choice.job_id, name);
   s->admit_key = s->base + "/admit";
+  s->ledger_prefix = detail::ledger_of(m.scope);
   s->incarnation = m.incarnation;
   s->join_record = mine.encode();
   s->check_ops = options.check_ops || detail::check_ops_from_env();
@@ -760,6 +769,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   sub->store = s.store;
   sub->ledger = s.ledger;  // its keys go with the root group's incarnation
   sub->admit_key = s.admit_key;
+  sub->ledger_prefix = s.ledger_prefix;
   // A split uses the parent's store: the parent leaves it. A shrink's parent failed (it leaves
   // without waiting for anyone), so the survivors' group takes the leaving over: its ranks note
   // their departures, and the store's host keeps serving until they have left.
@@ -815,6 +825,7 @@ std::shared_ptr<CollectiveGroup::State> grown_state(
   g->scope = m.scope;
   g->root_scope = m.scope;
   g->admit_key = admit_key;
+  g->ledger_prefix = a.ledger;
   g->join_record = mine.encode();
   g->check_ops = a.check_ops;
   g->take_thread();
@@ -841,6 +852,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
     throw Error(ErrorCode::kInvalidArgument,
                 ctx + ": add must be at least 1, got " + std::to_string(options.add));
   }
+  if (options.name.find('\n') != std::string::npos) {
+    throw Error(ErrorCode::kInvalidArgument, ctx + ": the name must not hold a line break");
+  }
   if (s.world_size > (1 << 20) - options.add) {
     throw Error(ErrorCode::kInvalidArgument,
                 ctx + ": add " + std::to_string(options.add) + " makes the group too large");
@@ -851,6 +865,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
   // Collective and ordered like split: the ops queued before it finish first.
   s.drain();
   std::lock_guard<std::mutex> op_lock(s.op_mutex);
+  if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
   if (s.aborted.load()) {
     throw Error(ErrorCode::kAborted, ctx + ": the group was aborted (" + [&] {
       std::lock_guard<std::mutex> guard(s.state_mutex);
@@ -860,7 +875,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
   const uint64_t n = s.grow_count++;
   Admission a;
   a.base = s.scope + "/grow/" + std::to_string(n);
-  a.ledger = detail::ledger_of(s.root_scope);
+  a.ledger = s.ledger_prefix;
   a.world = s.world_size;
   a.add = options.add;
   a.requested = requested;
@@ -869,6 +884,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
   a.timeout_ms = s.timeout.count();
   a.instance = s.instance + ".g" + std::to_string(n);
   a.check_ops = s.check_ops;
+  a.meet_ms = timeout.count();
   const int world = a.world + a.add;
   const std::string sub_ctx = ctx + " into " + where(a.name, s.rank, world);
   // Rank 0 opens the admission; the new processes take tickets for the new ranks under it.
@@ -886,6 +902,14 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
     return {};
   });
   const detail::JoinRecord mine = detail::JoinRecord::mine(world, a.join_label());
+  const auto close_admission = [&] {
+    if (s.rank != 0) return;
+    try {
+      s.store->compare_set(s.admit_key, a.encode(), kAdmissionClosed);
+    } catch (const Error& e) {
+      TUTTI_LOG_DEBUG("{}: closing the admission: {}", ctx, e.what());
+    }
+  };
   std::shared_ptr<State> g;
   try {
     const detail::Membership m = prefixed(sub_ctx, [&] {
@@ -897,15 +921,10 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
   } catch (const Error&) {
     // A process that comes later waits for the next grow instead of this failed one (one that
     // took a ticket already fails in the meeting, which says why).
-    if (s.rank == 0) {
-      try {
-        s.store->compare_set(s.admit_key, a.encode(), kAdmissionClosed);
-      } catch (const Error& e) {
-        TUTTI_LOG_DEBUG("{}: closing the admission: {}", ctx, e.what());
-      }
-    }
+    close_admission();
     throw;
   }
+  close_admission();  // its new ranks came: the next process waits for the next grow
   stoppable->disarm();
   TUTTI_LOG_INFO("grew {} from {} with backend '{}'", g->describe(), s.describe(), info.name);
   return std::shared_ptr<CollectiveGroup>(new CollectiveGroup(std::move(g)));
@@ -920,6 +939,11 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
     throw Error(ErrorCode::kInvalidArgument, ctx + ": timeout must be positive, got " +
                                                  std::to_string(options.timeout.count()) + " ms");
   }
+  if (!options.store && options.store_url.empty() && !has_launch_env()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                ctx + ": joining needs the members' store: set GroupOptions::store or store_url "
+                      "(e.g. tcp://HOST:PORT), or run under a launcher (env://)");
+  }
   detail::register_local_process();
   const auto deadline = Clock::now() + options.timeout;
   const auto left = [&] {
@@ -933,8 +957,10 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
   // The members' next grow: an admission with a ticket left. One that is full (its new ranks
   // came) is waited past, until the members open another.
   Admission a;
+  BackendInfo info;
   int ticket = 0;
-  std::string full;  // the last full admission seen
+  std::string full;     // the last full admission seen
+  bool closed = false;  // the last record seen said no grow is admitting
   prefixed(ctx, [&] {
     while (true) {
       std::string text;
@@ -949,19 +975,24 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
         }
       }
       text = choice.store->get(admit_key);
-      if (text != full && text != kAdmissionClosed) {
+      closed = text == kAdmissionClosed;
+      if (text != full && !closed) {
         a = Admission::decode(text, admit_key);
+        // The backend first: a process that cannot make it takes no rank the members wait for.
+        if (a.requested != "auto") info = detail::find_backend(a.requested);
         const int64_t t = choice.store->add(a.base + "/tickets", 1);
-        if (t >= 1 && t <= a.add) {
+        // A ticket of a grow that ended meanwhile (rank 0 closed or replaced its admission) is
+        // no rank: wait for the next.
+        if (t >= 1 && t <= a.add && choice.store->get(admit_key) == text) {
           ticket = static_cast<int>(t);
           return;
         }
         full = text;
       }
-      if (Clock::now() >= deadline && a.base.empty()) {  // only a failed grow's closed one
+      if (Clock::now() >= deadline && (closed || a.base.empty())) {
         throw Error(ErrorCode::kTimeout,
                     "no grow of it began within " + std::to_string(options.timeout.count()) +
-                        " ms (the last one failed)");
+                        " ms" + (closed ? " (the last one ended before this process came)" : ""));
       }
       if (Clock::now() >= deadline) {
         throw Error(ErrorCode::kTimeout,
@@ -976,12 +1007,12 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
   const int world = a.world + a.add;
   const int rank = a.world + ticket - 1;
   const std::string sub_ctx = ctx + " into " + where(a.name, rank, world);
-  BackendInfo info;
-  if (a.requested != "auto") info = prefixed(sub_ctx, [&] { return detail::find_backend(a.requested); });
   auto ledger = std::make_shared<detail::LedgerStore>(choice.store, a.ledger);
   const detail::JoinRecord mine = detail::JoinRecord::mine(world, a.join_label());
+  // In the meeting it waits as long as the members do, whatever is left of its own timeout.
   const detail::Membership m = prefixed(sub_ctx, [&] {
-    return detail::meet(*ledger, a.base + "/group", world, rank, mine, left());
+    return detail::meet(*ledger, a.base + "/group", world, rank, mine,
+                        std::max(left(), std::chrono::milliseconds(a.meet_ms)));
   });
   info = settled_backend(sub_ctx, a.requested, info, a.inherited, m.hosts());
   auto g = grown_state(a, m, rank, info, choice.store, ledger, choice.owned, mine, admit_key);

@@ -50,6 +50,7 @@ struct CollectiveGroup::State {
   std::shared_ptr<Store> ledger;
   std::string base;              // a root group's key prefix over all its incarnations
   std::string admit_key;         // where grow() invites new processes (its root's base + /admit)
+  std::string ledger_prefix;     // where `ledger` notes keys (its root's incarnation's)
   int64_t incarnation = 0;
   bool owns_store = false;       // opened from a URL by this group
   std::string instance;          // names OS resources (see BackendContext)
