@@ -275,4 +275,21 @@ int TuttiStoreProcess::stop() {
   return status;
 }
 
+
+bool stop_process(pid_t pid, std::chrono::milliseconds timeout) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    // "pid (comm) S ...": the state follows the last ')'.
+    const size_t close = text.rfind(')');
+    if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T') {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
 }  // namespace tutti::testing

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -75,6 +77,10 @@ std::vector<WorkerResult> run_processes(const std::vector<std::string>& argv,
 
 // A TCP port that was free a moment ago (for tests of launchers that take a fixed port).
 uint16_t free_port();
+
+// Sends SIGSTOP to `pid` and returns once the kernel shows it stopped ('T' in /proc/<pid>/stat),
+// at most `timeout` (false then): kill() returns before a running target has stopped.
+bool stop_process(pid_t pid, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
 
 // A real redis-server on a free loopback port for this test process, stopped at exit.
 class RedisServer {

@@ -326,7 +326,7 @@ TEST_F(TwoSided, TheOwnerStoppedDuringAGetAbortsOnlyItsGroupAndResetHeals) {
   EXPECT_EQ(heap_at(agent->get(gloo), 1000), 3000);
   EXPECT_EQ(arena_at(agent->get(arena), 4321), 4321 * 0.5f);
 
-  ASSERT_EQ(::kill(owner->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(testing::stop_process(owner->pid())) << "the owner did not stop";
   GetOptions quick;
   quick.timeout = 1500ms;
   const auto start = Clock::now();
