@@ -158,5 +158,32 @@ TEST_F(TwoHosts, DirectTransportFallsBackToTheSocketAcrossHosts) {
   std::printf("%s", fetch.output.c_str());
 }
 
+// The socket transport in TLS (TUTTI_TRANSFER_TLS=1, keyed by the shared secret) between two
+// hosts: the bytes arrive right; a consumer without TLS is told by the owner why it is refused.
+TEST_F(TwoHosts, TheSocketTransportOverTls) {
+  ASSERT_TRUE(made_);
+  TempDir dir;
+  const std::string secret = "TUTTI_STORE_SECRET=two-hosts-secret";
+  WorkerResult owner;
+  std::thread host_a([&] {
+    owner = run_command({"ip", "netns", "exec", ns_a_, "env", "TUTTI_TRANSFER_TLS=1", secret,
+                         TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_},
+                        milliseconds(90000));
+  });
+  WorkerResult plain = run_command({"ip", "netns", "exec", ns_b_, "env", secret,
+                                    TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
+                                   milliseconds(60000));
+  WorkerResult tls = run_command({"ip", "netns", "exec", ns_b_, "env", "TUTTI_TRANSFER_TLS=1",
+                                  secret, TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
+                                 milliseconds(60000));
+  host_a.join();
+  EXPECT_EQ(owner.exit_code, 0) << owner.output;
+  EXPECT_NE(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("takes TLS connections only"), std::string::npos) << plain.output;
+  EXPECT_EQ(tls.exit_code, 0) << tls.output;
+  EXPECT_NE(tls.output.find("fallback: ok"), std::string::npos) << tls.output;
+  EXPECT_NE(tls.output.find("socket: ok"), std::string::npos) << tls.output;
+}
+
 }  // namespace
 }  // namespace tutti::testing

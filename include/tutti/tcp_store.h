@@ -32,6 +32,9 @@ namespace tutti {
 // What a TCPStoreServer allows its clients.
 struct TCPStoreServerOptions {
   std::string secret;  // empty: none
+  // Every connection in TLS 1.3, keyed by `secret` (required): a pre-shared key derived from it,
+  // so no certificates are needed. Clients must ask for TLS too (TCPStoreOptions::tls).
+  bool tls = false;
   // Connections served at once. One more is accepted and closed at once; its client retries.
   size_t max_connections = 4096;
   // A connection that sends nothing for this long after its handshake is closed (zero: never).
@@ -89,6 +92,9 @@ class TUTTI_API TCPStoreServer {
 struct TCPStoreOptions {
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
   std::string secret;  // empty: none (TUTTI_STORE_SECRET is read by open_store)
+  // TLS 1.3 keyed by `secret` (see TCPStoreServerOptions::tls), for this client and a hosted
+  // server alike. open_store sets it from ?tls=1 or TUTTI_STORE_TLS=1.
+  bool tls = false;
   // Host the server in this process (unless another process already serves the address, in
   // which case this store is a client of it).
   bool host = false;

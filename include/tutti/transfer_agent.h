@@ -161,6 +161,11 @@ struct TransferAgentOptions {
   std::string tcp_host;
   // Refs are signed with this and only signed refs are accepted (default TUTTI_STORE_SECRET).
   std::string secret;
+  // Connections between hosts (the socket transport, TCP) in TLS 1.3, keyed by `secret`
+  // (required): its bytes are then private and authenticated on the network. Every agent of
+  // the job must agree (a mismatch fails the get naming it). Default TUTTI_TRANSFER_TLS=1.
+  // Connections on one host (Unix sockets, shm, cuda_ipc) are unaffected.
+  bool tls = false;
 };
 
 class TUTTI_API TransferAgent {

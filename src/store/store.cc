@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tutti/env.h"
+#include "util/tls.h"
 #include "tutti/error.h"
 #include "tutti/file_store.h"
 #include "tutti/hash_store.h"
@@ -172,10 +173,20 @@ std::shared_ptr<Store> open_store(const std::string& full_url, std::chrono::mill
     std::string address;
     uint16_t port = 0;
     parse_host_port(url, authority, address, port);
-    auto params = parse_params(url, query, {"secret"});
+    auto params = parse_params(url, query, {"secret", "tls"});
     options.secret = params["secret"];
     if (options.secret.empty()) {
       if (const char* env = std::getenv("TUTTI_STORE_SECRET")) options.secret = env;
+    }
+    if (params.count("tls")) {
+      const std::string& t = params["tls"];
+      if (t != "0" && t != "1") {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "store URL '" + url + "': tls must be 0 or 1, not '" + t + "'");
+      }
+      options.tls = t == "1";
+    } else {
+      options.tls = detail::tls_from_env("TUTTI_STORE_TLS");
     }
     if (port == 0 && !host) {
       throw Error(ErrorCode::kInvalidArgument,

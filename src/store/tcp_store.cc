@@ -14,7 +14,9 @@
 #include "util/deadline.h"
 #include "util/logging.h"
 #include "util/crypto.h"
+#include "util/tls.h"
 #include "store/store_util.h"
+#include "store/store_stream.h"
 #include "store/tcp_store_protocol.h"
 #include "tutti/error.h"
 
@@ -145,7 +147,8 @@ struct TCPStore::Impl {
   std::string hosting_error;               // why hosting failed (the address was in use)
   std::mutex mutex;                        // one request at a time on the connection
   asio::io_context io;
-  std::optional<tcp::socket> socket;
+  std::unique_ptr<asio::ssl::context> tls;  // with TCPStoreOptions::tls
+  std::optional<detail::StoreStream> socket;
   // What the server said in its hello; kept across reconnections to tell a restarted server.
   std::string server_id;
   std::chrono::milliseconds server_idle_timeout{0};
@@ -175,7 +178,7 @@ struct TCPStore::Impl {
   void drop() {
     if (socket) {
       asio::error_code ec;
-      socket->close(ec);
+      socket->socket().close(ec);
     }
     io.restart();
     io.run();  // lets the cancelled handlers finish
@@ -190,7 +193,8 @@ struct TCPStore::Impl {
       return false;
     }
     char byte;
-    const ssize_t n = ::recv(socket->native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    const ssize_t n =
+        ::recv(socket->socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
   }
 
@@ -216,9 +220,9 @@ struct TCPStore::Impl {
       error = "resolve: " + ec.message();
       return false;
     }
-    socket.emplace(io);
+    socket.emplace(io, tls.get());
     asio::error_code result = asio::error::would_block;
-    asio::async_connect(*socket, endpoints,
+    asio::async_connect(socket->socket(), endpoints,
                         [&](asio::error_code e, const tcp::endpoint&) { result = e; });
     if (!run_until(deadline)) {
       error = "connect timed out";
@@ -229,7 +233,8 @@ struct TCPStore::Impl {
       socket.reset();
       return false;
     }
-    socket->set_option(tcp::no_delay(true), ec);
+    socket->socket().set_option(tcp::no_delay(true), ec);
+    if (socket->tls() && !tls_handshake(deadline, error)) return false;
     // The server greets at once. A would-be host that lost its address to another program gives
     // the listener only a little while to do so.
     const bool foreign_suspect = !hosting_error.empty();
@@ -245,6 +250,9 @@ struct TCPStore::Impl {
                               "(no handshake within " + grace + " s)" + hosting_note());
       }
       error = "handshake: " + error;
+      if (!socket && error.find("End of file") != std::string::npos && !tls) {
+        error += " (a store with TLS on talks to TLS clients only: TUTTI_STORE_TLS=1)";
+      }
       return false;
     }
     proto::Reader r(prefix.data(), prefix.size());
@@ -315,6 +323,30 @@ struct TCPStore::Impl {
       if (!exchange(reg.framed(), deadline, body, error)) return false;
     }
     return true;
+  }
+
+  // The TLS handshake on a new connection. A refusal (TLS's own error: the server does not
+  // speak TLS, or its secret differs) is thrown, as retrying cannot help; a broken connection
+  // is retried by the caller.
+  bool tls_handshake(Clock::time_point deadline, std::string& error) {
+    asio::error_code result = asio::error::would_block;
+    socket->async_handshake(/*server=*/false, [&](asio::error_code e) { result = e; });
+    if (!run_until(deadline)) {
+      error = "TLS handshake timed out";
+      return false;
+    }
+    if (!result) return true;
+    const bool refused = result.category() == asio::error::get_ssl_category();
+    const std::string why = result.message();
+    drop();
+    if (refused) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  where() + ": the TLS handshake failed (" + why +
+                      "): the server may not use TLS (TUTTI_STORE_TLS=1 on both sides), or its "
+                      "secret differs");
+    }
+    error = "TLS handshake: " + why;
+    return false;
   }
 
   // Runs one asynchronous transfer, started by start(handler), to completion before the
@@ -448,10 +480,15 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
   impl_->host = std::move(host);
   impl_->port = port;
   impl_->secret = options.secret;
+  if (options.tls) {
+    impl_->tls = detail::asio_context(
+        detail::make_psk_context(/*server=*/false, options.secret, "tutti store"));
+  }
   if (options.host) {
     try {
       TCPStoreServerOptions server_options = options.server;
       server_options.secret = options.secret;
+      server_options.tls = options.tls;
       impl_->server = host_server(impl_->host, port, server_options);
       impl_->port = impl_->server->port();
     } catch (const Error& e) {

@@ -10,7 +10,9 @@
 #include "util/deadline.h"
 #include "util/logging.h"
 #include "util/crypto.h"
+#include "util/tls.h"
 #include "store/store_util.h"
+#include "store/store_stream.h"
 #include "store/tcp_store_protocol.h"
 #include "tutti/error.h"
 #include "tutti/tcp_store.h"
@@ -32,6 +34,8 @@ constexpr int64_t kMaxWaitMs = int64_t(24) * 3600 * 1000;
 // Accepting pauses after a failure (out of file descriptors...), doubling up to the maximum.
 constexpr auto kFirstAcceptPause = std::chrono::milliseconds(10);
 constexpr auto kMaxAcceptPause = std::chrono::milliseconds(1000);
+// What both sides derive the TLS key under (util/tls.h).
+constexpr const char* kTlsLabel = "tutti store";
 // A repeated warning is written at most once per this.
 constexpr auto kWarningInterval = std::chrono::seconds(10);
 
@@ -85,6 +89,7 @@ struct TCPStoreServer::Impl {
   pid_t owner_pid = ::getpid();
   std::string host;
   TCPStoreServerOptions options;
+  std::unique_ptr<asio::ssl::context> tls;  // every connection's, with options.tls
   std::string id;     // random, per instance: sent in every hello
   std::string nonce;  // hex(id): the key "tutti/store-nonce"
   uint16_t port = 0;
@@ -125,9 +130,19 @@ struct TCPStoreServer::Impl {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(TCPStoreServer::Impl& server, tcp::socket socket)
-      : server_(server), socket_(std::move(socket)), timer_(server.io) {}
+      : server_(server), socket_(std::move(socket), server.tls.get()), timer_(server.io) {}
 
+  // TLS first where the server has it (within the handshake's stall timeout), then the hello.
   void start() {
+    arm(kStallTimeout, Timer::kStall);
+    auto self = shared_from_this();
+    socket_.async_handshake(/*server=*/true, [self](asio::error_code ec) {
+      if (ec) return self->close("TLS handshake failed");
+      self->greet();
+    });
+  }
+
+  void greet() {
     nonce_ = detail::random_bytes(proto::kNonceBytes);
     const auto idle_ms = std::clamp<int64_t>(server_.options.idle_timeout.count(), 0, UINT32_MAX);
     proto::Writer hello;
@@ -136,7 +151,6 @@ class Session : public std::enable_shared_from_this<Session> {
         .u32(static_cast<uint32_t>(server_.max_message_bytes()));
     hello.raw(nonce_.data(), nonce_.size());
     out_ = hello.body();
-    arm(kStallTimeout, Timer::kStall);
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(out_), [self](asio::error_code ec, size_t) {
       if (ec) return self->close("handshake write failed");
@@ -162,8 +176,8 @@ class Session : public std::enable_shared_from_this<Session> {
     closed_ = true;
     TUTTI_LOG_DEBUG("tcp store: closing connection: {}", why);
     asio::error_code ec;
-    socket_.shutdown(tcp::socket::shutdown_both, ec);
-    socket_.close(ec);
+    socket_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    socket_.socket().close(ec);
     timer_.cancel();
     release_body();
     server_.session_ended(shared_from_this());
@@ -175,7 +189,7 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   enum class Timer { kStall, kIdle, kWait, kWrite };
 
-  static tcp::socket& socket_of(const std::shared_ptr<Session>& s) { return s->socket_; }
+  static detail::StoreStream& socket_of(const std::shared_ptr<Session>& s) { return s->socket_; }
 
   // One timer serves the handshake, the wait for a message, a partly received message, a wait
   // and a write, which never overlap; the generation counter makes a stale expiry harmless.
@@ -442,7 +456,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   TCPStoreServer::Impl& server_;
-  tcp::socket socket_;
+  detail::StoreStream socket_;
   asio::steady_timer timer_;
   uint64_t timer_generation_ = 0;
   bool closed_ = false;
@@ -532,6 +546,10 @@ TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port,
     : impl_(std::make_unique<Impl>()) {
   impl_->host = host;
   impl_->options = std::move(options);
+  if (impl_->options.tls) {
+    impl_->tls = detail::asio_context(
+        detail::make_psk_context(/*server=*/true, impl_->options.secret, kTlsLabel));
+  }
   impl_->id = detail::random_bytes(proto::kServerIdBytes);
   impl_->nonce = hex(impl_->id);
   impl_->data["tutti/store-nonce"] = impl_->nonce;

@@ -117,6 +117,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   AgentIdentity identity;
   TransferAgentOptions options;
   std::chrono::milliseconds fetch_timeout{60000};
+  // With options.tls: the owner's and the consumer's side of its TCP connections (util/tls.h).
+  std::shared_ptr<SSL_CTX> tls_server, tls_client;
 
   // ---- owner ----
   std::mutex mutex;  // everything below up to `peers_mutex`

@@ -17,6 +17,7 @@
 #include "transfer/agent_core.h"
 #include "transfer/group_transport.h"
 #include "transfer/wire.h"
+#include "util/tls.h"
 #include "util/deadline.h"
 #include "util/fork_watch.h"
 #include "util/host_identity.h"
@@ -238,6 +239,16 @@ AgentCore::AgentCore(const TransferAgentOptions& opts) : options(opts), fork_gen
     if (const char* s = std::getenv("TUTTI_STORE_SECRET")) options.secret = s;
   }
   fetch_timeout = options.fetch_timeout.count() > 0 ? options.fetch_timeout : env_timeout();
+  if (!options.tls) options.tls = tls_from_env("TUTTI_TRANSFER_TLS");
+  if (options.tls) {
+    if (options.secret.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  who() + ": TLS (TransferAgentOptions::tls, TUTTI_TRANSFER_TLS) needs a secret, "
+                          "which keys it: set TransferAgentOptions::secret or TUTTI_STORE_SECRET");
+    }
+    tls_server = make_psk_context(/*server=*/true, options.secret, "tutti transfer");
+    tls_client = make_psk_context(/*server=*/false, options.secret, "tutti transfer");
+  }
   if (const char* v = std::getenv("TUTTI_RDT_CHECK")) check_writes_env = std::string(v) == "1";
 }
 
@@ -780,6 +791,18 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
     return it->second;
   };
   try {
+    // A remote consumer's connection in TLS first, when this agent has it.
+    if (!local && tls_server) {
+      const auto deadline = Clock::now() + std::chrono::seconds(10);
+      if (conn->peek(deadline) != 0x16) {  // not a TLS handshake: tell the consumer in the clear
+        const Error e(ErrorCode::kInvalidArgument,
+                      who() + " takes TLS connections only (TUTTI_TRANSFER_TLS=1 on its side): "
+                              "the consumer needs it too");
+        conn->send(MsgType::kError, error_payload(e), {}, deadline);
+        throw e;
+      }
+      conn->start_tls(tls_server.get(), /*server=*/true, deadline);
+    }
     while (!stopping) {
       Message m;
       try {

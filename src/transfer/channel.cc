@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 
 #include "tutti/error.h"
+#include "util/tls.h"
 
 namespace tutti::detail {
 namespace {
@@ -66,7 +68,73 @@ void finish_connect(int fd, Clock::time_point deadline, const std::string& what)
 }  // namespace
 
 Connection::~Connection() {
+  if (ssl_ != nullptr) SSL_free(ssl_);
   if (fd_ >= 0) ::close(fd_);
+}
+
+void Connection::start_tls(SSL_CTX* ctx, bool server, Clock::time_point deadline) {
+  ssl_ = SSL_new(ctx);
+  BIO* bio = ssl_ != nullptr ? socket_bio(fd_) : nullptr;
+  if (bio == nullptr) {
+    throw Error(ErrorCode::kInternal, "TLS with " + peer_ + ": " + tls_error_text());
+  }
+  SSL_set_bio(ssl_, bio, bio);
+  while (true) {
+    ERR_clear_error();
+    const int rc = server ? SSL_accept(ssl_) : SSL_connect(ssl_);
+    if (rc == 1) return;
+    const int e = SSL_get_error(ssl_, rc);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+      wait_for(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline, nullptr, "TLS handshake with");
+      continue;
+    }
+    if (e == SSL_ERROR_SSL) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "the TLS handshake with " + peer_ + " failed (" + tls_error_text() +
+                      "): both agents need TLS (TUTTI_TRANSFER_TLS=1) and the same secret");
+    }
+    throw Error(ErrorCode::kIoError,
+                "the TLS handshake with " + peer_ + " broke: " +
+                    (errno != 0 ? std::string(std::strerror(errno))
+                                : std::string("it closed the connection (does it use TLS? "
+                                              "TUTTI_TRANSFER_TLS=1 on both agents)")));
+  }
+}
+
+uint8_t Connection::peek(Clock::time_point deadline) {
+  while (true) {
+    uint8_t byte = 0;
+    const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK);
+    if (n == 1) return byte;
+    await_readable(n, deadline, nullptr);
+  }
+}
+
+size_t Connection::tls_io(bool write, void* data, size_t bytes, Clock::time_point deadline,
+                          const std::atomic<bool>* cancelled) {
+  const int n = static_cast<int>(std::min<size_t>(bytes, 1 << 30));
+  while (true) {
+    if (cancelled != nullptr && cancelled->load()) {
+      throw Error(ErrorCode::kAborted,
+                  std::string(write ? "sending to " : "receiving from ") + peer_ + ": cancelled");
+    }
+    ERR_clear_error();
+    errno = 0;
+    const int rc = write ? SSL_write(ssl_, data, n) : SSL_read(ssl_, data, n);
+    if (rc > 0) return static_cast<size_t>(rc);
+    const int e = SSL_get_error(ssl_, rc);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+      wait_for(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline, cancelled,
+               write ? "sending to" : "waiting for");
+      continue;
+    }
+    if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && errno == 0)) {
+      throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
+    }
+    throw Error(ErrorCode::kIoError,
+                std::string(write ? "sending to " : "receiving from ") + peer_ + ": " +
+                    (e == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : tls_error_text()));
+  }
 }
 
 void Connection::wait_for(short events, Clock::time_point deadline,
@@ -96,6 +164,9 @@ void Connection::send(MsgType type, std::string_view payload, const std::vector<
   const uint32_t length = static_cast<uint32_t>(payload.size() + 1);
   std::memcpy(header, &length, 4);
   header[4] = static_cast<char>(type);
+  if (ssl_ != nullptr && !fds.empty()) {
+    throw Error(ErrorCode::kInternal, "sending to " + peer_ + ": descriptors over TLS");
+  }
   if (fds.empty()) {
     send_raw({{header, 5}, {const_cast<char*>(payload.data()), payload.size()}}, deadline,
              cancelled);
@@ -127,6 +198,15 @@ void Connection::send(MsgType type, std::string_view payload, const std::vector<
 
 void Connection::send_raw(std::vector<iovec> parts, Clock::time_point deadline,
                           const std::atomic<bool>* cancelled) {
+  if (ssl_ != nullptr) {
+    for (const iovec& part : parts) {
+      auto* p = static_cast<char*>(part.iov_base);
+      for (size_t done = 0; done < part.iov_len;) {
+        done += tls_io(/*write=*/true, p + done, part.iov_len - done, deadline, cancelled);
+      }
+    }
+    return;
+  }
   size_t at = 0;  // the first part not fully sent
   while (at < parts.size()) {
     if (parts[at].iov_len == 0) {
@@ -165,6 +245,10 @@ void Connection::receive_raw(void* data, size_t bytes, Clock::time_point deadlin
     if (cancelled != nullptr && cancelled->load()) {
       throw Error(ErrorCode::kAborted, "receiving from " + peer_ + ": cancelled");
     }
+    if (ssl_ != nullptr) {
+      got += tls_io(/*write=*/false, out + got, bytes - got, deadline, cancelled);
+      continue;
+    }
     const ssize_t n = ::recv(fd_, out + got, bytes - got, 0);
     if (n > 0) {
       got += static_cast<size_t>(n);
@@ -181,9 +265,8 @@ void Connection::await_readable(ssize_t n, Clock::time_point deadline,
   wait_for(POLLIN, deadline, cancelled, "waiting for");
 }
 
-Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>* cancelled) {
-  Message m;
-  // The first byte with any descriptors sent along.
+char Connection::receive_first(std::vector<int>& fds, Clock::time_point deadline,
+                               const std::atomic<bool>* cancelled) {
   char first = 0;
   char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
   while (true) {
@@ -201,13 +284,25 @@ Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>*
           for (size_t i = 0; i < count; ++i) {
             int fd;
             std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            m.fds.push_back(fd);
+            fds.push_back(fd);
           }
         }
       }
       break;
     }
     await_readable(n, deadline, cancelled);
+  }
+  return first;
+}
+
+Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>* cancelled) {
+  Message m;
+  // The first byte with any descriptors sent along.
+  char first = 0;
+  if (ssl_ != nullptr) {
+    receive_raw(&first, 1, deadline, cancelled);
+  } else {
+    first = receive_first(m.fds, deadline, cancelled);
   }
   try {
     char rest[4];

@@ -3,6 +3,7 @@
 // (internal to the direct transport).
 #pragma once
 
+#include <openssl/ssl.h>
 #include <sys/uio.h>
 
 #include <atomic>
@@ -62,6 +63,15 @@ class Connection {
                 const std::atomic<bool>* cancelled = nullptr);
   void receive_raw(void* data, size_t bytes, Clock::time_point deadline,
                    const std::atomic<bool>* cancelled = nullptr);
+  // TLS from here on (util/tls.h's context: `server` on the owner's side); the handshake must
+  // finish by the deadline. Throws kInvalidArgument when TLS itself refuses (the other side does
+  // not use TLS, or another secret), kIoError/kTimeout as the other calls. TCP connections only
+  // (descriptors cannot travel in TLS).
+  void start_tls(SSL_CTX* ctx, bool server, Clock::time_point deadline);
+  bool tls() const { return ssl_ != nullptr; }
+  // The first byte waiting to be read, left there (a TLS handshake starts with 0x16); throws
+  // like receive.
+  uint8_t peek(Clock::time_point deadline);
   int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }
   void set_peer(std::string peer) { peer_ = std::move(peer); }
@@ -77,8 +87,16 @@ class Connection {
   void wait_for(short events, Clock::time_point deadline, const std::atomic<bool>* cancelled,
                 const char* doing);
 
+  // A message's first byte from the socket, with the descriptors sent along it.
+  char receive_first(std::vector<int>& fds, Clock::time_point deadline,
+                     const std::atomic<bool>* cancelled);
+  // With TLS: one SSL_read/SSL_write, waiting (up to the deadline) while it wants the socket.
+  size_t tls_io(bool write, void* data, size_t bytes, Clock::time_point deadline,
+                const std::atomic<bool>* cancelled);
+
   int fd_;
   std::string peer_;
+  SSL* ssl_ = nullptr;
 };
 
 // Abstract Unix sockets (no file system entry; one namespace per network namespace).
