@@ -51,12 +51,14 @@ for part in "${parts[@]}"; do
     tsan)
       cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="-O1 -g1" \
         -DCMAKE_CXX_FLAGS="-O1 -g1" -DTUTTI_SANITIZE=thread >/dev/null
-      # The threaded parts: async ops and abort, splits, batched p2p, the direct transport and
-      # its two-sided transports, and the NCCL backend's host logic on the stand-in.
-      targets=(work_test abort_test split_test batch_p2p_test transfer_test transfer_group_test
+      # The threaded parts: async ops and abort, splits, grow, batched p2p, the direct transport
+      # and its two-sided transports, the TCP store in TLS, and the NCCL backend's host logic on
+      # the stand-in.
+      targets=(work_test abort_test split_test grow_test tls_test batch_p2p_test transfer_test
+               transfer_group_test
                transfer_process_test transfer_worker tutti_test_worker tutti_fault_worker tutti-run
                tutti-flight)
-      tests='^(Backends/(WorkTest|Abort|AbortProcesses|Split|BatchP2P|BatchP2PRules)|NewGroup|TensorRefFormat|Transfer|TransferSecret|TransferCustom|TransferGroup|OwnerHere|OwnerThere|OwnerExits|TwoSided)[./]'
+      tests='^(Backends/(WorkTest|Abort|AbortProcesses|Split|BatchP2P|BatchP2PRules)|NewGroup|Grow|StoreTls|TensorRefFormat|Transfer|TransferSecret|TransferCustom|TransferGroup|OwnerHere|OwnerThere|OwnerExits|TwoSided)[./]'
       if ninja -C build-tsan -t targets all 2>/dev/null | grep -q '^transfer_nccl_test:'; then
         targets+=(nccl_test nccl_fault_test transfer_nccl_test nccl_world_test
                   tutti_standin_cudart tutti_standin_nccl)

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <regex>
+#include <fstream>
 #include <thread>
 
 #include "test_util.h"
@@ -183,6 +184,24 @@ TEST_F(TwoHosts, TheSocketTransportOverTls) {
   EXPECT_EQ(tls.exit_code, 0) << tls.output;
   EXPECT_NE(tls.output.find("fallback: ok"), std::string::npos) << tls.output;
   EXPECT_NE(tls.output.find("socket: ok"), std::string::npos) << tls.output;
+
+  // The other way round: a consumer with TLS, an owner without: its answer in the clear says so.
+  TempDir plain_dir;
+  std::thread plain_host([&] {
+    owner = run_command({"ip", "netns", "exec", ns_a_, "env", secret, TUTTI_TRANSFER_WORKER,
+                         "owner", plain_dir.path(), addr_a_},
+                        milliseconds(90000));
+  });
+  WorkerResult tls_to_plain = run_command(
+      {"ip", "netns", "exec", ns_b_, "env", "TUTTI_TRANSFER_TLS=1", secret, TUTTI_TRANSFER_WORKER,
+       "fetch", plain_dir.path()},
+      milliseconds(60000));
+  std::ofstream(plain_dir.path() + "/done") << "1";  // the failed fetch did not say it
+  plain_host.join();
+  EXPECT_NE(tls_to_plain.exit_code, 0) << tls_to_plain.output;
+  EXPECT_NE(tls_to_plain.output.find("it answered in the clear: it does not use TLS"),
+            std::string::npos)
+      << tls_to_plain.output;
 }
 
 }  // namespace

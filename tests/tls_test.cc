@@ -4,6 +4,10 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/rsa.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -173,6 +177,60 @@ TEST(StoreTls, MismatchedClientsFailNamingWhy) {
   TCPStore good("127.0.0.1", tls_server.port(), client_options(true));
   good.set("k", "v");
   EXPECT_EQ(good.get("k"), "v");
+}
+
+// A self-signed certificate and its key, made here (nobody's trusted certificate).
+std::pair<EVP_PKEY*, X509*> self_signed() {
+  EVP_PKEY* key = EVP_RSA_gen(2048);
+  X509* cert = X509_new();
+  ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
+  X509_gmtime_adj(X509_getm_notBefore(cert), 0);
+  X509_gmtime_adj(X509_getm_notAfter(cert), 3600);
+  X509_set_pubkey(cert, key);
+  X509_NAME* name = X509_get_subject_name(cert);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("not-the-store"), -1, -1, 0);
+  X509_set_issuer_name(cert, name);
+  X509_sign(cert, key, EVP_sha256());
+  return {key, cert};
+}
+
+// Someone without the secret poses as a TLS store, with a certificate instead of the key (TLS
+// 1.3 lets a server answer so): the client refuses it, it learns nothing.
+TEST(StoreTls, AServerWithACertificateInsteadOfTheKeyIsRefused) {
+  auto [key, cert] = self_signed();
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+  ASSERT_EQ(SSL_CTX_use_certificate(ctx, cert), 1);
+  ASSERT_EQ(SSL_CTX_use_PrivateKey(ctx, key), 1);
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::atomic<bool> got_secret_bytes{false};
+  std::thread impostor([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    SSL* ssl = SSL_new(ctx);
+    SSL_set_fd(ssl, fd);
+    if (SSL_accept(ssl) == 1) {
+      char buf[256];
+      got_secret_bytes = SSL_read(ssl, buf, sizeof(buf)) > 0;  // would be the client's hello
+    }
+    SSL_free(ssl);
+    ::close(fd);
+  });
+  EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", ntohs(addr.sin_port), client_options(true)).set("k", "v"),
+                     ErrorCode::kInvalidArgument, "the TLS handshake failed");
+  impostor.join();
+  EXPECT_FALSE(got_secret_bytes.load());
+  ::close(listener);
+  SSL_CTX_free(ctx);
+  X509_free(cert);
+  EVP_PKEY_free(key);
 }
 
 TEST(StoreTls, UrlsAndTheEnvironmentTurnItOn) {

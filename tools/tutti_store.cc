@@ -23,6 +23,7 @@
 namespace {
 constexpr const char* kUsage =
     R"(usage: tutti-store [--host HOST] [--port PORT] [--max-connections N] [--idle-timeout SECONDS]
+                   [--tls]
 
 Serves a tutti TCP store until SIGINT or SIGTERM.
   --host HOST             address to bind (default 127.0.0.1; 0.0.0.0 for every interface)
@@ -30,6 +31,8 @@ Serves a tutti TCP store until SIGINT or SIGTERM.
   --max-connections N     clients served at once (default 4096); more are turned away and retry
   --idle-timeout SECONDS  close a client's connection after this long without a request
                           (default 600; 0: never); clients blocked in a wait are not idle
+  --tls                   every connection in TLS 1.3 keyed by the secret (needs one; also
+                          TUTTI_STORE_TLS=1); its clients need TUTTI_STORE_TLS=1 too
 A secret in TUTTI_STORE_SECRET must then be proven by every client.
 )";
 
@@ -51,6 +54,10 @@ int main(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (a == "--tls") {
+      options.tls = true;
+      continue;
     }
     if (a == "--version") {
       std::printf("tutti-store %s\n", tutti::version());
@@ -101,6 +108,14 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before the server's thread starts
   try {
     if (const char* secret = std::getenv("TUTTI_STORE_SECRET")) options.secret = secret;
+    if (const char* tls = std::getenv("TUTTI_STORE_TLS")) {
+      const std::string t = tls;
+      if (t != "" && t != "0" && t != "1") {
+        std::fprintf(stderr, "tutti-store: TUTTI_STORE_TLS must be 1 or 0, not '%s'\n", tls);
+        return 2;
+      }
+      options.tls = options.tls || t == "1";
+    }
     tutti::TCPStoreServer server(host, static_cast<uint16_t>(port), options);
     std::printf("tutti-store listening on %s:%u\n", host.c_str(), server.port());
     std::fflush(stdout);

@@ -34,6 +34,7 @@ class StoreStream {
   asio::ip::tcp::socket& socket() { return tls_ ? tls_->next_layer() : *plain_; }
   executor_type get_executor() { return socket().get_executor(); }
   bool tls() const { return tls_.has_value(); }
+  SSL* tls_handle() { return tls_ ? tls_->native_handle() : nullptr; }
 
   template <typename Buffers, typename Handler>
   void async_read_some(const Buffers& buffers, Handler&& handler) {

@@ -84,6 +84,10 @@ void stop_kept_servers() {
   static_cast<void>(asio::error::get_netdb_category());
   static_cast<void>(asio::error::get_addrinfo_category());
   static_cast<void>(asio::error::get_misc_category());
+  static_cast<void>(asio::error::get_ssl_category());
+  static_cast<void>(asio::ssl::error::get_stream_category());
+  // OpenSSL's own exit cleanup then runs after the kept servers (TLS ones) stopped.
+  OPENSSL_init_ssl(0, nullptr);
   std::atexit(stop_kept_servers);
   return true;
 }();
@@ -335,7 +339,12 @@ struct TCPStore::Impl {
       error = "TLS handshake timed out";
       return false;
     }
-    if (!result) return true;
+    if (!result) {
+      if (detail::used_the_key(socket->tls_handle())) return true;
+      drop();
+      throw Error(ErrorCode::kInvalidArgument,
+                  where() + ": the TLS handshake was not made with the shared key");
+    }
     const bool refused = result.category() == asio::error::get_ssl_category();
     const std::string why = result.message();
     drop();

@@ -283,7 +283,9 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
                     ": " + e.what());
   }
   auto conn = std::make_unique<Connection>(fd, owner_text(owner));
-  if (!peer.local && tls_client) conn->start_tls(tls_client.get(), /*server=*/false, deadline);
+  if (!peer.local && tls_client) {
+    conn->start_tls(tls_client.get(), /*server=*/false, deadline, cancelled);
+  }
   const std::string my_nonce = random_bytes(kHelloNonceBytes);
   WireWriter w;
   w.str32(encode_identity(identity));

@@ -792,16 +792,21 @@ void AgentCore::serve(std::unique_ptr<Connection> conn, bool local) {
   };
   try {
     // A remote consumer's connection in TLS first, when this agent has it.
-    if (!local && tls_server) {
+    if (!local) {
+      // TLS on one side only: the other is told in the clear, and the connection ends.
       const auto deadline = Clock::now() + std::chrono::seconds(10);
-      if (conn->peek(deadline) != 0x16) {  // not a TLS handshake: tell the consumer in the clear
+      const bool tls_hello = looks_like_tls(conn->peek(3, deadline));
+      if (tls_hello != (tls_server != nullptr)) {
         const Error e(ErrorCode::kInvalidArgument,
-                      who() + " takes TLS connections only (TUTTI_TRANSFER_TLS=1 on its side): "
-                              "the consumer needs it too");
+                      tls_server ? who() + " takes TLS connections only (TUTTI_TRANSFER_TLS=1 "
+                                           "on its side): the consumer needs it too"
+                                 : who() + " does not use TLS, and the consumer does "
+                                           "(TUTTI_TRANSFER_TLS must be the same on both)");
+        TUTTI_LOG_WARN("direct transport: {} refused {}: {}", who(), conn->peer(), e.what());
         conn->send(MsgType::kError, error_payload(e), {}, deadline);
         throw e;
       }
-      conn->start_tls(tls_server.get(), /*server=*/true, deadline);
+      if (tls_server) conn->start_tls(tls_server.get(), /*server=*/true, deadline);
     }
     while (!stopping) {
       Message m;

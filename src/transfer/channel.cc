@@ -72,7 +72,8 @@ Connection::~Connection() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void Connection::start_tls(SSL_CTX* ctx, bool server, Clock::time_point deadline) {
+void Connection::start_tls(SSL_CTX* ctx, bool server, Clock::time_point deadline,
+                           const std::atomic<bool>* cancelled) {
   ssl_ = SSL_new(ctx);
   BIO* bio = ssl_ != nullptr ? socket_bio(fd_) : nullptr;
   if (bio == nullptr) {
@@ -81,17 +82,38 @@ void Connection::start_tls(SSL_CTX* ctx, bool server, Clock::time_point deadline
   SSL_set_bio(ssl_, bio, bio);
   while (true) {
     ERR_clear_error();
+    errno = 0;
     const int rc = server ? SSL_accept(ssl_) : SSL_connect(ssl_);
-    if (rc == 1) return;
+    if (rc == 1) {
+      if (!used_the_key(ssl_)) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "the TLS handshake with " + peer_ + " was not made with the shared key");
+      }
+      return;
+    }
     const int e = SSL_get_error(ssl_, rc);
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-      wait_for(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline, nullptr, "TLS handshake with");
+      try {
+        wait_for(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline, cancelled,
+                 "TLS handshake with");
+      } catch (const Error& t) {
+        if (t.code() != ErrorCode::kTimeout) throw;
+        throw Error(ErrorCode::kTimeout, std::string(t.what()) +
+                                             " (does it use TLS? TUTTI_TRANSFER_TLS=1 on both "
+                                             "agents)");
+      }
       continue;
     }
     if (e == SSL_ERROR_SSL) {
+      // An answer that is no TLS record: the other side speaks in the clear.
+      const bool plain = ERR_GET_REASON(ERR_peek_error()) == SSL_R_WRONG_VERSION_NUMBER;
       throw Error(ErrorCode::kInvalidArgument,
-                  "the TLS handshake with " + peer_ + " failed (" + tls_error_text() +
-                      "): both agents need TLS (TUTTI_TRANSFER_TLS=1) and the same secret");
+                  "the TLS handshake with " + peer_ + " failed (" + tls_error_text() + "): " +
+                      (plain ? std::string("it answered in the clear: it does not use TLS, and "
+                                           "this agent does (TUTTI_TRANSFER_TLS must be the same "
+                                           "on both)")
+                             : std::string("both agents need TLS (TUTTI_TRANSFER_TLS=1) and the "
+                                           "same secret")));
     }
     throw Error(ErrorCode::kIoError,
                 "the TLS handshake with " + peer_ + " broke: " +
@@ -101,13 +123,24 @@ void Connection::start_tls(SSL_CTX* ctx, bool server, Clock::time_point deadline
   }
 }
 
-uint8_t Connection::peek(Clock::time_point deadline) {
+std::string Connection::peek(size_t bytes, Clock::time_point deadline) {
+  std::string out(bytes, '\0');
   while (true) {
-    uint8_t byte = 0;
-    const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK);
-    if (n == 1) return byte;
+    const ssize_t n = ::recv(fd_, out.data(), bytes, MSG_PEEK);
+    if (n == static_cast<ssize_t>(bytes)) return out;
+    if (n > 0) {  // fewer have come: wait for the rest
+      wait_for(POLLIN, deadline, nullptr, "waiting for");
+      if (Clock::now() >= deadline) return out.substr(0, static_cast<size_t>(n));
+      continue;
+    }
     await_readable(n, deadline, nullptr);
   }
+}
+
+bool looks_like_tls(const std::string& first) {
+  // A TLS record: handshake (0x16), version 3.x (x from 1, TLS 1.0's, to 4).
+  return first.size() >= 3 && first[0] == 0x16 && first[1] == 0x03 && first[2] >= 0x01 &&
+         first[2] <= 0x04;
 }
 
 size_t Connection::tls_io(bool write, void* data, size_t bytes, Clock::time_point deadline,

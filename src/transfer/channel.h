@@ -67,11 +67,12 @@ class Connection {
   // finish by the deadline. Throws kInvalidArgument when TLS itself refuses (the other side does
   // not use TLS, or another secret), kIoError/kTimeout as the other calls. TCP connections only
   // (descriptors cannot travel in TLS).
-  void start_tls(SSL_CTX* ctx, bool server, Clock::time_point deadline);
+  void start_tls(SSL_CTX* ctx, bool server, Clock::time_point deadline,
+                 const std::atomic<bool>* cancelled = nullptr);
   bool tls() const { return ssl_ != nullptr; }
-  // The first byte waiting to be read, left there (a TLS handshake starts with 0x16); throws
-  // like receive.
-  uint8_t peek(Clock::time_point deadline);
+  // The first `bytes` waiting to be read, left there (fewer when only those came by the
+  // deadline); throws like receive.
+  std::string peek(size_t bytes, Clock::time_point deadline);
   int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }
   void set_peer(std::string peer) { peer_ = std::move(peer); }
@@ -98,6 +99,10 @@ class Connection {
   std::string peer_;
   SSL* ssl_ = nullptr;
 };
+
+// Whether a connection's first bytes (3) open a TLS handshake: a plain message never does (its
+// length would be 16.8 MB or more).
+bool looks_like_tls(const std::string& first);
 
 // Abstract Unix sockets (no file system entry; one namespace per network namespace).
 int listen_unix(const std::string& name);

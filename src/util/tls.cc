@@ -130,8 +130,24 @@ std::shared_ptr<SSL_CTX> make_psk_context(bool server, const std::string& secret
     SSL_CTX_set_psk_server_callback(ctx.get(), server_psk);
   } else {
     SSL_CTX_set_psk_client_callback(ctx.get(), client_psk);
+    // A server may answer with a certificate instead of the key (TLS 1.3 allows it): nothing
+    // here trusts one, so anyone's certificate is refused, and only the key can authenticate.
+    SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, [](int, X509_STORE_CTX*) { return 0; });
   }
   return ctx;
+}
+
+bool used_the_key(SSL* ssl) {
+  if (ssl == nullptr || SSL_session_reused(ssl) != 1 || SSL_version(ssl) != TLS1_3_VERSION) {
+    return false;
+  }
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+  return SSL_get0_peer_certificate(ssl) == nullptr;
+#else
+  X509* cert = SSL_get_peer_certificate(ssl);
+  X509_free(cert);
+  return cert == nullptr;
+#endif
 }
 
 bool tls_from_env(const char* variable) {

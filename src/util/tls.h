@@ -22,6 +22,10 @@ std::shared_ptr<SSL_CTX> make_psk_context(bool server, const std::string& secret
 // peer gone is an error, not a signal), for SSL_set_bio. Does not own the descriptor.
 BIO* socket_bio(int fd);
 
+// Whether a finished handshake was TLS 1.3 authenticated by the pre-shared key (a resumed
+// session, in OpenSSL's terms) and not by a certificate.
+bool used_the_key(SSL* ssl);
+
 // OpenSSL's last error queue as one line (emptied), for messages.
 std::string tls_error_text();
 
