@@ -111,17 +111,7 @@ void respond(int fd, const std::string& body) {
 class FakeServer {
  public:
   explicit FakeServer(std::function<void(int fd, int n)> script) : script_(std::move(script)) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(listener_, 16) != 0) {
-      throw std::runtime_error("fake server: bind/listen failed");
-    }
-    socklen_t len = sizeof(addr);
-    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+    listener_ = listen_loopback(port_);
     thread_ = std::thread([this] {
       for (int n = 0;; ++n) {
         const int fd = ::accept(listener_, nullptr, nullptr);

@@ -78,6 +78,10 @@ std::vector<WorkerResult> run_processes(const std::vector<std::string>& argv,
 // A TCP port that was free a moment ago (for tests of launchers that take a fixed port).
 uint16_t free_port();
 
+// A TCP socket listening on a loopback port it picked (returned in `port`); throws
+// std::runtime_error when it cannot.
+int listen_loopback(uint16_t& port);
+
 // Sends SIGSTOP to `pid` and returns once the kernel shows it stopped ('T' in /proc/<pid>/stat),
 // at most `timeout` (false then): kill() returns before a running target has stopped.
 bool stop_process(pid_t pid, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));

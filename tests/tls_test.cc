@@ -29,17 +29,7 @@ using std::chrono::milliseconds;
 class RecordingRelay {
  public:
   explicit RecordingRelay(uint16_t target) : target_(target) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(listener_, 16) != 0) {
-      throw std::runtime_error("relay: bind/listen failed");
-    }
-    socklen_t len = sizeof(addr);
-    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+    listener_ = listen_loopback(port_);
     thread_ = std::thread([this] { run(); });
   }
   ~RecordingRelay() {
@@ -203,14 +193,8 @@ TEST(StoreTls, AServerWithACertificateInsteadOfTheKeyIsRefused) {
   SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
   ASSERT_EQ(SSL_CTX_use_certificate(ctx, cert), 1);
   ASSERT_EQ(SSL_CTX_use_PrivateKey(ctx, key), 1);
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener, 4), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  uint16_t port = 0;
+  const int listener = listen_loopback(port);
   std::atomic<bool> got_secret_bytes{false};
   std::thread impostor([&] {
     const int fd = ::accept(listener, nullptr, nullptr);
@@ -223,7 +207,7 @@ TEST(StoreTls, AServerWithACertificateInsteadOfTheKeyIsRefused) {
     SSL_free(ssl);
     ::close(fd);
   });
-  EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", ntohs(addr.sin_port), client_options(true)).set("k", "v"),
+  EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", port, client_options(true)).set("k", "v"),
                      ErrorCode::kInvalidArgument, "the TLS handshake failed");
   impostor.join();
   EXPECT_FALSE(got_secret_bytes.load());
