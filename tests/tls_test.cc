@@ -63,7 +63,8 @@ class RecordingRelay {
         ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
         pairs.emplace_back(c, s);
       }
-      for (size_t i = 0; i < pairs.size(); ++i) {
+      const size_t polled = (fds.size() - 1) / 2;  // a pair accepted just now was not polled
+      for (size_t i = 0; i < polled; ++i) {
         for (int side = 0; side < 2; ++side) {
           if (!(fds[1 + 2 * i + side].revents & (POLLIN | POLLHUP))) continue;
           const int from = side == 0 ? pairs[i].first : pairs[i].second;
