@@ -12,6 +12,7 @@
 #include <numeric>
 #include <thread>
 
+#include "group/admission.h"
 #include "group/backend_registry.h"
 #include "group/group_state.h"
 #include "group/group_util.h"
@@ -196,74 +197,6 @@ BackendInfo settled_backend(const std::string& ctx, const std::string& requested
   }
   return info;
 }
-
-// What the admission key holds after a grow failed: no grow is admitting.
-constexpr const char* kAdmissionClosed = "closed";
-
-// What grow() stores for the new processes (CollectiveGroup::join): where the grown group meets
-// and everything about it the members decided. One line per field.
-struct Admission {
-  std::string base;     // the meeting's key prefix
-  std::string ledger;   // the ledger prefix the members' keys are noted in
-  int world = 0;        // the members
-  int add = 0;          // the new ranks
-  std::string requested;
-  bool inherited = false;
-  std::string name;
-  int64_t timeout_ms = 0;  // the grown group's op timeout
-  int64_t meet_ms = 0;     // how long the members wait in the meeting
-  std::string instance;
-  bool check_ops = false;
-
-  std::string encode() const {
-    return "tutti-admission 1\n" + base + "\n" + ledger + "\n" + std::to_string(world) + "\n" +
-           std::to_string(add) + "\n" + requested + "\n" + (inherited ? "1" : "0") + "\n" +
-           name + "\n" + std::to_string(timeout_ms) + "\n" + instance + "\n" +
-           (check_ops ? "1" : "0") + "\n" + std::to_string(meet_ms);
-  }
-  // Throws kInternal (naming `key`) for anything that is not a record encode() wrote.
-  static Admission decode(const std::string& text, const std::string& key) {
-    std::vector<std::string> f;
-    for (size_t at = 0; at <= text.size();) {
-      size_t nl = text.find('\n', at);
-      if (nl == std::string::npos) nl = text.size();
-      f.push_back(text.substr(at, nl - at));
-      at = nl + 1;
-    }
-    const auto number = [&](const std::string& v, int64_t lo, int64_t hi) {
-      char* end = nullptr;
-      const long long x = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || x < lo || x > hi) {
-        throw Error(ErrorCode::kInternal, "the admission record in " + key + " is damaged");
-      }
-      return static_cast<int64_t>(x);
-    };
-    if (f.size() != 12 || f[0] != "tutti-admission 1") {
-      throw Error(ErrorCode::kInternal,
-                  "the admission record in " + key + " is not one this version of tutti reads");
-    }
-    Admission a;
-    a.base = f[1];
-    a.ledger = f[2];
-    a.world = static_cast<int>(number(f[3], 1, 1 << 20));
-    a.add = static_cast<int>(number(f[4], 1, 1 << 20));
-    a.requested = f[5];
-    a.inherited = number(f[6], 0, 1) == 1;
-    a.name = f[7];
-    a.timeout_ms = number(f[8], 1, int64_t{1} << 40);
-    a.instance = f[9];
-    a.check_ops = number(f[10], 0, 1) == 1;
-    a.meet_ms = number(f[11], 1, int64_t{1} << 40);
-    if (a.base.empty() || a.name.empty() || a.requested.empty()) {
-      throw Error(ErrorCode::kInternal, "the admission record in " + key + " is damaged");
-    }
-    return a;
-  }
-  // What every rank of the grown group claims, members and new ones alike.
-  std::string join_label() const {
-    return requested + " grow of " + std::to_string(world) + " by " + std::to_string(add);
-  }
-};
 
 bool aborts_group(ErrorCode code) {
   return code == ErrorCode::kTimeout || code == ErrorCode::kIoError ||
@@ -803,7 +736,7 @@ namespace {
 // The grown group, on a member or a new rank alike, once its ranks met: a root group of its own
 // (its ranks' departures are noted under its scope) whose keys are noted in the members' ledger.
 std::shared_ptr<CollectiveGroup::State> grown_state(
-    const Admission& a, const detail::Membership& m, int rank, const BackendInfo& info,
+    const detail::Admission& a, const detail::Membership& m, int rank, const BackendInfo& info,
     std::shared_ptr<Store> store, std::shared_ptr<Store> ledger, bool owns_store,
     const detail::JoinRecord& mine, const std::string& admit_key) {
   const int world = a.world + a.add;
@@ -873,7 +806,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
     }() + ")");
   }
   const uint64_t n = s.grow_count++;
-  Admission a;
+  detail::Admission a;
   a.base = s.scope + "/grow/" + std::to_string(n);
   a.ledger = s.ledger_prefix;
   a.world = s.world_size;
@@ -905,7 +838,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
   const auto close_admission = [&] {
     if (s.rank != 0) return;
     try {
-      s.store->compare_set(s.admit_key, a.encode(), kAdmissionClosed);
+      s.store->compare_set(s.admit_key, a.encode(), detail::kAdmissionClosed);
     } catch (const Error& e) {
       TUTTI_LOG_DEBUG("{}: closing the admission: {}", ctx, e.what());
     }
@@ -956,7 +889,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
   const std::string admit_key = detail::group_base(choice.job_id, root) + "/admit";
   // The members' next grow: an admission with a ticket left. One that is full (its new ranks
   // came) is waited past, until the members open another.
-  Admission a;
+  detail::Admission a;
   BackendInfo info;
   int ticket = 0;
   std::string full;     // the last full admission seen
@@ -975,9 +908,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
         }
       }
       text = choice.store->get(admit_key);
-      closed = text == kAdmissionClosed;
+      closed = text == detail::kAdmissionClosed;
       if (text != full && !closed) {
-        a = Admission::decode(text, admit_key);
+        a = detail::Admission::decode(text, admit_key);
         // The backend first: a process that cannot make it takes no rank the members wait for.
         if (a.requested != "auto") info = detail::find_backend(a.requested);
         const int64_t t = choice.store->add(a.base + "/tickets", 1);
