@@ -9,43 +9,13 @@
 #include <cstdio>
 #include <regex>
 
+#include "fault_util.h"
 #include "test_util.h"
 
 namespace tutti::testing {
 namespace {
 
 using std::chrono::milliseconds;
-
-std::vector<WorkerResult> run(const std::string& scenario, int world, const std::string& store,
-                              milliseconds limit, const std::vector<std::string>& extra = {}) {
-  return run_workers_of(TUTTI_FAULT_WORKER, scenario, world, store, limit, extra);
-}
-
-// Every rank exited 0; prints the figures they measured.
-void expect_all_ok(const std::vector<WorkerResult>& results) {
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " (signal " << results[r].signal
-                                       << "):\n"
-                                       << results[r].output;
-    std::regex figure("FIGURE [^\n]*");
-    for (auto it = std::sregex_iterator(results[r].output.begin(), results[r].output.end(), figure);
-         it != std::sregex_iterator(); ++it) {
-      std::printf("rank %zu %s\n", r, it->str().c_str());
-    }
-  }
-}
-
-// Entries of /dev/shm whose name contains `needle`.
-std::vector<std::string> shm_entries(const std::string& needle) {
-  std::vector<std::string> found;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      if (std::string(e->d_name).find(needle) != std::string::npos) found.push_back(e->d_name);
-    }
-    ::closedir(d);
-  }
-  return found;
-}
 
 class Faults : public ::testing::TestWithParam<std::string> {
  protected:
@@ -134,6 +104,25 @@ TEST_P(Faults, SurvivorsShrinkAndFinishTheLoop) {
   expect_all_ok({results[0], results[1], results[3]});
   for (int r : {0, 1, 3}) {
     EXPECT_NE(results[r].output.find("finished 50 steps at world 3"), std::string::npos)
+        << results[r].output;
+  }
+}
+
+// hier: two "hosts" of two ranks each (TUTTI_HOST_ID); rank 2 dies, and the survivors (two on
+// the first host, one on the second) shrink into a hier group of 3 and finish with every sum
+// right.
+TEST(HierFaults, SurvivorsShrinkAcrossTwoHosts) {
+  auto results = run("shrink", 4, "tcp://127.0.0.1:" + std::to_string(free_port()),
+                     milliseconds(90000),
+                     {"backend=hier", "timeout=5000", "name=" + unique_name("hier-shrinking"),
+                      "bound=2000", "host_id=hier-host-", "ranks_per_host=2"});
+  EXPECT_EQ(results[2].signal, SIGKILL) << results[2].output;
+  expect_all_ok({results[0], results[1], results[3]});
+  for (int r : {0, 1, 3}) {
+    EXPECT_NE(results[r].output.find("finished 50 steps at world 3"), std::string::npos)
+        << results[r].output;
+    // The survivors' group is hier too (two hosts still).
+    EXPECT_NE(results[r].output.find("FIGURE shrink hier rank"), std::string::npos)
         << results[r].output;
   }
 }
@@ -232,27 +221,7 @@ class Cycles : public ::testing::TestWithParam<std::tuple<std::string, std::stri
 
 TEST_P(Cycles, DestroyAndCreateAgainLeavesNothingBehind) {
   const auto& [backend, kind] = GetParam();
-  TempDir dir;
-  std::unique_ptr<TuttiStoreProcess> tutti_store;
-  std::string url;
-  if (kind == "file") {
-    url = "file://" + dir.path() + "/store";
-  } else if (kind == "tcp_hosted") {
-    url = "tcp://127.0.0.1:" + std::to_string(free_port());
-  } else if (kind == "redis") {
-    auto& redis = RedisServer::instance();
-    if (!redis.available()) GTEST_SKIP() << redis.why_not();
-    url = "redis://127.0.0.1:" + std::to_string(redis.port());
-  } else {
-    tutti_store = std::make_unique<TuttiStoreProcess>();
-    url = "tcp://127.0.0.1:" + std::to_string(tutti_store->port());
-  }
-  const std::string cycles = backend == "gloo" ? "150" : "1000";
-  const std::string name = unique_name("cycled");
-  expect_all_ok(run("cycles", 2, url, milliseconds(120000),
-                    {"backend=" + backend, "cycles=" + cycles, "warm=50", "store_kind=" + kind,
-                     "name=" + name, "job=" + name, "timeout=10000"}));
-  EXPECT_TRUE(shm_entries(name).empty()) << "left in /dev/shm: " << shm_entries(name)[0];
+  run_cycles(backend, kind, backend == "gloo" ? 150 : 1000);
 }
 
 INSTANTIATE_TEST_SUITE_P(

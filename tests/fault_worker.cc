@@ -714,8 +714,10 @@ void scenario_stale(const Args& a) {
 void scenario_shrink(const Args& a) {
   require(a.world == 4, "shrink runs with 4 ranks");
   // A "host" per rank: deaths are then seen through the store's closed connections only.
+  // With ranks_per_host=N: ranks 0..N-1 on the first "host", and so on (hier's two levels).
   if (!a.get("host_id").empty()) {
-    ::setenv("TUTTI_HOST_ID", (a.get("host_id") + std::to_string(a.rank)).c_str(), 1);
+    const int per_host = static_cast<int>(a.num("ranks_per_host", 1));
+    ::setenv("TUTTI_HOST_ID", (a.get("host_id") + std::to_string(a.rank / per_host)).c_str(), 1);
   }
   const int steps = static_cast<int>(a.num("steps", 50));
   const int kill_at = static_cast<int>(a.num("kill_at", 20));
@@ -753,7 +755,7 @@ void scenario_shrink(const Args& a) {
       group->allreduce(resume, earliest);
       std::printf("FIGURE shrink %s rank %d -> %d of %d: shrink_ms=%.1f destroy_ms=%.1f, on from "
                   "step %lld (failed in %d)\n",
-                  a.backend().c_str(), a.rank, group->rank(), group->world_size(), ms,
+                  group->backend_name().c_str(), a.rank, group->rank(), group->world_size(), ms,
                   destroyed_ms, static_cast<long long>(resume[0]), step);
       step = static_cast<int>(resume[0]);
       require(group->world_size() == 4 - shrinks, "one rank fewer after each shrink");
