@@ -764,5 +764,73 @@ TEST(NcclSplit, FourRanksIntoTwoPairs) {
   EXPECT_TRUE(standin_segments(tag).empty()) << "shared-memory segments left in /dev/shm";
 }
 
+// Four ranks; rank 3 leaves (destroys its group). The other three shrink without it into an NCCL
+// group of three (a new communicator through the store), then grow back to four: rank 3's
+// process joins as the new rank. Each group's allreduce counts who took part.
+TEST(NcclShrinkChild, ShrinkThenGrowBack) {
+  if (env_str("TUTTI_NCCL_TEST_STORE").empty()) {
+    GTEST_SKIP() << "runs only as a child of NcclShrink.ThreeShrinkAndGrowBackToFour";
+  }
+  const int rank = env_int("TUTTI_NCCL_TEST_RANK", 0);
+  {
+    cudaSetDevice(rank);
+    GroupOptions o;
+    o.store_url = env_str("TUTTI_NCCL_TEST_STORE");
+    o.timeout = std::chrono::seconds(60);
+    auto g = CollectiveGroup::create(4, rank, "nccl", "world", o);
+    const int64_t n = 1000;
+    DeviceBuffer buf(rank, n * 4);
+    auto sum_of_ranks = [&](CollectiveGroup& group, double want, const std::string& what) {
+      buf.fill(DType::kFloat32, n, [&](int64_t) { return group.rank() + 1.0; });
+      group.allreduce(buf.view(DType::kFloat32, n));
+      expect_values(DType::kFloat32, buf.read(DType::kFloat32, n), [&](int64_t) { return want; },
+                    what);
+    };
+    sum_of_ranks(*g, 10.0, "allreduce at world 4");
+    std::shared_ptr<CollectiveGroup> grown;
+    if (rank == 3) {
+      g->destroy();
+      grown = CollectiveGroup::join("world", o);
+    } else {
+      ShrinkOptions s;
+      s.exclude = {3};
+      auto small = g->shrink(s);
+      g->destroy();
+      EXPECT_EQ(small->backend_name(), "nccl");
+      EXPECT_EQ(small->world_size(), 3);
+      sum_of_ranks(*small, 6.0, "allreduce at world 3 after the shrink");
+      grown = small->grow();
+      small->destroy();
+    }
+    EXPECT_EQ(grown->backend_name(), "nccl");
+    EXPECT_EQ(grown->world_size(), 4);
+    EXPECT_EQ(grown->rank(), rank);
+    sum_of_ranks(*grown, 10.0, "allreduce at world 4 after the grow");
+    grown->destroy();
+  }
+  expect_standin_clean("after destroy");
+  if (!::testing::Test::HasFailure()) std::printf("SHRINK OK\n");
+}
+
+TEST(NcclShrink, ThreeShrinkAndGrowBackToFour) {
+  SKIP_WITHOUT_GPUS(4);
+  TempDir dir;
+  const std::string tag = "shrink" + std::to_string(::getpid());
+  std::vector<std::vector<std::string>> envs;
+  for (int r = 0; r < 4; ++r) {
+    envs.push_back({"TUTTI_NCCL_TEST_RANK=" + std::to_string(r),
+                    "TUTTI_NCCL_TEST_STORE=file://" + dir.path() + "/store",
+                    "TUTTI_STANDIN_TAG=" + tag});
+  }
+  const auto results =
+      run_children("NcclShrinkChild.ShrinkThenGrowBack", envs, std::chrono::seconds(120));
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("SHRINK OK"), std::string::npos)
+        << "rank " << r << ":\n" << results[r].output;
+  }
+  EXPECT_TRUE(standin_segments(tag).empty()) << "shared-memory segments left in /dev/shm";
+}
+
 }  // namespace
 }  // namespace tutti::testing
