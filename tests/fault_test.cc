@@ -180,19 +180,11 @@ TEST_P(Faults, TimeoutsOfOneMillisecondAndOfMillisecondsMax) {
 class StaleKeys : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(StaleKeys, EarlierFailuresUnderTheSameNamesNeverBlockALaterRun) {
+  auto& redis = RedisServer::instance();
+  if (GetParam() == "redis" && !redis.available()) GTEST_SKIP() << redis.why_not();
   TempDir dir;
   std::unique_ptr<TuttiStoreProcess> tutti_store;
-  std::string url;
-  if (GetParam() == "file") {
-    url = "file://" + dir.path() + "/store";
-  } else if (GetParam() == "redis") {
-    auto& redis = RedisServer::instance();
-    if (!redis.available()) GTEST_SKIP() << redis.why_not();
-    url = "redis://127.0.0.1:" + std::to_string(redis.port());
-  } else {
-    tutti_store = std::make_unique<TuttiStoreProcess>();
-    url = "tcp://127.0.0.1:" + std::to_string(tutti_store->port());
-  }
+  const std::string url = test_store_url(GetParam(), dir, tutti_store);
   const std::vector<std::string> common = {"backend=shm", "timeout=5000", "store_kind=" + GetParam(),
                                            "job=" + unique_name("stalejob"), "name=stale"};
   auto with = [&](const std::string& step) {

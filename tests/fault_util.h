@@ -2,7 +2,6 @@
 // the destroy/re-create cycles on each store kind.
 #pragma once
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -36,37 +35,27 @@ inline void expect_all_ok(const std::vector<WorkerResult>& results) {
   }
 }
 
-// Entries of /dev/shm whose name contains `needle`.
-inline std::vector<std::string> shm_entries(const std::string& needle) {
-  std::vector<std::string> found;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      if (std::string(e->d_name).find(needle) != std::string::npos) found.push_back(e->d_name);
-    }
-    ::closedir(d);
-  }
-  return found;
+// A store of `kind` for a test: file (in `dir`), tcp_hosted (rank 0 hosts it), redis (the
+// shared test server: the caller skips first where it is not there) or tutti_store (a
+// tutti-store process, kept in `process`); its URL.
+inline std::string test_store_url(const std::string& kind, const TempDir& dir,
+                                  std::unique_ptr<TuttiStoreProcess>& process) {
+  if (kind == "file") return "file://" + dir.path() + "/store";
+  if (kind == "tcp_hosted") return "tcp://127.0.0.1:" + std::to_string(free_port());
+  if (kind == "redis") return "redis://127.0.0.1:" + std::to_string(RedisServer::instance().port());
+  process = std::make_unique<TuttiStoreProcess>();
+  return "tcp://127.0.0.1:" + std::to_string(process->port());
 }
 
 // `cycles` destroy/re-create cycles of a 2-rank group under one name on `backend`, through a
 // store of `kind` (file, tcp_hosted, redis, tutti_store): every rank ends well, with fds,
 // threads and RSS flat (the worker checks), and nothing left in /dev/shm.
 inline void run_cycles(const std::string& backend, const std::string& kind, int cycles) {
+  auto& redis = RedisServer::instance();
+  if (kind == "redis" && !redis.available()) GTEST_SKIP() << redis.why_not();
   TempDir dir;
   std::unique_ptr<TuttiStoreProcess> tutti_store;
-  std::string url;
-  if (kind == "file") {
-    url = "file://" + dir.path() + "/store";
-  } else if (kind == "tcp_hosted") {
-    url = "tcp://127.0.0.1:" + std::to_string(free_port());
-  } else if (kind == "redis") {
-    auto& redis = RedisServer::instance();
-    if (!redis.available()) GTEST_SKIP() << redis.why_not();
-    url = "redis://127.0.0.1:" + std::to_string(redis.port());
-  } else {
-    tutti_store = std::make_unique<TuttiStoreProcess>();
-    url = "tcp://127.0.0.1:" + std::to_string(tutti_store->port());
-  }
+  const std::string url = test_store_url(kind, dir, tutti_store);
   const std::string name = unique_name("cycled");
   expect_all_ok(run("cycles", 2, url, std::chrono::milliseconds(60000 + 100 * cycles),
                     {"backend=" + backend, "cycles=" + std::to_string(cycles), "warm=50",

@@ -745,23 +745,29 @@ TEST(NcclSplitChild, FourRanksIntoPairs) {
   if (!::testing::Test::HasFailure()) std::printf("SPLIT OK\n");
 }
 
-TEST(NcclSplit, FourRanksIntoTwoPairs) {
-  SKIP_WITHOUT_GPUS(4);
+// Runs `child` (a test of this binary) as four ranks through one file store: each must exit 0
+// saying `ok`, and leave no stand-in segment behind.
+void four_ranks_say(const std::string& child, const std::string& ok) {
   TempDir dir;
-  const std::string tag = "split" + std::to_string(::getpid());
+  const std::string tag = ok.substr(0, ok.find(' ')) + std::to_string(::getpid());
   std::vector<std::vector<std::string>> envs;
   for (int r = 0; r < 4; ++r) {
     envs.push_back({"TUTTI_NCCL_TEST_RANK=" + std::to_string(r),
                     "TUTTI_NCCL_TEST_STORE=file://" + dir.path() + "/store",
                     "TUTTI_STANDIN_TAG=" + tag});
   }
-  const auto results = run_children("NcclSplitChild.FourRanksIntoPairs", envs, std::chrono::seconds(120));
+  const auto results = run_children(child, envs, std::chrono::seconds(120));
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find("SPLIT OK"), std::string::npos)
+    EXPECT_NE(results[r].output.find(ok), std::string::npos)
         << "rank " << r << ":\n" << results[r].output;
   }
   EXPECT_TRUE(standin_segments(tag).empty()) << "shared-memory segments left in /dev/shm";
+}
+
+TEST(NcclSplit, FourRanksIntoTwoPairs) {
+  SKIP_WITHOUT_GPUS(4);
+  four_ranks_say("NcclSplitChild.FourRanksIntoPairs", "SPLIT OK");
 }
 
 // Four ranks; rank 3 leaves (destroys its group). The other three shrink without it into an NCCL
@@ -814,22 +820,7 @@ TEST(NcclShrinkChild, ShrinkThenGrowBack) {
 
 TEST(NcclShrink, ThreeShrinkAndGrowBackToFour) {
   SKIP_WITHOUT_GPUS(4);
-  TempDir dir;
-  const std::string tag = "shrink" + std::to_string(::getpid());
-  std::vector<std::vector<std::string>> envs;
-  for (int r = 0; r < 4; ++r) {
-    envs.push_back({"TUTTI_NCCL_TEST_RANK=" + std::to_string(r),
-                    "TUTTI_NCCL_TEST_STORE=file://" + dir.path() + "/store",
-                    "TUTTI_STANDIN_TAG=" + tag});
-  }
-  const auto results =
-      run_children("NcclShrinkChild.ShrinkThenGrowBack", envs, std::chrono::seconds(120));
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find("SHRINK OK"), std::string::npos)
-        << "rank " << r << ":\n" << results[r].output;
-  }
-  EXPECT_TRUE(standin_segments(tag).empty()) << "shared-memory segments left in /dev/shm";
+  four_ranks_say("NcclShrinkChild.ShrinkThenGrowBack", "SHRINK OK");
 }
 
 }  // namespace

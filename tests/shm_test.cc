@@ -12,17 +12,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// Entries of /dev/shm whose name contains `needle`.
-std::vector<std::string> shm_entries(const std::string& needle) {
-  std::vector<std::string> found;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      if (std::string(e->d_name).find(needle) != std::string::npos) found.push_back(e->d_name);
-    }
-    ::closedir(d);
-  }
-  return found;
-}
 
 // Runs the env_backend worker as `world` ranks with the given backend and per-rank extras.
 std::vector<WorkerResult> run_ranks_env(int world, const std::string& backend,

@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -310,6 +311,18 @@ int listen_loopback(uint16_t& port) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   port = ntohs(addr.sin_port);
   return fd;
+}
+
+
+std::vector<std::string> shm_entries(const std::string& needle) {
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).find(needle) != std::string::npos) found.push_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return found;
 }
 
 }  // namespace tutti::testing

@@ -78,6 +78,9 @@ std::vector<WorkerResult> run_processes(const std::vector<std::string>& argv,
 // A TCP port that was free a moment ago (for tests of launchers that take a fixed port).
 uint16_t free_port();
 
+// Entries of /dev/shm whose name contains `needle`.
+std::vector<std::string> shm_entries(const std::string& needle);
+
 // A TCP socket listening on a loopback port it picked (returned in `port`); throws
 // std::runtime_error when it cannot.
 int listen_loopback(uint16_t& port);
