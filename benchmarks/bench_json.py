@@ -8,9 +8,10 @@ def load_run(path):
     with open(path) as f:
         doc = json.load(f)
     config, rows = doc["config"], doc["rows"]
-    placements = {r["in_place"] for r in rows}
+    # Rows without a placement (the direct transport's) are taken as they are.
+    placements = {r.get("in_place", False) for r in rows}
     chosen = False if False in placements else True
-    rows = [r for r in rows if r["in_place"] == chosen]
+    rows = [r for r in rows if r.get("in_place", False) == chosen]
     label = ("tutti " if config.get("tool") == "tutti-bench" else "") + str(config.get("backend", "?"))
     return config, label, rows
 

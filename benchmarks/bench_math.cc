@@ -103,8 +103,7 @@ namespace {
 std::optional<BenchOp> parse_op(const std::string& s) {
   for (BenchOp op : {BenchOp::kAllreduce, BenchOp::kAllgather, BenchOp::kReduceScatter,
                      BenchOp::kBroadcast, BenchOp::kReduce, BenchOp::kSendRecv, BenchOp::kBarrier,
-                     BenchOp::kAlltoall, BenchOp::kGather, BenchOp::kScatter,
-                     BenchOp::kTransfer}) {
+                     BenchOp::kAlltoall, BenchOp::kGather, BenchOp::kScatter, BenchOp::kTransfer}) {
     if (s == to_string(op)) return op;
   }
   if (s == "all_reduce") return BenchOp::kAllreduce;
@@ -221,7 +220,8 @@ std::optional<std::string> parse_args(int argc, char** argv, Config& c, bool& he
     }
   }
   if (c.min_bytes > c.max_bytes) {
-    return "-b " + std::to_string(c.min_bytes) + " is larger than -e " + std::to_string(c.max_bytes);
+    return "-b " + std::to_string(c.min_bytes) + " is larger than -e " +
+           std::to_string(c.max_bytes);
   }
   if (c.redop == ReduceOp::kAvg && !is_floating(c.dtype)) {
     return std::string("-o avg needs a floating dtype, got ") + tutti::to_string(c.dtype);

@@ -67,9 +67,9 @@ struct Config {
   bool baseline = false;
   std::string json;
   std::string csv;
-  int ranks = 0;  // >0: start this many local ranks through tutti-run
-  int corrupt_rank = -1;  // testing -c: this rank corrupts one element of its result
-  bool async = false;     // --async: measure how much of an allreduce hides behind compute
+  int ranks = 0;                  // >0: start this many local ranks through tutti-run
+  int corrupt_rank = -1;          // testing -c: this rank corrupts one element of its result
+  bool async = false;             // --async: measure how much of an allreduce hides behind compute
   std::string transport = "shm";  // --op transfer: the tensor transport
   bool borrow = false;            // --op transfer --mode borrow (else copy)
 };

@@ -245,7 +245,8 @@ double measure_peer(const std::string& backend, const std::string& how) {
   faulter.join();
   if (how == "kill") {
     result = ms_between(fault_at, failed_at);
-    if (result > 100) std::fprintf(stderr, "fault-bench: kill seen after %.1f ms: %s\n", result, why.c_str());
+    if (result > 100)
+      std::fprintf(stderr, "fault-bench: kill seen after %.1f ms: %s\n", result, why.c_str());
   } else if (how == "stop") {
     // The op that failed began before the stop or after it; either way it may run its whole
     // timeout: the figure is how far past that timeout it ended.
@@ -351,17 +352,18 @@ int main(int argc, char** argv) {
         reps = std::stoi(value());
       } else if (args[i] == "--backend") {
         const std::string b = value();
-        backends = b == "all" ? std::vector<std::string>{"gloo", "shm"}
-                              : std::vector<std::string>{b};
+        backends =
+            b == "all" ? std::vector<std::string>{"gloo", "shm"} : std::vector<std::string>{b};
       } else if (args[i] == "--only") {
         std::stringstream list(value());
         for (std::string item; std::getline(list, item, ',');) only.insert(item);
       } else if (args[i] == "--cancel-bytes") {
         cancel_bytes = std::stoull(value());
       } else if (args[i] == "-h" || args[i] == "--help") {
-        std::printf("usage: tutti-fault-bench [--reps N] [--backend gloo|shm|all] "
-                    "[--only abort,split-abort,kill,stop,shrink,cancel,consumer] "
-                    "[--cancel-bytes BYTES]\n");
+        std::printf(
+            "usage: tutti-fault-bench [--reps N] [--backend gloo|shm|all] "
+            "[--only abort,split-abort,kill,stop,shrink,cancel,consumer] "
+            "[--cancel-bytes BYTES]\n");
         return 0;
       } else {
         throw std::invalid_argument("unknown option '" + args[i] + "'");
@@ -379,7 +381,8 @@ int main(int argc, char** argv) {
       figures.push_back(std::move(f));
     };
     for (const auto& b : backends) {
-      run("abort", b, "abort() -> the waiting op ends", 100, [&] { return measure_abort(b, false); });
+      run("abort", b, "abort() -> the waiting op ends", 100,
+          [&] { return measure_abort(b, false); });
       run("split-abort", b, "abort() of the parent -> the waiting split ends", 50,
           [&] { return measure_abort(b, true); });
       run("kill", b, "peer SIGKILLed mid-allreduce -> this rank's op fails", 100,
@@ -392,8 +395,8 @@ int main(int argc, char** argv) {
     const std::string gib = std::to_string(cancel_bytes >> 20) + " MiB";
     run("cancel", "shm", "Fetch::cancel() mid-copy of a " + gib + " get -> the get ends", 100,
         [&] { return measure_cancel(cancel_bytes); });
-    run("consumer", "shm", "borrowing consumer SIGKILLed -> owner's wait_tensor_freed returns",
-        100, measure_consumer);
+    run("consumer", "shm", "borrowing consumer SIGKILLed -> owner's wait_tensor_freed returns", 100,
+        measure_consumer);
     bool all_met = true;
     std::printf("| fault | backend | p50 ms | p99 ms | max ms | bound ms | reps | |\n");
     std::printf("|---|---|---|---|---|---|---|---|\n");

@@ -82,7 +82,7 @@ double measure(Kernel kernel, uint64_t bytes, int threads, int reps) {
       bind_to(t);
       const size_t n = bytes / sizeof(float);
       std::vector<float> a(n, 1.0f), b(n, 2.0f);  // touched here, on this thread's CPU
-      for (int r = -1; r < reps; ++r) {             // r = -1: a warm-up pass
+      for (int r = -1; r < reps; ++r) {           // r = -1: a warm-up pass
         ready.fetch_add(1);
         while (go.load() < r) {
         }
@@ -112,8 +112,8 @@ double measure(Kernel kernel, uint64_t bytes, int threads, int reps) {
   for (auto& th : pool) th.join();
   for (int r = 0; r < reps; ++r) {
     for (int t = 0; t < threads; ++t) {
-      slowest[static_cast<size_t>(r)] =
-          std::max(slowest[static_cast<size_t>(r)], times[static_cast<size_t>(t)][static_cast<size_t>(r)]);
+      slowest[static_cast<size_t>(r)] = std::max(
+          slowest[static_cast<size_t>(r)], times[static_cast<size_t>(t)][static_cast<size_t>(r)]);
     }
   }
   std::sort(slowest.begin(), slowest.end());
@@ -124,7 +124,8 @@ double measure(Kernel kernel, uint64_t bytes, int threads, int reps) {
 
 int main(int argc, char** argv) {
   std::vector<uint64_t> sizes = {16ull << 20, 64ull << 20};
-  std::vector<int> thread_counts = {1, static_cast<int>(std::max(1u, std::min(2u, std::thread::hardware_concurrency())))};
+  std::vector<int> thread_counts = {
+      1, static_cast<int>(std::max(1u, std::min(2u, std::thread::hardware_concurrency())))};
   int reps = 9;
   std::string json;
   for (int i = 1; i < argc; ++i) {
@@ -140,27 +141,32 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--threads" && has_value) {
       thread_counts.clear();
-      for (const auto& s : split(argv[++i])) thread_counts.push_back(std::max(1, std::atoi(s.c_str())));
+      for (const auto& s : split(argv[++i]))
+        thread_counts.push_back(std::max(1, std::atoi(s.c_str())));
     } else if (a == "--json" && has_value) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "tutti-membw: unknown or incomplete option '%s' (see --help)\n", a.c_str());
+      std::fprintf(stderr, "tutti-membw: unknown or incomplete option '%s' (see --help)\n",
+                   a.c_str());
       return 2;
     }
   }
   thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
-  std::printf("# memory traffic (bytes read + written per second), median of %d; per core: the "
-              "slowest of those running\n", reps);
+  std::printf(
+      "# memory traffic (bytes read + written per second), median of %d; per core: the "
+      "slowest of those running\n",
+      reps);
   std::printf("#%11s %6s %13s %13s %13s %13s\n", "size", "cores", "memcpy/core", "update/core",
               "a+=b/core", "update, all");
   std::string rows;
   for (uint64_t s : sizes) {
     for (int t : thread_counts) {
       const double copy = traffic(Kernel::kCopy, s) / measure(Kernel::kCopy, s, t, reps) / 1e9;
-      const double update = traffic(Kernel::kUpdate, s) / measure(Kernel::kUpdate, s, t, reps) / 1e9;
+      const double update =
+          traffic(Kernel::kUpdate, s) / measure(Kernel::kUpdate, s, t, reps) / 1e9;
       const double add = traffic(Kernel::kAdd, s) / measure(Kernel::kAdd, s, t, reps) / 1e9;
-      std::printf("%12s %6d %10.2f GB/s %8.2f GB/s %8.2f GB/s %8.2f GB/s\n", size_text(s).c_str(), t,
-                  copy, update, add, update * t);
+      std::printf("%12s %6d %10.2f GB/s %8.2f GB/s %8.2f GB/s %8.2f GB/s\n", size_text(s).c_str(),
+                  t, copy, update, add, update * t);
       char row[320];
       std::snprintf(row, sizeof(row),
                     "%s{\"size_bytes\": %llu, \"cores\": %d, \"memcpy_gbps\": %.3f, "

@@ -1,15 +1,15 @@
 #include "raw_gloo.h"
 
 #include <gloo/allgather.h>
-#include <gloo/alltoall.h>
-#include <gloo/gather.h>
-#include <gloo/scatter.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/gather.h>
 #include <gloo/math.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/scatter.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -35,7 +35,6 @@ Fn gloo_fn(ReduceOp op) {
     default: return nullptr;
   }
 }
-
 
 Fn reduce_fn(DType dtype, ReduceOp op) {
   switch (dtype) {

@@ -14,7 +14,9 @@ namespace tutti::bench {
 namespace {
 // NCCL is loaded at run time, as the backend loads it (libnccl.so.2 or TUTTI_NCCL_LIBRARY), so
 // tutti-bench starts without NCCL and builds where only NCCL's header is installed.
-const nccl_backend::NcclApi& nccl() { return nccl_backend::nccl_api(); }
+const nccl_backend::NcclApi& nccl() {
+  return nccl_backend::nccl_api();
+}
 
 void check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) {
@@ -68,7 +70,9 @@ void RawNccl::run(void* in, void* out, void*, int64_t per_rank, bool in_place) {
   const ncclRedOp_t op = nccl_backend::to_nccl(m.config.redop, m.config.dtype);
   char* o = static_cast<char*>(out);
   switch (m.config.op) {
-    case BenchOp::kAllreduce: check(nccl().AllReduce(o, o, n, dt, op, m.comm, m.stream), "allreduce"); break;
+    case BenchOp::kAllreduce:
+      check(nccl().AllReduce(o, o, n, dt, op, m.comm, m.stream), "allreduce");
+      break;
     case BenchOp::kBroadcast:
       check(nccl().Broadcast(o, o, n, dt, m.config.root, m.comm, m.stream), "broadcast");
       break;
@@ -81,7 +85,7 @@ void RawNccl::run(void* in, void* out, void*, int64_t per_rank, bool in_place) {
       break;
     case BenchOp::kReduceScatter:
       check(nccl().ReduceScatter(in_place ? o : in, in_place ? o + m.rank * bytes : o, n, dt, op,
-                              m.comm, m.stream),
+                                 m.comm, m.stream),
             "reduce_scatter");
       break;
     case BenchOp::kSendRecv:
@@ -117,7 +121,8 @@ void RawNccl::run(void* in, void* out, void*, int64_t per_rank, bool in_place) {
           if (r == root) check(nccl().Send(from, n, dt, r, m.comm, m.stream), "send");
           if (m.rank == root) check(nccl().Recv(o + r * bytes, n, dt, r, m.comm, m.stream), "recv");
         } else {
-          if (m.rank == root) check(nccl().Send(from + r * bytes, n, dt, r, m.comm, m.stream), "send");
+          if (m.rank == root)
+            check(nccl().Send(from + r * bytes, n, dt, r, m.comm, m.stream), "send");
           if (r == root) check(nccl().Recv(o, n, dt, r, m.comm, m.stream), "recv");
         }
       }

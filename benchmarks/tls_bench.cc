@@ -137,8 +137,10 @@ int main(int argc, char** argv) {
     const StoreFigures tls_store = store_figures(true, reps);
     const double plain_stream = stream_gbps(false, reps);
     const double tls_stream = stream_gbps(true, reps);
-    std::printf("# tutti-tls-bench: TLS 1.3 (PSK from the secret) against plain TCP, loopback, "
-                "median of %d\n", reps);
+    std::printf(
+        "# tutti-tls-bench: TLS 1.3 (PSK from the secret) against plain TCP, loopback, "
+        "median of %d\n",
+        reps);
     std::printf("%-42s %12s %12s %8s\n", "", "plain", "TLS", "TLS/plain");
     std::printf("%-42s %10.1f us %10.1f us %8.2f\n", "TCP store: set + get of 64 B",
                 plain_store.round_trip_us, tls_store.round_trip_us,

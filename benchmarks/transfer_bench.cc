@@ -22,15 +22,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <memory>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "bench_math.h"
-#include "tutti/tutti.h"
 #include "tutti/transfer_agent.h"
+#include "tutti/tutti.h"
 
 #if TUTTI_BENCH_CUDA
 #include <cuda_runtime_api.h>
@@ -45,7 +45,9 @@ double us_since(Clock::time_point t) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
 }
 
-uint8_t pattern(uint64_t i) { return static_cast<uint8_t>((i * 7 + 3) & 0xff); }
+uint8_t pattern(uint64_t i) {
+  return static_cast<uint8_t>((i * 7 + 3) & 0xff);
+}
 
 // Rank 0 sends `text` to the others over the meta group.
 std::string share(CollectiveGroup& meta, const std::string& text) {
@@ -68,7 +70,8 @@ void full_write(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
     const ssize_t w = ::write(fd, c, n);
-    if (w <= 0) throw Error(ErrorCode::kIoError, std::string("staged write: ") + std::strerror(errno));
+    if (w <= 0)
+      throw Error(ErrorCode::kIoError, std::string("staged write: ") + std::strerror(errno));
     c += w;
     n -= static_cast<size_t>(w);
   }
@@ -78,7 +81,8 @@ void full_read(int fd, void* p, size_t n) {
   char* c = static_cast<char*>(p);
   while (n > 0) {
     const ssize_t r = ::read(fd, c, n);
-    if (r <= 0) throw Error(ErrorCode::kIoError, std::string("staged read: ") + std::strerror(errno));
+    if (r <= 0)
+      throw Error(ErrorCode::kIoError, std::string("staged read: ") + std::strerror(errno));
     c += r;
     n -= static_cast<size_t>(r);
   }
@@ -117,7 +121,9 @@ struct Buffer {
     if (device != nullptr) cudaFree(device);
 #endif
   }
-  void* data() { return cuda ? device : host.data(); }
+  void* data() {
+    return cuda ? device : host.data();
+  }
   TensorView view(size_t bytes) {
     return TensorView(data(), DType::kUInt8, {static_cast<int64_t>(bytes)},
                       cuda ? Device::cuda(0) : Device::cpu());
@@ -147,7 +153,8 @@ struct TransferRow {
 
 int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
   if (meta.world_size() != 2) {
-    if (meta.rank() == 0) std::fprintf(stderr, "tutti-bench: --op transfer runs on 2 ranks (--ranks 2)\n");
+    if (meta.rank() == 0)
+      std::fprintf(stderr, "tutti-bench: --op transfer runs on 2 ranks (--ranks 2)\n");
     return 2;
   }
   const bool owner = meta.rank() == 0;
@@ -161,6 +168,9 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
 #endif
   TransferAgentOptions ao;
   ao.name = owner ? "bench-owner" : "bench-consumer";
+  // Transports that reach other hosts: the owner's agent serves them over TCP (its leases, and
+  // the socket transport's bytes).
+  ao.listen_tcp = c.transport == "socket" || c.transport == "ucx";
   auto agent = TransferAgent::create(ao);
   const std::string job = std::getenv("TUTTI_JOB_ID") ? std::getenv("TUTTI_JOB_ID") : "local";
   const int reps = c.warmup + c.iters;
@@ -204,7 +214,8 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     TensorView block = agent->allocate(each * 1000);
     std::memset(block.data(), 1, block.nbytes());
     std::vector<TensorView> views;
-    for (int i = 0; i < 1000; ++i) views.push_back(block.slice(static_cast<int64_t>(i * each), each));
+    for (int i = 0; i < 1000; ++i)
+      views.push_back(block.slice(static_cast<int64_t>(i * each), each));
     std::vector<double> t;
     for (int r = 0; r < 20; ++r) {
       const auto t0 = Clock::now();
@@ -228,7 +239,8 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       agent->register_memory(region, fd);
       register_us = us_since(r0);
       views.clear();
-      for (int i = 0; i < 1000; ++i) views.push_back(region.slice(static_cast<int64_t>(i * each), each));
+      for (int i = 0; i < 1000; ++i)
+        views.push_back(region.slice(static_cast<int64_t>(i * each), each));
       t.clear();
       for (int r = 0; r < 20; ++r) {
         const auto t0 = Clock::now();
@@ -243,6 +255,34 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     }
     if (fd >= 0) ::close(fd);
   }
+  // Over a transport that registers memory (ucx, a plugin): the same 1000 views of one buffer,
+  // the first put (one registration) and the next ones (the registration cached).
+  double ucx_first_us = -1, ucx_put_us = -1;
+  if (owner && c.transport == "ucx") {
+    const size_t each = 200 * 1000;
+    std::vector<uint8_t> buffer(each * 1000, 3);
+    TensorView region(buffer.data(), DType::kUInt8, {static_cast<int64_t>(buffer.size())});
+    std::vector<TensorView> views;
+    for (int i = 0; i < 1000; ++i)
+      views.push_back(region.slice(static_cast<int64_t>(i * each), each));
+    PutOptions po;
+    po.transport = "ucx";
+    auto t0 = Clock::now();
+    ObjectHandle first = agent->put(views, po);
+    ucx_first_us = us_since(t0);
+    std::vector<double> t;
+    for (int r = 0; r < 20; ++r) {
+      t0 = Clock::now();
+      ObjectHandle h = agent->put(views, po);
+      t.push_back(us_since(t0));
+      h.release();
+    }
+    first.release();
+    agent->wait_tensor_freed(region, std::chrono::seconds(10));
+    ucx_put_us = quantile(t, 0.5);
+  }
+  ucx_first_us = share_number(meta, ucx_first_us);
+  ucx_put_us = share_number(meta, ucx_put_us);
   put_us = share_number(meta, put_us);
   registered_put_us = share_number(meta, registered_put_us);
   register_us = share_number(meta, register_us);
@@ -252,25 +292,33 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
                 tutti::version(), c.transport.c_str(), c.borrow ? "borrow" : "copy");
     std::printf("# warmup %d, iters %d, check %d%s\n", c.warmup, c.iters, c.check ? 1 : 0,
                 c.baseline ? ", baseline staged (serialise, Unix socket, deserialise)" : "");
+    if (ucx_put_us >= 0) {
+      std::printf(
+          "# put of 1000 views x 200 KB of one buffer over ucx: first %.1f us (it registers "
+          "the buffer), then %.1f us (median of 20)\n",
+          ucx_first_us, ucx_put_us);
+    }
     if (put_us >= 0) {
       std::printf("# put of 1000 tensors x 200 KB of allocate()d memory: %.1f us (median of 20)\n",
                   put_us);
     }
     if (registered_put_us >= 0) {
-      std::printf("# put of 1000 tensors x 200 KB of registered memory (a memfd): %.1f us (median "
-                  "of 20; register_memory once: %.1f us)\n",
-                  registered_put_us, register_us);
+      std::printf(
+          "# put of 1000 tensors x 200 KB of registered memory (a memfd): %.1f us (median "
+          "of 20; register_memory once: %.1f us)\n",
+          registered_put_us, register_us);
     }
     if (two_sided) {
-      std::printf("# p2p: tutti's own send/recv of the same bytes on a %s group, asked for with a "
-                  "1-byte send (t/p2p: what the direct transport costs on top)\n",
-                  c.transport.c_str());
+      std::printf(
+          "# p2p: tutti's own send/recv of the same bytes on a %s group, asked for with a "
+          "1-byte send (t/p2p: what the direct transport costs on top)\n",
+          c.transport.c_str());
     }
-    std::printf("# %10s %10s %10s %10s %8s %6s %11s %8s %10s %8s%s\n", "size", "cold", "time", "p99",
-                "GB/s", "#wrong", "staged", "staged/t", "memcpy", "memcpy/t",
+    std::printf("# %10s %10s %10s %10s %8s %6s %11s %8s %10s %8s%s\n", "size", "cold", "time",
+                "p99", "GB/s", "#wrong", "staged", "staged/t", "memcpy", "memcpy/t",
                 two_sided ? "        p2p    t/p2p" : "");
-    std::printf("# %10s %10s %10s %10s %8s %6s %11s %8s %10s %8s%s\n", "(B)", "(us)", "(us)", "(us)",
-                "", "", "(us)", "", "(us)", "", two_sided ? "       (us)         " : "");
+    std::printf("# %10s %10s %10s %10s %8s %6s %11s %8s %10s %8s%s\n", "(B)", "(us)", "(us)",
+                "(us)", "", "", "(us)", "", "(us)", "", two_sided ? "       (us)         " : "");
   }
   std::vector<TransferRow> rows;
   int64_t total_wrong = 0;
@@ -417,7 +465,8 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
         two_sided ? num(row.p2p_us, " %10.2f") + num(row.time_us / row.p2p_us, " %8.3f") : "";
     std::printf("  %10llu %10.1f %10.2f %10.2f %8.3f %6lld %11s %8s %10.2f %8.2f%s\n",
                 static_cast<unsigned long long>(bytes), row.cold_us, row.time_us, row.p99_us,
-                row.time_us > 0 ? bytes / row.time_us / 1e3 : 0.0, static_cast<long long>(row.wrong),
+                row.time_us > 0 ? bytes / row.time_us / 1e3 : 0.0,
+                static_cast<long long>(row.wrong),
                 row.staged_us >= 0 ? num(row.staged_us, "%11.2f").c_str() : "        N/A",
                 row.staged_us >= 0 ? num(row.staged_us / row.time_us, "%8.1f").c_str() : "     N/A",
                 row.memcpy_us, row.memcpy_us / row.time_us, p2p_text.c_str());
@@ -431,15 +480,14 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       out << "{\"config\": {\"op\": \"transfer\", \"transport\": \"" << c.transport
           << "\", \"mode\": \"" << (c.borrow ? "borrow" : "copy") << "\", \"warmup\": " << c.warmup
           << ", \"iters\": " << c.iters << ", \"put_1000x200KB_us\": " << put_us
-          << ", \"put_1000x200KB_registered_us\": " << registered_put_us
-          << "},\n  \"rows\": [\n";
+          << ", \"put_1000x200KB_registered_us\": " << registered_put_us << "},\n  \"rows\": [\n";
       for (size_t i = 0; i < rows.size(); ++i) {
         const TransferRow& r = rows[i];
         out << "    {\"bytes\": " << r.bytes << ", \"cold_us\": " << r.cold_us
             << ", \"time_us\": " << r.time_us << ", \"p99_us\": " << r.p99_us
             << ", \"staged_us\": " << r.staged_us << ", \"memcpy_us\": " << r.memcpy_us
-            << ", \"p2p_us\": " << r.p2p_us
-            << ", \"wrong\": " << r.wrong << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+            << ", \"p2p_us\": " << r.p2p_us << ", \"wrong\": " << r.wrong << "}"
+            << (i + 1 < rows.size() ? "," : "") << "\n";
       }
       out << "  ]\n}\n";
     }

@@ -11,12 +11,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -194,8 +194,8 @@ int relaunch(int argc, char** argv, const Config& c) {
   const std::string dir = self.substr(0, self.rfind('/'));
   std::string launcher = dir + "/tutti-run";
   if (access(launcher.c_str(), X_OK) != 0) launcher = "tutti-run";  // from PATH
-  std::vector<std::string> args = {launcher, "-n", std::to_string(c.ranks), "--no-prefix", "--",
-                                   self};
+  std::vector<std::string> args = {launcher,      "-n", std::to_string(c.ranks),
+                                   "--no-prefix", "--", self};
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--ranks") {
       ++i;
@@ -217,7 +217,10 @@ class Bench {
   // counts on the host (outside the timed loop), whatever device `group` works on.
   Bench(std::shared_ptr<CollectiveGroup> group, std::shared_ptr<CollectiveGroup> meta,
         const Config& config)
-      : g_(std::move(group)), meta_(std::move(meta)), c_(config), n_(g_->world_size()),
+      : g_(std::move(group)),
+        meta_(std::move(meta)),
+        c_(config),
+        n_(g_->world_size()),
         rank_(g_->rank()) {}
 
   // `like_for_like`: the baseline is the library this backend itself drives.
@@ -236,13 +239,11 @@ class Bench {
   bool has_out_of_place() const {
     return c_.op == BenchOp::kAllgather || c_.op == BenchOp::kReduceScatter ||
            c_.op == BenchOp::kSendRecv || c_.op == BenchOp::kBarrier ||
-           c_.op == BenchOp::kAlltoall || c_.op == BenchOp::kGather ||
-           c_.op == BenchOp::kScatter;
+           c_.op == BenchOp::kAlltoall || c_.op == BenchOp::kGather || c_.op == BenchOp::kScatter;
   }
   bool has_in_place() const {
     return c_.op != BenchOp::kSendRecv && c_.op != BenchOp::kBarrier &&
-           c_.op != BenchOp::kAlltoall && c_.op != BenchOp::kGather &&
-           c_.op != BenchOp::kScatter;
+           c_.op != BenchOp::kAlltoall && c_.op != BenchOp::kGather && c_.op != BenchOp::kScatter;
   }
 
   Row measure(uint64_t target_bytes, bool in_place) {
@@ -302,8 +303,9 @@ class Bench {
     // Loop iterations per microsecond, measured here, then agreed on (the slowest rank's).
     const auto t0 = Clock::now();
     g_sink = compute(2000000);
-    std::vector<double> rate = {2000000 / std::max(1e-3, std::chrono::duration<double, std::micro>(
-                                                             Clock::now() - t0).count())};
+    std::vector<double> rate = {
+        2000000 /
+        std::max(1e-3, std::chrono::duration<double, std::micro>(Clock::now() - t0).count())};
     AllreduceOptions slowest_rate;
     slowest_rate.reduce_op = ReduceOp::kMin;
     meta_->allreduce(TensorView(rate), slowest_rate);
@@ -327,10 +329,10 @@ class Bench {
     slowest(both);
     row.compute_us = quantile(alone, 0.5);
     row.overlapped_us = quantile(both, 0.5);
-    row.hidden = row.time_us > 0
-                     ? std::clamp((row.time_us + row.compute_us - row.overlapped_us) / row.time_us,
-                                  0.0, 1.0)
-                     : 0.0;
+    row.hidden =
+        row.time_us > 0
+            ? std::clamp((row.time_us + row.compute_us - row.overlapped_us) / row.time_us, 0.0, 1.0)
+            : 0.0;
   }
 
   void reserve(int64_t per_rank) {
@@ -346,8 +348,8 @@ class Bench {
       for (char*& p : {std::ref(d_in_), std::ref(d_out_), std::ref(d_scratch_)}) {
         if (p != nullptr) cudaFree(p);
         if (cudaMalloc(reinterpret_cast<void**>(&p), all) != cudaSuccess) {
-          throw Error(ErrorCode::kUnavailable, "tutti-bench: cudaMalloc of " + std::to_string(all) +
-                                                   " bytes failed");
+          throw Error(ErrorCode::kUnavailable,
+                      "tutti-bench: cudaMalloc of " + std::to_string(all) + " bytes failed");
         }
       }
       device_bytes_ = all;
@@ -381,8 +383,8 @@ class Bench {
 
   // Inputs for the check; also the data the timed loop runs on.
   void fill(int64_t per_rank) {
-    const int64_t total = (is_blocked(c_.op) && c_.op != BenchOp::kGather) ? per_rank * n_
-                                                                           : per_rank;
+    const int64_t total =
+        (is_blocked(c_.op) && c_.op != BenchOp::kGather) ? per_rank * n_ : per_rank;
     for (int64_t i = 0; i < total; ++i) {
       if (c_.op == BenchOp::kAllgather) {
         if (i < per_rank) write_value(c_.dtype, in_.data(), i, input_value(c_, rank_, i));
@@ -457,9 +459,7 @@ class Bench {
         }
         break;
       }
-      case BenchOp::kBarrier:
-        g_->barrier();
-        break;
+      case BenchOp::kBarrier: g_->barrier(); break;
       case BenchOp::kAlltoall: {
         AlltoallOptions o;
         o.blocking = gpu_;
@@ -496,7 +496,8 @@ class Bench {
   int agree_on_iterations(int64_t per_rank, bool in_place) {
     const auto t0 = Clock::now();
     run(per_rank, in_place);
-    std::vector<double> probe = {std::chrono::duration<double, std::milli>(Clock::now() - t0).count()};
+    std::vector<double> probe = {
+        std::chrono::duration<double, std::milli>(Clock::now() - t0).count()};
     AllreduceOptions o;
     o.reduce_op = ReduceOp::kMax;
     meta_->allreduce(TensorView(probe), o);
@@ -517,7 +518,8 @@ class Bench {
       case BenchOp::kAllreduce:
       case BenchOp::kBroadcast:
       case BenchOp::kReduce:
-        for (int64_t i = 0; i < per_rank; ++i) write_value(d, out_.data(), i, input_value(c_, rank_, i));
+        for (int64_t i = 0; i < per_rank; ++i)
+          write_value(d, out_.data(), i, input_value(c_, rank_, i));
         break;
       case BenchOp::kAllgather:
         if (in_place) {
@@ -529,8 +531,7 @@ class Bench {
       case BenchOp::kReduceScatter:
         if (in_place) std::memcpy(out_.data(), in_.data(), per_rank * n_ * dtype_size(d));
         break;
-      default:
-        break;
+      default: break;
     }
     upload(in_);
     upload(out_);
@@ -546,7 +547,8 @@ class Bench {
         break;
       case BenchOp::kReduce:
         for (int64_t i = 0; i < per_rank; ++i) {
-          expect(result, i, rank_ == c_.root ? reduced_value(c_, n_, i) : input_value(c_, rank_, i));
+          expect(result, i,
+                 rank_ == c_.root ? reduced_value(c_, n_, i) : input_value(c_, rank_, i));
         }
         break;
       case BenchOp::kBroadcast:
@@ -554,7 +556,8 @@ class Bench {
         break;
       case BenchOp::kAllgather:
         for (int r = 0; r < n_; ++r) {
-          for (int64_t i = 0; i < per_rank; ++i) expect(result, r * per_rank + i, input_value(c_, r, i));
+          for (int64_t i = 0; i < per_rank; ++i)
+            expect(result, r * per_rank + i, input_value(c_, r, i));
         }
         break;
       case BenchOp::kReduceScatter: {
@@ -569,8 +572,7 @@ class Bench {
           for (int64_t i = 0; i < per_rank; ++i) expect(result, i, input_value(c_, 1 - rank_, i));
         }
         break;
-      case BenchOp::kBarrier:
-        break;
+      case BenchOp::kBarrier: break;
       case BenchOp::kAlltoall:
         // Block r here is rank r's block for this rank.
         for (int r = 0; r < n_; ++r) {
@@ -582,7 +584,8 @@ class Bench {
       case BenchOp::kGather:
         if (rank_ == c_.root) {
           for (int r = 0; r < n_; ++r) {
-            for (int64_t i = 0; i < per_rank; ++i) expect(result, r * per_rank + i, input_value(c_, r, i));
+            for (int64_t i = 0; i < per_rank; ++i)
+              expect(result, r * per_rank + i, input_value(c_, r, i));
           }
         }
         break;
@@ -635,7 +638,8 @@ std::string host_list(CollectiveGroup& g) {
   }
   std::string out;
   for (const auto& [h, k] : hosts) {
-    out += (out.empty() ? "" : ", ") + h + " (" + std::to_string(k) + (k == 1 ? " rank)" : " ranks)");
+    out +=
+        (out.empty() ? "" : ", ") + h + " (" + std::to_string(k) + (k == 1 ? " rank)" : " ranks)");
   }
   return out;
 }
@@ -656,7 +660,8 @@ void write_json(const std::string& path, const Config& c, const std::string& bac
       << "\", \"world_size\": " << world << ", \"hosts\": \"" << hosts << "\", \"dtype\": \""
       << tutti::to_string(c.dtype) << "\", \"redop\": \"" << tutti::to_string(c.redop)
       << "\", \"root\": " << c.root << ", \"warmup\": " << c.warmup << ", \"iters\": " << c.iters
-      << ", \"time_budget_ms\": " << c.time_budget_ms << ", \"check\": " << (c.check ? "true" : "false")
+      << ", \"time_budget_ms\": " << c.time_budget_ms
+      << ", \"check\": " << (c.check ? "true" : "false")
       << ", \"baseline\": " << (c.baseline ? "\"" + baseline + "\"" : "null")
       << ", \"bus_factor\": " << bus_factor(c.op, world)
       << ", \"async\": " << (c.async ? "true" : "false") << "},\n  \"rows\": [\n";
@@ -667,7 +672,8 @@ void write_json(const std::string& path, const Config& c, const std::string& bac
         << "\", \"redop\": \"" << tutti::to_string(c.redop) << "\", \"root\": " << c.root
         << ", \"in_place\": " << (r.in_place ? "true" : "false") << ", \"time_us\": " << r.time_us
         << ", \"p99_us\": " << r.p99_us << ", \"algbw_gbps\": " << r.algbw
-        << ", \"busbw_gbps\": " << r.busbw << ", \"wrong\": " << (c.check ? std::to_string(r.wrong) : "null");
+        << ", \"busbw_gbps\": " << r.busbw
+        << ", \"wrong\": " << (c.check ? std::to_string(r.wrong) : "null");
     if (r.baseline_us >= 0) {
       out << ", \"baseline_time_us\": " << r.baseline_us
           << ", \"ratio\": " << (r.baseline_us > 0 ? r.time_us / r.baseline_us : 0);
@@ -716,7 +722,8 @@ int main(int argc, char** argv) {
 
   try {
     std::string backend = c.backend;
-    if (backend.empty()) backend = std::getenv("TUTTI_BACKEND") ? std::getenv("TUTTI_BACKEND") : "auto";
+    if (backend.empty())
+      backend = std::getenv("TUTTI_BACKEND") ? std::getenv("TUTTI_BACKEND") : "auto";
     const std::string name = "tutti-bench";
     GroupOptions options;
     options.timeout = std::chrono::minutes(5);
@@ -740,7 +747,8 @@ int main(int argc, char** argv) {
     const bool rooted = c.op == BenchOp::kBroadcast || c.op == BenchOp::kReduce ||
                         c.op == BenchOp::kGather || c.op == BenchOp::kScatter;
     if (rooted && c.root >= world) {
-      if (rank == 0) std::fprintf(stderr, "tutti-bench: -r %d is not a rank of %d\n", c.root, world);
+      if (rank == 0)
+        std::fprintf(stderr, "tutti-bench: -r %d is not a rank of %d\n", c.root, world);
       return 2;
     }
     if (c.op == BenchOp::kSendRecv && world < 2) {
@@ -792,25 +800,27 @@ int main(int argc, char** argv) {
       bench.set_baseline(std::move(raw), group->backend_name() != "shm");
     }
     const std::string hosts = host_list(*meta);
-    const bool reducing = c.op == BenchOp::kAllreduce || c.op == BenchOp::kReduce ||
-                          c.op == BenchOp::kReduceScatter;
+    const bool reducing =
+        c.op == BenchOp::kAllreduce || c.op == BenchOp::kReduce || c.op == BenchOp::kReduceScatter;
     if (rank == 0) {
       std::printf("# tutti-bench %s: %s\n", tutti::version(), to_string(c.op));
       std::printf("# backend %s, world size %d, hosts: %s\n", group->backend_name().c_str(), world,
                   hosts.c_str());
-      std::printf("# dtype %s, redop %s, root %d, warmup %d, %s, check %d%s\n",
-                  tutti::to_string(c.dtype), reducing ? tutti::to_string(c.redop) : "none", c.root,
-                  c.warmup,
-                  c.time_budget_ms > 0 ? ("time budget " + fmt_num(c.time_budget_ms, "%g") + " ms/size").c_str()
-                                       : ("iters " + std::to_string(c.iters)).c_str(),
-                  c.check ? 1 : 0,
-                  c.baseline ? (", baseline " + baseline_name +
-                                (group->backend_name() == "shm" ? " (after tutti, per size)"
-                                                                : " (interleaved)"))
-                                   .c_str()
-                             : "");
-      std::printf("# time: median (p99) over iterations of the slowest rank; busbw = algbw x %.4g\n",
-                  bus_factor(c.op, world));
+      std::printf(
+          "# dtype %s, redop %s, root %d, warmup %d, %s, check %d%s\n", tutti::to_string(c.dtype),
+          reducing ? tutti::to_string(c.redop) : "none", c.root, c.warmup,
+          c.time_budget_ms > 0
+              ? ("time budget " + fmt_num(c.time_budget_ms, "%g") + " ms/size").c_str()
+              : ("iters " + std::to_string(c.iters)).c_str(),
+          c.check ? 1 : 0,
+          c.baseline
+              ? (", baseline " + baseline_name +
+                 (group->backend_name() == "shm" ? " (after tutti, per size)" : " (interleaved)"))
+                    .c_str()
+              : "");
+      std::printf(
+          "# time: median (p99) over iterations of the slowest rank; busbw = algbw x %.4g\n",
+          bus_factor(c.op, world));
       std::printf("#\n");
       std::printf("# %10s %12s %8s %6s %4s  %s%s\n", "", "", "", "", "",
                   "---------------- out-of-place ----------------   ",
@@ -818,11 +828,15 @@ int main(int argc, char** argv) {
       std::printf("# %10s %12s %8s %6s %4s  %9s %9s %7s %7s %6s   %9s %9s %7s %7s %6s%s\n", "size",
                   "count", "type", "redop", "root", "time", "p99", "algbw", "busbw", "#wrong",
                   "time", "p99", "algbw", "busbw", "#wrong",
-                  c.baseline ? "   raw-time  ratio" : c.async ? "     t_comp    t_both hidden" : "");
+                  c.baseline ? "   raw-time  ratio"
+                  : c.async  ? "     t_comp    t_both hidden"
+                             : "");
       std::printf("# %10s %12s %8s %6s %4s  %9s %9s %7s %7s %6s   %9s %9s %7s %7s %6s%s\n", "(B)",
                   "(elements)", "", "", "", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)",
                   "(GB/s)", "(GB/s)", "",
-                  c.baseline ? "       (us)  t/raw" : c.async ? "       (us)      (us)    (%)" : "");
+                  c.baseline ? "       (us)  t/raw"
+                  : c.async  ? "       (us)      (us)    (%)"
+                             : "");
     }
     std::vector<Row> rows;
     auto cells = [&](const Row* r) {
@@ -852,9 +866,8 @@ int main(int argc, char** argv) {
       std::printf("  %10llu %12lld %8s %6s %4d  %s   %s%s\n",
                   static_cast<unsigned long long>(first.bytes), static_cast<long long>(first.count),
                   tutti::to_string(c.dtype), reducing ? tutti::to_string(c.redop) : "none",
-                  rooted ? c.root : -1,
-                  cells(oop ? &*oop : nullptr).c_str(), cells(ip ? &*ip : nullptr).c_str(),
-                  ratio.c_str());
+                  rooted ? c.root : -1, cells(oop ? &*oop : nullptr).c_str(),
+                  cells(ip ? &*ip : nullptr).c_str(), ratio.c_str());
       std::fflush(stdout);
     }
     double sum_busbw = 0;

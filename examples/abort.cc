@@ -31,8 +31,9 @@ int main() {
       try {
         group->allreduce(v);  // rank 1 never comes
       } catch (const tutti::Error& e) {
-        const double ms = std::chrono::duration<double, std::milli>(
-                              std::chrono::steady_clock::now() - start).count();
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count();
         std::printf("rank 0: %s after %.0f ms: %s\n", tutti::to_string(e.code()), ms, e.what());
       }
       watchdog.join();

@@ -40,7 +40,8 @@ class SpoolTransport final : public tutti::TensorTransport {
     for (const tutti::TensorView& t : request.targets) {
       in.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(t.nbytes()));
     }
-    if (!in) throw tutti::Error(tutti::ErrorCode::kIoError, "spool: cannot read " + request.ref.blob());
+    if (!in)
+      throw tutti::Error(tutti::ErrorCode::kIoError, "spool: cannot read " + request.ref.blob());
     return {};
   }
 

@@ -25,8 +25,8 @@ int main() {
       std::vector<float> host(n, static_cast<float>(d + 1));
       cudaMalloc(reinterpret_cast<void**>(&buffers[d]), n * sizeof(float));
       cudaMemcpy(buffers[d], host.data(), n * sizeof(float), cudaMemcpyHostToDevice);
-      list.emplace_back(buffers[d], tutti::DType::kFloat32, std::vector<int64_t>{static_cast<int64_t>(n)},
-                        tutti::Device::cuda(d));
+      list.emplace_back(buffers[d], tutti::DType::kFloat32,
+                        std::vector<int64_t>{static_cast<int64_t>(n)}, tutti::Device::cuda(d));
     }
     tutti::allreduce_multigpu(list, "multi");  // sum over every GPU of every process
     for (int d = 0; d < gpus; ++d) {

@@ -16,7 +16,8 @@ int main() {
     const int right = (rank + 1) % world, left = (rank + world - 1) % world;
 
     std::vector<double> mine(1 << 20, rank), from_left(1 << 20, -1);
-    group->batch_isend_irecv({tutti::P2POp::send(mine, right), tutti::P2POp::recv(from_left, left)});
+    group->batch_isend_irecv(
+        {tutti::P2POp::send(mine, right), tutti::P2POp::recv(from_left, left)});
 
     std::printf("rank %d: received %g from rank %d\n", rank, from_left[0], left);
     tutti::destroy_collective_group();

@@ -90,15 +90,14 @@ int train(std::shared_ptr<tutti::CollectiveGroup> group, int step, int me) {
       earliest.reduce_op = tutti::ReduceOp::kMin;
       group->allreduce(resume, earliest);
       step = static_cast<int>(resume[0]);
-      std::printf("%s is rank %d of %d after %.1f ms; on from step %d\n", who.c_str(), group->rank(),
-                  group->world_size(), ms, step);
+      std::printf("%s is rank %d of %d after %.1f ms; on from step %d\n", who.c_str(),
+                  group->rank(), group->world_size(), ms, step);
       continue;
     }
     float want = 0;
     for (int r : group->global_ranks()) want += static_cast<float>(r + 1);
     if (grad.front() != want || grad.back() != want) {
-      std::fprintf(stderr, "%s, step %d: sum %g, want %g\n", who.c_str(), step, grad.front(),
-                   want);
+      std::fprintf(stderr, "%s, step %d: sum %g, want %g\n", who.c_str(), step, grad.front(), want);
       return 1;
     }
     ++step;

@@ -43,7 +43,8 @@ int main() {
         share(*group, handle.ref().to_text());
         handle.release();  // the expected gets keep it until every worker has it
         agent->wait_tensor_freed(weights, std::chrono::seconds(60));
-        std::printf("trainer: step %d weights taken by %d workers\n", step, group->world_size() - 1);
+        std::printf("trainer: step %d weights taken by %d workers\n", step,
+                    group->world_size() - 1);
       }
       agent->deallocate(weights);
     } else {

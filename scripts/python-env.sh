@@ -17,7 +17,11 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$req" "$stamp"; then
   "$base" -m venv "$venv"
   "$venv/bin/python" -m pip install -q -r "$req" >&2
   cp "$req" "$stamp"
+  echo "python-env: the venv took $SECONDS s" >&2
 fi
-# --no-build-isolation: build with the venv's pinned scikit-build-core and nanobind.
+# --no-build-isolation: build with the venv's pinned scikit-build-core and nanobind (and against
+# its torch: tutti._torch).
+start=$SECONDS
 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps ./python >&2
+echo "python-env: the package build took $((SECONDS - start)) s" >&2
 echo "$venv/bin/python"

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config python3 python3-matplotlib
   libgloo-dev libfmt-dev libspdlog-dev libgtest-dev libbenchmark-dev libdlpack-dev
   libasio-dev libhiredis-dev redis-server libopenmpi-dev openmpi-bin iproute2 libssl-dev
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev clang-format-14 libucx-dev ucx-utils
 )
 
 missing=()

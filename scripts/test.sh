@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command (what CI runs): set-up, build, and every test except the "large" (>2 GiB)
+# The test command (what CI runs): set-up, the layout check (scripts/format.sh --check), build,
+# and every test except the "large" (>2 GiB)
 # cases; then the Python package's tests (pytest, in the venv scripts/python-env.sh makes, Ray
 # included); then the sanitizer runs (scripts/sanitize.sh: the whole suite under AddressSanitizer
 # and UndefinedBehaviorSanitizer, the threaded and transfer tests under ThreadSanitizer, every
@@ -7,12 +8,20 @@
 # TUTTI_TEST_PYTHON=0 skips the Python part, TUTTI_TEST_SANITIZE=0 the sanitizer runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
+scripts/setup-debian.sh
+scripts/format.sh --check  # the tree follows .clang-format (scripts/format.sh applies it)
+echo "test.sh: the set-up took $((SECONDS - start)) s"
+start=$SECONDS
 scripts/build.sh
+echo "test.sh: the build took $((SECONDS - start)) s"
 exclude=(-LE large)
 if [ "${TUTTI_TEST_LARGE:-0}" = "1" ]; then
   exclude=()
 fi
+start=$SECONDS
 (cd build && ctest -j"$(nproc)" --output-on-failure --timeout 600 "${exclude[@]}")
+echo "test.sh: the tests took $((SECONDS - start)) s"
 if [ "${TUTTI_TEST_PYTHON:-1}" = "1" ]; then
   start=$SECONDS
   python=$(scripts/python-env.sh | tail -n 1)
@@ -23,6 +32,6 @@ if [ "${TUTTI_TEST_PYTHON:-1}" = "1" ]; then
 fi
 if [ "${TUTTI_TEST_SANITIZE:-1}" = "1" ]; then
   start=$SECONDS
-  FUZZ_SECONDS=${FUZZ_SECONDS:-15} scripts/sanitize.sh
+  FUZZ_SECONDS=${FUZZ_SECONDS:-10} scripts/sanitize.sh
   echo "test.sh: the sanitizer runs took $((SECONDS - start)) s (builds, tests, fuzzers)"
 fi

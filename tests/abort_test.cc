@@ -118,9 +118,8 @@ TEST_P(Abort, EveryPeerWaitingOnTheAbortedRankLearnsOfIt) {
 TEST_P(Abort, DestroyFromAnotherThreadReturnsPromptly) {
   auto groups = create_groups(2, GetParam(), unique_name("abort-destroy"), milliseconds(30000));
   std::vector<float> v(1 << 16, 1.0f);
-  std::thread op([&] {
-    EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kAborted, "destroyed");
-  });
+  std::thread op(
+      [&] { EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kAborted, "destroyed"); });
   std::this_thread::sleep_for(milliseconds(200));
   const auto start = Clock::now();
   groups[0]->destroy();

@@ -13,7 +13,9 @@ using std::chrono::milliseconds;
 constexpr int64_t kCount = (1 << 20) / 4 + 17;  // just over 1 MiB of int32
 
 // Element i of what rank `from` sends rank `to`.
-int32_t value(int from, int to, int64_t i) { return from * 1000003 + to * 1009 + static_cast<int32_t>(i % 997); }
+int32_t value(int from, int to, int64_t i) {
+  return from * 1000003 + to * 1009 + static_cast<int32_t>(i % 997);
+}
 
 void expect_from(const std::vector<int32_t>& got, int from, int to) {
   for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
@@ -143,8 +145,8 @@ TEST_P(BatchP2PRules, SizesThatDifferNeverMeet) {
 TEST_P(BatchP2PRules, BadRequestsFailBeforeAnyIO) {
   auto groups = create_groups(2, GetParam(), unique_name("badbatch"));
   std::vector<int32_t> v(4);
-  EXPECT_TUTTI_ERROR(groups[0]->batch_isend_irecv({P2POp::send(v, 0)}),
-                     ErrorCode::kInvalidArgument, "batch_isend_irecv on group",
+  EXPECT_TUTTI_ERROR(groups[0]->batch_isend_irecv({P2POp::send(v, 0)}), ErrorCode::kInvalidArgument,
+                     "batch_isend_irecv on group",
                      "send 0's destination rank 0 is this rank itself");
   EXPECT_TUTTI_ERROR(groups[0]->batch_isend_irecv({P2POp::send(v, 1), P2POp::recv(v, 5)}),
                      ErrorCode::kInvalidArgument, "recv 1's source rank 5 is outside [0, 2)");

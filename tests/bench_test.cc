@@ -55,7 +55,8 @@ TEST(BenchMath, SizesAndCounts) {
 }
 
 // Runs tutti-bench with args; returns its result.
-WorkerResult bench(const std::vector<std::string>& args, milliseconds limit = milliseconds(120000)) {
+WorkerResult bench(const std::vector<std::string>& args,
+                   milliseconds limit = milliseconds(120000)) {
   std::vector<std::string> argv = {TUTTI_BENCH};
   argv.insert(argv.end(), args.begin(), args.end());
   return run_command(argv, limit);
@@ -81,7 +82,8 @@ TEST(BenchOptions, BadValuesExit2WithAMessage) {
   for (const auto& [args, message] : cases) {
     auto r = bench(args);
     EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.output;
-    EXPECT_NE(r.output.find(message), std::string::npos) << "wanted '" << message << "' in: " << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos)
+        << "wanted '" << message << "' in: " << r.output;
   }
   auto help = bench({"--help"});
   EXPECT_EQ(help.exit_code, 0);
@@ -92,8 +94,8 @@ TEST(BenchCheck, APlantedWrongResultIsCounted) {
   auto good = bench({"--ranks", "2", "-b", "64", "-e", "256", "-n", "2", "-w", "1"});
   EXPECT_EQ(good.exit_code, 0) << good.output;
   EXPECT_NE(good.output.find("Out of bounds values : 0 OK"), std::string::npos) << good.output;
-  auto bad = bench({"--ranks", "2", "-b", "64", "-e", "256", "-n", "2", "-w", "1",
-                    "--debug-corrupt-rank", "1"});
+  auto bad = bench(
+      {"--ranks", "2", "-b", "64", "-e", "256", "-n", "2", "-w", "1", "--debug-corrupt-rank", "1"});
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   // One wrong element per size (3 sizes), caught by the check.
   EXPECT_NE(bad.output.find("Out of bounds values : 3 FAILED"), std::string::npos) << bad.output;
@@ -105,14 +107,14 @@ TEST(BenchEndToEnd, JsonAndCsvHaveEveryColumn) {
                                "sendrecv", "barrier", "alltoall", "gather", "scatter"}) {
     const std::string json = dir.path() + "/" + op + ".json";
     const std::string csv = dir.path() + "/" + op + ".csv";
-    std::vector<std::string> args = {"--ranks", "2", "--op", op, "-b", "1K", "-e", "4K", "-n",
-                                     "3", "-w", "1", "--json", json, "--csv", csv};
+    std::vector<std::string> args = {"--ranks", "2", "--op", op,  "-b",     "1K", "-e",    "4K",
+                                     "-n",      "3", "-w",   "1", "--json", json, "--csv", csv};
     if (op != "reduce_scatter") args.push_back("--baseline");
     auto r = bench(args);
     ASSERT_EQ(r.exit_code, 0) << op << ": " << r.output;
-    auto v = run_command({"python3", CHECK_BENCH_JSON, json, csv, op,
-                          op != "reduce_scatter" ? "baseline" : "plain"},
-                         milliseconds(30000));
+    auto v = run_command(
+        {"python3", CHECK_BENCH_JSON, json, csv, op, op != "reduce_scatter" ? "baseline" : "plain"},
+        milliseconds(30000));
     EXPECT_EQ(v.exit_code, 0) << op << ": " << v.output;
   }
 }
@@ -125,7 +127,8 @@ TEST(BenchEndToEnd, AsyncReportsOverlap) {
   auto r = bench({"--ranks", "2", "--async", "-b", "4K", "-e", "64K", "-f", "4", "-n", "3", "-w",
                   "1", "--json", json, "--csv", csv});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("Allreduce hidden behind compute: median"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Allreduce hidden behind compute: median"), std::string::npos)
+      << r.output;
   auto v = run_command({"python3", CHECK_BENCH_JSON, json, csv, "allreduce", "async"},
                        milliseconds(30000));
   EXPECT_EQ(v.exit_code, 0) << v.output;

@@ -24,8 +24,7 @@ std::string hex(const std::array<uint8_t, 32>& d) {
 TEST(Crypto, Sha256MatchesTheStandardsExamples) {
   using tutti::detail::sha256;
   EXPECT_EQ(hex(sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(hex(sha256("abc")),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hex(sha256("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
 TEST(Crypto, HmacSha256MatchesRfc4231) {

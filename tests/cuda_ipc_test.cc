@@ -29,14 +29,14 @@ int ipc_opens() {
   return fn != nullptr ? fn() : -1;
 }
 
-#define REQUIRE_GPU()                                                                         \
-  do {                                                                                        \
-    int n = 0;                                                                                \
-    const cudaError_t rc = cudaGetDeviceCount(&n);                                            \
-    if (rc != cudaSuccess || n == 0) {                                                        \
+#define REQUIRE_GPU()                                                                          \
+  do {                                                                                         \
+    int n = 0;                                                                                 \
+    const cudaError_t rc = cudaGetDeviceCount(&n);                                             \
+    if (rc != cudaSuccess || n == 0) {                                                         \
       GTEST_SKIP() << "no CUDA device visible (cudaGetDeviceCount: " << cudaGetErrorString(rc) \
-                   << ", " << n << " devices)";                                               \
-    }                                                                                         \
+                   << ", " << n << " devices)";                                                \
+    }                                                                                          \
   } while (0)
 
 std::shared_ptr<TransferAgent> make_agent(const std::string& name) {
@@ -110,8 +110,8 @@ TEST(CudaIpc, InProcessCopyAndBorrow) {
   consumer->get(h.ref(), g);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(to_host(t0.view()), std::vector<uint8_t>(pattern.begin(), pattern.begin() + 4096));
-  EXPECT_EQ(to_host(t1.view()), std::vector<uint8_t>(pattern.begin() + (256 << 10),
-                                                     pattern.begin() + (320 << 10)));
+  EXPECT_EQ(to_host(t1.view()),
+            std::vector<uint8_t>(pattern.begin() + (256 << 10), pattern.begin() + (320 << 10)));
   // CPU targets and no targets are refused before any I/O.
   std::vector<uint8_t> cpu(4096), cpu1(64 << 10);
   GetOptions bad;
@@ -123,8 +123,8 @@ TEST(CudaIpc, InProcessCopyAndBorrow) {
     Borrowed b = consumer->borrow(h.ref());
     ASSERT_EQ(b.tensors().size(), 2u);
     EXPECT_EQ(b.tensors()[1].device(), Device::cuda(0));
-    EXPECT_EQ(to_host(b.tensors()[1]), std::vector<uint8_t>(pattern.begin() + (256 << 10),
-                                                            pattern.begin() + (320 << 10)));
+    EXPECT_EQ(to_host(b.tensors()[1]),
+              std::vector<uint8_t>(pattern.begin() + (256 << 10), pattern.begin() + (320 << 10)));
     h.release();
     expect_error([&] { owner->wait_tensor_freed(src.view(), 50ms); }, ErrorCode::kTimeout);
   }

@@ -50,10 +50,10 @@ int owner(const std::string& dir) {
   PutOptions p;
   p.transport = "cuda_ipc";
   p.stream = stream;
-  ObjectHandle h = agent->put({whole.slice(0, 256 << 10), whole.slice(512 << 10, 256 << 10),
-                               TensorView(db, DType::kUInt8, {static_cast<int64_t>(b_bytes)},
-                                          Device::cuda(0))},
-                              p);
+  ObjectHandle h =
+      agent->put({whole.slice(0, 256 << 10), whole.slice(512 << 10, 256 << 10),
+                  TensorView(db, DType::kUInt8, {static_cast<int64_t>(b_bytes)}, Device::cuda(0))},
+                 p);
   {
     std::ofstream(dir + "/ref.tmp") << h.ref().to_text();
     std::rename((dir + "/ref.tmp").c_str(), (dir + "/ref").c_str());

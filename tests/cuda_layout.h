@@ -10,6 +10,7 @@
 using CudaLayout = std::vector<std::pair<std::string, long long>>;
 
 // What the compared headers must agree on exactly.
+// clang-format off
 #define TUTTI_CUDA_LAYOUT(X)                                                                    \
   X(cudaSuccess) X(cudaErrorInvalidValue) X(cudaErrorMemoryAllocation)                          \
   X(cudaErrorInitializationError) X(cudaErrorInvalidMemcpyDirection)                            \
@@ -45,6 +46,7 @@ using CudaLayout = std::vector<std::pair<std::string, long long>>;
   X(offsetof(ncclConfig_t, commName)) X(offsetof(ncclConfig_t, shrinkShare))                    \
   X(offsetof(ncclConfig_t, nvlinkCentricSched)) X(initialized_config().magic)                   \
   X(initialized_config().blocking) X(initialized_config().size)
+// clang-format on
 
 // Sizes where the declared struct is only a large enough buffer (listed apart: declared >= real).
 #define TUTTI_CUDA_LAYOUT_AT_LEAST(X) X(sizeof(cudaDeviceProp))
@@ -52,16 +54,16 @@ using CudaLayout = std::vector<std::pair<std::string, long long>>;
 #define TUTTI_CUDA_LAYOUT_ENTRY(expr) {#expr, static_cast<long long>(expr)},
 
 // Defines `CudaLayout name(bool at_least)`: the list against the headers included before.
-#define TUTTI_DEFINE_CUDA_LAYOUT(name)                                         \
-  namespace {                                                                  \
-  ncclConfig_t initialized_config() {                                          \
-    ncclConfig_t c = NCCL_CONFIG_INITIALIZER;                                  \
-    return c;                                                                  \
-  }                                                                            \
-  }                                                                            \
-  CudaLayout name(bool at_least) {                                             \
+#define TUTTI_DEFINE_CUDA_LAYOUT(name)                                                    \
+  namespace {                                                                             \
+  ncclConfig_t initialized_config() {                                                     \
+    ncclConfig_t c = NCCL_CONFIG_INITIALIZER;                                             \
+    return c;                                                                             \
+  }                                                                                       \
+  }                                                                                       \
+  CudaLayout name(bool at_least) {                                                        \
     if (at_least) return CudaLayout{TUTTI_CUDA_LAYOUT_AT_LEAST(TUTTI_CUDA_LAYOUT_ENTRY)}; \
-    return CudaLayout{TUTTI_CUDA_LAYOUT(TUTTI_CUDA_LAYOUT_ENTRY)};             \
+    return CudaLayout{TUTTI_CUDA_LAYOUT(TUTTI_CUDA_LAYOUT_ENTRY)};                        \
   }
 
 CudaLayout cuda_layout_toolkit(bool at_least);

@@ -12,13 +12,32 @@ std::string first_slurm_host(const std::string& list);  // env.cc
 namespace tutti::testing {
 namespace {
 
-const char* const kAllVars[] = {
-    "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_STORE", "TUTTI_LOCAL_RANK", "TUTTI_LOCAL_WORLD_SIZE",
-    "TUTTI_JOB_ID", "TUTTI_BACKEND", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS",
-    "SLURM_LOCALID", "SLURM_JOB_NODELIST", "SLURM_JOB_ID", "SLURM_STEP_ID",
-    "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid"};
+const char* const kAllVars[] = {"TUTTI_RANK",
+                                "TUTTI_WORLD_SIZE",
+                                "TUTTI_STORE",
+                                "TUTTI_LOCAL_RANK",
+                                "TUTTI_LOCAL_WORLD_SIZE",
+                                "TUTTI_JOB_ID",
+                                "TUTTI_BACKEND",
+                                "RANK",
+                                "WORLD_SIZE",
+                                "LOCAL_RANK",
+                                "LOCAL_WORLD_SIZE",
+                                "MASTER_ADDR",
+                                "MASTER_PORT",
+                                "TORCHELASTIC_RUN_ID",
+                                "SLURM_PROCID",
+                                "SLURM_NTASKS",
+                                "SLURM_LOCALID",
+                                "SLURM_JOB_NODELIST",
+                                "SLURM_JOB_ID",
+                                "SLURM_STEP_ID",
+                                "SLURM_NTASKS_PER_NODE",
+                                "OMPI_COMM_WORLD_RANK",
+                                "OMPI_COMM_WORLD_SIZE",
+                                "OMPI_COMM_WORLD_LOCAL_RANK",
+                                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                "OMPI_MCA_ess_base_jobid"};
 
 class Env : public ::testing::Test {
  protected:
@@ -129,8 +148,7 @@ TEST_F(Env, OpenMpi) {
   set("OMPI_COMM_WORLD_RANK", "1");
   set("OMPI_COMM_WORLD_SIZE", "2");
   set("OMPI_COMM_WORLD_LOCAL_RANK", "1");
-  EXPECT_TUTTI_ERROR(read_launch_env(), ErrorCode::kInvalidArgument, "TUTTI_STORE",
-                     "MASTER_ADDR");
+  EXPECT_TUTTI_ERROR(read_launch_env(), ErrorCode::kInvalidArgument, "TUTTI_STORE", "MASTER_ADDR");
   set("MASTER_ADDR", "127.0.0.1");
   set("MASTER_PORT", "5000");
   const LaunchEnv e = read_launch_env();

@@ -24,8 +24,7 @@ inline std::vector<WorkerResult> run(const std::string& scenario, int world,
 // Every rank exited 0; prints the figures they measured.
 inline void expect_all_ok(const std::vector<WorkerResult>& results) {
   for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " (signal " << results[r].signal
-                                       << "):\n"
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " (signal " << results[r].signal << "):\n"
                                        << results[r].output;
     std::regex figure("FIGURE [^\n]*");
     for (auto it = std::sregex_iterator(results[r].output.begin(), results[r].output.end(), figure);

@@ -8,12 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -238,10 +238,11 @@ void scenario_threads(const Args& a) {
     y.join();
     std::thread z([&] { t2 = hammer(*g, 1, a.world, n / 4, false); });
     z.join();
-    std::printf("FIGURE threads-%s takeover x=%d/%d/%d/%d y=%d/%d/%d/%d z=%d/%d/%d/%d "
-                "(right/wrong/refused/other)\n",
-                a.backend().c_str(), t0.right, t0.wrong, t0.refused, t0.other, t1.right,
-                t1.wrong, t1.refused, t1.other, t2.right, t2.wrong, t2.refused, t2.other);
+    std::printf(
+        "FIGURE threads-%s takeover x=%d/%d/%d/%d y=%d/%d/%d/%d z=%d/%d/%d/%d "
+        "(right/wrong/refused/other)\n",
+        a.backend().c_str(), t0.right, t0.wrong, t0.refused, t0.other, t1.right, t1.wrong,
+        t1.refused, t1.other, t2.right, t2.wrong, t2.refused, t2.other);
     require(t0.right == n, "the thread that took the group over: all right");
     require(t1.refused == n, "the other thread: refused while x held the group");
     require(t2.right == n / 4, "the thread that came after: all right");
@@ -392,8 +393,10 @@ void scenario_crash(const Args& a) {
       const bool stuck_send = a.num("stuck_send_ok", 0) != 0 && e.code() == ErrorCode::kTimeout &&
                               what.find("for send operation to complete") != std::string::npos;
       if (stuck_send) {
-        std::printf("FIGURE crash %s %s rank %d stuck in a send to the dead rank: timeout after "
-                    "%.0f ms\n", a.backend().c_str(), how.c_str(), a.rank, ms);
+        std::printf(
+            "FIGURE crash %s %s rank %d stuck in a send to the dead rank: timeout after "
+            "%.0f ms\n",
+            a.backend().c_str(), how.c_str(), a.rank, ms);
         break;
       }
       require(e.code() == ErrorCode::kIoError || e.code() == ErrorCode::kRemoteError,
@@ -499,10 +502,11 @@ void scenario_cycles(const Args& a) {
     end = usage();
   }
   const double per_cycle = ms_since(warm_at) / std::max(1, cycles - warm);
-  std::printf("FIGURE cycles %s %s rank %d: %d cycles, %.2f ms each; fds %d -> %d, threads %d "
-              "-> %d, rss %ld -> %ld kB\n",
-              a.backend().c_str(), a.get("store_kind").c_str(), a.rank, cycles, per_cycle,
-              base.fds, end.fds, base.threads, end.threads, base.rss_kb, end.rss_kb);
+  std::printf(
+      "FIGURE cycles %s %s rank %d: %d cycles, %.2f ms each; fds %d -> %d, threads %d "
+      "-> %d, rss %ld -> %ld kB\n",
+      a.backend().c_str(), a.get("store_kind").c_str(), a.rank, cycles, per_cycle, base.fds,
+      end.fds, base.threads, end.threads, base.rss_kb, end.rss_kb);
   // The store server closes its side of a departed client's connection on its own thread, so
   // the count at one instant may be off by a socket or two; a leak grows with the cycles.
   require(end.fds <= base.fds + 2, "open fds stay flat");
@@ -537,9 +541,15 @@ void scenario_mismatch(const Args& a) {
       if (kind == "count") {
         g->allreduce(f);
       } else if (kind == "dtype") {
-        if (odd) g->allreduce(i32); else g->allreduce(f);
+        if (odd)
+          g->allreduce(i32);
+        else
+          g->allreduce(f);
       } else if (kind == "op") {
-        if (odd) g->broadcast(f); else g->allreduce(f);
+        if (odd)
+          g->broadcast(f);
+        else
+          g->allreduce(f);
       } else if (kind == "root") {
         BroadcastOptions o;
         o.root_rank = odd ? 1 : 0;
@@ -557,8 +567,7 @@ void scenario_mismatch(const Args& a) {
       const double ms = ms_since(start);
       const std::string what = e.what();
       std::printf("FIGURE mismatch %s %s rank %d error_after_ms=%.0f code=%s: %s\n",
-                  a.backend().c_str(), kind.c_str(), a.rank, ms, to_string(e.code()),
-                  what.c_str());
+                  a.backend().c_str(), kind.c_str(), a.rank, ms, to_string(e.code()), what.c_str());
       require(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kRemoteError ||
                   e.code() == ErrorCode::kIoError,
               kind + ": a timeout, remote or I/O error");
@@ -607,8 +616,7 @@ void scenario_delay(const Args& a) {
     require(late, std::string("failed although the delay was under the timeout: ") + e.what());
     if (a.rank == 0) {
       require(e.code() == ErrorCode::kTimeout, "rank 0 times out");
-      require(ms >= a.timeout().count() - 5 && ms < a.timeout().count() + 1000,
-              "at the timeout");
+      require(ms >= a.timeout().count() - 5 && ms < a.timeout().count() + 1000, "at the timeout");
     } else {
       require(e.code() == ErrorCode::kRemoteError || e.code() == ErrorCode::kAborted ||
                   e.code() == ErrorCode::kIoError,
@@ -736,13 +744,13 @@ void scenario_shrink(const Args& a) {
       group->allreduce(v);
     } catch (const Error& e) {
       const auto failed_at = Clock::now();
-      std::fprintf(stderr, "rank %d, step %d, world %d: %s\n", a.rank, step,
-                   group->world_size(), e.what());
-      require(shrinks < (second_kill_at >= 0 ? 2 : 1), "one failure per death: " +
-                                                           std::string(e.what()));
-      expect_error([&] { group->shrink(ShrinkOptions{{9}}); }, {ErrorCode::kInvalidArgument},
-                   {"shrink of", "excluded rank 9", "outside [0, " +
-                                                        std::to_string(group->world_size())});
+      std::fprintf(stderr, "rank %d, step %d, world %d: %s\n", a.rank, step, group->world_size(),
+                   e.what());
+      require(shrinks < (second_kill_at >= 0 ? 2 : 1),
+              "one failure per death: " + std::string(e.what()));
+      expect_error(
+          [&] { group->shrink(ShrinkOptions{{9}}); }, {ErrorCode::kInvalidArgument},
+          {"shrink of", "excluded rank 9", "outside [0, " + std::to_string(group->world_size())});
       auto smaller = group->shrink();
       const double ms = ms_since(failed_at);
       group->destroy();
@@ -753,10 +761,11 @@ void scenario_shrink(const Args& a) {
       AllreduceOptions earliest;
       earliest.reduce_op = ReduceOp::kMin;
       group->allreduce(resume, earliest);
-      std::printf("FIGURE shrink %s rank %d -> %d of %d: shrink_ms=%.1f destroy_ms=%.1f, on from "
-                  "step %lld (failed in %d)\n",
-                  group->backend_name().c_str(), a.rank, group->rank(), group->world_size(), ms,
-                  destroyed_ms, static_cast<long long>(resume[0]), step);
+      std::printf(
+          "FIGURE shrink %s rank %d -> %d of %d: shrink_ms=%.1f destroy_ms=%.1f, on from "
+          "step %lld (failed in %d)\n",
+          group->backend_name().c_str(), a.rank, group->rank(), group->world_size(), ms,
+          destroyed_ms, static_cast<long long>(resume[0]), step);
       step = static_cast<int>(resume[0]);
       require(group->world_size() == 4 - shrinks, "one rank fewer after each shrink");
       require(group->global_rank() == a.rank, "keeps its rank in the job");
@@ -769,8 +778,8 @@ void scenario_shrink(const Args& a) {
     for (int r : group->global_ranks()) members += static_cast<float>(r + 1);
     const float want = members * static_cast<float>(step + 1);
     for (float x : {v.front(), v.back()}) {
-      require(x == want, "step " + std::to_string(step) + ": sum " + std::to_string(x) +
-                             ", want " + std::to_string(want));
+      require(x == want, "step " + std::to_string(step) + ": sum " + std::to_string(x) + ", want " +
+                             std::to_string(want));
     }
     ++step;
   }
@@ -789,16 +798,11 @@ void scenario_shrink(const Args& a) {
 
 int main(int argc, char** argv) {
   const std::map<std::string, void (*)(const Args&)> scenarios = {
-      {"fork", scenario_fork},
-      {"threads", scenario_threads},
-      {"flight", scenario_flight},
-      {"crash", scenario_crash},
-      {"rejoin", scenario_rejoin},
-      {"cycles", scenario_cycles},
-      {"mismatch", scenario_mismatch},
-      {"delay", scenario_delay},
-      {"timeouts", scenario_timeouts},
-      {"stale", scenario_stale},
+      {"fork", scenario_fork},         {"threads", scenario_threads},
+      {"flight", scenario_flight},     {"crash", scenario_crash},
+      {"rejoin", scenario_rejoin},     {"cycles", scenario_cycles},
+      {"mismatch", scenario_mismatch}, {"delay", scenario_delay},
+      {"timeouts", scenario_timeouts}, {"stale", scenario_stale},
       {"shrink", scenario_shrink},
   };
   if (argc < 5) {

@@ -165,7 +165,12 @@ TEST(GlooRing, AllreduceOfEverySizeAndBlockShape) {
   constexpr int64_t kStaging = 256 << 10;  // DirectExchange::kStagingBytes, restated
   for (int world : {2, 3, 4}) {
     auto groups = groups_with("TUTTI_GLOO_ALLREDUCE", "ring", world, unique_name("ring-sizes"));
-    const int64_t counts[] = {1, world - 1, world, world + 1, 1000, kStaging / 4 * world + 3,
+    const int64_t counts[] = {1,
+                              world - 1,
+                              world,
+                              world + 1,
+                              1000,
+                              kStaging / 4 * world + 3,
                               3 * kStaging / 8 * world - 5};
     run_ranks(world, [&](int r) {
       for (int64_t n : counts) {
@@ -363,8 +368,8 @@ TEST(GlooRing, AbortFromAnotherThreadEndsAWaitingRing) {
   std::thread op([&] {
     const auto start = std::chrono::steady_clock::now();
     EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kAborted, "allreduce #0", "stop");
-    ended_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                   .count();
+    ended_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   });
   std::this_thread::sleep_for(milliseconds(300));
   groups[0]->abort("stop");

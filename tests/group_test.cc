@@ -135,8 +135,8 @@ TEST(Group, TheStoreHostsDestroyReturnsAtOnceWhileAPeerSleeps) {
     if (r == 1) std::this_thread::sleep_for(milliseconds(3000));
     const auto start = std::chrono::steady_clock::now();
     g->destroy();
-    destroy_ms[r] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                              start).count();
+    destroy_ms[r] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   });
   EXPECT_LT(destroy_ms[0], 1000) << "the host's destroy waited for the sleeping peer";
   EXPECT_LT(destroy_ms[1], 1000) << "the late rank's teardown did not find the store";
@@ -181,8 +181,8 @@ TEST(Group, DestroyDuringAShrinkEndsIt) {
   std::this_thread::sleep_for(milliseconds(200));
   const auto start = std::chrono::steady_clock::now();
   groups[0]->destroy();
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                              start).count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   shrinker.join();
   EXPECT_TRUE(ended.load());
   EXPECT_LT(ms, 1000) << "destroy waited for the shrink";

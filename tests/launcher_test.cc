@@ -20,7 +20,8 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-WorkerResult tutti_run(const std::vector<std::string>& args, milliseconds limit = milliseconds(60000)) {
+WorkerResult tutti_run(const std::vector<std::string>& args,
+                       milliseconds limit = milliseconds(60000)) {
   std::vector<std::string> argv = {TUTTI_RUN};
   argv.insert(argv.end(), args.begin(), args.end());
   return run_command(argv, limit);
@@ -69,7 +70,8 @@ TEST(Launcher, MaxFailuresLetsTheOthersGoOn) {
 }
 
 TEST(Launcher, CrashingRankIsReportedBySignal) {
-  auto r = tutti_run({"-n", "2", "sh", "-c", "if [ $TUTTI_RANK = 0 ]; then kill -SEGV $$; fi; sleep 60"});
+  auto r = tutti_run(
+      {"-n", "2", "sh", "-c", "if [ $TUTTI_RANK = 0 ]; then kill -SEGV $$; fi; sleep 60"});
   EXPECT_EQ(r.exit_code, 128 + 11) << r.output;
   EXPECT_NE(r.output.find("rank 0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("signal 11"), std::string::npos) << r.output;
@@ -145,9 +147,11 @@ TEST(Launcher, BindsEachRankToItsOwnShareOfTheCpus) {
 }
 
 TEST(Launcher, BadOptionsExit2) {
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"-n", "zero", "true"}, {"--bogus", "true"}, {"-n", "2"},
-           {"--nnodes", "2", "--node-rank", "2", "true"}}) {
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"-n", "zero", "true"},
+                                             {"--bogus", "true"},
+                                             {"-n", "2"},
+                                             {"--nnodes", "2", "--node-rank", "2", "true"}}) {
     auto r = tutti_run(args);
     EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.output;
   }
@@ -216,8 +220,9 @@ TEST(Launcher, GroupsFromTuttiRun) {
 TEST(Launcher, TwoNodesOnOneHost) {
   // Node 0 serves the store on a fixed port; node 1 connects to it.
   const std::string port = std::to_string(free_port());
-  std::vector<std::string> base = {TUTTI_RUN, "--nnodes", "2", "--master-addr", "127.0.0.1",
-                                   "--master-port", port, "--job-id", "two-nodes", "-n", "2"};
+  std::vector<std::string> base = {
+      TUTTI_RUN,   "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "--job-id",
+      "two-nodes", "-n",       "2"};
   auto node0 = base;
   node0.insert(node0.end(), {"--node-rank", "0", TUTTI_TEST_WORKER, "env_allreduce"});
   auto node1 = base;
@@ -244,9 +249,9 @@ void run_with_env(const std::function<std::vector<std::string>(int rank)>& env_o
   auto results = run_processes({TUTTI_TEST_WORKER, "env_allreduce"}, envs, milliseconds(60000));
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
-    EXPECT_NE(results[r].output.find("env rank " + std::to_string(r) + " of " +
-                                     std::to_string(world)),
-              std::string::npos)
+    EXPECT_NE(
+        results[r].output.find("env rank " + std::to_string(r) + " of " + std::to_string(world)),
+        std::string::npos)
         << results[r].output;
   }
 }
@@ -255,9 +260,9 @@ TEST(LaunchEnvironments, Torchrun) {
   const std::string port = std::to_string(free_port());
   run_with_env(
       [&](int r) {
-        return std::vector<std::string>{"RANK=" + std::to_string(r), "WORLD_SIZE=3",
+        return std::vector<std::string>{"RANK=" + std::to_string(r),       "WORLD_SIZE=3",
                                         "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=3",
-                                        "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+                                        "MASTER_ADDR=127.0.0.1",           "MASTER_PORT=" + port,
                                         "TORCHELASTIC_RUN_ID=t1"};
       },
       3);
@@ -267,9 +272,11 @@ TEST(LaunchEnvironments, Slurm) {
   const std::string port = std::to_string(free_port());
   run_with_env(
       [&](int r) {
-        return std::vector<std::string>{"SLURM_PROCID=" + std::to_string(r), "SLURM_NTASKS=2",
+        return std::vector<std::string>{"SLURM_PROCID=" + std::to_string(r),
+                                        "SLURM_NTASKS=2",
                                         "SLURM_LOCALID=" + std::to_string(r),
-                                        "SLURM_JOB_NODELIST=localhost", "SLURM_JOB_ID=77",
+                                        "SLURM_JOB_NODELIST=localhost",
+                                        "SLURM_JOB_ID=77",
                                         "MASTER_PORT=" + port};
       },
       2);
@@ -292,9 +299,16 @@ TEST(LaunchEnvironments, RealMpirun) {
     GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
   }
   const std::string port = std::to_string(free_port());
-  std::vector<std::string> argv = {"/usr/bin/mpirun", "--oversubscribe", "-np", "3", "-x",
-                                   "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=" + port,
-                                   TUTTI_TEST_WORKER, "env_allreduce"};
+  std::vector<std::string> argv = {"/usr/bin/mpirun",
+                                   "--oversubscribe",
+                                   "-np",
+                                   "3",
+                                   "-x",
+                                   "MASTER_ADDR=127.0.0.1",
+                                   "-x",
+                                   "MASTER_PORT=" + port,
+                                   TUTTI_TEST_WORKER,
+                                   "env_allreduce"};
   if (::geteuid() == 0) argv.insert(argv.begin() + 1, "--allow-run-as-root");
   auto r = run_command(argv, milliseconds(60000));
   EXPECT_EQ(r.exit_code, 0) << r.output;

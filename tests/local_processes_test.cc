@@ -1,6 +1,7 @@
 // The table of processes that run tutti groups on this kernel (src/util/local_processes.h): what
 // the shm backend counts to tell whether its ranks have a core each.
 #include "util/local_processes.h"
+#include "util/host_identity.h"
 
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -109,6 +110,38 @@ TEST(LocalProcesses, RegisteringTwiceTakesOneSlot) {
   Children kid(1, -1, /*registrations=*/3);
   const std::vector<long> pids = local_processes(all_cpus());
   EXPECT_EQ(std::count(pids.begin(), pids.end(), static_cast<long>(kid.pids[0])), 1);
+}
+
+}  // namespace
+}  // namespace tutti::detail
+
+namespace tutti::detail {
+namespace {
+
+// A process's start time (what tells a live rank from a recycled pid): this process's is known,
+// an exited child's (zombie, then reaped) is 0, and asking while processes exit under the
+// question never throws (it read /proc/<pid>/stat through a stream, whose read error ESRCH from a
+// process exiting between the open and the read escaped as std::terminate).
+TEST(ProcessStartTime, LiveZombieAndGoneProcesses) {
+  EXPECT_GT(process_start_time(::getpid()), 0u);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  // Until it has exited (a zombie, not yet reaped): then 0.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (process_start_time(child) != 0 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(process_start_time(child), 0u);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_EQ(process_start_time(child), 0u);  // gone
+  for (int i = 0; i < 200; ++i) {
+    const pid_t quick = ::fork();
+    if (quick == 0) ::_exit(0);
+    (void)process_start_time(quick);  // it may be exiting right now: never throws
+    ::waitpid(quick, &status, 0);
+  }
 }
 
 }  // namespace

@@ -9,7 +9,9 @@ namespace {
 
 class GlooCycles : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(GlooCycles, AThousandLeaveNothingBehind) { run_cycles("gloo", GetParam(), 1000); }
+TEST_P(GlooCycles, AThousandLeaveNothingBehind) {
+  run_cycles("gloo", GetParam(), 1000);
+}
 
 INSTANTIATE_TEST_SUITE_P(Stores, GlooCycles,
                          ::testing::Values("file", "tcp_hosted", "tutti_store", "redis"),

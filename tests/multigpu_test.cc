@@ -61,8 +61,8 @@ class MultiGpu : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!is_registered_collective_backend("recording")) {
-      register_collective_backend("recording",
-                                  [](const BackendContext&) { return std::make_unique<RecordingBackend>(); });
+      register_collective_backend(
+          "recording", [](const BackendContext&) { return std::make_unique<RecordingBackend>(); });
     }
   }
   void SetUp() override {

@@ -57,8 +57,9 @@ class Rank {
     AllreduceOptions o;
     o.blocking = true;
     g.allreduce(buf.view(DType::kFloat32, n), o);
-    expect_values(DType::kFloat32, buf.read(DType::kFloat32, n),
-                  [&](int64_t) { return world_ * (world_ + 1) / 2.0; }, when);
+    expect_values(
+        DType::kFloat32, buf.read(DType::kFloat32, n),
+        [&](int64_t) { return world_ * (world_ + 1) / 2.0; }, when);
   }
 
   // Destroys the group, checks the stand-in's counters, then joins again (all ranks) and
@@ -111,9 +112,9 @@ void stuck_op(Rank& me) {
                  {ErrorCode::kAborted, ErrorCode::kTimeout},
                  {"allreduce #1", "did not complete within its timeout"});
     // The group is aborted: the next op fails before it is numbered, naming op #1.
-    expect_error([&] { g->allreduce(buf.view(DType::kFloat32, 256)); }, {ErrorCode::kAborted},
-                 {"aborted by an earlier failure", "allreduce #1",
-                  "did not complete within its timeout"});
+    expect_error(
+        [&] { g->allreduce(buf.view(DType::kFloat32, 256)); }, {ErrorCode::kAborted},
+        {"aborted by an earlier failure", "allreduce #1", "did not complete within its timeout"});
     me.signal("failed");
   } else {
     me.wait_for("failed");
@@ -282,8 +283,10 @@ void init_failure(Rank& me) {
   a.fill(DType::kFloat32, 256, [](int64_t) { return 1.0; });
   b.fill(DType::kFloat32, 256, [](int64_t) { return 2.0; });
   g->allreduce_multigpu(list);
-  expect_values(DType::kFloat32, a.read(DType::kFloat32, 256), [](int64_t) { return 3.0; }, "cuda:0");
-  expect_values(DType::kFloat32, b.read(DType::kFloat32, 256), [](int64_t) { return 3.0; }, "cuda:1");
+  expect_values(
+      DType::kFloat32, a.read(DType::kFloat32, 256), [](int64_t) { return 3.0; }, "cuda:0");
+  expect_values(
+      DType::kFloat32, b.read(DType::kFloat32, 256), [](int64_t) { return 3.0; }, "cuda:1");
 }
 
 // Rank 1 never calls op #1. On rank 0, abort() from another thread ends it, whether the op
@@ -301,14 +304,16 @@ void abort_from_another_thread(Rank& me) {
       AllgatherOptions b;
       b.blocking = true;
       DeviceBuffer out(me.device(), 2048);
-      expect_error([&] { g->allgather(out.view(DType::kFloat32, 512), buf.view(DType::kFloat32, 256), b); },
-                   {ErrorCode::kAborted}, {"allgather #2", "the test says stop"});
+      expect_error(
+          [&] { g->allgather(out.view(DType::kFloat32, 512), buf.view(DType::kFloat32, 256), b); },
+          {ErrorCode::kAborted}, {"allgather #2", "the test says stop"});
     });
     std::this_thread::sleep_for(milliseconds(300));
     EXPECT_FALSE(work->is_completed());
     const auto start = Clock::now();
     g->abort("the test says stop");
-    expect_error([&] { work->wait(); }, {ErrorCode::kAborted}, {"allreduce #1", "the test says stop"});
+    expect_error([&] { work->wait(); }, {ErrorCode::kAborted},
+                 {"allreduce #1", "the test says stop"});
     blocked.join();
     EXPECT_LT(Clock::now() - start, seconds(2)) << "abort did not end the ops promptly";
     expect_error([&] { g->barrier(); }, {ErrorCode::kAborted}, {"the test says stop"});
@@ -321,12 +326,9 @@ void abort_from_another_thread(Rank& me) {
 
 const std::map<std::string, void (*)(Rank&)>& scenarios() {
   static const std::map<std::string, void (*)(Rank&)> all = {
-      {"stuck_op", stuck_op},
-      {"stuck_stream", stuck_stream},
-      {"async_error", async_error},
-      {"destroy_while_pending", destroy_while_pending},
-      {"init_failure", init_failure},
-      {"abort_from_another_thread", abort_from_another_thread},
+      {"stuck_op", stuck_op},         {"stuck_stream", stuck_stream},
+      {"async_error", async_error},   {"destroy_while_pending", destroy_while_pending},
+      {"init_failure", init_failure}, {"abort_from_another_thread", abort_from_another_thread},
   };
   return all;
 }
@@ -345,19 +347,18 @@ void run_scenario(const std::string& scenario, int world, std::vector<std::strin
   const std::string tag = "fault" + std::to_string(::getpid()) + scenario;
   std::vector<std::vector<std::string>> envs;
   for (int r = 0; r < world; ++r) {
-    std::vector<std::string> e = {"TUTTI_NCCL_TEST_SCENARIO=" + scenario,
-                                  "TUTTI_NCCL_TEST_RANK=" + std::to_string(r),
-                                  "TUTTI_NCCL_TEST_WORLD=" + std::to_string(world),
-                                  "TUTTI_NCCL_TEST_STORE=file://" + dir.path() + "/store",
-                                  "TUTTI_STANDIN_TAG=" + tag};
+    std::vector<std::string> e = {
+        "TUTTI_NCCL_TEST_SCENARIO=" + scenario, "TUTTI_NCCL_TEST_RANK=" + std::to_string(r),
+        "TUTTI_NCCL_TEST_WORLD=" + std::to_string(world),
+        "TUTTI_NCCL_TEST_STORE=file://" + dir.path() + "/store", "TUTTI_STANDIN_TAG=" + tag};
     e.insert(e.end(), env.begin(), env.end());
     envs.push_back(std::move(e));
   }
   const auto results = run_children("NcclFaultChild.Run", envs, seconds(120));
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find("SCENARIO OK"), std::string::npos)
-        << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("SCENARIO OK"), std::string::npos) << "rank " << r << ":\n"
+                                                                        << results[r].output;
   }
   EXPECT_TRUE(standin_segments(tag).empty()) << "shared-memory segments left in /dev/shm";
 }
@@ -411,13 +412,18 @@ TEST(NcclFault, ARejectedMultiGpuOpLeavesTheGroupUsable) {
   auto g = CollectiveGroup::create(1, 0, "nccl", unique_name("rejected"));
   DeviceBuffer a(0, 1024), b(1, 1024), wrong(0, 1024);
   const TensorView mislabelled(wrong.data(), DType::kFloat32, {256}, Device::cuda(1));
-  expect_error([&] { g->allreduce_multigpu({a.view(DType::kFloat32, 256), mislabelled}); },
-               {ErrorCode::kInvalidArgument}, {"allreduce #0", "ncclAllReduce"});
+  expect_error(
+      [&] {
+        g->allreduce_multigpu({a.view(DType::kFloat32, 256), mislabelled});
+      },
+      {ErrorCode::kInvalidArgument}, {"allreduce #0", "ncclAllReduce"});
   a.fill(DType::kFloat32, 256, [](int64_t) { return 1.0; });
   b.fill(DType::kFloat32, 256, [](int64_t) { return 2.0; });
   g->allreduce_multigpu({a.view(DType::kFloat32, 256), b.view(DType::kFloat32, 256)});
-  expect_values(DType::kFloat32, a.read(DType::kFloat32, 256), [](int64_t) { return 3.0; }, "cuda:0");
-  expect_values(DType::kFloat32, b.read(DType::kFloat32, 256), [](int64_t) { return 3.0; }, "cuda:1");
+  expect_values(
+      DType::kFloat32, a.read(DType::kFloat32, 256), [](int64_t) { return 3.0; }, "cuda:0");
+  expect_values(
+      DType::kFloat32, b.read(DType::kFloat32, 256), [](int64_t) { return 3.0; }, "cuda:1");
   g->destroy();
 }
 

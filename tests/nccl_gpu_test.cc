@@ -32,10 +32,10 @@ std::string why_no_gpu() {
   return "";
 }
 
-#define SKIP_WITHOUT_GPU()                               \
-  do {                                                   \
-    const std::string why_ = why_no_gpu();               \
-    if (!why_.empty()) GTEST_SKIP() << why_;             \
+#define SKIP_WITHOUT_GPU()                   \
+  do {                                       \
+    const std::string why_ = why_no_gpu();   \
+    if (!why_.empty()) GTEST_SKIP() << why_; \
   } while (0)
 
 // Device memory for a test, zeroed (and waited for: cudaMemset is asynchronous, and ops on a
@@ -68,8 +68,8 @@ class NcclGpu : public ::testing::Test {
   std::shared_ptr<CollectiveGroup> group_;
 };
 
-const DType kDTypes[] = {DType::kBool,    DType::kInt8,    DType::kUInt8,  DType::kInt32,
-                         DType::kUInt32,  DType::kInt64,   DType::kUInt64, DType::kFloat16,
+const DType kDTypes[] = {DType::kBool,     DType::kInt8,    DType::kUInt8,  DType::kInt32,
+                         DType::kUInt32,   DType::kInt64,   DType::kUInt64, DType::kFloat16,
                          DType::kBFloat16, DType::kFloat32, DType::kFloat64};
 
 // At one rank NCCL copies (allgather, reduce_scatter; alltoall, allgatherv, gather and scatter
@@ -83,14 +83,16 @@ TEST_F(NcclGpu, EveryCollectiveAtWorldSizeOne) {
     SCOPED_TRACE(to_string(dtype));
     const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
     std::vector<uint64_t> host(bytes / 8 + 1), back(bytes / 8 + 1);
-    for (int64_t i = 0; i < n; ++i) write_value(dtype, host.data(), i, input_value(ReduceOp::kMax, dtype, 0, 1, i));
+    for (int64_t i = 0; i < n; ++i)
+      write_value(dtype, host.data(), i, input_value(ReduceOp::kMax, dtype, 0, 1, i));
     DeviceBuffer in(bytes), out(bytes);
     in.upload(host.data());
     auto expect_input = [&](const DeviceBuffer& b, const char* what) {
       b.download(back.data());
       EXPECT_EQ(std::memcmp(back.data(), host.data(), bytes), 0) << what;
     };
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+    for (ReduceOp op :
+         {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
       if (op == ReduceOp::kAvg && !is_floating(dtype)) continue;
       AllreduceOptions o;
       o.reduce_op = op;
@@ -121,7 +123,8 @@ TEST_F(NcclGpu, EveryCollectiveAtWorldSizeOne) {
     const TensorView i = in.view(dtype, n), o = out.view(dtype, n);
     const std::vector<std::pair<const char*, std::function<void()>>> copies = {
         {"alltoall", [&] { group_->alltoall(o, i); }},
-        {"alltoall, lists", [&] { group_->alltoall(std::vector<TensorView>{o}, std::vector<TensorView>{i}); }},
+        {"alltoall, lists",
+         [&] { group_->alltoall(std::vector<TensorView>{o}, std::vector<TensorView>{i}); }},
         {"alltoallv", [&] { group_->alltoallv(o, i, {n}, {n}); }},
         {"allgatherv", [&] { group_->allgatherv(o, i, {n}); }},
         {"gather", [&] { group_->gather(o, i); }},
@@ -167,7 +170,8 @@ TEST_F(NcclGpu, OrderedAfterTheCallersStream) {
   DeviceBuffer in(n * 4), out(n * 4);
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(milliseconds(200)); }, nullptr);
+  cudaLaunchHostFunc(
+      s, [](void*) { std::this_thread::sleep_for(milliseconds(200)); }, nullptr);
   cudaMemcpyAsync(in.ptr, host, n * 4, cudaMemcpyHostToDevice, s);
   AllgatherOptions o;
   o.stream = s;
@@ -187,7 +191,8 @@ TEST_F(NcclGpu, AWorkCompletesOnlyOnceItsStreamRanTheOp) {
   DeviceBuffer buf(n * 4);
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
+  cudaLaunchHostFunc(
+      s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
   AllreduceOptions o;
   o.stream = s;
   auto work = group_->allreduce(buf.view(DType::kFloat32, n), o);
@@ -207,11 +212,13 @@ TEST_F(NcclGpu, AWorkCompletesOnlyOnceItsStreamRanTheOp) {
   EXPECT_TRUE(work->is_success());
   // async_op gives the same (NCCL ops always return once enqueued), and blocking waits first.
   DeviceBuffer out(n * 4);  // before the pause: it synchronises the device
-  cudaLaunchHostFunc(s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
+  cudaLaunchHostFunc(
+      s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
   AllgatherOptions async;
   async.stream = s;
   async.async_op = true;
-  auto gathered = group_->allgather(out.view(DType::kFloat32, n), buf.view(DType::kFloat32, n), async);
+  auto gathered =
+      group_->allgather(out.view(DType::kFloat32, n), buf.view(DType::kFloat32, n), async);
   EXPECT_FALSE(gathered->is_completed());
   AllreduceOptions blocking;
   blocking.stream = s;

@@ -35,14 +35,14 @@ inline std::string why_not_enough_gpus(int devices) {
   return "";
 }
 
-#define SKIP_WITHOUT_GPUS(n)                               \
-  do {                                                     \
-    const std::string why_ = why_not_enough_gpus(n);       \
-    if (!why_.empty()) GTEST_SKIP() << why_;               \
+#define SKIP_WITHOUT_GPUS(n)                         \
+  do {                                               \
+    const std::string why_ = why_not_enough_gpus(n); \
+    if (!why_.empty()) GTEST_SKIP() << why_;         \
   } while (0)
 
-#define SKIP_WITHOUT_STANDIN()                                                             \
-  do {                                                                                     \
+#define SKIP_WITHOUT_STANDIN()                                                                   \
+  do {                                                                                           \
     if (!::tutti::standin::active()) GTEST_SKIP() << "needs the stand-in CUDA runtime and NCCL"; \
   } while (0)
 

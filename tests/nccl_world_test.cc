@@ -22,8 +22,8 @@
 namespace tutti::testing {
 namespace {
 
-const DType kDTypes[] = {DType::kBool,    DType::kInt8,     DType::kUInt8,   DType::kInt32,
-                         DType::kUInt32,  DType::kInt64,    DType::kUInt64,  DType::kFloat16,
+const DType kDTypes[] = {DType::kBool,     DType::kInt8,    DType::kUInt8,  DType::kInt32,
+                         DType::kUInt32,   DType::kInt64,   DType::kUInt64, DType::kFloat16,
                          DType::kBFloat16, DType::kFloat32, DType::kFloat64};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
                          ReduceOp::kAvg};
@@ -105,7 +105,8 @@ class Rank {
   void allreduce(DType dtype, ReduceOp op, int64_t n) {
     auto b = buffers(dtype, n);
     for (int d = 0; d < k_; ++d) {
-      b[d]->fill(dtype, n, [&](int64_t i) { return input_value(op, dtype, global(d), nranks(), i); });
+      b[d]->fill(dtype, n,
+                 [&](int64_t i) { return input_value(op, dtype, global(d), nranks(), i); });
     }
     AllreduceOptions o;
     o.reduce_op = op;
@@ -115,9 +116,10 @@ class Rank {
       g_->allreduce_multigpu(views(b, dtype, n), o);
     }
     for (int d = 0; d < k_; ++d) {
-      expect_values(dtype, b[d]->read(dtype, n),
-                    [&](int64_t i) { return expected_reduction(op, dtype, nranks(), i); },
-                    where("allreduce", d));
+      expect_values(
+          dtype, b[d]->read(dtype, n),
+          [&](int64_t i) { return expected_reduction(op, dtype, nranks(), i); },
+          where("allreduce", d));
     }
   }
 
@@ -139,9 +141,10 @@ class Rank {
     }
     for (int d = 0; d < k_; ++d) {
       if (rank_ == root && d == root_tensor) {
-        expect_values(dtype, b[d]->read(dtype, n),
-                      [&](int64_t i) { return expected_reduction(op, dtype, nranks(), i); },
-                      where("reduce (root)", d));
+        expect_values(
+            dtype, b[d]->read(dtype, n),
+            [&](int64_t i) { return expected_reduction(op, dtype, nranks(), i); },
+            where("reduce (root)", d));
       } else {
         expect_values(dtype, b[d]->read(dtype, n), input(d), where("reduce (not root)", d));
       }
@@ -182,11 +185,13 @@ class Rank {
     for (int d = 0; d < k_; ++d) {
       for (int g = 0; g < nranks(); ++g) {
         if (contiguous && g == 0) {
-          out[d].push_back(std::make_unique<DeviceBuffer>(global(d), nranks() * n * dtype_size(dtype)));
+          out[d].push_back(
+              std::make_unique<DeviceBuffer>(global(d), nranks() * n * dtype_size(dtype)));
         } else if (!contiguous) {
           out[d].push_back(std::make_unique<DeviceBuffer>(global(d), n * dtype_size(dtype)));
         }
-        lists[d].push_back(contiguous ? out[d][0]->view(dtype, n, g * n) : out[d][g]->view(dtype, n));
+        lists[d].push_back(contiguous ? out[d][0]->view(dtype, n, g * n)
+                                      : out[d][g]->view(dtype, n));
       }
     }
     if (k_ == 1 && contiguous) {
@@ -216,7 +221,8 @@ class Rank {
       };
       for (int g = 0; g < nranks(); ++g) {
         if (contiguous && g == 0) {
-          in[d].push_back(std::make_unique<DeviceBuffer>(global(d), nranks() * n * dtype_size(dtype)));
+          in[d].push_back(
+              std::make_unique<DeviceBuffer>(global(d), nranks() * n * dtype_size(dtype)));
         } else if (!contiguous) {
           in[d].push_back(std::make_unique<DeviceBuffer>(global(d), n * dtype_size(dtype)));
         }
@@ -236,9 +242,10 @@ class Rank {
     }
     for (int d = 0; d < k_; ++d) {
       const int64_t base = global(d) * n;
-      expect_values(dtype, out[d]->read(dtype, n),
-                    [&](int64_t i) { return expected_reduction(op, dtype, nranks(), base + i); },
-                    where("reduce_scatter", d));
+      expect_values(
+          dtype, out[d]->read(dtype, n),
+          [&](int64_t i) { return expected_reduction(op, dtype, nranks(), base + i); },
+          where("reduce_scatter", d));
     }
   }
 
@@ -251,7 +258,9 @@ class Rank {
     const int next = (rank_ + 1) % world_;
     const int prev = (rank_ + world_ - 1) % world_;
     auto value = [&](int from_rank, int from_device) {
-      return [=](int64_t i) { return static_cast<double>(from_rank * 1000 + from_device * 100 + i % 97); };
+      return [=](int64_t i) {
+        return static_cast<double>(from_rank * 1000 + from_device * 100 + i % 97);
+      };
     };
     auto out = buffers(dtype, n);
     auto in = buffers(dtype, n);
@@ -278,8 +287,7 @@ class Rank {
       sends();
     }
     for (int d = 0; d < k_; ++d) {
-      expect_values(dtype, in[d]->read(dtype, n), value(prev, (d + k_ - 1) % k_),
-                    where("recv", d));
+      expect_values(dtype, in[d]->read(dtype, n), value(prev, (d + k_ - 1) % k_), where("recv", d));
     }
   }
 
@@ -295,7 +303,8 @@ class Rank {
     DeviceBuffer in(global(0), world_ * n * dtype_size(dtype));
     DeviceBuffer out(global(0), world_ * n * dtype_size(dtype));
     for (int p = 0; p < world_; ++p) {
-      in.fill(dtype, n, [&](int64_t i) { return block_value(rank_, p, i); }, p * n);
+      in.fill(
+          dtype, n, [&](int64_t i) { return block_value(rank_, p, i); }, p * n);
     }
     if (single) {
       g_->alltoall(out.view(dtype, world_ * n), in.view(dtype, world_ * n));
@@ -308,9 +317,10 @@ class Rank {
       g_->alltoall(outs, ins);
     }
     for (int p = 0; p < world_; ++p) {
-      expect_values(dtype, out.read(dtype, n, p * n), [&](int64_t i) { return block_value(p, rank_, i); },
-                    where(single ? "alltoall (single buffers)" : "alltoall (lists)", 0) +
-                        " block from rank " + std::to_string(p));
+      expect_values(
+          dtype, out.read(dtype, n, p * n), [&](int64_t i) { return block_value(p, rank_, i); },
+          where(single ? "alltoall (single buffers)" : "alltoall (lists)", 0) +
+              " block from rank " + std::to_string(p));
     }
   }
 
@@ -329,15 +339,17 @@ class Rank {
     DeviceBuffer out(global(0), (out_total + 1) * dtype_size(dtype));
     int64_t at = 0;
     for (int p = 0; p < world_; ++p) {
-      in.fill(dtype, in_counts[p], [&](int64_t i) { return block_value(rank_, p, i); }, at);
+      in.fill(
+          dtype, in_counts[p], [&](int64_t i) { return block_value(rank_, p, i); }, at);
       at += in_counts[p];
     }
     g_->alltoallv(out.view(dtype, out_total), in.view(dtype, in_total), out_counts, in_counts);
     at = 0;
     for (int p = 0; p < world_; ++p) {
-      expect_values(dtype, out.read(dtype, out_counts[p], at),
-                    [&](int64_t i) { return block_value(p, rank_, i); },
-                    where("alltoallv", 0) + " block from rank " + std::to_string(p));
+      expect_values(
+          dtype, out.read(dtype, out_counts[p], at),
+          [&](int64_t i) { return block_value(p, rank_, i); },
+          where("alltoallv", 0) + " block from rank " + std::to_string(p));
       at += out_counts[p];
     }
   }
@@ -365,8 +377,8 @@ class Rank {
     g_->allgatherv(out.view(dtype, total), input, counts);
     for (int r = 0; r < world_; ++r) {
       expect_values(dtype, out.read(dtype, counts[r], offsets[r]), value(r),
-                    where(in_place ? "allgatherv (in place)" : "allgatherv", 0) + " block of rank " +
-                        std::to_string(r));
+                    where(in_place ? "allgatherv (in place)" : "allgatherv", 0) +
+                        " block of rank " + std::to_string(r));
     }
   }
 
@@ -386,10 +398,11 @@ class Rank {
       g_->gather(rank_ == root ? outs : std::vector<TensorView>{}, in.view(dtype, n), o);
     }
     for (int r = 0; r < world_; ++r) {
-      expect_values(dtype, out.read(dtype, n, r * n),
-                    [&](int64_t i) { return rank_ == root ? block_value(r, root, i) : 0.0; },
-                    where(single ? "gather (single buffer)" : "gather (list)", 0) + " block " +
-                        std::to_string(r) + (rank_ == root ? " at the root" : " off the root"));
+      expect_values(
+          dtype, out.read(dtype, n, r * n),
+          [&](int64_t i) { return rank_ == root ? block_value(r, root, i) : 0.0; },
+          where(single ? "gather (single buffer)" : "gather (list)", 0) + " block " +
+              std::to_string(r) + (rank_ == root ? " at the root" : " off the root"));
     }
   }
 
@@ -398,7 +411,8 @@ class Rank {
     DeviceBuffer in(global(0), world_ * n * dtype_size(dtype));
     DeviceBuffer out(global(0), n * dtype_size(dtype));
     for (int r = 0; r < world_; ++r) {
-      in.fill(dtype, n, [&](int64_t i) { return block_value(rank_, r, i); }, r * n);
+      in.fill(
+          dtype, n, [&](int64_t i) { return block_value(rank_, r, i); }, r * n);
     }
     ScatterOptions o;
     o.root_rank = root;
@@ -409,8 +423,9 @@ class Rank {
       for (int r = 0; r < world_; ++r) ins.push_back(in.view(dtype, n, r * n));
       g_->scatter(out.view(dtype, n), rank_ == root ? ins : std::vector<TensorView>{}, o);
     }
-    expect_values(dtype, out.read(dtype, n), [&](int64_t i) { return block_value(root, rank_, i); },
-                  where(single ? "scatter (single buffer)" : "scatter (list)", 0));
+    expect_values(
+        dtype, out.read(dtype, n), [&](int64_t i) { return block_value(root, rank_, i); },
+        where(single ? "scatter (single buffer)" : "scatter (list)", 0));
   }
 
   // allgather and reduce_scatter of single buffers in place (NCCL's own in-place forms): the
@@ -431,9 +446,10 @@ class Rank {
     reduced.fill(dtype, world_ * n,
                  [&](int64_t i) { return input_value(ReduceOp::kSum, dtype, rank_, world_, i); });
     g_->reduce_scatter(reduced.view(dtype, n, rank_ * n), reduced.view(dtype, world_ * n));
-    expect_values(dtype, reduced.read(dtype, n, rank_ * n),
-                  [&](int64_t i) { return expected_reduction(ReduceOp::kSum, dtype, world_, rank_ * n + i); },
-                  where("reduce_scatter in place", 0));
+    expect_values(
+        dtype, reduced.read(dtype, n, rank_ * n),
+        [&](int64_t i) { return expected_reduction(ReduceOp::kSum, dtype, world_, rank_ * n + i); },
+        where("reduce_scatter in place", 0));
   }
 
   // The value device `d` of rank `r` sends to rank `to` in the batched exchanges.
@@ -466,8 +482,9 @@ class Rank {
     }
     g_->batch_isend_irecv(ops)->wait();
     for (int d = 0; d < k_; ++d) {
-      expect_values(dtype, in[d]->read(dtype, n), [&](int64_t i) { return batch_value(prev, d, rank_, i); },
-                    where("batch_isend_irecv ring", d));
+      expect_values(
+          dtype, in[d]->read(dtype, n), [&](int64_t i) { return batch_value(prev, d, rank_, i); },
+          where("batch_isend_irecv ring", d));
     }
   }
 
@@ -492,8 +509,9 @@ class Rank {
     g_->batch_isend_irecv(recvs, o);
     for (int p = 0; p < world_; ++p) {
       if (p == rank_) continue;
-      expect_values(dtype, in[p]->read(dtype, n), [&](int64_t i) { return batch_value(p, 0, rank_, i); },
-                    where("batch_isend_irecv all pairs", 0) + " from rank " + std::to_string(p));
+      expect_values(
+          dtype, in[p]->read(dtype, n), [&](int64_t i) { return batch_value(p, 0, rank_, i); },
+          where("batch_isend_irecv all pairs", 0) + " from rank " + std::to_string(p));
     }
   }
 
@@ -521,8 +539,9 @@ class Rank {
       s.dst_device_index = peer * k_;
       g_->send_multigpu(out.view(dtype, n), peer, 0, s);
     }
-    expect_values(dtype, in.read(dtype, n), [&](int64_t i) { return batch_value(peer, 0, rank_, i); },
-                  where(even ? "batched recv of a plain send" : "plain recv of a batched send", 0));
+    expect_values(
+        dtype, in.read(dtype, n), [&](int64_t i) { return batch_value(peer, 0, rank_, i); },
+        where(even ? "batched recv of a plain send" : "plain recv of a batched send", 0));
   }
 
   // async_op through the group API: behind a caller stream held 100 ms, three ops return at
@@ -533,9 +552,11 @@ class Rank {
     const int64_t n = 256;
     DeviceBuffer a(global(0), n * 4), gathered(global(0), world_ * n * 4);
     DeviceBuffer in(global(0), world_ * n * 4), out(global(0), world_ * n * 4);
-    a.fill(dtype, n, [&](int64_t i) { return input_value(ReduceOp::kSum, dtype, rank_, world_, i); });
+    a.fill(dtype, n,
+           [&](int64_t i) { return input_value(ReduceOp::kSum, dtype, rank_, world_, i); });
     for (int p = 0; p < world_; ++p) {
-      in.fill(dtype, n, [&](int64_t i) { return block_value(rank_, p, i); }, p * n);
+      in.fill(
+          dtype, n, [&](int64_t i) { return block_value(rank_, p, i); }, p * n);
     }
     cudaStream_t s;
     ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
@@ -558,14 +579,17 @@ class Rank {
     EXPECT_TRUE(w1->is_completed());
     EXPECT_TRUE(w2->is_success());
     EXPECT_TRUE(w3->is_success());
-    const auto sum = [&](int64_t i) { return expected_reduction(ReduceOp::kSum, dtype, world_, i); };
+    const auto sum = [&](int64_t i) {
+      return expected_reduction(ReduceOp::kSum, dtype, world_, i);
+    };
     expect_values(dtype, a.read(dtype, n), sum, where("async allreduce", 0));
     for (int r = 0; r < world_; ++r) {
-      expect_values(dtype, gathered.read(dtype, n, r * n), sum,
-                    where("async allgather after the async allreduce", 0) + " block " +
-                        std::to_string(r));
-      expect_values(dtype, out.read(dtype, n, r * n), [&](int64_t i) { return block_value(r, rank_, i); },
-                    where("async alltoall", 0) + " block from rank " + std::to_string(r));
+      expect_values(
+          dtype, gathered.read(dtype, n, r * n), sum,
+          where("async allgather after the async allreduce", 0) + " block " + std::to_string(r));
+      expect_values(
+          dtype, out.read(dtype, n, r * n), [&](int64_t i) { return block_value(r, rank_, i); },
+          where("async alltoall", 0) + " block from rank " + std::to_string(r));
     }
     cudaStreamDestroy(s);
   }
@@ -593,8 +617,10 @@ class Rank {
     cudaMemcpyAsync(host, buf.data(), n * 4, cudaMemcpyDeviceToHost, s);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     std::vector<double> got(host, host + n);
-    expect_values(dtype, got, [&](int64_t i) { return expected_reduction(ReduceOp::kSum, dtype, nranks(), i); },
-                  where("allreduce after a delayed caller stream", 0));
+    expect_values(
+        dtype, got,
+        [&](int64_t i) { return expected_reduction(ReduceOp::kSum, dtype, nranks(), i); },
+        where("allreduce after a delayed caller stream", 0));
     cudaStreamDestroy(s);
     cudaFreeHost(host);
   }
@@ -605,7 +631,8 @@ class Rank {
     const DType dtype = DType::kInt64;
     const int64_t n = 4096;
     DeviceBuffer buf(global(0), n * 8);
-    buf.fill(dtype, n, [&](int64_t i) { return input_value(ReduceOp::kSum, dtype, global(0), nranks(), i); });
+    buf.fill(dtype, n,
+             [&](int64_t i) { return input_value(ReduceOp::kSum, dtype, global(0), nranks(), i); });
     cudaStream_t s;
     ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     cudaLaunchHostFunc(
@@ -614,9 +641,10 @@ class Rank {
     o.stream = s;
     g_->allreduce(buf.view(dtype, n), o);
     g_->synchronize(Device::cuda(global(0)));
-    expect_values(dtype, buf.read(dtype, n),
-                  [&](int64_t i) { return expected_reduction(ReduceOp::kSum, dtype, nranks(), i); },
-                  where("allreduce on an explicit stream, after synchronize", 0));
+    expect_values(
+        dtype, buf.read(dtype, n),
+        [&](int64_t i) { return expected_reduction(ReduceOp::kSum, dtype, nranks(), i); },
+        where("allreduce on an explicit stream, after synchronize", 0));
     cudaStreamDestroy(s);
   }
 
@@ -651,8 +679,8 @@ TEST_P(NcclWorld, EveryOpAndDtype) {
   const auto [world, devices] = GetParam();
   SKIP_WITHOUT_GPUS(world * devices);
   TempDir dir;
-  const std::string tag = "world" + std::to_string(::getpid()) + "x" + std::to_string(world) +
-                          "x" + std::to_string(devices);
+  const std::string tag = "world" + std::to_string(::getpid()) + "x" + std::to_string(world) + "x" +
+                          std::to_string(devices);
   std::vector<std::vector<std::string>> envs;
   for (int r = 0; r < world; ++r) {
     envs.push_back({"TUTTI_NCCL_TEST_RANK=" + std::to_string(r),
@@ -665,14 +693,15 @@ TEST_P(NcclWorld, EveryOpAndDtype) {
       run_children("NcclWorldChild.EveryOpAndDtype", envs, std::chrono::seconds(240));
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find("EVERY OP OK"), std::string::npos)
-        << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("EVERY OP OK"), std::string::npos) << "rank " << r << ":\n"
+                                                                        << results[r].output;
   }
   EXPECT_TRUE(standin_segments(tag).empty()) << "shared-memory segments left in /dev/shm";
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, NcclWorld,
-                         ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values(1, 2, 3, 4)),
+                         ::testing::Combine(::testing::Values(1, 2, 4),
+                                            ::testing::Values(1, 2, 3, 4)),
                          [](const auto& info) {
                            return "world" + std::to_string(std::get<0>(info.param)) + "_devices" +
                                   std::to_string(std::get<1>(info.param));
@@ -708,19 +737,22 @@ TEST(NcclSplitChild, FourRanksIntoPairs) {
     // allreduce over the pair: (rank + 1) + (peer + 1).
     buf.fill(DType::kFloat32, n, [&](int64_t) { return rank + 1.0; });
     pair->allreduce(buf.view(DType::kFloat32, n));
-    expect_values(DType::kFloat32, buf.read(DType::kFloat32, n),
-                  [&](int64_t) { return rank + peer + 2.0; }, "allreduce in the pair");
+    expect_values(
+        DType::kFloat32, buf.read(DType::kFloat32, n), [&](int64_t) { return rank + peer + 2.0; },
+        "allreduce in the pair");
     // alltoall of single buffers: block b of rank r holds 10 r + b.
     DeviceBuffer in(rank, 2 * n * 4), out(rank, 2 * n * 4);
     for (int b = 0; b < 2; ++b) {
-      in.fill(DType::kInt32, n, [&](int64_t i) { return 10.0 * rank + b + (i % 5) * 100; }, b * n);
+      in.fill(
+          DType::kInt32, n, [&](int64_t i) { return 10.0 * rank + b + (i % 5) * 100; }, b * n);
     }
     pair->alltoall(out.view(DType::kInt32, 2 * n), in.view(DType::kInt32, 2 * n));
     for (int b = 0; b < 2; ++b) {
       const int from = (rank & ~1) + b;
-      expect_values(DType::kInt32, out.read(DType::kInt32, n, b * n),
-                    [&](int64_t i) { return 10.0 * from + rank % 2 + (i % 5) * 100; },
-                    "alltoall in the pair, block " + std::to_string(b));
+      expect_values(
+          DType::kInt32, out.read(DType::kInt32, n, b * n),
+          [&](int64_t i) { return 10.0 * from + rank % 2 + (i % 5) * 100; },
+          "alltoall in the pair, block " + std::to_string(b));
     }
     // Point-to-point inside the pair, on each rank's own GPU (left to the peer to name).
     DeviceBuffer msg(rank, n * 8);
@@ -729,15 +761,17 @@ TEST(NcclSplitChild, FourRanksIntoPairs) {
       pair->send(msg.view(DType::kInt64, n), 1);
     } else {
       pair->recv(msg.view(DType::kInt64, n), 0);
-      expect_values(DType::kInt64, msg.read(DType::kInt64, n),
-                    [&](int64_t i) { return peer * 10000.0 + i; }, "recv in the pair");
+      expect_values(
+          DType::kInt64, msg.read(DType::kInt64, n), [&](int64_t i) { return peer * 10000.0 + i; },
+          "recv in the pair");
     }
     pair->barrier();
     // The parent still works, over all four.
     buf.fill(DType::kFloat32, n, [&](int64_t) { return rank + 1.0; });
     g->allreduce(buf.view(DType::kFloat32, n));
-    expect_values(DType::kFloat32, buf.read(DType::kFloat32, n), [](int64_t) { return 10.0; },
-                  "allreduce in the parent after the split");
+    expect_values(
+        DType::kFloat32, buf.read(DType::kFloat32, n), [](int64_t) { return 10.0; },
+        "allreduce in the parent after the split");
     pair->destroy();
     g->destroy();
   }
@@ -759,8 +793,8 @@ void four_ranks_say(const std::string& child, const std::string& ok) {
   const auto results = run_children(child, envs, std::chrono::seconds(120));
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find(ok), std::string::npos)
-        << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find(ok), std::string::npos) << "rank " << r << ":\n"
+                                                             << results[r].output;
   }
   EXPECT_TRUE(standin_segments(tag).empty()) << "shared-memory segments left in /dev/shm";
 }
@@ -789,8 +823,8 @@ TEST(NcclShrinkChild, ShrinkThenGrowBack) {
     auto sum_of_ranks = [&](CollectiveGroup& group, double want, const std::string& what) {
       buf.fill(DType::kFloat32, n, [&](int64_t) { return group.rank() + 1.0; });
       group.allreduce(buf.view(DType::kFloat32, n));
-      expect_values(DType::kFloat32, buf.read(DType::kFloat32, n), [&](int64_t) { return want; },
-                    what);
+      expect_values(
+          DType::kFloat32, buf.read(DType::kFloat32, n), [&](int64_t) { return want; }, what);
     };
     sum_of_ranks(*g, 10.0, "allreduce at world 4");
     std::shared_ptr<CollectiveGroup> grown;

@@ -2,11 +2,15 @@
 // meeting through the TCP store that rank 0 hosts on its own address. Skipped, saying why,
 // where namespaces cannot be made (not root, no `ip`).
 #include <gtest/gtest.h>
+
+#include <signal.h>
 #include <unistd.h>
+#include <cstdlib>
 
 #include <cstdio>
-#include <regex>
 #include <fstream>
+#include <functional>
+#include <regex>
 #include <thread>
 
 #include "test_util.h"
@@ -25,6 +29,16 @@ std::pair<int, std::string> sh(const std::string& command) {
   while (std::fgets(buf, sizeof(buf), p)) output += buf;
   const int status = ::pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+// Whether `path` appears within 60 s.
+bool eventually_file(const std::string& path) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
 }
 
 class TwoHosts : public ::testing::Test {
@@ -65,14 +79,14 @@ class TwoHosts : public ::testing::Test {
   WorkerResult rank_in(const std::string& ns, int rank, const std::string& addr,
                        const std::string& scenario = "env_allreduce",
                        const std::string& ready_dir = "") {
-    return run_command({"ip", "netns", "exec", ns, "env", "TUTTI_RANK=" + std::to_string(rank),
-                        "TUTTI_WORLD_SIZE=2", "TUTTI_STORE=tcp://" + addr_a_ + ":29611",
-                        "TUTTI_JOB_ID=two-hosts", "TUTTI_GLOO_HOSTNAME=" + addr,
-                        // Separate hosts as far as tutti can tell (so "auto" picks Gloo, as on
-                        // two machines): the namespaces share this kernel and its /dev/shm.
-                        "TUTTI_HOST_ID=" + ns,
-                        "TUTTI_TEST_READY_DIR=" + ready_dir, TUTTI_TEST_WORKER, scenario},
-                       milliseconds(90000));
+    return run_command(
+        {"ip", "netns", "exec", ns, "env", "TUTTI_RANK=" + std::to_string(rank),
+         "TUTTI_WORLD_SIZE=2", "TUTTI_STORE=tcp://" + addr_a_ + ":29611", "TUTTI_JOB_ID=two-hosts",
+         "TUTTI_GLOO_HOSTNAME=" + addr,
+         // Separate hosts as far as tutti can tell (so "auto" picks Gloo, as on
+         // two machines): the namespaces share this kernel and its /dev/shm.
+         "TUTTI_HOST_ID=" + ns, "TUTTI_TEST_READY_DIR=" + ready_dir, TUTTI_TEST_WORKER, scenario},
+        milliseconds(90000));
   }
 
   std::string ns_a_, ns_b_, veth_a_, veth_b_;
@@ -156,8 +170,114 @@ TEST_F(TwoHosts, DirectTransportFallsBackToTheSocketAcrossHosts) {
   EXPECT_NE(fetch.output.find("fallback: ok"), std::string::npos) << fetch.output;
   EXPECT_NE(fetch.output.find("socket: ok"), std::string::npos) << fetch.output;
   EXPECT_NE(fetch.output.find("gloo: ok"), std::string::npos) << fetch.output;
+  // A warm get of a small object across the link takes network time (~40 us here), never a
+  // delayed ACK's 40 ms.
+  const auto at = fetch.output.find("socket warm get median: ");
+  ASSERT_NE(at, std::string::npos) << fetch.output;
+  EXPECT_LT(std::atof(fetch.output.c_str() + at + 24), 10000.0) << fetch.output;
   std::printf("%s", fetch.output.c_str());
 }
+
+#ifdef TUTTI_UCX_PLUGIN
+// The ucx transport (a plugin, loaded by TUTTI_PLUGINS) between the two hosts, over TCP on the
+// veth link: a tensor and 1000 views of one buffer arrive right; an owner SIGKILLed in the middle
+// of the consumer's gets fails the get being made (never a hang, never wrong bytes); a host cut
+// off fails it at its timeout.
+class TwoHostsUcx : public TwoHosts {
+ protected:
+  std::vector<std::string> env(const std::string& ns, const std::string& addr) const {
+    return {"ip",
+            "netns",
+            "exec",
+            ns,
+            "env",
+            "TUTTI_PLUGINS=ucx",
+            std::string("TUTTI_PLUGIN_PATH=") + TUTTI_UCX_PLUGIN,
+            "UCX_TLS=tcp",
+            "TUTTI_GLOO_HOSTNAME=" + addr};
+  }
+  std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  // An owner on host a, and a consumer on host b getting from it over ucx in a loop (each get
+  // with this timeout, ms); once a get has succeeded, `fault` strikes (given the exchange
+  // directory). Returns the consumer's output, which must say how long its failing get took.
+  std::string loop_then(const char* get_timeout_ms,
+                        const std::function<void(const std::string&)>& fault) {
+    TempDir dir;
+    WorkerResult owner, loop;
+    std::thread host_a([&] {
+      owner = run_command(
+          with(env(ns_a_, addr_a_), {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
+          milliseconds(90000));
+    });
+    std::thread host_b([&] {
+      loop = run_command(with(env(ns_b_, addr_b_),
+                              {TUTTI_TRANSFER_WORKER, "ucx-loop", dir.path(), get_timeout_ms}),
+                         milliseconds(90000));
+    });
+    if (eventually_file(dir.path() + "/getting")) {
+      fault(dir.path());
+    } else {
+      ADD_FAILURE() << "no get succeeded";
+    }
+    host_b.join();
+    std::ofstream(dir.path() + "/done") << "1";  // an owner still alive may go
+    host_a.join();
+    EXPECT_EQ(loop.exit_code, 0) << loop.output;
+    std::printf("%s", loop.output.c_str());
+    return loop.output;
+  }
+  static long failed_after_ms(const std::string& out) {
+    std::smatch m;
+    if (!std::regex_search(out, m, std::regex("failed after ([0-9]+) ms"))) {
+      ADD_FAILURE() << "no failed get in:\n" << out;
+      return -1;
+    }
+    return std::stol(m[1]);
+  }
+};
+
+TEST_F(TwoHostsUcx, TensorsAndViewsCrossTheLink) {
+  ASSERT_TRUE(made_);
+  TempDir dir;
+  WorkerResult owner;
+  std::thread host_a([&] {
+    owner = run_command(
+        with(env(ns_a_, addr_a_), {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
+        milliseconds(90000));
+  });
+  WorkerResult fetch = run_command(
+      with(env(ns_b_, addr_b_), {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}), milliseconds(60000));
+  host_a.join();
+  EXPECT_EQ(owner.exit_code, 0) << owner.output;
+  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
+  EXPECT_NE(fetch.output.find("ucx: ok"), std::string::npos) << fetch.output;
+  EXPECT_NE(fetch.output.find("ucx views: ok"), std::string::npos) << fetch.output;
+  EXPECT_NE(fetch.output.find("socket: ok"), std::string::npos) << fetch.output;
+}
+
+TEST_F(TwoHostsUcx, AnOwnerKilledMidGetFailsTheGetByName) {
+  ASSERT_TRUE(made_);
+  const std::string out = loop_then("20000", [](const std::string& dir) {
+    std::ifstream ready(dir + "/ready");
+    long pid = 0;
+    ready >> pid;
+    ASSERT_GT(pid, 0);
+    ::kill(static_cast<pid_t>(pid), SIGKILL);
+  });
+  EXPECT_LT(failed_after_ms(out), 5000) << out;  // far below the get's 20 s timeout
+  EXPECT_NE(out.find("owner-proc"), std::string::npos) << out;
+}
+
+TEST_F(TwoHostsUcx, AHostCutOffFailsTheGetAtItsTimeout) {
+  ASSERT_TRUE(made_);
+  const std::string out = loop_then(
+      "3000", [&](const std::string&) { sh("ip -n " + ns_a_ + " link set " + veth_a_ + " down"); });
+  EXPECT_LT(failed_after_ms(out), 3000 + 2000) << out;
+}
+#endif
 
 // The socket transport in TLS (TUTTI_TRANSFER_TLS=1, keyed by the shared secret) between two
 // hosts: the bytes arrive right; a consumer without TLS is told by the owner why it is refused.
@@ -171,9 +291,9 @@ TEST_F(TwoHosts, TheSocketTransportOverTls) {
                          TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_},
                         milliseconds(90000));
   });
-  WorkerResult plain = run_command({"ip", "netns", "exec", ns_b_, "env", secret,
-                                    TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
-                                   milliseconds(60000));
+  WorkerResult plain = run_command(
+      {"ip", "netns", "exec", ns_b_, "env", secret, TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
+      milliseconds(60000));
   WorkerResult tls = run_command({"ip", "netns", "exec", ns_b_, "env", "TUTTI_TRANSFER_TLS=1",
                                   secret, TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
                                  milliseconds(60000));
@@ -192,10 +312,10 @@ TEST_F(TwoHosts, TheSocketTransportOverTls) {
                          "owner", plain_dir.path(), addr_a_},
                         milliseconds(90000));
   });
-  WorkerResult tls_to_plain = run_command(
-      {"ip", "netns", "exec", ns_b_, "env", "TUTTI_TRANSFER_TLS=1", secret, TUTTI_TRANSFER_WORKER,
-       "fetch", plain_dir.path()},
-      milliseconds(60000));
+  WorkerResult tls_to_plain =
+      run_command({"ip", "netns", "exec", ns_b_, "env", "TUTTI_TRANSFER_TLS=1", secret,
+                   TUTTI_TRANSFER_WORKER, "fetch", plain_dir.path()},
+                  milliseconds(60000));
   std::ofstream(plain_dir.path() + "/done") << "1";  // the failed fetch did not say it
   plain_host.join();
   EXPECT_NE(tls_to_plain.exit_code, 0) << tls_to_plain.output;

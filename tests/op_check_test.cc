@@ -57,7 +57,8 @@ TEST_P(OpCheck, EveryRankNamesTheRanksThatDisagreeAndWhatEachCalled) {
          std::vector<float> v(odd ? 5 : 4, 1.0f);
          g.allreduce(v);
        },
-       "ranks 0, 2 called allreduce #0 float32[4] sum", "rank 1 called allreduce #0 float32[5] sum"},
+       "ranks 0, 2 called allreduce #0 float32[4] sum",
+       "rank 1 called allreduce #0 float32[5] sum"},
       {"dtype",
        [](CollectiveGroup& g, bool odd) {
          if (odd) {
@@ -78,7 +79,8 @@ TEST_P(OpCheck, EveryRankNamesTheRanksThatDisagreeAndWhatEachCalled) {
            g.allreduce(v);
          }
        },
-       "ranks 0, 2 called allreduce #2 float32[4] sum", "rank 1 called broadcast #2 float32[4] root 0"},
+       "ranks 0, 2 called allreduce #2 float32[4] sum",
+       "rank 1 called broadcast #2 float32[4] root 0"},
       {"root",
        [](CollectiveGroup& g, bool odd) {
          std::vector<float> v(4, 1.0f);
@@ -86,7 +88,8 @@ TEST_P(OpCheck, EveryRankNamesTheRanksThatDisagreeAndWhatEachCalled) {
          o.root_rank = odd ? 2 : 0;
          g.broadcast(v, o);
        },
-       "ranks 0, 2 called broadcast #3 float32[4] root 0", "rank 1 called broadcast #3 float32[4] root 2"},
+       "ranks 0, 2 called broadcast #3 float32[4] root 0",
+       "rank 1 called broadcast #3 float32[4] root 2"},
       {"reduce op",
        [](CollectiveGroup& g, bool odd) {
          std::vector<float> v(4, 1.0f);
@@ -94,12 +97,13 @@ TEST_P(OpCheck, EveryRankNamesTheRanksThatDisagreeAndWhatEachCalled) {
          o.reduce_op = odd ? ReduceOp::kMax : ReduceOp::kSum;
          g.allreduce(v, o);
        },
-       "ranks 0, 2 called allreduce #4 float32[4] sum", "rank 1 called allreduce #4 float32[4] max"},
+       "ranks 0, 2 called allreduce #4 float32[4] sum",
+       "rank 1 called allreduce #4 float32[4] max"},
       {"shape",
        [](CollectiveGroup& g, bool odd) {
          std::vector<float> v(6, 1.0f);
-         g.allreduce(TensorView(v.data(), DType::kFloat32, odd ? std::vector<int64_t>{3, 2}
-                                                               : std::vector<int64_t>{2, 3}));
+         g.allreduce(TensorView(v.data(), DType::kFloat32,
+                                odd ? std::vector<int64_t>{3, 2} : std::vector<int64_t>{2, 3}));
        },
        "ranks 0, 2 called allreduce #5 float32[2, 3] sum",
        "rank 1 called allreduce #5 float32[3, 2] sum"},

@@ -12,12 +12,13 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-std::string file_url(const TempDir& dir) { return "file://" + dir.path() + "/store"; }
+std::string file_url(const TempDir& dir) {
+  return "file://" + dir.path() + "/store";
+}
 
 void expect_all_ok(const std::vector<WorkerResult>& results) {
   for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " (signal " << results[r].signal
-                                       << "):\n"
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " (signal " << results[r].signal << "):\n"
                                        << results[r].output;
   }
 }
@@ -38,8 +39,8 @@ TEST(Processes, RankThatNeverArrivesTimesOutNamingIt) {
   TempDir dir;
   const auto start = Clock::now();
   // World size 3; rank 2 is never started. Timeout 1500 ms.
-  auto results = run_workers("never_arrive", 3, file_url(dir), milliseconds(30000), {"1500"},
-                             {0, 1});
+  auto results =
+      run_workers("never_arrive", 3, file_url(dir), milliseconds(30000), {"1500"}, {0, 1});
   const auto elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
   expect_all_ok(results);
   // Within the timeout plus a margin for process start-up on a loaded machine.

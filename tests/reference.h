@@ -118,7 +118,7 @@ inline double expected_reduction(ReduceOp op, DType dtype, int world, int64_t i)
     const double v = input_value(op, dtype, r, world, i);
     if (dtype == DType::kBool) {
       acc = (op == ReduceOp::kSum || op == ReduceOp::kMax) ? (acc != 0 || v != 0)
-                                                          : (acc != 0 && v != 0);
+                                                           : (acc != 0 && v != 0);
       continue;
     }
     switch (op) {

@@ -30,8 +30,8 @@ TEST(Registry, GlooIsRegisteredByLinking) {
 TEST(Registry, UnknownNamesAnswerFalse) {
   EXPECT_FALSE(is_registered_collective_backend("no-such-backend"));
   EXPECT_FALSE(is_backend_available("no-such-backend"));
-  EXPECT_TUTTI_ERROR(CollectiveGroup::create(1, 0, "no-such-backend", "g"),
-                     ErrorCode::kUnavailable, "'no-such-backend' is not registered", "gloo");
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(1, 0, "no-such-backend", "g"), ErrorCode::kUnavailable,
+                     "'no-such-backend' is not registered", "gloo");
 }
 
 TEST(Registry, DuplicatesAreRefusedCaseInsensitively) {
@@ -53,8 +53,8 @@ TEST(Registry, AvailabilityIsAskedOfTheBackend) {
 }
 
 TEST(Registry, UnsupportedOpsFailBeforeIO) {
-  register_collective_backend("barrier-only",
-                              [](const BackendContext&) { return std::make_unique<NullBackend>(); });
+  register_collective_backend(
+      "barrier-only", [](const BackendContext&) { return std::make_unique<NullBackend>(); });
   auto g = CollectiveGroup::create(1, 0, "barrier-only", "ops");
   g->barrier();
   std::vector<float> v(3);
@@ -111,18 +111,18 @@ TEST(Registry, ABackendFailingOnOneRankFailsTheOthersNamingIt) {
     return std::make_unique<NullBackend>();
   });
   const std::string name = unique_name("fails");
-  expect_each_init_fails(3, "fails-on-rank-1", name, std::chrono::milliseconds(60000),
-                         [&](int r, const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("group '" + name + "'"), std::string::npos) << what;
-    if (r == 1) {
-      EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << what;
-      EXPECT_NE(what.find("no device here"), std::string::npos) << what;
-    } else {
-      EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
-      EXPECT_NE(what.find("failed on rank 1: no device here"), std::string::npos) << what;
-    }
-  });
+  expect_each_init_fails(
+      3, "fails-on-rank-1", name, std::chrono::milliseconds(60000), [&](int r, const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("group '" + name + "'"), std::string::npos) << what;
+        if (r == 1) {
+          EXPECT_EQ(e.code(), ErrorCode::kUnavailable) << what;
+          EXPECT_NE(what.find("no device here"), std::string::npos) << what;
+        } else {
+          EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
+          EXPECT_NE(what.find("failed on rank 1: no device here"), std::string::npos) << what;
+        }
+      });
 }
 
 // A rank whose backend comes up after another rank gave up waiting for it is told so, instead of
@@ -135,15 +135,16 @@ TEST(Registry, ARankUpAfterTheOthersGaveUpIsToldSo) {
   // 2 s: the meeting before the backends must still form on a loaded machine.
   expect_each_init_fails(2, "late-on-rank-1", unique_name("late"), std::chrono::milliseconds(2000),
                          [](int r, const Error& e) {
-    const std::string what = e.what();
-    if (r == 0) {
-      EXPECT_EQ(e.code(), ErrorCode::kTimeout) << what;
-      EXPECT_NE(what.find("rank(s) 1 not up"), std::string::npos) << what;
-    } else {
-      EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
-      EXPECT_NE(what.find("failed on rank 0: timed out"), std::string::npos) << what;
-    }
-  });
+                           const std::string what = e.what();
+                           if (r == 0) {
+                             EXPECT_EQ(e.code(), ErrorCode::kTimeout) << what;
+                             EXPECT_NE(what.find("rank(s) 1 not up"), std::string::npos) << what;
+                           } else {
+                             EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << what;
+                             EXPECT_NE(what.find("failed on rank 0: timed out"), std::string::npos)
+                                 << what;
+                           }
+                         });
 }
 
 }  // namespace

@@ -11,8 +11,8 @@
 #include <thread>
 #include <utility>
 
-#include "util/host_identity.h"
 #include "test_util.h"
+#include "util/host_identity.h"
 
 namespace tutti::testing {
 namespace {
@@ -166,8 +166,8 @@ TEST_P(Recreate, AClaimLeftByACrashedAttemptIsSkipped) {
     const std::string base = "tutti/job/job/group/" + name;
     store->add(base + "/incarnations", 1);
     store->set(base + "/current", "1");
-    store->set(base + "/1/rank/1", "2\nshm\n" + detail::host_identity() + "\n" +
-                                       std::to_string(child) + "\n12345\n99");
+    store->set(base + "/1/rank/1",
+               "2\nshm\n" + detail::host_identity() + "\n" + std::to_string(child) + "\n12345\n99");
   }
   run_ranks(2, [&](int r) {
     if (r == 0) std::this_thread::sleep_for(milliseconds(100));  // rank 1 finds the old claim
@@ -232,8 +232,8 @@ TEST_P(Recreate, TheStoreKeepsOneIncarnationsKeys) {
     // incarnation before it (and notes how far it got: one key more).
     EXPECT_GT(counts[0], 0);
     for (size_t i = 1; i < counts.size(); ++i) {
-      EXPECT_EQ(counts[i], counts[1]) << backend << ": keys after cycle " << i << " of "
-                                      << ::testing::PrintToString(counts);
+      EXPECT_EQ(counts[i], counts[1])
+          << backend << ": keys after cycle " << i << " of " << ::testing::PrintToString(counts);
     }
   }
 }
@@ -242,7 +242,8 @@ TEST_P(Recreate, TheStoreKeepsOneIncarnationsKeys) {
 class ClaimHookStore : public Store {
  public:
   ClaimHookStore(std::shared_ptr<Store> inner, int rank, std::function<void()> after_claim)
-      : inner_(std::move(inner)), suffix_("/rank/" + std::to_string(rank)),
+      : inner_(std::move(inner)),
+        suffix_("/rank/" + std::to_string(rank)),
         after_claim_(std::move(after_claim)) {}
   void set(const std::string& k, const std::string& v) override { inner_->set(k, v); }
   std::string get(const std::string& k) override { return inner_->get(k); }
@@ -281,8 +282,8 @@ TEST(RendezvousRace, AJoinRefusedJustAfterItsClaimFailsAtOnce) {
     GroupOptions o;
     o.store = shared;
     o.timeout = milliseconds(20000);
-    EXPECT_TUTTI_ERROR(CollectiveGroup::create(2, 0, "gloo", name, o),
-                       ErrorCode::kInvalidArgument, "rank 1 joined with world size 3");
+    EXPECT_TUTTI_ERROR(CollectiveGroup::create(2, 0, "gloo", name, o), ErrorCode::kInvalidArgument,
+                       "rank 1 joined with world size 3");
     rank0_done.set_value();
   });
   GroupOptions o;

@@ -10,8 +10,12 @@ namespace {
 
 using std::chrono::microseconds;
 
-WaitOutcome spun() { return WaitOutcome{}; }
-WaitOutcome slept(microseconds how_long) { return WaitOutcome{true, how_long}; }
+WaitOutcome spun() {
+  return WaitOutcome{};
+}
+WaitOutcome slept(microseconds how_long) {
+  return WaitOutcome{true, how_long};
+}
 
 TEST(AdaptiveSpin, ShortSleepsDoubleTheBudgetUpToTheCap) {
   AdaptiveSpin a(SpinPolicy{2000, 50}, 16);
@@ -80,17 +84,17 @@ TEST(Await, PollsForItsTimeThenSleepsButNeverPastTheDeadline) {
   std::atomic<uint32_t> word{0}, sleepers{0};
   WaitOutcome outcome;
   const auto start = Clock::now();
-  const bool ok = await([&] { return Clock::now() - start >= std::chrono::milliseconds(3); }, word,
-                        sleepers, Clock::now() + std::chrono::seconds(10),
-                        SpinPolicy{10, 0, std::chrono::milliseconds(20)}, [] { return true; },
-                        [] {}, &outcome);
+  const bool ok =
+      await([&] { return Clock::now() - start >= std::chrono::milliseconds(3); }, word, sleepers,
+            Clock::now() + std::chrono::seconds(10),
+            SpinPolicy{10, 0, std::chrono::milliseconds(20)}, [] { return true; }, [] {}, &outcome);
   EXPECT_TRUE(ok);
   EXPECT_FALSE(outcome.slept);  // 3 ms of polling fit in the 20 ms budget
 
   const auto begin = Clock::now();
-  const bool late = await([] { return false; }, word, sleepers,
-                          Clock::now() + std::chrono::milliseconds(2),
-                          SpinPolicy{10, 0, std::chrono::seconds(5)}, [] { return true; }, [] {});
+  const bool late =
+      await([] { return false; }, word, sleepers, Clock::now() + std::chrono::milliseconds(2),
+            SpinPolicy{10, 0, std::chrono::seconds(5)}, [] { return true; }, [] {});
   const auto took = Clock::now() - begin;
   EXPECT_FALSE(late);
   EXPECT_LT(took, std::chrono::milliseconds(500));  // the 2 ms deadline, not the 5 s budget
@@ -113,7 +117,7 @@ TEST(UsableCpus, TheUnionOfTheRanksMasksCappedByTheCgroup) {
   EXPECT_EQ(usable_cpus(2, 0, 64), 2);     // two bound ranks on a 64-CPU host
   EXPECT_EQ(usable_cpus(64, 1.5, 64), 1);  // a container allowed one and a half CPUs
   EXPECT_EQ(usable_cpus(8, 0.5, 8), 1);
-  EXPECT_EQ(usable_cpus(0, 0, 8), 8);      // no mask readable: the machine's count
+  EXPECT_EQ(usable_cpus(0, 0, 8), 8);  // no mask readable: the machine's count
   EXPECT_EQ(usable_cpus(0, 2, 8), 2);
 }
 

@@ -12,7 +12,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-
 // Runs the env_backend worker as `world` ranks with the given backend and per-rank extras.
 std::vector<WorkerResult> run_ranks_env(int world, const std::string& backend,
                                         const std::string& job,
@@ -34,7 +33,8 @@ std::vector<WorkerResult> run_ranks_env(int world, const std::string& backend,
 TEST(ShmProcesses, NothingIsLeftInDevShm) {
   TempDir dir;
   const std::string job = unique_name("shmjob");
-  auto results = run_ranks_env(4, "shm", job, [](int) { return std::vector<std::string>{}; }, dir);
+  auto results = run_ranks_env(
+      4, "shm", job, [](int) { return std::vector<std::string>{}; }, dir);
   for (const auto& r : results) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("backend shm"), std::string::npos) << r.output;
@@ -80,8 +80,8 @@ TEST(ShmProcesses, RanksOnDifferentHostsAreRefused) {
 TEST(ShmProcesses, AutoPicksShmOnOneHostGlooAcrossHostsAndHierBetween) {
   {
     TempDir dir;
-    auto same = run_ranks_env(3, "auto", unique_name("auto1"),
-                              [](int) { return std::vector<std::string>{}; }, dir);
+    auto same = run_ranks_env(
+        3, "auto", unique_name("auto1"), [](int) { return std::vector<std::string>{}; }, dir);
     for (const auto& r : same) {
       EXPECT_EQ(r.exit_code, 0) << r.output;
       EXPECT_NE(r.output.find("backend shm"), std::string::npos) << r.output;
@@ -129,7 +129,8 @@ TEST(HierProcesses, EveryOpOnLayoutsOfHosts) {
       EXPECT_EQ(results[r].exit_code, 0) << "layout " << layout << ", rank " << r << ":\n"
                                          << results[r].output;
       EXPECT_NE(results[r].output.find("every op checked"), std::string::npos)
-          << "layout " << layout << ", rank " << r << ":\n" << results[r].output;
+          << "layout " << layout << ", rank " << r << ":\n"
+          << results[r].output;
     }
   }
 }
@@ -143,7 +144,8 @@ TEST(HierProcesses, ACrashedRankIsNoticedOnEveryLevel) {
   auto results = run_ranks_env(
       4, "hier", unique_name("hier-crash"),
       [&](int r) {
-        return std::vector<std::string>{"TUTTI_HOST_ID=host-" + hosts[r], "TUTTI_TEST_CRASH_RANK=3"};
+        return std::vector<std::string>{"TUTTI_HOST_ID=host-" + hosts[r],
+                                        "TUTTI_TEST_CRASH_RANK=3"};
       },
       dir, "env_crash_noticed");
   EXPECT_EQ(results[3].signal, SIGABRT) << results[3].output;
@@ -222,8 +224,8 @@ TEST(ShmThreads, SendToADtypeMismatchFails) {
       groups[0]->send(v, 1);
     } else {
       std::vector<int32_t> v(4, 7);
-      EXPECT_TUTTI_ERROR(groups[1]->recv(v, 0), ErrorCode::kRemoteError,
-                         "rank 0 sent float32[4]", "receives int32[4]");
+      EXPECT_TUTTI_ERROR(groups[1]->recv(v, 0), ErrorCode::kRemoteError, "rank 0 sent float32[4]",
+                         "receives int32[4]");
       EXPECT_EQ(v, std::vector<int32_t>(4, 7)) << "nothing may be received from a mismatched send";
     }
   });

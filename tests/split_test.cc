@@ -60,7 +60,8 @@ TEST_P(Split, EvensAndOddsRunEveryOpAtOnce) {
     for (int k = 0; k < w; ++k) EXPECT_EQ(gathered[7 * k], global(k));
 
     std::vector<int64_t> rs_in(3 * w), rs_out(3);
-    for (int k = 0; k < w; ++k) std::fill(rs_in.begin() + 3 * k, rs_in.begin() + 3 * k + 3, r * 10 + k);
+    for (int k = 0; k < w; ++k)
+      std::fill(rs_in.begin() + 3 * k, rs_in.begin() + 3 * k + 3, r * 10 + k);
     g.reduce_scatter(TensorView(rs_out), TensorView(rs_in));
     EXPECT_EQ(rs_out[2], sum * 10 + me * w);
 
@@ -168,8 +169,8 @@ TEST_P(Split, AbortAndDestroyOfTheParentEndAWaitingSplit) {
         code = e.code();
         what = e.what();
       }
-      ended_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                           start).count();
+      ended_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count();
     });
     std::this_thread::sleep_for(milliseconds(300));
     const auto stop = std::chrono::steady_clock::now();

@@ -10,10 +10,10 @@
 
 #include <atomic>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
-#include <limits>
 #include <thread>
 
 #include "test_util.h"
@@ -36,8 +36,8 @@ class StoreTest : public ::testing::TestWithParam<StoreFactory> {
  protected:
   void SetUp() override {
     if (!GetParam().client(dir_.path())) {
-      GTEST_SKIP() << GetParam().name << " store unavailable: "
-                   << RedisServer::instance().why_not();
+      GTEST_SKIP() << GetParam().name
+                   << " store unavailable: " << RedisServer::instance().why_not();
     }
   }
   std::shared_ptr<Store> client() { return GetParam().client(dir_.path()); }
@@ -239,7 +239,9 @@ std::vector<StoreFactory> factories() {
       {"Redis", redis_for},
       {"TCP", tcp_for},
       {"PrefixOverTCP",
-       [tcp_for](const std::string& dir) { return std::make_shared<PrefixStore>("p", tcp_for(dir)); }},
+       [tcp_for](const std::string& dir) {
+         return std::make_shared<PrefixStore>("p", tcp_for(dir));
+       }},
       {"File", [](const std::string& dir) { return std::make_shared<FileStore>(dir + "/store"); }},
       {"PrefixOverHash",
        [hash_for](const std::string& dir) {
@@ -334,7 +336,7 @@ TEST(FileStoreFile, RefusesASymbolicLinkAndIsPrivate) {
   const std::string path = dir.path() + "/real";
   FileStore store(path);
   store.set("k", "v");
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_TUTTI_ERROR(FileStore{dir.path()}, ErrorCode::kIoError, dir.path());

@@ -408,8 +408,7 @@ TEST(TCPStoreForeignListener, AWouldBeHostFindsASilentProgramOutWithinSeconds) {
   o.host = true;
   const auto start = Clock::now();
   EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", other.port(), o).set("k", "v"), ErrorCode::kUnavailable,
-                     "does not answer as a tutti store", "no handshake",
-                     "address already in use");
+                     "does not answer as a tutti store", "no handshake", "address already in use");
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
 }
 

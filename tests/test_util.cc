@@ -4,9 +4,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -103,10 +103,11 @@ std::vector<WorkerResult> spawn_and_wait(const std::vector<std::vector<std::stri
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    const int rc = posix_spawnp(&pids[k], arg_ptrs[0], &actions, nullptr, arg_ptrs.data(),
-                                env_ptrs.data());
+    const int rc =
+        posix_spawnp(&pids[k], arg_ptrs[0], &actions, nullptr, arg_ptrs.data(), env_ptrs.data());
     posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) throw std::runtime_error("posix_spawn of " + args[0] + " failed: " + std::to_string(rc));
+    if (rc != 0)
+      throw std::runtime_error("posix_spawn of " + args[0] + " failed: " + std::to_string(rc));
   }
   std::vector<WorkerResult> results(n);
   const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -150,8 +151,7 @@ std::vector<WorkerResult> spawn_and_wait(const std::vector<std::vector<std::stri
 }  // namespace
 
 std::vector<WorkerResult> run_workers(const std::string& scenario, int world_size,
-                                      const std::string& store_url,
-                                      std::chrono::milliseconds limit,
+                                      const std::string& store_url, std::chrono::milliseconds limit,
                                       const std::vector<std::string>& extra,
                                       const std::vector<int>& ranks_to_start) {
   return run_workers_of(TUTTI_TEST_WORKER, scenario, world_size, store_url, limit, extra,
@@ -195,7 +195,9 @@ WorkerResult run_command(const std::vector<std::string>& argv, std::chrono::mill
   return run_processes(argv, {env}, limit)[0];
 }
 
-uint16_t free_port() { return TCPStoreServer("127.0.0.1", 0).port(); }
+uint16_t free_port() {
+  return TCPStoreServer("127.0.0.1", 0).port();
+}
 
 RedisServer& RedisServer::instance() {
   static RedisServer server;
@@ -222,9 +224,9 @@ RedisServer::RedisServer(const std::vector<std::string>& extra) {
   }
   port_ = free_port();
   const std::string port = std::to_string(port_);
-  std::vector<std::string> args = {"/usr/bin/redis-server", "--port", port, "--bind",
-                                   "127.0.0.1", "--save", "", "--appendonly", "no",
-                                   "--daemonize", "no", "--loglevel", "warning"};
+  std::vector<std::string> args = {
+      "/usr/bin/redis-server", "--port", port,          "--bind", "127.0.0.1",  "--save", "",
+      "--appendonly",          "no",     "--daemonize", "no",     "--loglevel", "warning"};
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -279,7 +281,6 @@ int TuttiStoreProcess::stop() {
   return status;
 }
 
-
 bool stop_process(pid_t pid, std::chrono::milliseconds timeout) {
   if (::kill(pid, SIGSTOP) != 0) return false;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -296,7 +297,6 @@ bool stop_process(pid_t pid, std::chrono::milliseconds timeout) {
   return false;
 }
 
-
 int listen_loopback(uint16_t& port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
@@ -312,7 +312,6 @@ int listen_loopback(uint16_t& port) {
   port = ntohs(addr.sin_port);
   return fd;
 }
-
 
 std::vector<std::string> shm_entries(const std::string& needle) {
   std::vector<std::string> found;

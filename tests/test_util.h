@@ -52,8 +52,7 @@ struct WorkerResult {
 // of this process, which may run Gloo threads), waits at most `limit` for all, kills any left,
 // and returns each rank's result. Fails the test on a worker that overran the limit.
 std::vector<WorkerResult> run_workers(const std::string& scenario, int world_size,
-                                      const std::string& store_url,
-                                      std::chrono::milliseconds limit,
+                                      const std::string& store_url, std::chrono::milliseconds limit,
                                       const std::vector<std::string>& extra = {},
                                       const std::vector<int>& ranks = {});
 
@@ -137,18 +136,18 @@ Error expect_error(F&& f, ErrorCode code) {
 }
 
 // Expects fn to throw tutti::Error with the given code and a message containing every needle.
-#define EXPECT_TUTTI_ERROR(stmt, error_code, ...)                                         \
-  do {                                                                                    \
-    try {                                                                                 \
-      stmt;                                                                               \
-      ADD_FAILURE() << "expected tutti::Error from: " #stmt;                              \
-    } catch (const ::tutti::Error& e_) {                                                  \
-      EXPECT_EQ(e_.code(), error_code) << e_.what();                                      \
-      for (const std::string& needle_ : std::vector<std::string>{__VA_ARGS__}) {          \
-        EXPECT_NE(std::string(e_.what()).find(needle_), std::string::npos)                \
-            << "message lacks '" << needle_ << "': " << e_.what();                        \
-      }                                                                                   \
-    }                                                                                     \
+#define EXPECT_TUTTI_ERROR(stmt, error_code, ...)                                \
+  do {                                                                           \
+    try {                                                                        \
+      stmt;                                                                      \
+      ADD_FAILURE() << "expected tutti::Error from: " #stmt;                     \
+    } catch (const ::tutti::Error& e_) {                                         \
+      EXPECT_EQ(e_.code(), error_code) << e_.what();                             \
+      for (const std::string& needle_ : std::vector<std::string>{__VA_ARGS__}) { \
+        EXPECT_NE(std::string(e_.what()).find(needle_), std::string::npos)       \
+            << "message lacks '" << needle_ << "': " << e_.what();               \
+      }                                                                          \
+    }                                                                            \
   } while (0)
 
 }  // namespace tutti::testing

@@ -226,8 +226,9 @@ void scenario_gloo_setting(const Args& a) {
   // Rank 1 chooses the ring for every allreduce, rank 0 the default: both fail at init, naming the
   // settings, instead of mixing up each other's bytes at the first allreduce.
   if (a.rank == 1) ::setenv("TUTTI_GLOO_ALLREDUCE", "ring", 1);
-  const std::string needle = "rank 0's Gloo allreduce setting is 'auto, the direct exchange or doubling up to "
-                             "131072 bytes', this rank's 'ring'";
+  const std::string needle =
+      "rank 0's Gloo allreduce setting is 'auto, the direct exchange or doubling up to "
+      "131072 bytes', this rank's 'ring'";
   const auto start = Clock::now();
   expect_error([&] { init_collective_group(2, a.rank, "gloo", "gloo-setting", options(a)); },
                a.rank == 1 ? ErrorCode::kInvalidArgument : ErrorCode::kRemoteError, needle);
@@ -269,11 +270,12 @@ class NoPeersBackend : public Backend {
 void scenario_host_fails(const Args& a) {
   static bool peers = false;
   peers = a.backend == "peers";
-  register_collective_backend("fails-on-rank-0", [](const BackendContext& ctx) -> std::unique_ptr<Backend> {
-    if (ctx.rank == 0) throw Error(ErrorCode::kUnavailable, "nothing to drive on rank 0");
-    if (peers) return create_collective_backend("gloo", ctx);
-    return std::make_unique<NoPeersBackend>();
-  });
+  register_collective_backend(
+      "fails-on-rank-0", [](const BackendContext& ctx) -> std::unique_ptr<Backend> {
+        if (ctx.rank == 0) throw Error(ErrorCode::kUnavailable, "nothing to drive on rank 0");
+        if (peers) return create_collective_backend("gloo", ctx);
+        return std::make_unique<NoPeersBackend>();
+      });
   const auto start = Clock::now();
   try {
     init_collective_group(a.world, a.rank, "fails-on-rank-0", "hostfails", options(a));
@@ -301,8 +303,8 @@ void scenario_env_allreduce(const Args&) {
   std::vector<int64_t> v(257, rank + 1);
   allreduce(v, "from-env");
   for (int64_t x : v) require(x == int64_t(world) * (world + 1) / 2, "env allreduce sum");
-  std::printf("env rank %d of %d local %d/%d: sum %lld, backend '%s'\n", rank, world,
-              local_rank(), local_world_size(), static_cast<long long>(v[0]),
+  std::printf("env rank %d of %d local %d/%d: sum %lld, backend '%s'\n", rank, world, local_rank(),
+              local_world_size(), static_cast<long long>(v[0]),
               get_group("from-env")->backend_name().c_str());
   destroy_collective_group("from-env");
 }
@@ -505,8 +507,8 @@ void scenario_abort_mid_op(const Args& a) {
     destroy_collective_group(name);
     const double destroy_ms = ms_since(start);
     op.join();
-    std::printf("rank 0: destroy took %.1f ms; the op ended after %.1f ms: %s\n", destroy_ms,
-                op_ms, error.c_str());
+    std::printf("rank 0: destroy took %.1f ms; the op ended after %.1f ms: %s\n", destroy_ms, op_ms,
+                error.c_str());
     require(code == ErrorCode::kAborted, "the op ended with kAborted: " + error);
     require(op_ms < 300 + 2000, "the op ended promptly after destroy");
   } else {

@@ -146,8 +146,7 @@ TEST(StoreTls, MismatchedClientsFailNamingWhy) {
   TCPStoreServer plain_server("127.0.0.1", 0, server_options(false));
   // TLS to a plain server; another secret: refused at once, saying why.
   EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", plain_server.port(), client_options(true)).set("k", "v"),
-                     ErrorCode::kInvalidArgument, "the TLS handshake failed",
-                     "may not use TLS");
+                     ErrorCode::kInvalidArgument, "the TLS handshake failed", "may not use TLS");
   const auto start = std::chrono::steady_clock::now();
   EXPECT_TUTTI_ERROR(
       TCPStore("127.0.0.1", tls_server.port(), client_options(true, "other")).set("k", "v"),
@@ -155,10 +154,10 @@ TEST(StoreTls, MismatchedClientsFailNamingWhy) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
   // A plain client waits for a hello a TLS server never sends in the clear: it fails at its
   // timeout, not later.
-  EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", tls_server.port(),
-                              client_options(false, "s3cret", milliseconds(500)))
-                         .set("k", "v"),
-                     ErrorCode::kTimeout, "could not connect");
+  EXPECT_TUTTI_ERROR(
+      TCPStore("127.0.0.1", tls_server.port(), client_options(false, "s3cret", milliseconds(500)))
+          .set("k", "v"),
+      ErrorCode::kTimeout, "could not connect");
   // TLS without a secret is refused before any I/O.
   EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", tls_server.port(), client_options(true, "")),
                      ErrorCode::kInvalidArgument, "TLS needs a secret");

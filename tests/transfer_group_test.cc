@@ -16,8 +16,8 @@ namespace {
 using namespace std::chrono_literals;
 
 // Agents `names`, rank i of a "gloo" group each, joined concurrently (collective).
-std::vector<std::shared_ptr<TransferAgent>> agents_in_group(const std::vector<std::string>& names,
-                                                            std::shared_ptr<Store> store = nullptr) {
+std::vector<std::shared_ptr<TransferAgent>> agents_in_group(
+    const std::vector<std::string>& names, std::shared_ptr<Store> store = nullptr) {
   if (!store) store = std::make_shared<HashStore>();
   std::vector<std::shared_ptr<TransferAgent>> out;
   for (const auto& n : names) {
@@ -88,10 +88,8 @@ struct Case {
 TEST(TransferGroup, RoundTripsAtSeveralSizesAndDtypesBothWays) {
   auto agents = agents_in_group({"gloo-a", "gloo-b"});
   const std::vector<Case> cases = {
-      {DType::kFloat32, {{1}}},
-      {DType::kInt64, {{3, 5}, {0}, {7}}},
-      {DType::kUInt8, {{1 << 20}}},
-      {DType::kFloat64, {{256, 1024}, {17}}},
+      {DType::kFloat32, {{1}}},     {DType::kInt64, {{3, 5}, {0}, {7}}},
+      {DType::kUInt8, {{1 << 20}}}, {DType::kFloat64, {{256, 1024}, {17}}},
       {DType::kInt32, {{0}}},
   };
   uint32_t seed = 1;
@@ -106,7 +104,8 @@ TEST(TransferGroup, RoundTripsAtSeveralSizesAndDtypesBothWays) {
         for (int64_t d : shape) n *= d;
         data.push_back(pattern(static_cast<size_t>(n) * dtype_size(c.dtype), seed++));
       }
-      for (size_t i = 0; i < c.shapes.size(); ++i) views.emplace_back(data[i].data(), c.dtype, c.shapes[i]);
+      for (size_t i = 0; i < c.shapes.size(); ++i)
+        views.emplace_back(data[i].data(), c.dtype, c.shapes[i]);
       ObjectHandle h = own->put(views, on_gloo());
       EXPECT_TRUE(h.ref().is_two_sided());
       // Through the ref's bytes, as another process would see it.
@@ -122,7 +121,8 @@ TEST(TransferGroup, RoundTripsAtSeveralSizesAndDtypesBothWays) {
       std::vector<std::vector<uint8_t>> into;
       std::vector<TensorView> targets;
       for (size_t i = 0; i < data.size(); ++i) into.emplace_back(data[i].size(), 0xEE);
-      for (size_t i = 0; i < data.size(); ++i) targets.emplace_back(into[i].data(), c.dtype, c.shapes[i]);
+      for (size_t i = 0; i < data.size(); ++i)
+        targets.emplace_back(into[i].data(), c.dtype, c.shapes[i]);
       GetOptions g;
       g.targets = targets;
       other->get(ref, g);
@@ -180,7 +180,8 @@ TEST(TransferGroup, TwoAgentsFetchingFromEachOtherDoNotDeadlock) {
   EXPECT_EQ(done.load(), 4 * kRounds);
   // The owners' last sends may still hold the data when the consumers have their bytes.
   for (int a = 0; a < 2; ++a) {
-    for (int i = 0; i < kObjects; ++i) release_and_wait(*agents[a], handles[a][i], {TensorView(data[a][i])});
+    for (int i = 0; i < kObjects; ++i)
+      release_and_wait(*agents[a], handles[a][i], {TensorView(data[a][i])});
   }
 }
 
@@ -316,12 +317,14 @@ TEST(TransferGroup, ARingOfAgentsFetchingFromEachOtherDoesNotDeadlock) {
       while (arrived.load() < kAgents) std::this_thread::yield();
       GetOptions g;
       g.timeout = 10s;
-      failed[a] = code_of([&] {
-        for (int k = 0; k < kRounds; ++k) {
-          Received r = agents[a]->get(handles[from].ref(), g);
-          if (!same_bytes(r.tensors()[0], data[from])) ++wrong;
-        }
-      }, &why[a]);
+      failed[a] = code_of(
+          [&] {
+            for (int k = 0; k < kRounds; ++k) {
+              Received r = agents[a]->get(handles[from].ref(), g);
+              if (!same_bytes(r.tensors()[0], data[from])) ++wrong;
+            }
+          },
+          &why[a]);
     });
   }
   for (auto& t : threads) t.join();
@@ -347,7 +350,8 @@ TEST(TransferGroup, AnAttachedGroupCarriesTransfers) {
   EXPECT_TRUE(same_bytes(agents[0]->get(h.ref()).tensors()[0], data));
   EXPECT_EQ(agents[0]->transport_group("gloo"), groups[0]);
   EXPECT_EQ(code_of([&] { agents[0]->reset_transport("gloo"); }), ErrorCode::kInvalidUsage);
-  EXPECT_EQ(code_of([&] { agents[0]->attach_group("gloo", nullptr); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { agents[0]->attach_group("gloo", nullptr); }),
+            ErrorCode::kInvalidArgument);
   // The agents go and new ones take the same groups: their pairs meet under names of their own
   // (the first agents' pair groups were split off these groups too). First the first object.
   release_and_wait(*agents[1], h, {TensorView(data)});

@@ -19,7 +19,9 @@ using namespace std::chrono_literals;
 constexpr int kAgents = 3;
 constexpr int64_t kCount = 50000;  // floats: 200 KB
 
-double value(int agent, int64_t i) { return agent * 100000.0 + static_cast<double>(i); }
+double value(int agent, int64_t i) {
+  return agent * 100000.0 + static_cast<double>(i);
+}
 
 std::vector<std::shared_ptr<TransferAgent>> nccl_agents() {
   std::vector<std::shared_ptr<TransferAgent>> agents;
@@ -66,9 +68,10 @@ TEST(TransferNccl, ARingOfAgentsGetsEachOthersDeviceTensors) {
           g.targets = {into.view(DType::kFloat32, kCount)};
           g.timeout = 30s;
           agents[r]->get(handles[from].ref(), g);
-          expect_values(DType::kFloat32, into.read(DType::kFloat32, kCount),
-                        [from](int64_t i) { return value(from, i); },
-                        "agent " + std::to_string(r) + " from " + std::to_string(from));
+          expect_values(
+              DType::kFloat32, into.read(DType::kFloat32, kCount),
+              [from](int64_t i) { return value(from, i); },
+              "agent " + std::to_string(r) + " from " + std::to_string(from));
         }
       });
     }

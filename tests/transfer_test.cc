@@ -16,6 +16,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "test_util.h"
@@ -284,12 +285,67 @@ TEST_F(Transfer, BorrowOfSharedMemoryIsZeroCopyAndOfHeapIsACopy) {
 
     // While borrowed, the object outlives its handle and wait_tensor_freed names the borrower.
     h.release();
-    const Error e = expect_error([&] { owner->wait_tensor_freed(shared, 200ms); },
-                                 ErrorCode::kTimeout);
+    const Error e =
+        expect_error([&] { owner->wait_tensor_freed(shared, 200ms); }, ErrorCode::kTimeout);
     EXPECT_NE(std::string(e.what()).find("leased by agent 'consumer'"), std::string::npos)
         << e.what();
   }
   owner->wait_tensor_freed(shared, 5s);  // the borrow went: freed
+  owner->deallocate(shared);
+}
+
+// GetOptions::copy_on_write: tensors in shareable memory come as private mappings of the owner's
+// pages (no copy; the consumer's writes stay its own, the owner's untouched pages show through),
+// others as copies; the Received holds the object only while it maps the owner's memory.
+TEST_F(Transfer, CopyOnWriteGetsMapSharedMemoryPrivately) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const int64_t n = static_cast<int64_t>(4 * page / sizeof(float));
+  TensorView shared = owner->allocate(n * sizeof(float), DType::kFloat32);
+  float* sp = static_cast<float*>(shared.data());
+  for (int64_t i = 0; i < n; ++i) sp[i] = static_cast<float>(i);
+  std::vector<float> heap = iota_floats(16, 100.0f);
+  ObjectHandle h = owner->put({shared, TensorView(heap)});
+  GetOptions cow;
+  cow.copy_on_write = true;
+  {
+    Received r = consumer->get(h.ref(), cow);
+    ASSERT_EQ(r.tensors().size(), 2u);
+    float* mine = static_cast<float*>(r.tensors()[0].data());
+    EXPECT_NE(mine, sp);
+    EXPECT_EQ(mine[n - 1], static_cast<float>(n - 1));
+    // The consumer writes its first page: its own copy; the owner never sees it.
+    mine[0] = -7.0f;
+    EXPECT_EQ(sp[0], 0.0f);
+    EXPECT_EQ(mine[0], -7.0f);
+    // A second consumer's mapping is its own too.
+    Received other = consumer->get(h.ref(), cow);
+    EXPECT_EQ(static_cast<const float*>(other.tensors()[0].data())[0], 0.0f);
+    // The heap tensor was copied.
+    EXPECT_EQ(static_cast<const float*>(r.tensors()[1].data())[15], 115.0f);
+    heap[15] = -1.0f;
+    EXPECT_EQ(static_cast<const float*>(r.tensors()[1].data())[15], 115.0f);
+    // While mapped, the object outlives its handle: the Received holds it.
+    h.release();
+    const Error e =
+        expect_error([&] { owner->wait_tensor_freed(shared, 200ms); }, ErrorCode::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("leased by agent 'consumer'"), std::string::npos)
+        << e.what();
+  }
+  owner->wait_tensor_freed(shared, 5s);  // both Receiveds went: freed
+  // Only heap tensors: copies, and the object may go at once.
+  ObjectHandle plain = owner->put({TensorView(heap)});
+  Received copy = consumer->get(plain.ref(), cow);
+  EXPECT_EQ(static_cast<const float*>(copy.tensors()[0].data())[15], -1.0f);
+  plain.release();
+  owner->wait_tensor_freed(TensorView(heap), 5s);
+  // The owner's own ref: a copy, never its tensors.
+  ObjectHandle again = owner->put({shared});
+  Received own = owner->get(again.ref(), cow);
+  EXPECT_NE(own.tensors()[0].data(), shared.data());
+  static_cast<float*>(own.tensors()[0].data())[1] = -3.0f;
+  EXPECT_EQ(sp[1], 1.0f);
+  again.release();
+  owner->wait_tensor_freed(shared, 5s);
   owner->deallocate(shared);
 }
 
@@ -355,6 +411,101 @@ TEST_F(Transfer, GetsOfAReservedObjectWaitForFulfil) {
   }
 }
 
+// A Fetch has Work's verbs: wait with a timeout that leaves the get running, is_completed and
+// exception.
+TEST_F(Transfer, AFetchWaitsWithATimeoutAndTellsItsError) {
+  ObjectHandle h = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
+  Fetch f = consumer->get_async(h.ref());
+  const Error e = expect_error([&] { f.wait(50ms); }, ErrorCode::kTimeout);
+  EXPECT_NE(std::string(e.what()).find("still runs after 50 ms"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("on agent 'consumer'"), std::string::npos) << e.what();
+  EXPECT_FALSE(f.is_completed());
+  EXPECT_EQ(f.exception(), nullptr);
+  std::vector<float> data = {1.5f, 2.5f, 3.5f};
+  owner->fulfil(h, {TensorView(data)});
+  EXPECT_EQ(as_floats(f.wait(10s).tensors()[0]), data) << "the get went on after the timeout";
+  EXPECT_TRUE(f.is_completed());
+  EXPECT_EQ(f.exception(), nullptr);
+  // A failed get: exception() is its error, and wait() rethrows it, as often as it is called.
+  ObjectHandle failed = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
+  Fetch g = consumer->get_async(failed.ref());
+  owner->fail(failed, "the producer crashed");
+  expect_error([&] { g.wait(); }, ErrorCode::kRemoteError);
+  ASSERT_NE(g.exception(), nullptr);
+  try {
+    std::rethrow_exception(g.exception());
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("the producer crashed"), std::string::npos)
+        << err.what();
+  }
+  expect_error([&] { g.wait(); }, ErrorCode::kRemoteError);
+  EXPECT_TRUE(Fetch().is_completed());
+}
+
+// The thread ids of this process.
+std::set<long> thread_ids() {
+  std::set<long> out;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') out.insert(std::strtol(e->d_name, nullptr, 10));
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+// get_async runs its gets on workers it reuses (it started a thread per call until 2026-12-02),
+// and as many as run at once: a get never waits for another to end.
+TEST_F(Transfer, GetAsyncReusesItsWorkersAndNeverQueuesAGetBehindAnother) {
+  std::vector<float> x = iota_floats(64, 0.0f);
+  ObjectHandle h = owner->put({TensorView(x)});
+  consumer->get_async(h.ref()).wait();  // the first worker, the connection, the mapping
+  const std::set<long> before = thread_ids();
+  for (int i = 0; i < 50; ++i) {
+    Fetch f = consumer->get_async(h.ref());
+    ASSERT_EQ(as_floats(f.wait().tensors()[0]), x);
+  }
+  std::vector<long> born;
+  for (long t : thread_ids()) {
+    if (before.count(t) == 0) born.push_back(t);
+  }
+  // (A regression guard: threads started per get and ended at once could pass it too.)
+  EXPECT_TRUE(born.empty()) << "50 gets one after the other started " << born.size()
+                            << " new thread(s)";
+  // A get that waits (for a reserved object) waits on the idle worker: no thread is born for it.
+  ObjectHandle pending = owner->reserve({{DType::kFloat32, {64}, Device::cpu()}});
+  std::vector<Fetch> waiting;
+  waiting.push_back(consumer->get_async(pending.ref()));
+  for (long t : thread_ids()) {
+    EXPECT_EQ(before.count(t), 1u) << "a get started thread " << t << " while a worker was idle";
+  }
+  // Four gets waiting hold four workers; a fifth get still runs at once.
+  for (int i = 0; i < 3; ++i) waiting.push_back(consumer->get_async(pending.ref()));
+  EXPECT_EQ(as_floats(consumer->get_async(h.ref()).wait(10s).tensors()[0]), x);
+  for (const Fetch& f : waiting) EXPECT_FALSE(f.is_completed());
+  owner->fulfil(pending, {TensorView(x)});
+  for (Fetch& f : waiting) EXPECT_EQ(as_floats(f.wait(10s).tensors()[0]), x);
+}
+
+// An agent destroyed while get_async's gets wait ends them (kAborted) and does not wait for
+// their timeouts.
+TEST_F(Transfer, DestroyingTheConsumerEndsItsAsyncGets) {
+  ObjectHandle pending = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
+  std::vector<Fetch> waiting;
+  GetOptions g;
+  g.timeout = 60s;
+  for (int i = 0; i < 3; ++i) waiting.push_back(consumer->get_async(pending.ref(), g));
+  const auto start = std::chrono::steady_clock::now();
+  consumer.reset();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(ms, 5000.0) << "the agent's destruction waited for its gets";
+  for (Fetch& f : waiting) {
+    ASSERT_TRUE(f.is_completed());
+    expect_error([&] { f.wait(); }, ErrorCode::kAborted);
+  }
+}
+
 TEST_F(Transfer, FailReachesWaitingAndLaterGets) {
   for (const char* transport : {"shm", "socket"}) {
     PutOptions p;
@@ -362,8 +513,8 @@ TEST_F(Transfer, FailReachesWaitingAndLaterGets) {
     ObjectHandle h = owner->reserve({{DType::kUInt8, {10}, Device::cpu()}}, p);
     Fetch f = consumer->get_async(h.ref());
     owner->fail(h, "the producer ran out of memory");
-    for (auto get : std::vector<std::function<void()>>{[&] { f.wait(); },
-                                                       [&] { consumer->get(h.ref()); }}) {
+    for (auto get :
+         std::vector<std::function<void()>>{[&] { f.wait(); }, [&] { consumer->get(h.ref()); }}) {
       const Error e = expect_error(get, ErrorCode::kRemoteError);
       EXPECT_NE(std::string(e.what()).find("the producer ran out of memory"), std::string::npos)
           << e.what();
@@ -411,9 +562,10 @@ TEST_F(Transfer, ExpectedGetsKeepTheObjectUntilDone) {
     ObjectHandle h = owner->put({TensorView(x)}, p);
     const TensorRef ref = h.ref();
     h.release();  // the owner lets go at once: the two gets still find it
-    const Error e1 = expect_error([&] { owner->wait_tensor_freed(TensorView(x), 100ms); },
-                                  ErrorCode::kTimeout);
-    EXPECT_NE(std::string(e1.what()).find("2 expected get(s) left"), std::string::npos) << e1.what();
+    const Error e1 =
+        expect_error([&] { owner->wait_tensor_freed(TensorView(x), 100ms); }, ErrorCode::kTimeout);
+    EXPECT_NE(std::string(e1.what()).find("2 expected get(s) left"), std::string::npos)
+        << e1.what();
     EXPECT_EQ(as_floats(consumer->get(ref).tensors()[0]), x) << transport;
     EXPECT_EQ(as_floats(consumer->get(ref).tensors()[0]), x) << transport;
     owner->wait_tensor_freed(TensorView(x), 5s);
@@ -429,8 +581,8 @@ TEST_F(Transfer, KeepForHoldsAReleasedObject) {
   const TensorRef ref = h.ref();
   h.release();
   EXPECT_EQ(as_floats(consumer->get(ref).tensors()[0]), x);
-  const Error e = expect_error([&] { owner->wait_tensor_freed(TensorView(x), 1ms); },
-                               ErrorCode::kTimeout);
+  const Error e =
+      expect_error([&] { owner->wait_tensor_freed(TensorView(x), 1ms); }, ErrorCode::kTimeout);
   EXPECT_NE(std::string(e.what()).find("kept for"), std::string::npos) << e.what();
   owner->wait_tensor_freed(TensorView(x), 5s);
 }
@@ -474,7 +626,8 @@ TEST_F(Transfer, CancelAndAbortEndA1GiBCopyMidway) {
   constexpr size_t kSlice = size_t{256} << 20;
   TensorView source = owner->allocate(kBytes);
   uint8_t* src = static_cast<uint8_t*>(source.data());
-  for (size_t i = 0; i < kBytes; i += 4096) std::memset(src + i, static_cast<int>((i >> 12) % 251 + 1), 4096);
+  for (size_t i = 0; i < kBytes; i += 4096)
+    std::memset(src + i, static_cast<int>((i >> 12) % 251 + 1), 4096);
   PutOptions sock;
   sock.transport = "socket";
   ObjectHandle shm_obj = owner->put({source});
@@ -533,7 +686,8 @@ TEST_F(Transfer, RegisteredMemoryIsBorrowedInPlace) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(page + bytes)), 0);
   // The region is the file's bytes from one page on.
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(page));
+  void* p =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(page));
   ASSERT_NE(p, MAP_FAILED);
   uint8_t* mem = static_cast<uint8_t*>(p);
   for (size_t i = 0; i < bytes; ++i) mem[i] = static_cast<uint8_t>(i * 13 + 5);
@@ -573,7 +727,8 @@ TEST_F(Transfer, RegisteredMemoryIsBorrowedInPlace) {
   expect_error([&] { owner->register_memory(region, pipe_fds[0]); }, ErrorCode::kInvalidArgument);
   ::close(pipe_fds[0]);
   ::close(pipe_fds[1]);
-  expect_error([&] { owner->register_memory(region.slice(1, 64), 3); }, ErrorCode::kInvalidArgument);
+  expect_error([&] { owner->register_memory(region.slice(1, 64), 3); },
+               ErrorCode::kInvalidArgument);
   std::vector<float> empty;
   expect_error([&] { owner->register_memory(TensorView(empty)); }, ErrorCode::kInvalidArgument);
   ::munmap(p, bytes);
@@ -589,8 +744,8 @@ TEST_F(Transfer, CheckWritesCatchesTheOwnerWritingAPublishedTensor) {
   EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0])[5], 1.0f);
   data[5] = 2.0f;  // the mistake: written while published
   h.release();
-  const Error e = expect_error(
-      [&] { owner->wait_tensor_freed(TensorView(data).slice(4, 2), 10s); }, ErrorCode::kRemoteError);
+  const Error e = expect_error([&] { owner->wait_tensor_freed(TensorView(data).slice(4, 2), 10s); },
+                               ErrorCode::kRemoteError);
   EXPECT_NE(std::string(e.what()).find("changed after put"), std::string::npos) << e.what();
   EXPECT_NE(std::string(e.what()).find("tensor(s) 0"), std::string::npos) << e.what();
   EXPECT_NE(std::string(e.what()).find("agent 'owner'"), std::string::npos) << e.what();
@@ -617,11 +772,22 @@ TEST_F(Transfer, AnUnknownTransportIsNamed) {
   EXPECT_NE(std::string(e.what()).find("socket"), std::string::npos) << e.what();  // listed
 }
 
+// Here no transport carries CUDA tensors (no cuda_ipc, no GPU): "auto" says so, and a CPU
+// transport asked by name refuses them; both before any I/O.
 TEST_F(Transfer, CudaTensorsAreRefusedBeforeAnyIo) {
   float fake = 0;
   TensorView gpu(&fake, DType::kFloat32, {1}, Device::cuda(0));
-  const Error e = expect_error([&] { owner->put({gpu}); }, ErrorCode::kInvalidArgument);
-  EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  Error e = expect_error([&] { owner->put({gpu}); }, ErrorCode::kUnavailable);
+  EXPECT_NE(std::string(e.what()).find("put on agent 'owner': tensor 0 is on cuda:0; transport "
+                                       "'auto': no available transport carries CUDA tensors"),
+            std::string::npos)
+      << e.what();
+  PutOptions shm;
+  shm.transport = "shm";
+  e = expect_error([&] { owner->put({gpu}, shm); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("tensor 0 is on cuda:0; transport 'shm' carries CPU"),
+            std::string::npos)
+      << e.what();
 }
 
 std::shared_ptr<TransferAgent> agent_with(const std::string& name, const std::string& secret) {
@@ -639,7 +805,8 @@ TEST(TransferSecret, RefsSignedWithAnotherSecretAreRefused) {
   ObjectHandle h = owner->put({TensorView(x)});
   EXPECT_TRUE(h.ref().is_signed());
   const Error e = expect_error([&] { consumer->get(h.ref()); }, ErrorCode::kInvalidArgument);
-  EXPECT_NE(std::string(e.what()).find("signed with another secret"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("signed with another secret"), std::string::npos)
+      << e.what();
   EXPECT_EQ(as_floats(friendly->get(h.ref()).tensors()[0]), x);
 }
 
@@ -683,7 +850,8 @@ void send_frame(int fd, uint8_t type, const std::string& payload) {
   u32(frame, static_cast<uint32_t>(payload.size() + 1));
   frame.push_back(static_cast<char>(type));
   frame += payload;
-  ASSERT_EQ(::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
+  ASSERT_EQ(::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(frame.size()));
 }
 
 bool read_exactly(int fd, char* out, size_t n) {
@@ -701,7 +869,8 @@ std::pair<uint8_t, std::string> read_frame(int fd) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   unsigned char head[5];
   if (!read_exactly(fd, reinterpret_cast<char*>(head), 5)) return {0, ""};
-  const uint32_t len = head[0] | head[1] << 8 | head[2] << 16 | static_cast<uint32_t>(head[3]) << 24;
+  const uint32_t len =
+      head[0] | head[1] << 8 | head[2] << 16 | static_cast<uint32_t>(head[3]) << 24;
   std::string payload(len - 1, '\0');
   if (!read_exactly(fd, payload.data(), payload.size())) return {0, ""};
   return {head[4], payload};
@@ -726,7 +895,7 @@ std::string hello(const std::string& nonce) {
   u32(p, static_cast<uint32_t>(id.size()));
   p += id;
   u32(p, 0);  // protocol 1's proof: empty
-  u32(p, 2);  // protocol 2
+  u32(p, 3);  // protocol 3
   p += std::string(1, static_cast<char>(nonce.size())) + nonce;
   return p;
 }
@@ -760,8 +929,8 @@ TEST(TransferSecret, EachHelloIsChallengedAfreshAndAWrongProofIsRefused) {
   EXPECT_NE(nonces[0], nonces[1]);
   std::vector<float> x = iota_floats(4, 0.0f);
   ObjectHandle h = owner->put({TensorView(x)});
-  const Error e = expect_error([&] { agent_with("stranger", "")->get(h.ref()); },
-                               ErrorCode::kInvalidArgument);
+  const Error e =
+      expect_error([&] { agent_with("stranger", "")->get(h.ref()); }, ErrorCode::kInvalidArgument);
   EXPECT_NE(std::string(e.what()).find("'stranger' does not know the shared secret"),
             std::string::npos)
       << e.what();
@@ -794,7 +963,7 @@ TEST(TransferSecret, AnImpostorAtTheOwnersAddressIsRefused) {
     const std::string id = raw::identity(uuid, "owner");
     raw::u32(reply, static_cast<uint32_t>(id.size()));
     reply += id;
-    raw::u32(reply, 2);                                     // protocol 2
+    raw::u32(reply, 3);                                         // protocol 3
     reply += std::string(1, '\x20') + std::string(32, '\x11');  // not the owner's proof
     raw::send_frame(fd, raw::kReply, reply);
     raw::read_frame(fd);  // until the consumer hangs up
@@ -931,8 +1100,10 @@ TEST_F(Transfer, ABorrowOutlivesItsConsumersDroppedConnection) {
   quick.timeout = 50ms;
   expect_error([&] { consumer->get(pending.ref(), quick); }, ErrorCode::kTimeout);
   h.release();
-  const Error e = expect_error([&] { owner->wait_tensor_freed(shared, 300ms); }, ErrorCode::kTimeout);
-  EXPECT_NE(std::string(e.what()).find("leased by agent 'consumer'"), std::string::npos) << e.what();
+  const Error e =
+      expect_error([&] { owner->wait_tensor_freed(shared, 300ms); }, ErrorCode::kTimeout);
+  EXPECT_NE(std::string(e.what()).find("leased by agent 'consumer'"), std::string::npos)
+      << e.what();
   EXPECT_EQ(static_cast<const float*>(b.tensors()[0].data())[63], 64.0f);
   b.release();
   owner->wait_tensor_freed(shared, 2s);
@@ -948,70 +1119,71 @@ TEST_F(Transfer, ForgedRefsAreRefusedNotFollowed) {
   };
   // A tensor placed past its block's end (the offset wraps a 64-bit sum).
   const Error past = expect_error(
-      [&] { consumer->get(forged(real.owner(), real.tensors(), {{1, ~uint64_t{0} - 7}})); },
+      [&] {
+        consumer->get(forged(real.owner(), real.tensors(), {{1, ~uint64_t{0} - 7}}));
+      },
       ErrorCode::kInvalidArgument);
-  EXPECT_NE(std::string(past.what()).find("past the end of block"), std::string::npos) << past.what();
+  EXPECT_NE(std::string(past.what()).find("past the end of block"), std::string::npos)
+      << past.what();
   // More bytes than the block has.
-  expect_error([&] {
-    consumer->get(forged(real.owner(), {{DType::kUInt8, {1 << 20}, Device::cpu()}}, real.places()));
-  }, ErrorCode::kInvalidArgument);
+  expect_error(
+      [&] {
+        consumer->get(
+            forged(real.owner(), {{DType::kUInt8, {1 << 20}, Device::cpu()}}, real.places()));
+      },
+      ErrorCode::kInvalidArgument);
   // The owner's id with another process's pid.
   AgentIdentity other_pid = real.owner();
   other_pid.pid = 1;
-  const Error pid = expect_error([&] { consumer->get(forged(other_pid, real.tensors(), real.places())); },
-                                 ErrorCode::kInvalidArgument);
+  const Error pid =
+      expect_error([&] { consumer->get(forged(other_pid, real.tensors(), real.places())); },
+                   ErrorCode::kInvalidArgument);
   EXPECT_NE(std::string(pid.what()).find("names pid 1"), std::string::npos) << pid.what();
   // The owner's own ref, altered to describe more than the object holds.
   std::vector<uint8_t> big(1 << 20);
   GetOptions into;
   into.targets = {TensorView(big)};
-  expect_error([&] {
-    owner->get(forged(real.owner(), {{DType::kUInt8, {1 << 20}, Device::cpu()}}, real.places()), into);
-  }, ErrorCode::kInvalidArgument);
+  expect_error(
+      [&] {
+        owner->get(forged(real.owner(), {{DType::kUInt8, {1 << 20}, Device::cpu()}}, real.places()),
+                   into);
+      },
+      ErrorCode::kInvalidArgument);
   // Still served as it should be.
   EXPECT_EQ(consumer->get(real).tensors()[0].nbytes(), 64u);
 }
 
-// An agent of another tutti build (here: a hello as it was before the protocol had a version)
-// is refused by name, not misread. The hello is written by hand: a frame is a little-endian u32
-// length (payload + 1), a type byte (1: hello) and the payload (identity, proof, version).
+// An agent of another tutti build is refused by name, not misread: here a hello as it was before
+// the protocol had a version (0), and one of protocol 2 (the last before two-sided fetches became
+// their transport's own calls). The hello is written by hand: a frame is a little-endian u32
+// length (payload + 1), a type byte (1: hello) and the payload (identity, proof, version, nonce).
 TEST_F(Transfer, AnAgentSpeakingAnotherProtocolIsRefusedByName) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string name = "tutti-agent/" + owner->identity().uuid_text();
-  std::memcpy(addr.sun_path + 1, name.data(), name.size());  // abstract: a leading NUL
-  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), len), 0) << std::strerror(errno);
-  auto u32 = [](std::string& out, uint32_t v) {
-    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  };
-  std::string identity(16, '\x07');           // uuid
-  identity += std::string(16, '\x09');         // host key
-  u32(identity, static_cast<uint32_t>(::getpid()));
-  identity += std::string(8, '\0');            // start time
-  identity += std::string(1, '\0');            // no TCP endpoint
-  identity += std::string(1, '\x03') + "old";  // its name
-  std::string payload;
-  u32(payload, static_cast<uint32_t>(identity.size()));
-  payload += identity;
-  u32(payload, 0);  // no proof, and then no version: protocol 0
-  std::string frame;
-  u32(frame, static_cast<uint32_t>(payload.size() + 1));
-  frame.push_back(1);
-  frame += payload;
-  ASSERT_EQ(::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
-  // The answer: an error frame naming both protocols, then the owner hangs up.
-  std::string answer;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) answer.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  ASSERT_GT(answer.size(), 5u);
-  EXPECT_EQ(answer[4], 10) << "an error frame (type 10)";
-  EXPECT_NE(answer.find("agent 'old' speaks the direct transport's protocol 0, this agent 2"),
-            std::string::npos)
-      << answer.substr(5);
+  for (const uint32_t version : {0u, 2u}) {
+    SCOPED_TRACE("protocol " + std::to_string(version));
+    const int fd = raw::connect_abstract("tutti-agent/" + owner->identity().uuid_text());
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    std::array<uint8_t, 16> uuid;
+    uuid.fill(7);
+    const std::string id = raw::identity(uuid, "old");
+    std::string payload;
+    raw::u32(payload, static_cast<uint32_t>(id.size()));
+    payload += id;
+    raw::u32(payload, 0);  // no proof (and for protocol 0 no version either)
+    if (version > 0) {
+      raw::u32(payload, version);
+      payload += std::string(1, '\x10') + std::string(16, 'n');  // its nonce
+    }
+    raw::send_frame(fd, raw::kHello, payload);
+    // The answer: an error frame naming both protocols, then the owner hangs up.
+    const auto [type, message] = raw::read_frame(fd);
+    EXPECT_EQ(type, raw::kError);
+    EXPECT_NE(message.find("agent 'old' speaks the direct transport's protocol " +
+                           std::to_string(version) + ", this agent 3"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(raw::read_frame(fd).first, 0) << "the owner hangs up";
+    ::close(fd);
+  }
   // The owner goes on serving agents of its own build.
   TensorView shared = owner->allocate(16);
   EXPECT_EQ(consumer->get(owner->put({shared}).ref()).tensors()[0].nbytes(), 16u);
@@ -1023,11 +1195,13 @@ TEST_F(Transfer, MisusedTargetsHandlesAndTimeouts) {
   std::vector<float> out(12);
   GetOptions overlapping;
   overlapping.targets = {TensorView(out.data(), 8), TensorView(out.data() + 6, 4)};
-  const Error e = expect_error([&] { consumer->get(h.ref(), overlapping); }, ErrorCode::kInvalidArgument);
+  const Error e =
+      expect_error([&] { consumer->get(h.ref(), overlapping); }, ErrorCode::kInvalidArgument);
   EXPECT_NE(std::string(e.what()).find("targets 0 and 1 overlap"), std::string::npos) << e.what();
   // Another agent's handle.
   const Error other = expect_error([&] { consumer->fail(h, "no"); }, ErrorCode::kInvalidArgument);
-  EXPECT_NE(std::string(other.what()).find("another agent's object"), std::string::npos) << other.what();
+  EXPECT_NE(std::string(other.what()).find("another agent's object"), std::string::npos)
+      << other.what();
   // "No timeout" is a timeout too: it must not overflow into an immediate one.
   GetOptions forever;
   forever.timeout = std::chrono::milliseconds::max();
@@ -1057,8 +1231,8 @@ TEST_F(Transfer, AForkedChildCannotUseItsParentsAgent) {
     } catch (const Error& e) {
       code = e.code() == ErrorCode::kInvalidUsage ? 0 : 2;
     }
-    h.release();      // must not touch the parent's slot page
-    owner.reset();    // nor join the parent's threads
+    h.release();    // must not touch the parent's slot page
+    owner.reset();  // nor join the parent's threads
     consumer.reset();
     ::_exit(code);
   }
@@ -1112,14 +1286,15 @@ class EchoTransport final : public TensorTransport {
 
 TEST(TransferCustom, ARegisteredTransportCarriesObjects) {
   if (!is_registered_tensor_transport("echo-test")) {
-    register_tensor_transport("echo-test", [](const TransportContext&) {
-      return std::make_unique<EchoTransport>();
-    });
+    register_tensor_transport(
+        "echo-test", [](const TransportContext&) { return std::make_unique<EchoTransport>(); });
   }
-  expect_error([] { register_tensor_transport("ECHO-test", [](const TransportContext&) {
-                 return std::make_unique<EchoTransport>();
-               }); },
-               ErrorCode::kInvalidUsage);
+  expect_error(
+      [] {
+        register_tensor_transport(
+            "ECHO-test", [](const TransportContext&) { return std::make_unique<EchoTransport>(); });
+      },
+      ErrorCode::kInvalidUsage);
   const auto names = registered_tensor_transports();
   EXPECT_NE(std::find(names.begin(), names.end(), "echo-test"), names.end());
   EXPECT_NE(std::find(names.begin(), names.end(), "shm"), names.end());
@@ -1139,6 +1314,47 @@ TEST(TransferCustom, ARegisteredTransportCarriesObjects) {
   Received r = consumer->get(ref);
   EXPECT_EQ(static_cast<const int32_t*>(r.tensors()[1].data())[1], 5);
   owner->wait_tensor_freed(TensorView(a), 5s);  // the expected get was counted
+}
+
+// A transport registered with its TransportInfo: "auto" takes the available transport of highest
+// priority that carries the tensors' device, and one that is not available (or carries another
+// device, or has a negative priority) is passed over.
+TEST(TransferCustom, AutoTakesTheAvailableTransportOfHighestPriorityForTheDevice) {
+  static std::atomic<bool> up{false};
+  TransportInfo info;
+  info.name = "echo-auto";
+  info.factory = [](const TransportContext&) { return std::make_unique<EchoTransport>(); };
+  info.available = [] { return up.load(); };
+  info.priority = 30;  // above shm's 20
+  register_tensor_transport(info);
+  TransportInfo never = info;  // a higher priority, but never "auto"
+  never.name = "echo-never-auto";
+  never.available = nullptr;
+  never.priority = -1;
+  register_tensor_transport(never);
+  auto owner = TransferAgent::create({"owner"});
+  std::vector<float> x = {1.0f, 2.0f};
+  EXPECT_EQ(owner->put({TensorView(x)}).ref().transport(), "shm") << "echo-auto is not available";
+  up = true;
+  EXPECT_EQ(owner->put({TensorView(x)}).ref().transport(), "echo-auto");
+  up = false;
+  EXPECT_EQ(owner->put({TensorView(x)}).ref().transport(), "shm");
+  // No transport carries CUDA tensors in this process (no GPU, no cuda_ipc): named, before I/O.
+  const Error e = expect_error(
+      [&] {
+        owner->reserve({{DType::kFloat32, {4}, Device::cuda(0)}});
+      },
+      ErrorCode::kUnavailable);
+  EXPECT_NE(std::string(e.what()).find("no available transport carries CUDA tensors"),
+            std::string::npos)
+      << e.what();
+  // "auto" is reserved; a transport needs a name, a factory and devices.
+  TransportInfo bad = info;
+  bad.name = "AUTO";
+  expect_error([&] { register_tensor_transport(bad); }, ErrorCode::kInvalidUsage);
+  bad.name = "echo-no-devices";
+  bad.devices.clear();
+  expect_error([&] { register_tensor_transport(bad); }, ErrorCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -10,10 +10,16 @@
 //   transfer_worker gloo-owner <dir>         rank 0 of a gloo group (store <dir>/store): put,
 //                                            reset_transport when <dir>/reset appears
 //   transfer_worker owner-exits <dir>        publish ref.heap for one get, exit once it is freed
+//   transfer_worker ucx-loop <dir> <ms>      get ref.ucx_big over and over (timeout <ms> each)
+//   until
+//                                            one fails; print how, and how long after the last good
 // With TUTTI_RDT_GROUP_STORE set, owner (rank 0) and fetch (rank 1) also join a gloo group
-// through that store and move ref.gloo over it.
+// through that store and move ref.gloo over it. Where the ucx plugin is loaded (TUTTI_PLUGINS),
+// the owner also publishes over "ucx": ref.ucx (the heap), ref.ucx_views (1000 views of the
+// arena, one registration) and ref.ucx_big (64 MiB); fetch gets the first two.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -22,7 +28,9 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "tutti/tensor_transport.h"
 #include "tutti/transfer_agent.h"
 
 using namespace tutti;
@@ -103,6 +111,8 @@ int owner(const std::string& dir, const std::string& tcp) {
   PutOptions socket;
   socket.transport = "socket";
   ObjectHandle h_socket = a->put({TensorView(heap)}, socket);
+  std::vector<float> tiny = {1.5f, 2.5f};  // 8 bytes: the answer's payload is one small write
+  ObjectHandle h_tiny = a->put({TensorView(tiny)}, socket);
   ObjectHandle h_reserved = a->reserve({{DType::kFloat32, {4}, Device::cpu()}});
   ObjectHandle h_gloo;
   if (group_store != nullptr) {
@@ -111,9 +121,25 @@ int owner(const std::string& dir, const std::string& tcp) {
     h_gloo = a->put({TensorView(heap)}, gloo);
     write_file(dir + "/ref.gloo", h_gloo.ref().to_text());
   }
+  ObjectHandle h_ucx, h_ucx_views, h_ucx_big;
+  std::vector<float> big;
+  if (is_registered_tensor_transport("ucx")) {
+    PutOptions ucx;
+    ucx.transport = "ucx";
+    h_ucx = a->put({TensorView(heap)}, ucx);
+    std::vector<TensorView> views;
+    for (int64_t i = 0; i < 1000; ++i) views.push_back(arena.slice(i * 1000, 1000));
+    h_ucx_views = a->put(views, ucx);
+    big.assign(16 << 20, 2.5f);
+    h_ucx_big = a->put({TensorView(big)}, ucx);
+    write_file(dir + "/ref.ucx", h_ucx.ref().to_text());
+    write_file(dir + "/ref.ucx_views", h_ucx_views.ref().to_text());
+    write_file(dir + "/ref.ucx_big", h_ucx_big.ref().to_text());
+  }
   write_file(dir + "/ref.arena", h_arena.ref().to_text());
   write_file(dir + "/ref.heap", h_heap.ref().to_text());
   write_file(dir + "/ref.socket", h_socket.ref().to_text());
+  write_file(dir + "/ref.tiny", h_tiny.ref().to_text());
   write_file(dir + "/ref.reserved", h_reserved.ref().to_text());
   write_file(dir + "/ready", std::to_string(::getpid()));
   return wait_file(dir + "/done", 120s) ? 0 : 2;
@@ -238,12 +264,66 @@ int fetch(const std::string& dir) {
   std::printf("fallback: %s\n", arena_ok(a->get(arena, fallback).tensors()[0]) ? "ok" : "WRONG");
   std::printf("socket: %s\n",
               heap_ok(a->get(ref_from(dir, "socket")).tensors()[0]) ? "ok" : "WRONG");
+  {
+    // Warm gets of an 8-byte object over TCP: each must take network time, not a delayed ACK's
+    // 40 ms (an owner's answer in two writes without TCP_NODELAY waited for one every time).
+    const TensorRef tiny = ref_from(dir, "tiny");
+    std::vector<double> us;
+    for (int i = 0; i < 15; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      const Received got = a->get(tiny);
+      if (static_cast<const float*>(got.tensors()[0].data())[1] != 2.5f) return 5;
+      us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
+    std::sort(us.begin(), us.end());
+    std::printf("socket warm get median: %.0f us\n", us[us.size() / 2]);
+  }
   if (group_store != nullptr) {
     std::printf("gloo: %s\n", heap_ok(a->get(ref_from(dir, "gloo")).tensors()[0]) ? "ok" : "WRONG");
+  }
+  if (::access((dir + "/ref.ucx").c_str(), F_OK) == 0) {
+    std::printf("ucx: %s\n", heap_ok(a->get(ref_from(dir, "ucx")).tensors()[0]) ? "ok" : "WRONG");
+    const Received views = a->get(ref_from(dir, "ucx_views"));
+    bool ok = views.tensors().size() == 1000;
+    for (size_t i = 0; ok && i < views.tensors().size(); ++i) {
+      const float* p = static_cast<const float*>(views.tensors()[i].data());
+      ok = p[0] == static_cast<float>(i * 1000) * 0.5f &&
+           p[999] == static_cast<float>(i * 1000 + 999) * 0.5f;
+    }
+    std::printf("ucx views: %s\n", ok ? "ok" : "WRONG");
   }
   std::fflush(stdout);
   write_file(dir + "/done", "1");
   return rc;
+}
+
+// Gets the big ucx object until a get fails: prints the error's code and words, and how long
+// after the start of the failed get it came.
+int ucx_loop(const std::string& dir, long timeout_ms) {
+  auto a = agent("ucx-loop");
+  const TensorRef ref = ref_from(dir, "ucx_big");
+  std::vector<float> into(16 << 20);
+  GetOptions g;
+  g.targets = {TensorView(into)};
+  g.timeout = std::chrono::milliseconds(timeout_ms);
+  for (long i = 0;; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      a->get(ref, g);
+      if (into[(16 << 20) - 1] != 2.5f) return 3;
+      if (i == 0) write_file(dir + "/getting", "1");
+    } catch (const Error& e) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+      std::printf("ucx loop: get %ld failed after %lld ms, code %d: %s\n", i,
+                  static_cast<long long>(ms), static_cast<int>(e.code()), e.what());
+      std::fflush(stdout);
+      return 0;
+    }
+  }
 }
 
 }  // namespace
@@ -263,6 +343,7 @@ int main(int argc, char** argv) {
     if (mode == "gloo-owner") return gloo_owner(dir);
     if (mode == "owner-exits") return owner_exits(dir);
     if (mode == "threads") return threads(dir);
+    if (mode == "ucx-loop") return ucx_loop(dir, argc > 3 ? std::atol(argv[3]) : 10000);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "transfer_worker %s: %s\n", mode.c_str(), e.what());
     return 1;

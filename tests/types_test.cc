@@ -143,8 +143,7 @@ TEST(DLPack, RejectsWhatTuttiCannotView) {
   int64_t huge_strides[] = {int64_t(1) << 40, 1};
   t.shape = huge;
   t.strides = huge_strides;
-  EXPECT_TUTTI_ERROR(from_dlpack(t), ErrorCode::kInvalidArgument, "overflows int64",
-                     "dimension 0");
+  EXPECT_TUTTI_ERROR(from_dlpack(t), ErrorCode::kInvalidArgument, "overflows int64", "dimension 0");
 }
 
 }  // namespace

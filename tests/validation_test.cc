@@ -24,8 +24,8 @@ TEST(Validation, GroupCreation) {
                      "group 'nostore'", "needs a store", "store_url");
   GroupOptions zero;
   zero.timeout = milliseconds(0);
-  EXPECT_TUTTI_ERROR(CollectiveGroup::create(1, 0, "gloo", "g", zero),
-                     ErrorCode::kInvalidArgument, "timeout must be positive");
+  EXPECT_TUTTI_ERROR(CollectiveGroup::create(1, 0, "gloo", "g", zero), ErrorCode::kInvalidArgument,
+                     "timeout must be positive");
 }
 
 TEST(Validation, FreeFunctionsOnUnknownOrDestroyedGroups) {
@@ -58,7 +58,9 @@ TEST(Validation, AnyNonEmptyNameIsValid) {
 
 class TwoRankValidation : public ::testing::Test {
  protected:
-  void SetUp() override { groups_ = create_groups(2, "gloo", unique_name("valid"), milliseconds(20000)); }
+  void SetUp() override {
+    groups_ = create_groups(2, "gloo", unique_name("valid"), milliseconds(20000));
+  }
 
   // After the refused calls on rank 0 only, both ranks still complete a real allreduce.
   void ExpectStillUsable() {
@@ -97,8 +99,8 @@ TEST_F(TwoRankValidation, ListsShapesAndDtypes) {
   CollectiveGroup& g = *groups_[0];
   std::vector<float> in(4), a(4), b(4), c(4), wrong(5);
   std::vector<double> other(4);
-  for (const auto& list : {std::vector<TensorView>{}, std::vector<TensorView>{a},
-                           std::vector<TensorView>{a, b, c}}) {
+  for (const auto& list :
+       {std::vector<TensorView>{}, std::vector<TensorView>{a}, std::vector<TensorView>{a, b, c}}) {
     EXPECT_TUTTI_ERROR(g.allgather(list, in), ErrorCode::kInvalidArgument, "allgather on group",
                        "output list has " + std::to_string(list.size()) + " tensors",
                        "expected one per rank (2)");
@@ -114,8 +116,8 @@ TEST_F(TwoRankValidation, ListsShapesAndDtypes) {
   std::vector<float> big(9);
   EXPECT_TUTTI_ERROR(g.allgather(TensorView(big), TensorView(in)), ErrorCode::kInvalidArgument,
                      "output has 9 elements, expected world size 2 x input's 4");
-  EXPECT_TUTTI_ERROR(g.reduce_scatter(TensorView(in), TensorView(big)),
-                     ErrorCode::kInvalidArgument, "input has 9 elements");
+  EXPECT_TUTTI_ERROR(g.reduce_scatter(TensorView(in), TensorView(big)), ErrorCode::kInvalidArgument,
+                     "input has 9 elements");
   float shaped[4];
   TensorView matrix(shaped, DType::kFloat32, {2, 2});
   EXPECT_TUTTI_ERROR(g.allgather({a, b}, matrix), ErrorCode::kInvalidArgument,
@@ -149,12 +151,13 @@ TEST_F(TwoRankValidation, DevicesAndReduceOps) {
 TEST_F(TwoRankValidation, NewOpsCheckCountsListsAndOverlap) {
   CollectiveGroup& g = *groups_[0];
   std::vector<float> a(4), b(4), c(5), out(8), in(8), odd(7), odd_out(7);
-  EXPECT_TUTTI_ERROR(g.alltoall(std::vector<TensorView>{a}, {a, b}), ErrorCode::kInvalidArgument, "alltoall on group",
-                     "output list has 1 tensors");
+  EXPECT_TUTTI_ERROR(g.alltoall(std::vector<TensorView>{a}, {a, b}), ErrorCode::kInvalidArgument,
+                     "alltoall on group", "output list has 1 tensors");
   EXPECT_TUTTI_ERROR(g.alltoall({a, b}, {a, c}), ErrorCode::kInvalidArgument,
                      "input 1 is float32[5] on cpu, input 0 is float32[4] on cpu");
-  EXPECT_TUTTI_ERROR(g.alltoall(TensorView(odd_out), TensorView(odd)), ErrorCode::kInvalidArgument,
-                     "input has 7 elements and output 7: both must hold world size (2) equal blocks");
+  EXPECT_TUTTI_ERROR(
+      g.alltoall(TensorView(odd_out), TensorView(odd)), ErrorCode::kInvalidArgument,
+      "input has 7 elements and output 7: both must hold world size (2) equal blocks");
   EXPECT_TUTTI_ERROR(g.alltoall(TensorView(in.data(), 8), TensorView(in.data() + 2, 4)),
                      ErrorCode::kInvalidArgument, "input has 4 elements and output 8");
   EXPECT_TUTTI_ERROR(g.alltoall(TensorView(in.data(), 4), TensorView(in.data() + 2, 4)),
@@ -165,7 +168,8 @@ TEST_F(TwoRankValidation, NewOpsCheckCountsListsAndOverlap) {
   EXPECT_TUTTI_ERROR(g.alltoallv(TensorView(out), TensorView(in), {4, 4}, {4, 3}),
                      ErrorCode::kInvalidArgument, "input counts add up to 7 elements, input has 8");
   EXPECT_TUTTI_ERROR(g.alltoallv(TensorView(out), TensorView(in), {8}, {4, 4}),
-                     ErrorCode::kInvalidArgument, "output counts has 1 entries, expected one per rank (2)");
+                     ErrorCode::kInvalidArgument,
+                     "output counts has 1 entries, expected one per rank (2)");
   EXPECT_TUTTI_ERROR(g.allgatherv(TensorView(out), TensorView(a), {3, 5}),
                      ErrorCode::kInvalidArgument, "allgatherv on group",
                      "input has 4 elements, counts[0] says 3");
@@ -175,7 +179,8 @@ TEST_F(TwoRankValidation, NewOpsCheckCountsListsAndOverlap) {
   go.root_rank = 3;
   EXPECT_TUTTI_ERROR(g.gather({a, b}, a, go), ErrorCode::kInvalidArgument, "gather on group",
                      "root rank 3 is outside [0, 2)");
-  EXPECT_TUTTI_ERROR(g.gather(std::vector<TensorView>{a}, a), ErrorCode::kInvalidArgument, "output list has 1 tensors");
+  EXPECT_TUTTI_ERROR(g.gather(std::vector<TensorView>{a}, a), ErrorCode::kInvalidArgument,
+                     "output list has 1 tensors");
   EXPECT_TUTTI_ERROR(g.gather(TensorView(c), TensorView(a)), ErrorCode::kInvalidArgument,
                      "output has 5 elements, expected world size 2 x input's 4");
   EXPECT_TUTTI_ERROR(g.scatter(a, {a, c}), ErrorCode::kInvalidArgument, "scatter on group",

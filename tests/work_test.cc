@@ -145,6 +145,45 @@ TEST_P(WorkTest, KeepAliveHoldsItsObjectAsLongAsTheWork) {
   EXPECT_TRUE(watch.expired());
 }
 
+// on_finish hooks (what torch's futures hang on): every one runs, in the order added, on the
+// thread that finishes the op, before its waiters wake, with the op's error; a hook added after
+// the op finished runs at once.
+TEST_P(WorkTest, EveryFinishHookRunsInOrderBeforeTheWaitersWake) {
+  auto groups = create_groups(2, backend(), unique_name("work-hooks"), milliseconds(10000));
+  run_ranks(2, [&](int r) {
+    std::vector<int32_t> v(1 << 16, r + 1);
+    AllreduceOptions o;
+    o.async_op = true;
+    auto work = groups[r]->allreduce(v, o);
+    std::vector<int> order;
+    std::atomic<int32_t> seen{0};
+    for (int i = 0; i < 3; ++i) {
+      work->on_finish([&, i](const std::exception_ptr& error) {
+        EXPECT_EQ(error, nullptr);
+        order.push_back(i);
+        seen = v[(1 << 16) - 1];  // the op's result is there when the hook runs
+      });
+    }
+    work->wait();
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+    EXPECT_EQ(seen.load(), 3);
+    bool late = false;
+    work->on_finish([&](const std::exception_ptr&) { late = true; });
+    EXPECT_TRUE(late);
+  });
+  std::vector<int32_t> v(4, 1);
+  AllreduceOptions o;
+  o.async_op = true;
+  o.timeout = milliseconds(100);
+  auto failed = groups[0]->allreduce(v, o);  // rank 1 never calls: it times out
+  std::exception_ptr a, b;
+  failed->on_finish([&](const std::exception_ptr& e) { a = e; });
+  failed->on_finish([&](const std::exception_ptr& e) { b = e; });
+  EXPECT_TUTTI_ERROR(failed->wait(), ErrorCode::kTimeout, "allreduce");
+  EXPECT_NE(a, nullptr);
+  EXPECT_EQ(a, b);
+}
+
 // synchronize() on the CPU waits for every async op queued so far.
 TEST_P(WorkTest, SynchronizeWaitsForQueuedOps) {
   auto groups = create_groups(2, backend(), unique_name("work-sync"));

@@ -1,6 +1,6 @@
 // tutti-flight: merges the flight-recorder dumps of a job's ranks (TUTTI_FLIGHT_RECORDER_DIR)
-// and says, per group, which rank is behind and on which op. See src/group/flight_recorder.h for the
-// dump format.
+// and says, per group, which rank is behind and on which op. See src/group/flight_recorder.h for
+// the dump format.
 #include <dirent.h>
 #include <sys/stat.h>
 
@@ -120,7 +120,8 @@ bool read_dump(const std::string& path, Dump& d) {
       ended = true;
     }
   }
-  if (!ended) std::fprintf(stderr, "tutti-flight: %s is cut short; reading what is there\n", path.c_str());
+  if (!ended)
+    std::fprintf(stderr, "tutti-flight: %s is cut short; reading what is there\n", path.c_str());
   return d.rank >= 0;
 }
 
@@ -163,14 +164,16 @@ std::string ranks_text(const std::vector<int>& ranks) {
 std::string progress(const Op& op, long long dumped) {
   if (op.state == "completed") return "completed in " + seconds(op.ended - op.started);
   if (op.state == "failed") {
-    return "failed after " + seconds(op.ended - op.started) + (op.error.empty() ? "" : ": " + op.error);
+    return "failed after " + seconds(op.ended - op.started) +
+           (op.error.empty() ? "" : ": " + op.error);
   }
   if (op.state == "started") return "running for " + seconds(dumped - op.started) + " at the dump";
   return "queued for " + seconds(dumped - op.issued) + " at the dump";
 }
 
 void analyse(const std::string& instance, std::vector<Dump>& dumps, bool verbose) {
-  std::sort(dumps.begin(), dumps.end(), [](const Dump& a, const Dump& b) { return a.rank < b.rank; });
+  std::sort(dumps.begin(), dumps.end(),
+            [](const Dump& a, const Dump& b) { return a.rank < b.rank; });
   const Dump& first = dumps.front();
   std::printf("group '%s' (instance %s, backend %s, world %d)\n", first.group.c_str(),
               instance.c_str(), first.backend.c_str(), first.world);
@@ -197,12 +200,14 @@ void analyse(const std::string& instance, std::vector<Dump>& dumps, bool verbose
     if (mine == nullptr) {
       std::printf("no collective recorded\n");
     } else {
-      std::printf("last collective %s %s\n", mine->name().c_str(), progress(*mine, d.dumped).c_str());
+      std::printf("last collective %s %s\n", mine->name().c_str(),
+                  progress(*mine, d.dumped).c_str());
     }
     for (const Op& op : d.ops) {
       const bool pending = op.state == "issued" || op.state == "started";
       if (op.kind != "collective" && (pending || op.state == "failed")) {
-        std::printf("    point-to-point: %s %s\n", op.name().c_str(), progress(op, d.dumped).c_str());
+        std::printf("    point-to-point: %s %s\n", op.name().c_str(),
+                    progress(op, d.dumped).c_str());
       }
       if (verbose) {
         std::printf("    %s %s\n", op.name().c_str(), progress(op, d.dumped).c_str());
@@ -227,10 +232,11 @@ void analyse(const std::string& instance, std::vector<Dump>& dumps, bool verbose
     if (!behind.empty()) {
       for (int r : behind) {
         const Op* op = last[r];
-        std::printf("  => rank %d is behind: %s reached %s (%s); rank %d has not issued it (its "
-                    "last collective: %s)\n",
-                    r, ranks_text(ahead).c_str(), name.c_str(), reached.sig.c_str(), r,
-                    op == nullptr ? "none" : (op->name() + ", " + op->state).c_str());
+        std::printf(
+            "  => rank %d is behind: %s reached %s (%s); rank %d has not issued it (its "
+            "last collective: %s)\n",
+            r, ranks_text(ahead).c_str(), name.c_str(), reached.sig.c_str(), r,
+            op == nullptr ? "none" : (op->name() + ", " + op->state).c_str());
       }
     } else {
       std::vector<int> waiting;
@@ -253,9 +259,10 @@ void analyse(const std::string& instance, std::vector<Dump>& dumps, bool verbose
     }
   }
   if (!missing.empty()) {
-    std::printf("  => no dump from %s: if it is behind, it is behind the others (send it "
-                "SIGUSR1, or look for its crash)\n",
-                ranks_text(missing).c_str());
+    std::printf(
+        "  => no dump from %s: if it is behind, it is behind the others (send it "
+        "SIGUSR1, or look for its crash)\n",
+        ranks_text(missing).c_str());
   }
 }
 

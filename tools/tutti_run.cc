@@ -71,7 +71,9 @@ The first rank to fail ends the others; tutti-run exits with its status (128+N f
 )";
 
 volatile sig_atomic_t g_signal = 0;
-void on_signal(int sig) { g_signal = sig; }
+void on_signal(int sig) {
+  g_signal = sig;
+}
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "tutti-run: %s\n(see tutti-run --help)\n", message.c_str());
@@ -183,7 +185,9 @@ std::string random_hex(size_t n) {
   return out;
 }
 
-std::string random_id() { return random_hex(8); }
+std::string random_id() {
+  return random_hex(8);
+}
 
 // Forwards a child's output line by line, each prefixed with its rank.
 struct Stream {
@@ -292,8 +296,8 @@ int main(int argc, char** argv) {
   }
   const bool fits = !cpus.empty() && static_cast<size_t>(o.nproc) <= cpus.size();
   if (o.bind_to == "core" && !fits) {
-    usage_error("--bind-to core: " + std::to_string(o.nproc) + " ranks, and this launcher may use " +
-                std::to_string(cpus.size()) + " CPU(s)");
+    usage_error("--bind-to core: " + std::to_string(o.nproc) +
+                " ranks, and this launcher may use " + std::to_string(cpus.size()) + " CPU(s)");
   }
   const bool bind = fits && (o.bind_to == "core" || (o.bind_to.empty() && o.nproc > 1));
   auto share_of = [&](int local) {
@@ -396,8 +400,8 @@ int main(int argc, char** argv) {
     }
   };
 
-  while (running > 0 || std::any_of(streams.begin(), streams.end(),
-                                    [](const Stream& s) { return s.fd >= 0; })) {
+  while (running > 0 ||
+         std::any_of(streams.begin(), streams.end(), [](const Stream& s) { return s.fd >= 0; })) {
     std::vector<pollfd> fds;
     std::vector<Stream*> owners;
     for (auto& s : streams) {
@@ -429,9 +433,11 @@ int main(int argc, char** argv) {
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && !result && failures < o.max_failures) {
         ++failures;
-        std::fprintf(stderr, "tutti-run: rank %d (pid %d) %s; the others go on (%ld of "
-                     "--max-failures %ld)\n", r.rank, static_cast<int>(r.pid),
-                     describe_status(status).c_str(), failures, o.max_failures);
+        std::fprintf(stderr,
+                     "tutti-run: rank %d (pid %d) %s; the others go on (%ld of "
+                     "--max-failures %ld)\n",
+                     r.rank, static_cast<int>(r.pid), describe_status(status).c_str(), failures,
+                     o.max_failures);
       } else if (failed && !result) {
         std::fprintf(stderr, "tutti-run: rank %d (pid %d) %s; stopping the other ranks\n", r.rank,
                      static_cast<int>(r.pid), describe_status(status).c_str());

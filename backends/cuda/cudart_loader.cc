@@ -62,17 +62,17 @@ cudaError_t unavailable() {
 }  // namespace
 
 // Each forwarder resolves its function once (a thread-safe static) and calls it.
-#define TUTTI_FORWARD(name, params, args)                                           \
-  cudaError_t name params {                                                         \
-    static auto* const f = reinterpret_cast<decltype(&::name)>(resolve(#name));     \
-    return f != nullptr ? f args : unavailable();                                   \
+#define TUTTI_FORWARD(name, params, args)                                       \
+  cudaError_t name params {                                                     \
+    static auto* const f = reinterpret_cast<decltype(&::name)>(resolve(#name)); \
+    return f != nullptr ? f args : unavailable();                               \
   }
 
 extern "C" {
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  static auto* const f = reinterpret_cast<decltype(&::cudaGetDeviceCount)>(
-      resolve("cudaGetDeviceCount"));
+  static auto* const f =
+      reinterpret_cast<decltype(&::cudaGetDeviceCount)>(resolve("cudaGetDeviceCount"));
   if (f == nullptr) {
     if (count != nullptr) *count = 0;
     return cudaErrorNoDevice;
@@ -81,22 +81,22 @@ cudaError_t cudaGetDeviceCount(int* count) {
 }
 
 const char* cudaGetErrorString(cudaError_t error) {
-  static auto* const f = reinterpret_cast<decltype(&::cudaGetErrorString)>(
-      resolve("cudaGetErrorString"));
+  static auto* const f =
+      reinterpret_cast<decltype(&::cudaGetErrorString)>(resolve("cudaGetErrorString"));
   if (f != nullptr) return f(error);
   return runtime().handle == nullptr ? runtime().why.c_str()
                                      : "the loaded CUDA runtime has no cudaGetErrorString";
 }
 
 const char* cudaGetErrorName(cudaError_t error) {
-  static auto* const f = reinterpret_cast<decltype(&::cudaGetErrorName)>(
-      resolve("cudaGetErrorName"));
+  static auto* const f =
+      reinterpret_cast<decltype(&::cudaGetErrorName)>(resolve("cudaGetErrorName"));
   return f != nullptr ? f(error) : "cudaErrorSharedObjectInitFailed";
 }
 
 TUTTI_FORWARD(cudaGetDevice, (int* device), (device))
 TUTTI_FORWARD(cudaSetDevice, (int device), (device))
-TUTTI_FORWARD(cudaGetDeviceProperties, (struct cudaDeviceProp* prop, int device), (prop, device))
+TUTTI_FORWARD(cudaGetDeviceProperties, (struct cudaDeviceProp * prop, int device), (prop, device))
 TUTTI_FORWARD(cudaDeviceGetPCIBusId, (char* bus, int len, int device), (bus, len, device))
 TUTTI_FORWARD(cudaDeviceSynchronize, (void), ())
 TUTTI_FORWARD(cudaRuntimeGetVersion, (int* v), (v))
@@ -112,15 +112,15 @@ TUTTI_FORWARD(cudaMallocHost, (void** p, size_t n), (p, n))
 TUTTI_FORWARD(cudaFreeHost, (void* p), (p))
 TUTTI_FORWARD(cudaMallocAsync, (void** p, size_t n, cudaStream_t s), (p, n, s))
 TUTTI_FORWARD(cudaFreeAsync, (void* p, cudaStream_t s), (p, s))
-TUTTI_FORWARD(cudaPointerGetAttributes, (struct cudaPointerAttributes* a, const void* p), (a, p))
+TUTTI_FORWARD(cudaPointerGetAttributes, (struct cudaPointerAttributes * a, const void* p), (a, p))
 TUTTI_FORWARD(cudaMemcpy, (void* d, const void* s, size_t n, enum cudaMemcpyKind k), (d, s, n, k))
 TUTTI_FORWARD(cudaMemcpyAsync,
               (void* d, const void* s, size_t n, enum cudaMemcpyKind k, cudaStream_t st),
               (d, s, n, k, st))
 TUTTI_FORWARD(cudaMemset, (void* p, int v, size_t n), (p, v, n))
 TUTTI_FORWARD(cudaMemsetAsync, (void* p, int v, size_t n, cudaStream_t s), (p, v, n, s))
-TUTTI_FORWARD(cudaStreamCreate, (cudaStream_t* s), (s))
-TUTTI_FORWARD(cudaStreamCreateWithFlags, (cudaStream_t* s, unsigned int flags), (s, flags))
+TUTTI_FORWARD(cudaStreamCreate, (cudaStream_t * s), (s))
+TUTTI_FORWARD(cudaStreamCreateWithFlags, (cudaStream_t * s, unsigned int flags), (s, flags))
 TUTTI_FORWARD(cudaStreamDestroy, (cudaStream_t s), (s))
 TUTTI_FORWARD(cudaStreamSynchronize, (cudaStream_t s), (s))
 TUTTI_FORWARD(cudaStreamQuery, (cudaStream_t s), (s))
@@ -128,18 +128,18 @@ TUTTI_FORWARD(cudaStreamGetDevice, (cudaStream_t s, int* device), (s, device))
 TUTTI_FORWARD(cudaStreamWaitEvent, (cudaStream_t s, cudaEvent_t e, unsigned int flags),
               (s, e, flags))
 TUTTI_FORWARD(cudaLaunchHostFunc, (cudaStream_t s, cudaHostFn_t fn, void* data), (s, fn, data))
-TUTTI_FORWARD(cudaEventCreate, (cudaEvent_t* e), (e))
-TUTTI_FORWARD(cudaEventCreateWithFlags, (cudaEvent_t* e, unsigned int flags), (e, flags))
+TUTTI_FORWARD(cudaEventCreate, (cudaEvent_t * e), (e))
+TUTTI_FORWARD(cudaEventCreateWithFlags, (cudaEvent_t * e, unsigned int flags), (e, flags))
 TUTTI_FORWARD(cudaEventDestroy, (cudaEvent_t e), (e))
 TUTTI_FORWARD(cudaEventRecord, (cudaEvent_t e, cudaStream_t s), (e, s))
 TUTTI_FORWARD(cudaEventQuery, (cudaEvent_t e), (e))
 TUTTI_FORWARD(cudaEventSynchronize, (cudaEvent_t e), (e))
 TUTTI_FORWARD(cudaEventElapsedTime, (float* ms, cudaEvent_t a, cudaEvent_t b), (ms, a, b))
-TUTTI_FORWARD(cudaIpcGetMemHandle, (cudaIpcMemHandle_t* h, void* p), (h, p))
+TUTTI_FORWARD(cudaIpcGetMemHandle, (cudaIpcMemHandle_t * h, void* p), (h, p))
 TUTTI_FORWARD(cudaIpcOpenMemHandle, (void** p, cudaIpcMemHandle_t h, unsigned int flags),
               (p, h, flags))
 TUTTI_FORWARD(cudaIpcCloseMemHandle, (void* p), (p))
-TUTTI_FORWARD(cudaIpcGetEventHandle, (cudaIpcEventHandle_t* h, cudaEvent_t e), (h, e))
-TUTTI_FORWARD(cudaIpcOpenEventHandle, (cudaEvent_t* e, cudaIpcEventHandle_t h), (e, h))
+TUTTI_FORWARD(cudaIpcGetEventHandle, (cudaIpcEventHandle_t * h, cudaEvent_t e), (h, e))
+TUTTI_FORWARD(cudaIpcOpenEventHandle, (cudaEvent_t * e, cudaIpcEventHandle_t h), (e, h))
 
 }  // extern "C"

@@ -32,6 +32,7 @@
 
 #include "tutti/error.h"
 #include "tutti/tensor_transport.h"
+#include "tutti/transport_codec.h"
 
 namespace tutti::cuda_ipc {
 namespace {
@@ -61,35 +62,6 @@ std::string hex(const uint8_t* p, size_t n) {
   }
   return out;
 }
-
-void put64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-// Reads the ref's transport bytes, each length checked.
-class BlobReader {
- public:
-  explicit BlobReader(const std::string& b) : b_(b) {}
-  const char* take(size_t n, const char* what) {
-    if (pos_ + n > b_.size()) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string("cuda_ipc transport: the ref's bytes end inside ") + what);
-    }
-    const char* p = b_.data() + pos_;
-    pos_ += n;
-    return p;
-  }
-  uint64_t u64(const char* what) {
-    const char* p = take(8, what);
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * i);
-    return v;
-  }
-
- private:
-  const std::string& b_;
-  size_t pos_ = 0;
-};
 
 // Sets the current device for a scope.
 class DeviceScope {
@@ -171,13 +143,13 @@ class CudaIpcTransport final : public TensorTransport {
   Publication publish(const PublishRequest& request) override {
     load_driver();
     Publication pub;
-    std::string tensors;
+    WireWriter tensors;
     int device = -1;
     for (size_t i = 0; i < request.tensors.size(); ++i) {
       const TensorView& t = request.tensors[i];
       if (t.nbytes() == 0) {  // nothing to share
-        tensors.append(kHandle, '\0');
-        for (int k = 0; k < 4; ++k) put64(tensors, 0);
+        const cudaIpcMemHandle_t none{};
+        tensors.bytes(&none, kHandle).u64(0).u64(0).u64(0).u64(0);
         continue;
       }
       cudaPointerAttributes attr{};
@@ -201,15 +173,13 @@ class CudaIpcTransport final : public TensorTransport {
       if (get_range_(&base, &size, ptr) != 0 ||
           get_attribute_(&buffer_id, kBufferIdAttribute, ptr) != 0) {
         throw Error(ErrorCode::kInvalidArgument, "cuda_ipc transport: tensor " + std::to_string(i) +
-                                                     " (" + t.str() + "): the driver knows no "
+                                                     " (" + t.str() +
+                                                     "): the driver knows no "
                                                      "allocation at that address");
       }
       const cudaIpcMemHandle_t handle = export_allocation(base, size, buffer_id, device);
-      tensors.append(reinterpret_cast<const char*>(&handle), kHandle);
-      put64(tensors, ptr - base);
-      put64(tensors, size);
-      put64(tensors, buffer_id);
-      put64(tensors, base);  // for a consumer in this process (CUDA opens no handle here)
+      tensors.bytes(&handle, kHandle).u64(ptr - base).u64(size).u64(buffer_id);
+      tensors.u64(base);  // for a consumer in this process (CUDA opens no handle here)
     }
     // The object's order point: consumers' reads wait for the producer's work so far.
     cudaIpcEventHandle_t event_handle{};
@@ -224,9 +194,9 @@ class CudaIpcTransport final : public TensorTransport {
       std::lock_guard<std::mutex> lock(local_events_mutex());
       local_events()[handle_key(event_handle)] = e;
     }
-    pub.blob.append(reinterpret_cast<const char*>(uuid.data()), uuid.size());
-    pub.blob.append(reinterpret_cast<const char*>(&event_handle), sizeof(event_handle));
-    pub.blob += tensors;
+    WireWriter blob;
+    blob.bytes(uuid.data(), uuid.size()).bytes(&event_handle, sizeof(event_handle));
+    pub.blob = std::move(blob.out()) + tensors.out();
     return pub;
   }
 
@@ -255,11 +225,11 @@ class CudaIpcTransport final : public TensorTransport {
   FetchResult fetch(const FetchRequest& request) override {
     const TensorRef& ref = request.ref;
     const auto& metas = ref.tensors();
-    BlobReader r(ref.blob());
+    WireReader r(ref.blob(), "cuda_ipc transport: the ref's bytes");
     std::array<uint8_t, 16> uuid{};
-    std::memcpy(uuid.data(), r.take(16, "the GPU's UUID"), 16);
+    r.bytes(uuid.data(), uuid.size(), "the GPU's UUID");
     cudaIpcEventHandle_t event_handle{};
-    std::memcpy(&event_handle, r.take(sizeof(event_handle), "the event's handle"), sizeof(event_handle));
+    r.bytes(&event_handle, sizeof(event_handle), "the event's handle");
     struct Place {
       cudaIpcMemHandle_t handle{};
       uint64_t offset = 0, size = 0, buffer_id = 0, base = 0;
@@ -267,7 +237,7 @@ class CudaIpcTransport final : public TensorTransport {
     std::vector<Place> places(metas.size());
     bool any = false;
     for (size_t i = 0; i < metas.size(); ++i) {
-      std::memcpy(&places[i].handle, r.take(kHandle, "a memory handle"), kHandle);
+      r.bytes(&places[i].handle, kHandle, "a memory handle");
       places[i].offset = r.u64("an offset");
       places[i].size = r.u64("an allocation size");
       places[i].buffer_id = r.u64("a buffer id");
@@ -276,7 +246,8 @@ class CudaIpcTransport final : public TensorTransport {
         any = true;
         if (metas[i].nbytes() > places[i].size ||
             places[i].offset > places[i].size - metas[i].nbytes()) {  // no 64-bit wrap
-          throw Error(ErrorCode::kInvalidArgument, "cuda_ipc transport: tensor " + std::to_string(i) +
+          throw Error(ErrorCode::kInvalidArgument, "cuda_ipc transport: tensor " +
+                                                       std::to_string(i) +
                                                        " lies past its allocation's end");
         }
       }
@@ -342,8 +313,9 @@ class CudaIpcTransport final : public TensorTransport {
     }
     for (size_t i = 0; i < metas.size(); ++i) {
       if (metas[i].nbytes() == 0) continue;
-      const cudaError_t copied = cudaMemcpyAsync(request.targets[i].data(), sources[i],
-                                                 metas[i].nbytes(), cudaMemcpyDeviceToDevice, stream);
+      const cudaError_t copied =
+          cudaMemcpyAsync(request.targets[i].data(), sources[i], metas[i].nbytes(),
+                          cudaMemcpyDeviceToDevice, stream);
       if (copied != cudaSuccess) cudaEventDestroy(done);
       check(copied, "copying tensor " + std::to_string(i));
     }
@@ -426,8 +398,10 @@ class CudaIpcTransport final : public TensorTransport {
       if (device_uuid(d) == uuid) return d;
     }
     throw Error(ErrorCode::kUnavailable,
-                "cuda_ipc transport: the owner's GPU (uuid " + hex(uuid.data(), 16) + ") is not one of "
-                    "the " + std::to_string(n) + " this process sees (CUDA_VISIBLE_DEVICES)");
+                "cuda_ipc transport: the owner's GPU (uuid " + hex(uuid.data(), 16) +
+                    ") is not one of "
+                    "the " +
+                    std::to_string(n) + " this process sees (CUDA_VISIBLE_DEVICES)");
   }
 
   cudaStream_t internal_stream(int device) {
@@ -488,13 +462,14 @@ class CudaIpcTransport final : public TensorTransport {
   GetAddressRange get_range_ = nullptr;
   PointerGetAttribute get_attribute_ = nullptr;
   std::map<unsigned long long, Exported> exported_;  // by allocation base
-  std::map<uint64_t, cudaEvent_t> live_events_;       // by object id
+  std::map<uint64_t, cudaEvent_t> live_events_;      // by object id
   std::vector<cudaEvent_t> free_events_;
   std::map<std::string, cudaEvent_t> opened_events_;  // by owner and handle
   std::map<int, cudaStream_t> streams_;
   size_t cache_limit_ = 256;
   std::list<std::string> lru_;
-  std::map<std::string, std::pair<std::shared_ptr<Opened>, std::list<std::string>::iterator>> cache_;
+  std::map<std::string, std::pair<std::shared_ptr<Opened>, std::list<std::string>::iterator>>
+      cache_;
 };
 
 }  // namespace
@@ -502,13 +477,18 @@ class CudaIpcTransport final : public TensorTransport {
 // Registered when libtutti_cuda_ipc is loaded; available where a GPU is visible.
 struct RegisterCudaIpc {
   RegisterCudaIpc() {
-    register_tensor_transport(
-        "cuda_ipc",
-        [](const TransportContext& ctx) { return std::make_unique<CudaIpcTransport>(ctx); },
-        [] {
-          int n = 0;
-          return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-        });
+    TransportInfo info;
+    info.name = "cuda_ipc";
+    info.factory = [](const TransportContext& ctx) {
+      return std::make_unique<CudaIpcTransport>(ctx);
+    };
+    info.available = [] {
+      int n = 0;
+      return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    };
+    info.devices = {DeviceType::kCUDA};
+    info.priority = 20;  // "auto" for CUDA tensors
+    register_tensor_transport(std::move(info));
   }
 };
 

@@ -21,9 +21,9 @@
 
 #include "gloo_store.h"
 #include "gloo_util.h"
-#include "util/logging.h"
 #include "tensor/reduction.h"
 #include "tutti/error.h"
+#include "util/logging.h"
 
 namespace tutti::gloo_backend {
 namespace {
@@ -41,8 +41,8 @@ std::string everyone(int world_size) {
 ::gloo::AllreduceOptions::Func gloo_reduce_fn(DType dtype, ReduceOp op) {
   detail::ReduceFn fn = detail::reduce_function(dtype, op);
   if (fn == nullptr) {
-    throw Error(ErrorCode::kInternal, std::string("gloo: no reduction for ") + to_string(dtype) +
-                                          " " + to_string(op));
+    throw Error(ErrorCode::kInternal,
+                std::string("gloo: no reduction for ") + to_string(dtype) + " " + to_string(op));
   }
   return [fn](void* out, const void* a, const void* b, size_t n) { fn(out, a, b, n); };
 }
@@ -132,8 +132,8 @@ std::vector<size_t> send_buffer_sizes(const BackendContext& ctx) {
   std::vector<size_t> sizes(ctx.world_size, 0);
   const auto& hosts = ctx.hosts;
   for (int r = 0; r < ctx.world_size; ++r) {
-    const bool known = static_cast<size_t>(r) < hosts.size() &&
-                       static_cast<size_t>(ctx.rank) < hosts.size();
+    const bool known =
+        static_cast<size_t>(r) < hosts.size() && static_cast<size_t>(ctx.rank) < hosts.size();
     if (known && hosts[r] == hosts[ctx.rank]) sizes[r] = DirectExchange::kLocalSendBufferBytes;
   }
   return sizes;
@@ -192,8 +192,9 @@ void GlooBackend::guarded(const OpContext& ctx, const std::string& waiting_for, 
                                            std::to_string(ctx.timeout.count()) +
                                            " ms waiting for " + who + " (gloo: " + msg + ")");
     }
-    throw Error(ErrorCode::kIoError, ctx.description() + ": transport error while exchanging with " +
-                                         who + " (gloo: " + msg + ")");
+    throw Error(ErrorCode::kIoError, ctx.description() +
+                                         ": transport error while exchanging with " + who +
+                                         " (gloo: " + msg + ")");
   } catch (const Error&) {
     // The direct exchange's own errors: an abort's reset is what ended them.
     if (aborted_.load()) throw_aborted(ctx);
@@ -212,8 +213,7 @@ void GlooBackend::throw_aborted(const OpContext& ctx) const {
   throw Error(ErrorCode::kAborted, ctx.description() + ": aborted: " + reason_);
 }
 
-GlooBackend::GlooBackend(const BackendContext& ctx)
-    : rank_(ctx.rank), world_size_(ctx.world_size) {
+GlooBackend::GlooBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_(ctx.world_size) {
   if (world_size_ == 1) return;  // every op is local: no device, no threads
   direct_limit_ = direct_limit(world_size_);
   algorithm_ = allreduce_choice();
@@ -247,11 +247,11 @@ GlooBackend::GlooBackend(const BackendContext& ctx)
         msg.find("Timed out") != std::string::npos ? ErrorCode::kTimeout : ErrorCode::kIoError;
     throw Error(code, "connecting to the other ranks failed (gloo: " + msg + ")");
   } catch (const ::gloo::EnforceNotMet& e) {
-    throw Error(ErrorCode::kIoError, std::string("connecting to the other ranks failed (gloo: ") +
-                                         e.what() + ")");
+    throw Error(ErrorCode::kIoError,
+                std::string("connecting to the other ranks failed (gloo: ") + e.what() + ")");
   } catch (const ::gloo::Exception& e) {
-    throw Error(ErrorCode::kIoError, std::string("connecting to the other ranks failed (gloo: ") +
-                                         e.what() + ")");
+    throw Error(ErrorCode::kIoError,
+                std::string("connecting to the other ranks failed (gloo: ") + e.what() + ")");
   }
 }
 
@@ -330,9 +330,9 @@ Backend::WorkPtr GlooBackend::allreduce(const std::vector<TensorView>& tensors,
     GlooAllreduce algorithm = algorithm_;
     if (algorithm == GlooAllreduce::kAuto) {
       // Small: one step to every peer, or log2(n) steps to one peer each at 4, 8, ... ranks.
-      algorithm = t.nbytes() > direct_limit_                      ? GlooAllreduce::kRing
+      algorithm = t.nbytes() > direct_limit_                         ? GlooAllreduce::kRing
                   : is_power_of_two(world_size_) && world_size_ >= 4 ? GlooAllreduce::kDoubling
-                                                                       : GlooAllreduce::kDirect;
+                                                                     : GlooAllreduce::kDirect;
     }
     guarded(ctx, everyone(world_size_), [&] {
       if (algorithm == GlooAllreduce::kDirect) {
@@ -374,9 +374,8 @@ Backend::WorkPtr GlooBackend::reduce(const std::vector<TensorView>& tensors,
         const size_t n = static_cast<size_t>(t.numel());
         o.setInput<W>(static_cast<W*>(t.data()), n);
         // Gloo writes every rank's output: only the root's may be the caller's tensor.
-        o.setOutput<W>(root ? static_cast<W*>(t.data())
-                            : reinterpret_cast<W*>(scratch(0, t.nbytes())),
-                       n);
+        o.setOutput<W>(
+            root ? static_cast<W*>(t.data()) : reinterpret_cast<W*>(scratch(0, t.nbytes())), n);
       });
       o.setRoot(opts.root_rank);
       o.setReduceFunction(gloo_reduce_fn(t.dtype(), opts.reduce_op));
@@ -395,8 +394,9 @@ Backend::WorkPtr GlooBackend::broadcast(const std::vector<TensorView>& tensors,
                                         const BroadcastOptions& opts, const OpContext& ctx) {
   if (world_size_ == 1) return nullptr;
   const TensorView& t = tensors[0];
-  guarded(ctx, rank_ == opts.root_rank ? everyone(world_size_)
-                                       : "root rank " + std::to_string(opts.root_rank),
+  guarded(ctx,
+          rank_ == opts.root_rank ? everyone(world_size_)
+                                  : "root rank " + std::to_string(opts.root_rank),
           [&] {
             ::gloo::BroadcastOptions o(context_);
             with_word(t.element_size(), [&](auto word) {

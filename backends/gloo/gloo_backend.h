@@ -46,7 +46,7 @@ class Context;
 namespace transport {
 class Device;
 class UnboundBuffer;
-}
+}  // namespace transport
 }  // namespace gloo
 
 namespace tutti::gloo_backend {
@@ -91,8 +91,7 @@ class GlooBackend : public Backend {
   template <typename Fn>
   void guarded(const OpContext& ctx, const std::string& waiting_for, Fn&& fn);
   [[noreturn]] void throw_aborted(const OpContext& ctx) const;
-  void allgather_buffer(char* output, const TensorView& input, bool in_place,
-                        const OpContext& ctx);
+  void allgather_buffer(char* output, const TensorView& input, bool in_place, const OpContext& ctx);
   // Waits for an unbound buffer's send or receive, which abort() can end early.
   void wait_buffer(::gloo::transport::UnboundBuffer& buffer, bool sending, int peer,
                    std::chrono::steady_clock::time_point deadline, const OpContext& ctx);

@@ -56,7 +56,8 @@ std::string gloo_name_of(const sockaddr_storage& ss) {
 // Record k of a rank's published list.
 sockaddr_storage address_at(const std::vector<char>& list, size_t k) {
   sockaddr_storage ss{};
-  if ((k + 1) * kAddressBytes <= list.size()) std::memcpy(&ss, list.data() + k * kAddressBytes, sizeof(ss));
+  if ((k + 1) * kAddressBytes <= list.size())
+    std::memcpy(&ss, list.data() + k * kAddressBytes, sizeof(ss));
   return ss;
 }
 
@@ -147,8 +148,7 @@ void GlooConnections::find(int rank, int world_size) {
     const int peer = accepted != accepted_on.end() ? accepted->second : connected->second;
     // Gloo names an accepted connection's peer by the address it connected from.
     gloo_names_[gloo_name_of(remote)] = peer;
-    sockets_.push_back(
-        Socket{static_cast<int>(fd), static_cast<unsigned long>(st.st_ino), peer});
+    sockets_.push_back(Socket{static_cast<int>(fd), static_cast<unsigned long>(st.st_ino), peer});
   }
   ::closedir(dir);
   TUTTI_LOG_DEBUG("gloo: rank {}/{} found {} connection(s)", rank, world_size, sockets_.size());
@@ -179,10 +179,10 @@ int GlooConnections::rank_in(const std::string& message) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [name, r] : gloo_names_) {
     // "[ip]:1654" is not "[ip]:16540": the port must end where the message's does.
-    for (size_t at = message.find(name); at != std::string::npos;
-         at = message.find(name, at + 1)) {
+    for (size_t at = message.find(name); at != std::string::npos; at = message.find(name, at + 1)) {
       const size_t end = at + name.size();
-      if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) return r;
+      if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end])))
+        return r;
     }
   }
   return -1;

@@ -7,9 +7,9 @@
 // on their own address and publish it through the rendezvous store; a socket is this context's
 // when its local address is that of one of this rank's pairs that accepted, or its peer's address
 // is the one a peer's pair that accepted published for this rank (a pair that connected gave its
-// address up, and another socket may hold it by then). The sockets are looked up in /proc/self/fd once, after
-// the context connects, and remembered with their inode so that a reused descriptor is never
-// touched.
+// address up, and another socket may hold it by then). The sockets are looked up in /proc/self/fd
+// once, after the context connects, and remembered with their inode so that a reused descriptor is
+// never touched.
 //
 // An abort resets every connection (RST: a connect to AF_UNSPEC, then a shutdown that wakes
 // Gloo's loop here), which the peer sees at once, even behind unread data: a peer waiting on

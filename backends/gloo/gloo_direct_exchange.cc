@@ -53,7 +53,9 @@ std::chrono::microseconds spin_budget() {
   return budget;
 }
 
-size_t left_in(const iovec* v) { return v[0].iov_len + v[1].iov_len; }
+size_t left_in(const iovec* v) {
+  return v[0].iov_len + v[1].iov_len;
+}
 
 void advance(iovec* v, size_t n) {
   for (int i = 0; i < 2 && n > 0; ++i) {
@@ -64,7 +66,9 @@ void advance(iovec* v, size_t n) {
   }
 }
 
-bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
+bool would_block(int err) {
+  return err == EAGAIN || err == EWOULDBLOCK || err == EINTR;
+}
 
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
@@ -74,18 +78,16 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 }  // namespace
 
-DirectExchange::DirectExchange(int rank, int world_size,
-                               const std::shared_ptr<tutti::Store>& store,
+DirectExchange::DirectExchange(int rank, int world_size, const std::shared_ptr<tutti::Store>& store,
                                const std::shared_ptr<::gloo::transport::Device>& device,
                                std::chrono::milliseconds timeout,
                                const std::vector<size_t>& send_buffers)
     : rank_(rank), world_size_(world_size) {
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, world_size);
   context->setTimeout(timeout);
-  GlooStore prefixed(std::make_shared<PrefixStore>("direct", store),
-                     [this](int r, const std::vector<char>& addresses) {
-                       connections_.record(r, addresses);
-                     });
+  GlooStore prefixed(
+      std::make_shared<PrefixStore>("direct", store),
+      [this](int r, const std::vector<char>& addresses) { connections_.record(r, addresses); });
   auto shared_device = device;  // connectFullMesh takes a non-const reference
   context->connectFullMesh(prefixed, shared_device);
   context_ = std::move(context);
@@ -102,8 +104,9 @@ DirectExchange::DirectExchange(int rank, int world_size,
     context_->getPair(p)->setSync(/*enable=*/true, /*busyPoll=*/false);
     fds_[p] = connections_.socket_for(p);
     if (fds_[p] < 0) {
-      throw Error(ErrorCode::kInternal, "gloo: the socket of the second context's connection to rank " +
-                                            std::to_string(p) + " was not found");
+      throw Error(ErrorCode::kInternal,
+                  "gloo: the socket of the second context's connection to rank " +
+                      std::to_string(p) + " was not found");
     }
     if (static_cast<size_t>(p) < send_buffers.size() && send_buffers[p] > 0) {
       const int v = static_cast<int>(std::min<size_t>(send_buffers[p], INT_MAX / 2));
@@ -112,7 +115,9 @@ DirectExchange::DirectExchange(int rank, int world_size,
   }
 }
 
-DirectExchange::~DirectExchange() { context_.reset(); }
+DirectExchange::~DirectExchange() {
+  context_.reset();
+}
 
 void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
                          const OpContext& ctx) {
@@ -189,8 +194,8 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
     }
     polls.clear();
     for (const Flow& f : flows) {
-      const short events = static_cast<short>((left_in(f.out) > 0 ? POLLOUT : 0) |
-                                              (left_in(f.in) > 0 ? POLLIN : 0));
+      const short events =
+          static_cast<short>((left_in(f.out) > 0 ? POLLOUT : 0) | (left_in(f.in) > 0 ? POLLIN : 0));
       if (events != 0) polls.push_back(pollfd{fds_[f.peer], events, 0});
     }
     // Whole milliseconds, rounded up, and at most a minute per poll (deadlines can be far).
@@ -208,10 +213,10 @@ void DirectExchange::check_header(int peer, const char* header, uint32_t magic, 
   if (theirs.magic != magic || theirs.tag != ctx.tag || theirs.bytes != total) {
     throw Error(ErrorCode::kRemoteError,
                 ctx.description() + ": rank " + std::to_string(peer) +
-                    " called a different op or size (its message: " +
-                    std::to_string(theirs.bytes) + " bytes, tag " + std::to_string(theirs.tag) +
-                    " by " + kind_name(theirs.magic) + "; this rank's: " + std::to_string(total) +
-                    " bytes, tag " + std::to_string(ctx.tag) + " by " + kind_name(magic) +
+                    " called a different op or size (its message: " + std::to_string(theirs.bytes) +
+                    " bytes, tag " + std::to_string(theirs.tag) + " by " + kind_name(theirs.magic) +
+                    "; this rank's: " + std::to_string(total) + " bytes, tag " +
+                    std::to_string(ctx.tag) + " by " + kind_name(magic) +
                     "); every rank must make the same calls in the same order, with the same "
                     "TUTTI_GLOO_ALLREDUCE and TUTTI_GLOO_DIRECT_BYTES");
   }
@@ -241,8 +246,9 @@ void DirectExchange::allreduce_direct(void* data, size_t bytes, size_t element_s
 void DirectExchange::allreduce_doubling(void* data, size_t bytes, size_t element_size,
                                         detail::ReduceFn fn, const OpContext& ctx) {
   if (!is_power_of_two(world_size_)) {
-    throw Error(ErrorCode::kInternal, ctx.description() + ": recursive doubling needs a power of "
-                                                          "two ranks, not " +
+    throw Error(ErrorCode::kInternal, ctx.description() +
+                                          ": recursive doubling needs a power of "
+                                          "two ranks, not " +
                                           std::to_string(world_size_));
   }
   const auto deadline = ctx.deadline();
@@ -301,8 +307,8 @@ void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_siz
       from.magic = mine.magic;
       from.total = bytes;
     }
-    from.in[1] = fold ? iovec{staging_.data(), std::min(kStagingBytes, in_len)}
-                      : iovec{dst, in_len};
+    from.in[1] =
+        fold ? iovec{staging_.data(), std::min(kStagingBytes, in_len)} : iovec{dst, in_len};
     // What came into the staging buffer (the header, if any, is in[0] and comes first) is folded
     // into the output in whole elements.
     size_t header_left = header ? sizeof(Header) : 0;

@@ -58,7 +58,9 @@ class Device;
 
 namespace tutti::gloo_backend {
 
-inline bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+inline bool is_power_of_two(int n) {
+  return n > 0 && (n & (n - 1)) == 0;
+}
 
 class DirectExchange {
  public:
@@ -139,10 +141,10 @@ class DirectExchange {
   int world_size_;
   std::shared_ptr<::gloo::Context> context_;
   GlooConnections connections_;
-  std::vector<int> fds_;                    // per rank: the socket to it (this rank's: -1)
-  std::vector<std::vector<char>> inbox_;    // direct: per rank; doubling: this rank's
-  std::vector<char> headers_;               // 16 bytes per rank: what each peer sent first
-  std::vector<char> staging_;               // ring: kStagingBytes
+  std::vector<int> fds_;                  // per rank: the socket to it (this rank's: -1)
+  std::vector<std::vector<char>> inbox_;  // direct: per rank; doubling: this rank's
+  std::vector<char> headers_;             // 16 bytes per rank: what each peer sent first
+  std::vector<char> staging_;             // ring: kStagingBytes
 };
 
 }  // namespace tutti::gloo_backend

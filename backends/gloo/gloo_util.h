@@ -10,8 +10,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "util/logging.h"
 #include "tutti/error.h"
+#include "util/logging.h"
 
 namespace tutti::gloo_backend {
 
@@ -38,9 +38,10 @@ inline ::gloo::transport::tcp::attr device_attr() {
       attr.hostname = name;
       ::freeaddrinfo(info);
     } else {
-      TUTTI_LOG_WARN("gloo: host name '{}' does not resolve; binding 127.0.0.1 (set "
-                     "TUTTI_GLOO_IFNAME or TUTTI_GLOO_HOSTNAME for multi-host groups)",
-                     name);
+      TUTTI_LOG_WARN(
+          "gloo: host name '{}' does not resolve; binding 127.0.0.1 (set "
+          "TUTTI_GLOO_IFNAME or TUTTI_GLOO_HOSTNAME for multi-host groups)",
+          name);
       attr.hostname = "127.0.0.1";
     }
   }

@@ -25,18 +25,17 @@ NcclApi load() {
   auto resolve = [&](auto& fn, const char* name) {
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(handle, name));
     if (fn == nullptr) {
-      throw Error(ErrorCode::kUnavailable, "nccl: " + api.library + " lacks " + name +
-                                               " (NCCL " + std::to_string(api.version) +
-                                               "; tutti needs " +
+      throw Error(ErrorCode::kUnavailable, "nccl: " + api.library + " lacks " + name + " (NCCL " +
+                                               std::to_string(api.version) + "; tutti needs " +
                                                std::to_string(kMinNcclVersion) + " or newer)");
     }
   };
   resolve(api.GetVersion, "ncclGetVersion");
   if (api.GetVersion(&api.version) != ncclSuccess || api.version < kMinNcclVersion) {
-    throw Error(ErrorCode::kUnavailable,
-                "nccl: " + api.library + " is NCCL version " + std::to_string(api.version) +
-                    "; tutti needs " + std::to_string(kMinNcclVersion) +
-                    " or newer (non-blocking communicators)");
+    throw Error(ErrorCode::kUnavailable, "nccl: " + api.library + " is NCCL version " +
+                                             std::to_string(api.version) + "; tutti needs " +
+                                             std::to_string(kMinNcclVersion) +
+                                             " or newer (non-blocking communicators)");
   }
   resolve(api.GetUniqueId, "ncclGetUniqueId");
   resolve(api.CommInitRankConfig, "ncclCommInitRankConfig");

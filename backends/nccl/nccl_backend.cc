@@ -6,12 +6,12 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "util/host_identity.h"
-#include "util/logging.h"
 #include "nccl_api.h"
 #include "nccl_types.h"
 #include "nccl_util.h"
 #include "tutti/error.h"
+#include "util/host_identity.h"
+#include "util/logging.h"
 
 namespace tutti::nccl_backend {
 namespace {
@@ -127,8 +127,8 @@ NcclBackend::~NcclBackend() {
     if (p.work->settle(events_) == cudaSuccess) {
       p.work->finish();
     } else {
-      p.work->finish(std::make_exception_ptr(Error(
-          ErrorCode::kAborted, p.work->description() + ": the group was destroyed first")));
+      p.work->finish(std::make_exception_ptr(
+          Error(ErrorCode::kAborted, p.work->description() + ": the group was destroyed first")));
     }
   }
   pending_.clear();
@@ -345,10 +345,10 @@ NcclBackend::Comms& NcclBackend::collective_comms(const std::vector<TensorView>&
     if (fields[1] != host) continue;
     for (const auto& theirs : split_string(fields[2], ',')) {
       if (std::find(mine.begin(), mine.end(), theirs) != mine.end()) {
-        throw Error(ErrorCode::kInvalidUsage,
-                    ctx.description() + ": ranks " + std::to_string(r) + " and " +
-                        std::to_string(rank_) + " both use GPU " + theirs +
-                        ": NCCL needs each GPU in one rank only");
+        throw Error(ErrorCode::kInvalidUsage, ctx.description() + ": ranks " + std::to_string(r) +
+                                                  " and " + std::to_string(rank_) +
+                                                  " both use GPU " + theirs +
+                                                  ": NCCL needs each GPU in one rank only");
       }
     }
   }
@@ -385,8 +385,9 @@ Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOpt
       for (const Lane& l : lanes) {
         if (l.device() != lanes[0].device()) {
           throw Error(ErrorCode::kInvalidArgument,
-                      ctx.description() + ": an explicit stream belongs to one device; this op "
-                                          "runs on several, each after its default stream");
+                      ctx.description() +
+                          ": an explicit stream belongs to one device; this op "
+                          "runs on several, each after its default stream");
         }
       }
     }
@@ -475,7 +476,9 @@ void NcclBackend::synchronize(Device device) {
   }
 }
 
-void NcclBackend::abort(const std::string& reason) { fail(reason); }
+void NcclBackend::abort(const std::string& reason) {
+  fail(reason);
+}
 
 // What NCCL offers for subgroups, ncclCommSplit, is collective over every rank of the parent
 // communicator: ranks outside the subgroup must call it too, with NCCL_SPLIT_NOCOLOR. But
@@ -515,10 +518,9 @@ void NcclBackend::fail(const std::string& why, const NcclWork* culprit, ErrorCod
       if (p.work.get() == culprit) {
         error = std::make_exception_ptr(Error(code, why + "; the NCCL communicators were aborted"));
       } else if (state != cudaSuccess) {
-        error = std::make_exception_ptr(
-            Error(ErrorCode::kAborted, p.work->description() +
-                                           ": the NCCL communicators were aborted (" + why +
-                                           "); destroy the group and initialise it again"));
+        error = std::make_exception_ptr(Error(
+            ErrorCode::kAborted, p.work->description() + ": the NCCL communicators were aborted (" +
+                                     why + "); destroy the group and initialise it again"));
       }
       ends.emplace_back(std::move(p.work), std::move(error));
     }
@@ -559,8 +561,8 @@ void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
       }
       continue;
     }
-    wake_.wait_for(lock, pending_.empty() ? std::chrono::milliseconds(200)
-                                          : std::chrono::milliseconds(2));
+    wake_.wait_for(
+        lock, pending_.empty() ? std::chrono::milliseconds(200) : std::chrono::milliseconds(2));
     if (stop_ || !failure_.empty()) continue;
     // The events are queried without the lock (review #22): a query may wait behind a driver
     // lock that a synchronising call on another thread holds, and every tutti call needs ours.

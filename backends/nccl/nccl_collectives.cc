@@ -17,7 +17,9 @@ void copy_on(cudaStream_t stream, const TensorView& to, const TensorView& from) 
              "cudaMemcpyAsync");
 }
 
-size_t count_of(const TensorView& t) { return static_cast<size_t>(t.numel()); }
+size_t count_of(const TensorView& t) {
+  return static_cast<size_t>(t.numel());
+}
 
 }  // namespace
 
@@ -30,8 +32,8 @@ Backend::WorkPtr NcclBackend::allreduce(const std::vector<TensorView>& tensors,
     if (phase != Phase::kNccl) return;
     for (size_t i = 0; i < tensors.size(); ++i) {
       DeviceGuard guard(c.devices[i]);
-      check_nccl(api_.AllReduce(tensors[i].data(), tensors[i].data(), count_of(tensors[i]), dt,
-                                op, c.comms[i], c.streams[i]),
+      check_nccl(api_.AllReduce(tensors[i].data(), tensors[i].data(), count_of(tensors[i]), dt, op,
+                                c.comms[i], c.streams[i]),
                  c.comms[i], ctx, "ncclAllReduce");
     }
   });
@@ -132,9 +134,9 @@ Backend::WorkPtr NcclBackend::allgatherv(const TensorView& output, const TensorV
       offset += counts[r];
       if (counts[r] == 0) continue;  // every rank knows the counts: all skip alike
       const void* send = r == rank_ ? input.data() : block.data();
-      check_nccl(api_.Broadcast(send, block.data(), count_of(block), dt, r, c.comms[0],
-                                c.streams[0]),
-                 c.comms[0], ctx, "ncclBroadcast (allgatherv)");
+      check_nccl(
+          api_.Broadcast(send, block.data(), count_of(block), dt, r, c.comms[0], c.streams[0]),
+          c.comms[0], ctx, "ncclBroadcast (allgatherv)");
     }
   });
 }
@@ -172,18 +174,17 @@ Backend::WorkPtr NcclBackend::reduce_scatter(const std::vector<TensorView>& outp
 }
 
 // In place when the output is this rank's block of the input, as NCCL allows.
-Backend::WorkPtr NcclBackend::reduce_scatter_from(const TensorView& output,
-                                                  const TensorView& input,
+Backend::WorkPtr NcclBackend::reduce_scatter_from(const TensorView& output, const TensorView& input,
                                                   const ReduceScatterOptions& opts,
                                                   const OpContext& ctx) {
   Comms& c = collective_comms({output}, ctx);
   return launch(lanes_of(c), opts, ctx, [&](Phase phase) {
     if (phase != Phase::kNccl) return;
     DeviceGuard guard(c.devices[0]);
-    check_nccl(api_.ReduceScatter(input.data(), output.data(), count_of(output),
-                                  to_nccl(output.dtype()), to_nccl(opts.reduce_op, output.dtype()),
-                                  c.comms[0], c.streams[0]),
-               c.comms[0], ctx, "ncclReduceScatter");
+    check_nccl(
+        api_.ReduceScatter(input.data(), output.data(), count_of(output), to_nccl(output.dtype()),
+                           to_nccl(opts.reduce_op, output.dtype()), c.comms[0], c.streams[0]),
+        c.comms[0], ctx, "ncclReduceScatter");
   });
 }
 
@@ -232,9 +233,9 @@ Backend::WorkPtr NcclBackend::gather(const std::vector<TensorView>& outputs,
     }
     for (int r = 0; r < world_size_; ++r) {
       if (r == root) continue;
-      check_nccl(api_.Recv(outputs[r].data(), count_of(outputs[r]), dt, r, c.comms[0],
-                           c.streams[0]),
-                 c.comms[0], ctx, "ncclRecv (gather)");
+      check_nccl(
+          api_.Recv(outputs[r].data(), count_of(outputs[r]), dt, r, c.comms[0], c.streams[0]),
+          c.comms[0], ctx, "ncclRecv (gather)");
     }
   });
 }
@@ -256,8 +257,7 @@ Backend::WorkPtr NcclBackend::scatter(const TensorView& output,
     }
     for (int r = 0; r < world_size_; ++r) {
       if (r == root) continue;
-      check_nccl(api_.Send(inputs[r].data(), count_of(inputs[r]), dt, r, c.comms[0],
-                           c.streams[0]),
+      check_nccl(api_.Send(inputs[r].data(), count_of(inputs[r]), dt, r, c.comms[0], c.streams[0]),
                  c.comms[0], ctx, "ncclSend (scatter)");
     }
   });

@@ -1,4 +1,5 @@
-// Registers the "shm" collective backend and tensor transport when libtutti_shm is loaded (linked with --no-as-needed, like tutti::gloo).
+// Registers the "shm" collective backend and tensor transport when libtutti_shm is loaded (linked
+// with --no-as-needed, like tutti::gloo).
 #include "shm_backend.h"
 #include "tutti/backend.h"
 

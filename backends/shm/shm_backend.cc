@@ -14,14 +14,14 @@
 #include <thread>
 
 #include "group/group_util.h"
-#include "util/host_identity.h"
-#include "util/local_processes.h"
-#include "util/logging.h"
 #include "shm_cpus.h"
 #include "shm_internal.h"
 #include "shm_layout.h"
 #include "tutti/error.h"
 #include "tutti/store.h"
+#include "util/host_identity.h"
+#include "util/local_processes.h"
+#include "util/logging.h"
 
 namespace tutti::shm_backend {
 
@@ -36,7 +36,9 @@ size_t env_size(const char* name, size_t fallback, size_t min_value = 4096) {
   return (*end == '\0' && n >= min_value) ? static_cast<size_t>(n) : fallback;
 }
 
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+size_t align_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
 
 }  // namespace
 
@@ -90,9 +92,9 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
     std::string m = ctx.store->get(k);
     if (m != "?") masks.push_back(std::move(m));
   }
-  const int cores = usable_cpus(masks.size() == keys.size() ? cpus_in_union(masks) : 0,
-                                cgroup_cpu_limit(),
-                                static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  const int cores =
+      usable_cpus(masks.size() == keys.size() ? cpus_in_union(masks) : 0, cgroup_cpu_limit(),
+                  static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   // Every process of this user running tutti groups on this kernel competes for those CPUs too,
   // whatever its group or host id (local_processes.h): ranks of two "hosts" in network
   // namespaces on one machine, or of two jobs.
@@ -116,15 +118,16 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   // budget grow up to that many times after waits that slept briefly (AdaptiveSpin, shm_wait.h).
   SpinPolicy spin;
   spin.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kMinSpins, 0));
-  spin.spin_for = std::chrono::microseconds(
-      env_size("TUTTI_SHM_SPIN_US", oversubscribed ? 0 : static_cast<size_t>(kLongSpin.count()), 0));
+  spin.spin_for = std::chrono::microseconds(env_size(
+      "TUTTI_SHM_SPIN_US", oversubscribed ? 0 : static_cast<size_t>(kLongSpin.count()), 0));
   spin.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
   spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 1, 0)));
-  TUTTI_LOG_DEBUG("shm: {} ranks ({} tutti processes here) on {} usable CPUs ({}): polls for {} "
-                  "us (at least {}) then yields {}", world_size_, local, cores,
-                  oversubscribed ? "oversubscribed" : "a core each",
-                  std::chrono::duration_cast<std::chrono::microseconds>(spin.spin_for).count(),
-                  spin.spins, spin.yields);
+  TUTTI_LOG_DEBUG(
+      "shm: {} ranks ({} tutti processes here) on {} usable CPUs ({}): polls for {} "
+      "us (at least {}) then yields {}",
+      world_size_, local, cores, oversubscribed ? "oversubscribed" : "a core each",
+      std::chrono::duration_cast<std::chrono::microseconds>(spin.spin_for).count(), spin.spins,
+      spin.yields);
   // Once every rank has said who it is: a handle on each peer's process, so that its death is
   // noticed at once. Only where its pid and start time match what this host's /proc says, so
   // another pid namespace, or a pid reused since, never counts.
@@ -160,7 +163,8 @@ void ShmBackend::abort(const std::string& reason) {
   aborted_.store(true);
   if (header_ == nullptr) return;
   uint32_t nobody = 0;
-  if (header_->abort_owner.value.compare_exchange_strong(nobody, static_cast<uint32_t>(rank_ + 1))) {
+  if (header_->abort_owner.value.compare_exchange_strong(nobody,
+                                                         static_cast<uint32_t>(rank_ + 1))) {
     header_->abort_op.value.store(static_cast<uint32_t>(completed_ops_.load() + 1));
     const size_t n = std::min(reason.size(), sizeof(header_->abort_reason) - 1);
     std::memcpy(header_->abort_reason, reason.data(), n);
@@ -274,8 +278,8 @@ Channel& ShmBackend::channel(int src, int dst) const {
 }
 
 SmallSlot& ShmBackend::small_slot(int rank, uint32_t parity) const {
-  return *reinterpret_cast<SmallSlot*>(small_ + (static_cast<size_t>(rank) * 2 + parity) *
-                                                    kSmallSlotBytes);
+  return *reinterpret_cast<SmallSlot*>(small_ +
+                                       (static_cast<size_t>(rank) * 2 + parity) * kSmallSlotBytes);
 }
 
 char* ShmBackend::small_payload(int rank, uint32_t parity, size_t bytes) const {
@@ -312,12 +316,12 @@ void ShmBackend::sync(Op& op) {
     auto any_peer = [](int) { return true; };
     wait_until([&] { return header_->generation.value.load() != generation; },
                header_->generation.value, header_->sleepers.value, op.ctx, op.seq, op.deadline,
-               any_peer, [&] {
-                 throw Error(ErrorCode::kTimeout,
-                             op.ctx.description() + ": timed out after " +
-                                 std::to_string(op.ctx.timeout.count()) +
-                                 " ms waiting for rank(s) " + ranks_where(missing) +
-                                 " (shm barrier)");
+               any_peer,
+               [&] {
+                 throw Error(ErrorCode::kTimeout, op.ctx.description() + ": timed out after " +
+                                                      std::to_string(op.ctx.timeout.count()) +
+                                                      " ms waiting for rank(s) " +
+                                                      ranks_where(missing) + " (shm barrier)");
                });
   }
   if (!op.checked) {
@@ -343,11 +347,12 @@ void ShmBackend::exchange(Op& op, const void* payload, size_t bytes) {
     if (q == rank_) continue;
     SmallSlot& theirs = small_slot(q, op.parity);
     wait_until([&] { return theirs.seq.load() == op.seq; }, theirs.seq, theirs.sleepers, op.ctx,
-               op.seq, op.deadline, missing, [&] {
-                 throw Error(ErrorCode::kTimeout,
-                             op.ctx.description() + ": timed out after " +
-                                 std::to_string(op.ctx.timeout.count()) +
-                                 " ms waiting for rank(s) " + ranks_where(missing) + " (shm)");
+               op.seq, op.deadline, missing,
+               [&] {
+                 throw Error(ErrorCode::kTimeout, op.ctx.description() + ": timed out after " +
+                                                      std::to_string(op.ctx.timeout.count()) +
+                                                      " ms waiting for rank(s) " +
+                                                      ranks_where(missing) + " (shm)");
                });
     if (theirs.tag != op.ctx.tag) mismatch(op, q, theirs.tag);
   }

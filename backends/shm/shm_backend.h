@@ -128,12 +128,12 @@ class ShmBackend : public Backend {
   char* small_ = nullptr;
   char* staging_ = nullptr;
   char* mailboxes_ = nullptr;
-  uint32_t epoch_ = 0;               // barriers this rank has entered
-  uint64_t flips_ = 0;               // staging halves used so far (the same count on every rank)
-  uint64_t ops_ = 0;                 // collectives begun so far
+  uint32_t epoch_ = 0;  // barriers this rank has entered
+  uint64_t flips_ = 0;  // staging halves used so far (the same count on every rank)
+  uint64_t ops_ = 0;    // collectives begun so far
   std::atomic<uint64_t> completed_ops_{0};  // collectives completed so far
-  std::vector<const void*> inputs_;  // one pointer per rank, for reductions (sized once)
-  std::vector<int> pidfds_;          // by rank: a handle on each peer's process, or -1
+  std::vector<const void*> inputs_;         // one pointer per rank, for reductions (sized once)
+  std::vector<int> pidfds_;                 // by rank: a handle on each peer's process, or -1
 
   std::atomic<bool> aborted_{false};  // abort() was called in this process
   mutable std::mutex reason_mutex_;

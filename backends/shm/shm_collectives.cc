@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "tensor/reduction.h"
 #include "shm_internal.h"
+#include "tensor/reduction.h"
 
 namespace tutti::shm_backend {
 
@@ -16,8 +16,8 @@ Backend::WorkPtr ShmBackend::barrier(const BarrierOptions&, const OpContext& ctx
   return nullptr;
 }
 
-Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors, const BroadcastOptions& opts,
-                           const OpContext& ctx) {
+Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
+                                       const BroadcastOptions& opts, const OpContext& ctx) {
   if (world_size_ == 1) return nullptr;
   const TensorView& t = tensors[0];
   Op op = begin_op(ctx);
@@ -40,8 +40,8 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors, c
   return nullptr;
 }
 
-Backend::WorkPtr ShmBackend::allreduce(const std::vector<TensorView>& tensors, const AllreduceOptions& opts,
-                           const OpContext& ctx) {
+Backend::WorkPtr ShmBackend::allreduce(const std::vector<TensorView>& tensors,
+                                       const AllreduceOptions& opts, const OpContext& ctx) {
   if (world_size_ == 1) return nullptr;  // the sum (or avg) of one rank is its own tensor
   Op op = begin_op(ctx);
   reduce_chunks(tensors[0], opts.reduce_op, -1, op);
@@ -49,8 +49,8 @@ Backend::WorkPtr ShmBackend::allreduce(const std::vector<TensorView>& tensors, c
   return nullptr;
 }
 
-Backend::WorkPtr ShmBackend::reduce(const std::vector<TensorView>& tensors, const ReduceOptions& opts,
-                        const OpContext& ctx) {
+Backend::WorkPtr ShmBackend::reduce(const std::vector<TensorView>& tensors,
+                                    const ReduceOptions& opts, const OpContext& ctx) {
   if (world_size_ == 1) return nullptr;
   Op op = begin_op(ctx);
   reduce_chunks(tensors[0], opts.reduce_op, opts.root_rank, op);
@@ -120,8 +120,8 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
 }
 
 Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
-                           const std::vector<TensorView>& inputs, const AllgatherOptions&,
-                           const OpContext& ctx) {
+                                       const std::vector<TensorView>& inputs,
+                                       const AllgatherOptions&, const OpContext& ctx) {
   const TensorView& in = inputs[0];
   const std::vector<TensorView>& out = outputs[0];
   const auto* src = static_cast<const char*>(in.data());
@@ -156,8 +156,9 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
 }
 
 Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outputs,
-                                const std::vector<std::vector<TensorView>>& inputs,
-                                const ReduceScatterOptions& opts, const OpContext& ctx) {
+                                            const std::vector<std::vector<TensorView>>& inputs,
+                                            const ReduceScatterOptions& opts,
+                                            const OpContext& ctx) {
   const TensorView& out = outputs[0];
   const std::vector<TensorView>& in = inputs[0];
   const size_t es = out.element_size();

@@ -59,7 +59,8 @@ inline cpu_set_t mask_union(const std::vector<std::string>& masks) {
       const char c = m[i];
       const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : 0;
       for (int b = 0; b < 4; ++b) {
-        if ((v >> b & 1) != 0 && 4 * i + b < CPU_SETSIZE) CPU_SET(static_cast<int>(4 * i + b), &set);
+        if ((v >> b & 1) != 0 && 4 * i + b < CPU_SETSIZE)
+          CPU_SET(static_cast<int>(4 * i + b), &set);
       }
     }
   }

@@ -31,8 +31,8 @@ struct ShmBackend::Transfer {
 
 template <typename Ready, typename WaitingOn, typename OnTimeout>
 void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
-                            std::atomic<uint32_t>& sleepers, const OpContext& ctx,
-                            uint64_t op_seq, Clock::time_point deadline, WaitingOn waiting_on,
+                            std::atomic<uint32_t>& sleepers, const OpContext& ctx, uint64_t op_seq,
+                            Clock::time_point deadline, WaitingOn waiting_on,
                             OnTimeout on_timeout) {
   if (ready() && !aborted_.load(std::memory_order_relaxed)) return;
   const std::function<bool(int)> waiting(waiting_on);
@@ -52,8 +52,7 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
     if (cpu < 0) return true;
     const uint32_t here = static_cast<uint32_t>(cpu) + 1;
     for (int r = 0; r < world_size_; ++r) {
-      if (r != rank_ && bells_[r].cpu.value.load(std::memory_order_relaxed) == here &&
-          waiting(r)) {
+      if (r != rank_ && bells_[r].cpu.value.load(std::memory_order_relaxed) == here && waiting(r)) {
         return false;
       }
     }

@@ -85,8 +85,8 @@ bool ShmBackend::advance(Transfer& t, const OpContext& ctx) {
       if (theirs.tag != r.tag || theirs.bytes != t.bytes) {
         const SlotMeta mine{r.tag, static_cast<uint32_t>(r.tensor.dtype()), t.bytes, r.seq};
         throw Error(ErrorCode::kRemoteError,
-                    ctx.description() + ": rank " + std::to_string(r.peer) + " sent " + message(theirs) +
-                        ", this rank receives " + message(mine) +
+                    ctx.description() + ": rank " + std::to_string(r.peer) + " sent " +
+                        message(theirs) + ", this rank receives " + message(mine) +
                         ": sends and receives must match in order, size and dtype");
       }
       std::memcpy(static_cast<char*>(r.tensor.data()) + t.done, mailbox(r.peer, rank_, slot), len);
@@ -134,7 +134,8 @@ void ShmBackend::run_batch(std::vector<Transfer>& transfers, const OpContext& ct
           }
           return false;
         },
-        bell.ring.value, bell.sleepers.value, ctx, 0, deadline, pending_with, [&] {
+        bell.ring.value, bell.sleepers.value, ctx, 0, deadline, pending_with,
+        [&] {
           std::string waits;
           for (int r = 0; r < world_size_; ++r) {
             if (head[r * 2] != nullptr) {
@@ -142,8 +143,8 @@ void ShmBackend::run_batch(std::vector<Transfer>& transfers, const OpContext& ct
                        " to receive";
             }
             if (head[r * 2 + 1] != nullptr) {
-              waits += std::string(waits.empty() ? "" : ", ") + "rank " + std::to_string(r) +
-                       " to send";
+              waits +=
+                  std::string(waits.empty() ? "" : ", ") + "rank " + std::to_string(r) + " to send";
             }
           }
           throw Error(ErrorCode::kTimeout, ctx.description() + ": timed out after " +

@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "group/group_util.h"
-#include "util/logging.h"
 #include "tutti/error.h"
+#include "util/hash.h"
+#include "util/logging.h"
 
 namespace tutti::shm_backend {
 namespace {

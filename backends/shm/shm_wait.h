@@ -67,8 +67,8 @@ struct SpinPolicy {
 
 // How a wait ended, for AdaptiveSpin.
 struct WaitOutcome {
-  bool slept = false;            // the spins and yields ran out and the waiter slept
-  Clock::duration asleep{};      // how long it slept, all naps together
+  bool slept = false;        // the spins and yields ran out and the waiter slept
+  Clock::duration asleep{};  // how long it slept, all naps together
 };
 
 // The spin budget, adapted to what the waits show (one per backend; the group calls one op at
@@ -121,8 +121,8 @@ class AdaptiveSpin {
 // slept and for how long.
 template <typename Ready, typename KeepSpinning, typename OnNap>
 bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
-           Clock::time_point deadline, SpinPolicy policy, KeepSpinning keep_spinning,
-           OnNap on_nap, WaitOutcome* outcome = nullptr) {
+           Clock::time_point deadline, SpinPolicy policy, KeepSpinning keep_spinning, OnNap on_nap,
+           WaitOutcome* outcome = nullptr) {
   if (policy.spins > 0 || policy.spin_for.count() > 0) {
     // The clock is first read after 256 polls: most waits end sooner, and a clock read at the
     // start of each would be on every op's critical path. Never past the wait's own deadline (an

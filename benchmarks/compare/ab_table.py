@@ -36,7 +36,7 @@ def runs(directory, side):
             continue
         rep = int(m.group(1))
         _, _, rows = load_run(path)
-        times[rep] = {r["size_bytes"]: r["time_us"] for r in rows}
+        times[rep] = {r.get("size_bytes", r.get("bytes")): r["time_us"] for r in rows}
         state_path = os.path.join(directory, f"{side}.r{rep}.state.json")
         if os.path.exists(state_path):
             with open(state_path) as f:

@@ -38,13 +38,20 @@ int main(int argc, char** argv) {
   std::string json, label = "openmpi";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "-b") min_bytes = parse_size(argv[i + 1]);
-    else if (a == "-e") max_bytes = parse_size(argv[i + 1]);
-    else if (a == "-f") factor = std::atof(argv[i + 1]);
-    else if (a == "-w") warmup = std::atoi(argv[i + 1]);
-    else if (a == "-n") iters = std::atoi(argv[i + 1]);
-    else if (a == "--json") json = argv[i + 1];
-    else if (a == "--label") label = argv[i + 1];
+    if (a == "-b")
+      min_bytes = parse_size(argv[i + 1]);
+    else if (a == "-e")
+      max_bytes = parse_size(argv[i + 1]);
+    else if (a == "-f")
+      factor = std::atof(argv[i + 1]);
+    else if (a == "-w")
+      warmup = std::atoi(argv[i + 1]);
+    else if (a == "-n")
+      iters = std::atoi(argv[i + 1]);
+    else if (a == "--json")
+      json = argv[i + 1];
+    else if (a == "--label")
+      label = argv[i + 1];
   }
   std::vector<float> buf(max_bytes / 4 + 1);
   std::vector<double> times(iters), slowest(iters);
@@ -58,9 +65,12 @@ int main(int argc, char** argv) {
       out.open(json);
       out.precision(10);
       out << "{\n  \"config\": {\"tool\": \"mpi_allreduce\", \"op\": \"allreduce\", \"backend\": "
-             "\"" << label << "\", \"world_size\": " << world << ", \"dtype\": \"float32\", \"redop\": "
-             "\"sum\", \"warmup\": " << warmup << ", \"iters\": " << iters
-          << ", \"bus_factor\": " << 2.0 * (world - 1) / world << "},\n  \"rows\": [\n";
+             "\""
+          << label << "\", \"world_size\": " << world
+          << ", \"dtype\": \"float32\", \"redop\": "
+             "\"sum\", \"warmup\": "
+          << warmup << ", \"iters\": " << iters << ", \"bus_factor\": " << 2.0 * (world - 1) / world
+          << "},\n  \"rows\": [\n";
     }
   }
   bool first = true;
@@ -90,10 +100,11 @@ int main(int argc, char** argv) {
                   busbw, total_wrong);
       if (out.is_open()) {
         out << (first ? "" : ",\n") << "    {\"op\": \"allreduce\", \"size_bytes\": " << count * 4
-            << ", \"count\": " << count << ", \"dtype\": \"float32\", \"redop\": \"sum\", "
-               "\"root\": -1, \"in_place\": true, \"time_us\": " << t << ", \"p99_us\": " << p99
-            << ", \"algbw_gbps\": " << algbw << ", \"busbw_gbps\": " << busbw
-            << ", \"wrong\": " << total_wrong << "}";
+            << ", \"count\": " << count
+            << ", \"dtype\": \"float32\", \"redop\": \"sum\", "
+               "\"root\": -1, \"in_place\": true, \"time_us\": "
+            << t << ", \"p99_us\": " << p99 << ", \"algbw_gbps\": " << algbw
+            << ", \"busbw_gbps\": " << busbw << ", \"wrong\": " << total_wrong << "}";
       }
       first = false;
     }

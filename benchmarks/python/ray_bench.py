@@ -154,11 +154,50 @@ class Ranker:
 @ray.remote(enable_tensor_transport=True)
 class Mover:
     def make(self, nbytes):
+        from tutti import transfer
+
         self.t = torch.ones(nbytes // 4, dtype=torch.float32)
+        # The same values in shareable memory: tutti's allocator, and torch's share_memory_().
+        self.shared = transfer.empty(nbytes // 4, torch.float32)
+        self.shared.fill_(1.0)
+        self.torch_shared = torch.ones(nbytes // 4, dtype=torch.float32).share_memory_()
+
+    def make_many(self, count, nbytes):
+        from tutti import transfer
+
+        # Views of one shareable block: the consumer maps it once.
+        n = nbytes // 4
+        self.block = transfer.empty(count * n, torch.float32).fill_(1.0)
+        self.many = [self.block[i * n:(i + 1) * n] for i in range(count)]
+        # The same as separate ordinary tensors: the object store pickles a view with its whole
+        # storage (1000 views of one 200 MB block would be 200 GB), so it gets these.
+        self.many_plain = [torch.ones(n, dtype=torch.float32) for _ in range(count)]
 
     @ray.method(tensor_transport="tutti")
     def give_tutti(self):
         return self.t
+
+    @ray.method(tensor_transport="tutti")
+    def give_tutti_shared(self):
+        return self.shared
+
+    @ray.method(tensor_transport="tutti")
+    def give_tutti_torch_shared(self):
+        return self.torch_shared
+
+    @ray.method(tensor_transport="tutti")
+    def give_many(self):
+        return self.many
+
+    @ray.method(tensor_transport="tutti")
+    def give_many_separate(self):
+        return self.many_plain
+
+    def give_many_plain(self):
+        return self.many_plain
+
+    def take_many(self, ts):
+        return float(sum(t[-1] for t in ts)) / len(ts)
 
     def give_plain(self):
         return self.t
@@ -169,6 +208,13 @@ class Mover:
 
     def take(self, t):
         return float(t[-1])
+
+    def rss_mib(self):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) // 1024
+        return -1
 
 
 def allreduce_part(world, kinds, size_list):
@@ -223,8 +269,10 @@ def transfer_part(size_list, reps):
     for nbytes in size_list:
         ray.get(producer.make.remote(nbytes))
         row = {}
-        for label, method in (("tutti", producer.give_tutti), ("object store",
-                                                                 producer.give_plain),
+        for label, method in (("tutti", producer.give_tutti),
+                              ("tutti, tutti.transfer.empty", producer.give_tutti_shared),
+                              ("tutti, share_memory_()", producer.give_tutti_torch_shared),
+                              ("object store", producer.give_plain),
                               ("gloo", producer.give_gloo)):
             samples = []
             for i in range(reps + 2):
@@ -236,8 +284,26 @@ def transfer_part(size_list, reps):
                     samples.append(elapsed)
             row[label] = {"median_us": statistics.median(samples) / 1000, "ns": samples}
         rows[nbytes] = row
+        rss = ray.get([producer.rss_mib.remote(), consumer.rss_mib.remote()])
         print(f"transfer {nbytes} B: " + ", ".join(f"{k} {v['median_us']:.0f} us"
-                                                    for k, v in row.items()), file=sys.stderr)
+                                                    for k, v in row.items()) +
+              f" (resident: producer {rss[0]} MiB, consumer {rss[1]} MiB)", file=sys.stderr)
+    # 1000 tensors of 200 KB in one object (shareable memory), and through the object store.
+    ray.get(producer.make_many.remote(1000, 200_000))
+    many = {}
+    for label, method in (("tutti, views of one tutti.transfer.empty block", producer.give_many),
+                          ("tutti, separate tensors", producer.give_many_separate),
+                          ("object store, separate tensors", producer.give_many_plain)):
+        samples = []
+        for i in range(reps + 1):
+            start = time.perf_counter_ns()
+            assert ray.get(consumer.take_many.remote(method.remote())) == 1.0
+            if i >= 1:
+                samples.append(time.perf_counter_ns() - start)
+        many[label] = statistics.median(samples) / 1000
+    rows["1000 x 200 KB"] = many
+    print(f"transfer 1000 x 200 KB: " + ", ".join(f"{k} {v:.0f} us" for k, v in many.items()),
+          file=sys.stderr)
     ray.kill(producer)
     ray.kill(consumer)
     return rows
@@ -248,6 +314,23 @@ def human(nbytes):
         if nbytes >= 1 << shift:
             return f"{nbytes >> shift} {unit}"
     return f"{nbytes} B"
+
+
+def overhead_lines(o):
+    lines = []
+    lines += ["### Python's per-call cost, 8 B allreduce, world size 1 (median ns per call)", "",
+              "| path | ns | over C++ |", "|---|---:|---:|"]
+    cpp = None
+    if o["cpp"]:
+        # The C++ call the Python paths make: an 8-byte allreduce on a shm group of one.
+        cpp = o["cpp"]["benchmarks"].get("BM_Allreduce8B/shm")
+        for k, v in o["cpp"]["benchmarks"].items():
+            lines.append(f"| C++ {k} (tutti-overhead-bench) | {v:.0f} | |")
+    for k, v in o["python_ns"].items():
+        over = f"{v - cpp:.0f}" if cpp is not None else "n/a"
+        lines.append(f"| {k} | {v:.0f} | {over} |")
+    lines.append("")
+    return lines
 
 
 def markdown(report):
@@ -264,30 +347,30 @@ def markdown(report):
                          f" | {r['gloo']['median_us'] / t:.0f}x | "
                          f"{r['torch-gloo']['median_us'] / t:.0f}x |")
         lines.append("")
-    o = report.get("overhead")
-    if o is None:
-        return "\n".join(lines) + "\n"
-    lines += ["### Python's per-call cost, 8 B allreduce, world size 1 (median ns per call)", "",
-              "| path | ns | over C++ |", "|---|---:|---:|"]
-    cpp = None
-    if o["cpp"]:
-        # The C++ call the Python paths make: an 8-byte allreduce on a shm group of one.
-        cpp = o["cpp"]["benchmarks"].get("BM_Allreduce8B/shm")
-        for k, v in o["cpp"]["benchmarks"].items():
-            lines.append(f"| C++ {k} (tutti-overhead-bench) | {v:.0f} | |")
-    for k, v in o["python_ns"].items():
-        over = f"{v - cpp:.0f}" if cpp is not None else "n/a"
-        lines.append(f"| {k} | {v:.0f} | {over} |")
-    lines.append("")
+    if report.get("overhead") is not None:
+        lines += overhead_lines(report["overhead"])
     if "transfer" not in report:
         return "\n".join(lines) + "\n"
     lines += ["### A CPU torch tensor from one actor to another (median us, end to end)", "",
-              "| size | RDT tutti | object store | RDT gloo | object store / tutti | "
-              "gloo / tutti |", "|---:|---:|---:|---:|---:|---:|"]
+              "`tutti` is an ordinary tensor (one copy); `empty` one from tutti.transfer.empty "
+              "and `shared` one after share_memory_() (both zero-copy).", "",
+              "| size | RDT tutti | tutti, empty | tutti, shared | object store | RDT gloo | "
+              "store / tutti | gloo / tutti | store / empty | gloo / empty |",
+              "|---:|" + "---:|" * 9]
+    many = None
     for nbytes, r in report["transfer"].items():
-        a, b, c = (r[k]["median_us"] for k in ("tutti", "object store", "gloo"))
-        lines.append(f"| {human(int(nbytes))} | {a:.0f} | {b:.0f} | {c:.0f} | {b / a:.1f}x | "
-                     f"{c / a:.1f}x |")
+        if not str(nbytes).isdigit():
+            many = r
+            continue
+        a, e, sh, b, c = (r[k]["median_us"] for k in (
+            "tutti", "tutti, tutti.transfer.empty", "tutti, share_memory_()", "object store",
+            "gloo"))
+        lines.append(f"| {human(int(nbytes))} | {a:.0f} | {e:.0f} | {sh:.0f} | {b:.0f} | "
+                     f"{c:.0f} | {b / a:.1f}x | {c / a:.1f}x | {b / e:.1f}x | {c / e:.1f}x |")
+    if many:
+        lines += ["", "1000 tensors of 200 KB in one object, end to end (median us; per tensor):", ""]
+        lines += [f"- {label}: {us:.0f} us ({us / 1000:.1f} us per tensor)"
+                  for label, us in many.items()]
     return "\n".join(lines) + "\n"
 
 

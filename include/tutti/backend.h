@@ -88,7 +88,7 @@ class TUTTI_API Backend {
   virtual ~Backend();
 
   virtual const char* name() const = 0;
-  virtual bool supports(OpType op) const;           // all ops by default
+  virtual bool supports(OpType op) const;  // all ops by default
   virtual bool supports_device(DeviceType type) const = 0;
   // The most tensors one op may take on this process (1 for CPU backends).
   virtual int max_devices_per_op() const { return 1; }

@@ -53,8 +53,8 @@ TUTTI_API std::shared_ptr<CollectiveGroup> get_group(std::string_view group_name
 TUTTI_API void allreduce(TensorView tensor, std::string_view group_name = "default",
                          ReduceOp op = ReduceOp::kSum);
 TUTTI_API void barrier(std::string_view group_name = "default");
-TUTTI_API void reduce(TensorView tensor, int dst_rank = 0,
-                      std::string_view group_name = "default", ReduceOp op = ReduceOp::kSum);
+TUTTI_API void reduce(TensorView tensor, int dst_rank = 0, std::string_view group_name = "default",
+                      ReduceOp op = ReduceOp::kSum);
 TUTTI_API void broadcast(TensorView tensor, int src_rank = 0,
                          std::string_view group_name = "default");
 TUTTI_API void allgather(const std::vector<TensorView>& output_list, TensorView input,

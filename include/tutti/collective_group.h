@@ -55,8 +55,7 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   // kUnavailable for an unknown backend, kTimeout naming the missing ranks.
   // The process-wide registry of named groups (init_collective_group) is built on this; ranks
   // that are threads of one process create their groups here directly.
-  static std::shared_ptr<CollectiveGroup> create(int world_size, int rank,
-                                                 std::string_view backend,
+  static std::shared_ptr<CollectiveGroup> create(int world_size, int rank, std::string_view backend,
                                                  std::string_view group_name,
                                                  const GroupOptions& options = {});
   ~CollectiveGroup();
@@ -231,15 +230,11 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   void leave_store();
   // Forms the subgroup of `ranks` (this group's ranks, in the subgroup's order) that meets under
   // `base` in the store: split's and shrink's common end.
-  std::shared_ptr<CollectiveGroup> form_subgroup(const std::vector<int>& ranks,
-                                                 const std::string& name,
-                                                 const std::string& base,
-                                                 const std::string& instance,
-                                                 const std::string& requested,
-                                                 const BackendInfo& info, bool inherited,
-                                                 bool with_parent,
-                                                 std::chrono::milliseconds timeout,
-                                                 const std::string& ctx, bool after_failure);
+  std::shared_ptr<CollectiveGroup> form_subgroup(
+      const std::vector<int>& ranks, const std::string& name, const std::string& base,
+      const std::string& instance, const std::string& requested, const BackendInfo& info,
+      bool inherited, bool with_parent, std::chrono::milliseconds timeout, const std::string& ctx,
+      bool after_failure);
 
   std::shared_ptr<State> state_;
 };

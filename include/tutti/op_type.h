@@ -65,7 +65,7 @@ struct OpContext {
   // A 32-bit tag derived from seq and the op's signature (op, dtype, count, root, reduce op):
   // ranks that call mismatched ops get different tags, so their messages never meet.
   uint32_t tag = 0;
-  OpSignature signature;  // what the tag was derived from, for messages
+  OpSignature signature;                     // what the tag was derived from, for messages
   std::chrono::milliseconds timeout{30000};  // resolved (never kUseGroupTimeout)
   // Who is calling, for error messages.
   std::shared_ptr<const std::string> group_name;

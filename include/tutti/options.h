@@ -141,8 +141,8 @@ struct ShrinkOptions {
 
 // CollectiveGroup::grow: the members admit new processes, which call CollectiveGroup::join.
 struct GrowOptions {
-  int add = 1;          // how many new ranks join (at least 1)
-  std::string name;     // empty: "<this group>.grow<n>", n counting this group's grows from 0
+  int add = 1;       // how many new ranks join (at least 1)
+  std::string name;  // empty: "<this group>.grow<n>", n counting this group's grows from 0
   // Empty: this group's backend, or what "auto" picks when that does not suit the grown group's
   // hosts (shm, say, when a new rank is on another host).
   std::string backend;

@@ -71,9 +71,8 @@ class TUTTI_API Store {
 //   hash://                     a new, private HashStore (useful for world size 1)
 //   env://                      the launcher's store (read_launch_env() in tutti/env.h: what
 //                               tutti-run, torchrun, srun or mpirun set), opened as above
-TUTTI_API std::shared_ptr<Store> open_store(const std::string& url,
-                                            std::chrono::milliseconds timeout =
-                                                Store::kDefaultTimeout,
-                                            bool host = false);
+TUTTI_API std::shared_ptr<Store> open_store(
+    const std::string& url, std::chrono::milliseconds timeout = Store::kDefaultTimeout,
+    bool host = false);
 
 }  // namespace tutti

@@ -49,9 +49,9 @@ struct TUTTI_API AgentIdentity {
   std::array<uint8_t, 16> host_key{};  // equal exactly when two agents share a host, network
                                        // namespace and pid namespace
   uint32_t pid = 0;
-  uint64_t start_time = 0;  // the process's start time: a reused pid is told apart
-  std::string name;         // for messages
-  std::string tcp_endpoint; // "host:port", empty when the agent does not listen on TCP
+  uint64_t start_time = 0;   // the process's start time: a reused pid is told apart
+  std::string name;          // for messages
+  std::string tcp_endpoint;  // "host:port", empty when the agent does not listen on TCP
 
   bool same_host(const AgentIdentity& other) const { return host_key == other.host_key; }
   std::string uuid_text() const;

@@ -23,9 +23,11 @@
 #include <utility>
 #include <vector>
 
+#include "tutti/error.h"
 #include "tutti/export.h"
 #include "tutti/tensor_ref.h"
 #include "tutti/tensor_view.h"
+#include "tutti/types.h"
 
 namespace tutti {
 
@@ -34,6 +36,21 @@ struct TransportTraits {
   bool can_borrow = false;  // fetch can return views of the owner's memory
   bool cross_host = false;  // works between hosts (else only where the host keys match)
   bool cuda = false;        // carries CUDA tensors (else CPU tensors)
+  // The transport holds the object at the owner for each fetch itself (the socket stream, the
+  // two-sided send through TransportOwner::hold), and a completed fetch counts as one of the
+  // object's expected gets there: the agent takes no lease around it. Such a transport is also
+  // published at reserve (with no tensors: its reference bytes may not depend on them), and
+  // again at fulfil.
+  bool holds_itself = false;
+};
+
+// Whether this agent can fetch a ref over its transport (TensorTransport::reach).
+struct Reach {
+  bool direct = true;
+  // Otherwise: why not, and the error it is when the agent does not fall back to the socket
+  // transport (GetOptions::allow_fallback, for CPU tensors of an owner it can connect to).
+  ErrorCode code = ErrorCode::kUnavailable;
+  std::string why;
 };
 
 // The owner's side of put. (PutOptions::snapshot is the agent's business: it copies first, into
@@ -62,6 +79,43 @@ class TUTTI_API TransportPeer {
   // Has the owner's agent write the object's bytes to the connection, read into `into` (one
   // buffer per tensor, of its size): the built-in socket transport's path, open to any transport.
   virtual void stream(const std::vector<TensorView>& into) = 0;
+  // As call(), the request made by `make` once the connection to the owner is up: a failure
+  // before `make` ran never reached the owner. For a request that uses something up (a number
+  // in a sequence both sides keep) that a connection failing first must not waste. `replied`
+  // (when given) is set once the owner's reply came, an answer or its error: an error thrown
+  // with it unset is the connection's (the request may or may not have reached the owner).
+  // Default: call(make(), fds).
+  virtual std::string call_with(const std::function<std::string()>& make,
+                                std::vector<int>* fds = nullptr, bool* replied = nullptr);
+};
+
+// A transport's hold on one of its owner's objects (TransportOwner::hold): the object stays
+// published, and its tensors unchanged by the agent, until `release` is called, exactly once,
+// from any thread, also after the call that took it returned (a send that ends later);
+// `completed`: the consumer has the bytes, which counts as one of the object's expected gets.
+struct HeldObject {
+  std::vector<TensorView> tensors;
+  std::function<void(bool completed)> release;
+};
+
+// The owner's agent as its transports see it while they answer a consumer: holds on its objects.
+class TUTTI_API TransportOwner {
+ public:
+  virtual ~TransportOwner();
+  // Holds `object` (its id and generation) when it is published on the answering transport,
+  // waiting until `deadline` while it is reserved. Throws kTimeout (still reserved at the
+  // deadline), kRemoteError (the owner failed it), kInvalidUsage (freed, or being freed),
+  // kInvalidArgument (published on another transport).
+  virtual HeldObject hold(ObjectId object, std::chrono::steady_clock::time_point deadline) = 0;
+};
+
+// A consumer's TransportPeer::call, as the owner's transport answers it.
+struct AnswerRequest {
+  const std::string& request;
+  const AgentIdentity& consumer;
+  std::vector<int>*
+      fds;  // descriptors to send with the reply (on one host; the caller closes them)
+  TransportOwner& owner;
 };
 
 // The consumer's side of get and borrow.
@@ -74,11 +128,17 @@ struct FetchRequest {
   std::chrono::steady_clock::time_point deadline;
   const std::atomic<bool>& cancelled;  // long copies check it now and then
   void* stream = nullptr;              // GetOptions::stream (CUDA: the consumer's stream)
+  // borrow: the consumer may write the views (GetOptions::copy_on_write): views of the owner's
+  // memory must be private copy-on-write mappings of it, never the owner's pages themselves.
+  bool writable = false;
 };
 
 struct FetchResult {
   std::vector<TensorView> views;  // borrow: views of the owner's memory
   std::shared_ptr<void> keep;     // whatever the views need alive (a mapping)
+  // borrow: whether any view lies in the owner's memory. False when every view is a copy of the
+  // transport's own: the agent then lets the object go at once instead of when the views go.
+  bool shares_owner_memory = true;
 };
 
 class TUTTI_API TensorTransport {
@@ -92,9 +152,18 @@ class TUTTI_API TensorTransport {
   virtual void unpublish(ObjectId object) noexcept;
   // Consumer: copy into request.targets, or (borrow) return views.
   virtual FetchResult fetch(const FetchRequest& request) = 0;
+  // Consumer, before any I/O: whether agent `me` can fetch `ref` this way. Default: directly
+  // where the transport works across hosts or the owner is on this host (same host key).
+  virtual Reach reach(const TensorRef& ref, const AgentIdentity& me) const;
+  // The agent stops: end the transport's threads and what waits on them (before the agent's
+  // objects go). Default: nothing. Must not throw.
+  virtual void stop() noexcept;
   // Owner: answers a consumer's TransportPeer::call. Default: kUnavailable.
   virtual std::string answer(const std::string& request, const AgentIdentity& consumer,
                              std::vector<int>* fds);
+  // As answer(), with the owner's holds at hand (TransportOwner): what the agent calls. Default:
+  // answer(request.request, request.consumer, request.fds), for transports that need no hold.
+  virtual std::string answer_with(const AnswerRequest& request);
   // CPU memory this transport can share without copying (TransferAgent::allocate), and its
   // release. Default: kUnavailable.
   virtual TensorView allocate(size_t bytes, DType dtype);
@@ -116,8 +185,24 @@ struct TransportContext {
 using TensorTransportFactory =
     std::function<std::unique_ptr<TensorTransport>(const TransportContext&)>;
 
-// Throws Error(kInvalidUsage) for a name already registered, kInvalidArgument for an empty name
-// or a null factory.
+// A transport as the registry knows it before any agent makes one (BackendInfo's counterpart).
+struct TransportInfo {
+  std::string name;  // case-insensitive, not "auto"
+  TensorTransportFactory factory;
+  // Whether it can work in this process (a GPU is visible, its library loads); null: always.
+  std::function<bool()> available;
+  // The devices of the tensors it carries.
+  std::vector<DeviceType> devices{DeviceType::kCPU};
+  // PutOptions::transport = "auto" takes the available transport of highest priority that
+  // carries the tensors' device (built in: shm 20 and socket 10 for CPU tensors, cuda_ipc 20 for
+  // CUDA ones). Negative: never "auto" (the two-sided gloo and nccl need a group first).
+  int priority = 0;
+};
+
+// Throws Error(kInvalidUsage) for a name already registered or "auto", kInvalidArgument for an
+// empty name, a null factory or no devices.
+TUTTI_API void register_tensor_transport(TransportInfo info);
+// The short form: CPU tensors, priority 0 (below the built-in transports).
 TUTTI_API void register_tensor_transport(std::string_view name, TensorTransportFactory factory,
                                          std::function<bool()> available = nullptr);
 TUTTI_API bool is_registered_tensor_transport(std::string_view name);

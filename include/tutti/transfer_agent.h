@@ -16,7 +16,9 @@
 //   drives with batched send/recv. A failure there aborts only those groups:
 //   later gets of the transport fail with kAborted until every member calls reset_transport.
 // - custom ones (tutti/tensor_transport.h).
-// "auto" picks shm on one host, else socket.
+// "auto" takes the available transport of highest priority that carries the tensors' device
+// (TransportInfo::priority): shm for CPU tensors where tutti::shm is linked, else socket; cuda_ipc
+// for CUDA tensors where tutti::cuda_ipc is linked and a GPU is visible.
 //
 // Lifetime: an object lives while a copy of its ObjectHandle does, then until `expected_gets`
 // gets have completed and `keep_for` has passed, then until no consumer holds it (a copy in
@@ -41,8 +43,8 @@
 #include <string_view>
 #include <vector>
 
-#include "tutti/export.h"
 #include "tutti/error.h"
+#include "tutti/export.h"
 #include "tutti/options.h"
 #include "tutti/store.h"
 #include "tutti/tensor_ref.h"
@@ -53,8 +55,8 @@ namespace tutti {
 class CollectiveGroup;
 
 struct PutOptions {
-  std::string transport = "auto";  // "auto": shm when every consumer may be on this host
-  bool snapshot = false;  // copy now: later writes to the tensors are not seen by consumers
+  std::string transport = "auto";  // "auto": see above (shm, socket, cuda_ipc by device)
+  bool snapshot = false;       // copy now: later writes to the tensors are not seen by consumers
   uint32_t expected_gets = 0;  // after the last handle: live until this many gets completed
   std::chrono::milliseconds keep_for{0};  // after the last handle: live at least this long
   // CUDA tensors (cuda_ipc): the producer's cudaStream_t; consumers' reads are ordered after the
@@ -75,6 +77,12 @@ struct GetOptions {
   // A one-host transport's ref used on another host (or network or pid namespace): fall back to
   // "socket" instead of failing with kUnavailable.
   bool allow_fallback = false;
+  // get() without targets: tensors the owner's transport can map (shm: memory from allocate(), or
+  // registered with its file) come as private copy-on-write mappings of the owner's pages instead
+  // of copies: no byte moves until the caller writes a page, which then becomes its own (the
+  // owner and other consumers never see it). The Received then holds the object at the owner, as
+  // a borrow does, until it is destroyed. Other tensors are copied as usual. Own refs: a copy.
+  bool copy_on_write = false;
   // CUDA tensors (cuda_ipc): the consumer's cudaStream_t. A get's copy and a borrow's views are
   // ordered on it after the producer's work; null: the host waits for the producer instead, and
   // a get's copy also waits for the work queued on the device's legacy default stream (where
@@ -139,13 +147,23 @@ class TUTTI_API Borrowed {
   std::unique_ptr<detail::HeldLease> lease_;
 };
 
-// An asynchronous get.
+// An asynchronous get (get_async), with Work's verbs. It runs on one of the agent's workers
+// (threads reused from get to get, as many as gets run at once). Every method may be called from
+// any thread, any number of times.
 class TUTTI_API Fetch {
  public:
   Fetch() = default;
-  bool done() const;         // never blocks
-  Received wait();           // rethrows the get's error
-  void cancel() noexcept;    // the get ends with kAborted; the agent stays usable
+  // True once the get has finished, successfully or not (an empty Fetch: true). Never blocks.
+  bool is_completed() const;
+  bool done() const { return is_completed(); }  // is_completed's name before 0.1's Work verbs
+  // Waits until the get has finished and returns what it received, or rethrows its error.
+  // kUseGroupTimeout (the default) waits as long as the get may take (its own timeout bounds
+  // it); a shorter timeout that passes first throws Error(kTimeout) saying the get still runs,
+  // and leaves it running: wait() may be called again.
+  Received wait(std::chrono::milliseconds timeout = kUseGroupTimeout);
+  // The get's error; null while it runs or after it succeeded.
+  std::exception_ptr exception() const;
+  void cancel() noexcept;  // the get ends with kAborted; the agent stays usable
 
  private:
   friend struct detail::AgentCore;
@@ -153,9 +171,9 @@ class TUTTI_API Fetch {
 };
 
 struct TransferAgentOptions {
-  std::string name;               // in messages; default "<host>:<pid>"
+  std::string name;                            // in messages; default "<host>:<pid>"
   std::chrono::milliseconds fetch_timeout{0};  // 0: TUTTI_RDT_FETCH_TIMEOUT_MS, else 60000
-  bool listen_tcp = false;        // serve consumers on other hosts (the socket transport)
+  bool listen_tcp = false;  // serve consumers on other hosts (the socket transport)
   // The address to listen on and publish; default the host name when it resolves to other than
   // loopback, else the first IPv4 address of an interface that is up.
   std::string tcp_host;
@@ -219,8 +237,8 @@ class TUTTI_API TransferAgent {
   // pair's first transfer. A process outside
   // the group that gets such a ref fails with kInvalidUsage (or, with allow_fallback, uses the
   // socket transport).
-  void join_group(std::string_view transport, int world_size, int rank,
-                  const GroupOptions& options, std::string_view set = "rdt");
+  void join_group(std::string_view transport, int world_size, int rank, const GroupOptions& options,
+                  std::string_view set = "rdt");
   void attach_group(std::string_view transport, std::shared_ptr<CollectiveGroup> group);
   // After a two-sided failure (the group is aborted and gets fail with kAborted): destroys the
   // group and joins its next incarnation (collective: every member calls it). Objects and refs

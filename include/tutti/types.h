@@ -85,8 +85,8 @@ constexpr bool is_floating(DType dtype) noexcept {
   return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
          dtype == DType::kFloat64;
 }
-TUTTI_API const char* to_string(DType dtype) noexcept;     // "float32"
-TUTTI_API const char* to_string(ReduceOp op) noexcept;     // "sum"
+TUTTI_API const char* to_string(DType dtype) noexcept;      // "float32"
+TUTTI_API const char* to_string(ReduceOp op) noexcept;      // "sum"
 TUTTI_API const char* to_string(DeviceType type) noexcept;  // "cpu"
 
 // Parses "float32", "fp32", "float", "int64"... and "sum", "prod", "min", "max", "avg";
@@ -97,21 +97,60 @@ TUTTI_API ReduceOp parse_reduce_op(const std::string& text);
 namespace detail {
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
-template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::kInt8; };
-template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kUInt8; };
-template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kInt32; };
-template <> struct DTypeOf<uint32_t> { static constexpr DType value = DType::kUInt32; };
-template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kInt64; };
-template <> struct DTypeOf<uint64_t> { static constexpr DType value = DType::kUInt64; };
-template <> struct DTypeOf<Float16> { static constexpr DType value = DType::kFloat16; };
-template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBFloat16; };
-template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::kFloat64; };
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::kBool;
+};
+template <>
+struct DTypeOf<int8_t> {
+  static constexpr DType value = DType::kInt8;
+};
+template <>
+struct DTypeOf<uint8_t> {
+  static constexpr DType value = DType::kUInt8;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::kInt32;
+};
+template <>
+struct DTypeOf<uint32_t> {
+  static constexpr DType value = DType::kUInt32;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::kInt64;
+};
+template <>
+struct DTypeOf<uint64_t> {
+  static constexpr DType value = DType::kUInt64;
+};
+template <>
+struct DTypeOf<Float16> {
+  static constexpr DType value = DType::kFloat16;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::kBFloat16;
+};
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kFloat32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::kFloat64;
+};
 #if defined(__linux__) && defined(__LP64__)
 // On LP64 Linux int64_t is long, so long long is a distinct type of the same width.
-template <> struct DTypeOf<long long> { static constexpr DType value = DType::kInt64; };
-template <> struct DTypeOf<unsigned long long> { static constexpr DType value = DType::kUInt64; };
+template <>
+struct DTypeOf<long long> {
+  static constexpr DType value = DType::kInt64;
+};
+template <>
+struct DTypeOf<unsigned long long> {
+  static constexpr DType value = DType::kUInt64;
+};
 #endif
 }  // namespace detail
 

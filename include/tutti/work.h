@@ -59,7 +59,9 @@ class TUTTI_API Work {
   // For backends and the group: completes the Work once (later calls are ignored); a null error
   // means success. Runs the completion hook, then wakes every waiter.
   void finish(std::exception_ptr error = nullptr);
-  // For the group: runs `hook(error)` once, when the Work finishes (at once if it already has).
+  // Runs `hook(error)` once, when the Work finishes, on the thread that finishes it and before
+  // any waiter wakes (at once, here, if it already has). Hooks added several times all run, in
+  // the order they were added. A hook must not throw or wait for other ops of the group.
   void on_finish(std::function<void(const std::exception_ptr&)> hook);
 
  protected:

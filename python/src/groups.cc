@@ -47,10 +47,12 @@ ReduceOp to_reduce_op(nb::handle op, const Site& site) {
   } else if (nb::hasattr(op, "name")) {
     text = text_of(op.attr("name"));
   } else {
-    throw TensorTypeError(site.prefix() + ": op must be a tutti.ReduceOp, a name such as 'sum', "
-                          "or Ray's ReduceOp, not " +
-                          nb::cast<std::string>(nb::str(nb::handle(
-                              reinterpret_cast<PyObject*>(Py_TYPE(op.ptr()))).attr("__name__"))));
+    throw TensorTypeError(
+        site.prefix() +
+        ": op must be a tutti.ReduceOp, a name such as 'sum', "
+        "or Ray's ReduceOp, not " +
+        nb::cast<std::string>(
+            nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(op.ptr()))).attr("__name__"))));
   }
   try {
     return parse_reduce_op(text);
@@ -90,12 +92,14 @@ std::vector<int64_t> to_counts(nb::handle counts, const Site& site, const char* 
   return out;
 }
 
-GroupPtr group_named(std::string_view name) { return get_group(name); }
+GroupPtr group_named(std::string_view name) {
+  return get_group(name);
+}
 
 // ---- ops on a group -------------------------------------------------------------------------
 
-nb::object do_allreduce(CollectiveGroup& g, nb::handle tensor, nb::handle op,
-                        nb::handle timeout, bool async_op) {
+nb::object do_allreduce(CollectiveGroup& g, nb::handle tensor, nb::handle op, nb::handle timeout,
+                        bool async_op) {
   const Site site{"allreduce", &g};
   Keep keep;
   TensorView t = to_view(tensor, Access::kWrite, site, "tensor", keep);
@@ -168,8 +172,8 @@ nb::object do_reduce_scatter(CollectiveGroup& g, nb::handle tensor, nb::handle t
   return run(keep, async_op, [&] { return g.reduce_scatter(out, in, o); });
 }
 
-nb::object do_alltoall(CollectiveGroup& g, nb::handle output, nb::handle input,
-                       nb::handle timeout, bool async_op) {
+nb::object do_alltoall(CollectiveGroup& g, nb::handle output, nb::handle input, nb::handle timeout,
+                       bool async_op) {
   const Site site{"alltoall", &g};
   Keep keep;
   auto o = make_options<AlltoallOptions>(timeout, async_op, site);
@@ -340,8 +344,7 @@ nb::object do_broadcast_multigpu(CollectiveGroup& g, nb::handle tensor_list, int
 }
 
 std::vector<std::vector<TensorView>> to_view_lists(nb::handle lists, Access access,
-                                                   const Site& site, const char* what,
-                                                   Keep& keep) {
+                                                   const Site& site, const char* what, Keep& keep) {
   if (!is_sequence(lists)) {
     throw TensorTypeError(site.prefix() + ": " + what + " must be a list of lists of tensors");
   }
@@ -354,8 +357,8 @@ std::vector<std::vector<TensorView>> to_view_lists(nb::handle lists, Access acce
   return out;
 }
 
-nb::object do_allgather_multigpu(CollectiveGroup& g, nb::handle output_lists,
-                                 nb::handle input_list, nb::handle timeout, bool async_op) {
+nb::object do_allgather_multigpu(CollectiveGroup& g, nb::handle output_lists, nb::handle input_list,
+                                 nb::handle timeout, bool async_op) {
   const Site site{"allgather_multigpu", &g};
   Keep keep;
   auto out = to_view_lists(output_lists, Access::kWrite, site, "output_tensor_lists", keep);
@@ -376,9 +379,8 @@ nb::object do_reduce_scatter_multigpu(CollectiveGroup& g, nb::handle output_list
   return run(keep, async_op, [&] { return g.reduce_scatter_multigpu(out, in, o); });
 }
 
-nb::object do_send_multigpu(CollectiveGroup& g, nb::handle tensor, int dst_rank,
-                            int dst_gpu_index, int64_t n_elements, nb::handle timeout,
-                            bool async_op) {
+nb::object do_send_multigpu(CollectiveGroup& g, nb::handle tensor, int dst_rank, int dst_gpu_index,
+                            int64_t n_elements, nb::handle timeout, bool async_op) {
   const Site site{"send_multigpu", &g};
   Keep keep;
   TensorView t = to_view(tensor, Access::kRead, site, "tensor", keep);
@@ -387,9 +389,8 @@ nb::object do_send_multigpu(CollectiveGroup& g, nb::handle tensor, int dst_rank,
   return run(keep, async_op, [&] { return g.send_multigpu(t, dst_rank, n_elements, o); });
 }
 
-nb::object do_recv_multigpu(CollectiveGroup& g, nb::handle tensor, int src_rank,
-                            int src_gpu_index, int64_t n_elements, nb::handle timeout,
-                            bool async_op) {
+nb::object do_recv_multigpu(CollectiveGroup& g, nb::handle tensor, int src_rank, int src_gpu_index,
+                            int64_t n_elements, nb::handle timeout, bool async_op) {
   const Site site{"recv_multigpu", &g};
   Keep keep;
   TensorView t = to_view(tensor, Access::kWrite, site, "tensor", keep);
@@ -463,8 +464,9 @@ void bind_groups(nb::module_& m) {
           "Waits until the op has finished and raises its error if it failed. Returns True. "
           "timeout (seconds): a shorter wait that raises tutti.TimeoutError and leaves the op "
           "running.")
-      .def("exception", [](Work& w) { return to_python_exception(w.exception()); },
-           "The op's error (a tutti.Error), or None while it runs or after it succeeded.")
+      .def(
+          "exception", [](Work& w) { return to_python_exception(w.exception()); },
+          "The op's error (a tutti.Error), or None while it runs or after it succeeded.")
       .def_prop_ro("op", [](const Work& w) { return std::string(to_string(w.op())); })
       .def_prop_ro("seq", &Work::seq)
       .def("description", &Work::description)
@@ -479,15 +481,15 @@ void bind_groups(nb::module_& m) {
             new (self) PyP2POp{parse_kind(op), nb::borrow(tensor), peer, peer_device_index};
           },
           "op"_a, "tensor"_a.none(), "peer"_a, "peer_device_index"_a = kPeerDevice)
-      .def_prop_ro("op", [](const PyP2POp& p) {
-        return p.kind == P2POp::Kind::kSend ? "send" : "recv";
-      })
+      .def_prop_ro("op",
+                   [](const PyP2POp& p) { return p.kind == P2POp::Kind::kSend ? "send" : "recv"; })
       .def_ro("tensor", &PyP2POp::tensor)
       .def_ro("peer", &PyP2POp::peer)
       .def_ro("peer_device_index", &PyP2POp::peer_device_index)
       .def("__repr__", [](const PyP2POp& p) {
-        return std::string("<tutti.P2POp ") + (p.kind == P2POp::Kind::kSend ? "send to " : "recv from ") +
-               std::to_string(p.peer) + ">";
+        return std::string("<tutti.P2POp ") +
+               (p.kind == P2POp::Kind::kSend ? "send to " : "recv from ") + std::to_string(p.peer) +
+               ">";
       });
 
   auto group = nb::class_<CollectiveGroup>(
@@ -527,16 +529,17 @@ void bind_groups(nb::module_& m) {
       .def_prop_ro("rank", &CollectiveGroup::rank)
       .def_prop_ro("world_size", &CollectiveGroup::world_size)
       .def_prop_ro("backend", &CollectiveGroup::backend_name)
-      .def_prop_ro("timeout",
-                   [](const CollectiveGroup& g) { return g.timeout().count() / 1000.0; })
+      .def_prop_ro("timeout", [](const CollectiveGroup& g) { return g.timeout().count() / 1000.0; })
       .def_prop_ro("global_rank", &CollectiveGroup::global_rank)
       .def_prop_ro("global_ranks", &CollectiveGroup::global_ranks)
       .def_prop_ro("is_destroyed", &CollectiveGroup::is_destroyed)
       .def_prop_ro("is_aborted", &CollectiveGroup::is_aborted)
       .def("describe", &CollectiveGroup::describe)
-      .def("__repr__", [](const CollectiveGroup& g) {
-        return "<tutti.CollectiveGroup " + g.describe() + " backend '" + g.backend_name() + "'>";
-      })
+      .def("__repr__",
+           [](const CollectiveGroup& g) {
+             return "<tutti.CollectiveGroup " + g.describe() + " backend '" + g.backend_name() +
+                    "'>";
+           })
       .def("abort", &CollectiveGroup::abort, "reason"_a = "aborted by the application",
            nb::call_guard<nb::gil_scoped_release>())
       .def("destroy", &CollectiveGroup::destroy, nb::call_guard<nb::gil_scoped_release>())
@@ -556,8 +559,7 @@ void bind_groups(nb::module_& m) {
             nb::gil_scoped_release release;
             return g.split(ranks, o);
           },
-          "ranks"_a, "name"_a = "", "backend"_a = "", "timeout"_a = nb::none(),
-          "local"_a = false,
+          "ranks"_a, "name"_a = "", "backend"_a = "", "timeout"_a = nb::none(), "local"_a = false,
           "Splits a subgroup off: every rank calls it with the same ranks (members get the "
           "subgroup, the others None), or with local=True only the members, from any thread, "
           "meeting under `name` (required, new among this group's local splits).")
@@ -604,30 +606,30 @@ void bind_groups(nb::module_& m) {
            "timeout"_a = nb::none(), "async_op"_a = false)
       .def("allgather", &do_allgather, "tensor_list"_a.none(), "tensor"_a.none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("allgatherv", &do_allgatherv, "output"_a.none(), "tensor"_a.none(), "counts"_a.none(), nb::kw_only(),
-           "timeout"_a = nb::none(), "async_op"_a = false)
+      .def("allgatherv", &do_allgatherv, "output"_a.none(), "tensor"_a.none(), "counts"_a.none(),
+           nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
       .def("reducescatter", &do_reduce_scatter, "tensor"_a.none(), "tensor_list"_a.none(),
            "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
       .def("reduce_scatter", &do_reduce_scatter, "tensor"_a.none(), "tensor_list"_a.none(),
            "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
       .def("alltoall", &do_alltoall, "output"_a.none(), "input"_a.none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("alltoallv", &do_alltoallv, "output"_a.none(), "input"_a.none(), "output_counts"_a.none(),
-           "input_counts"_a.none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("gather", &do_gather, "output"_a.none(), "tensor"_a.none(), "dst_rank"_a = 0, nb::kw_only(),
+      .def("alltoallv", &do_alltoallv, "output"_a.none(), "input"_a.none(),
+           "output_counts"_a.none(), "input_counts"_a.none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("scatter", &do_scatter, "tensor"_a.none(), "input"_a.none(), "src_rank"_a = 0, nb::kw_only(),
+      .def("gather", &do_gather, "output"_a.none(), "tensor"_a.none(), "dst_rank"_a = 0,
+           nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
+      .def("scatter", &do_scatter, "tensor"_a.none(), "input"_a.none(), "src_rank"_a = 0,
+           nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
+      .def("send", &do_send, "tensor"_a.none(), "dst_rank"_a, nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("send", &do_send, "tensor"_a.none(), "dst_rank"_a, nb::kw_only(), "timeout"_a = nb::none(),
-           "async_op"_a = false)
-      .def("recv", &do_recv, "tensor"_a.none(), "src_rank"_a, nb::kw_only(), "timeout"_a = nb::none(),
-           "async_op"_a = false)
+      .def("recv", &do_recv, "tensor"_a.none(), "src_rank"_a, nb::kw_only(),
+           "timeout"_a = nb::none(), "async_op"_a = false)
       .def("batch_isend_irecv", &do_batch, "p2p_op_list"_a.none(), nb::kw_only(),
            "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("barrier", &do_barrier, nb::kw_only(), "timeout"_a = nb::none(),
-           "async_op"_a = false)
-      .def("allreduce_multigpu", &do_allreduce_multigpu, "tensor_list"_a.none(), "op"_a = nb::none(),
-           nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
+      .def("barrier", &do_barrier, nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
+      .def("allreduce_multigpu", &do_allreduce_multigpu, "tensor_list"_a.none(),
+           "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
       .def("reduce_multigpu", &do_reduce_multigpu, "tensor_list"_a.none(), "dst_rank"_a = 0,
            "dst_tensor"_a = 0, "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(),
            "async_op"_a = false)
@@ -637,12 +639,14 @@ void bind_groups(nb::module_& m) {
            "input_tensor_list"_a.none(), nb::kw_only(), "timeout"_a = nb::none(),
            "async_op"_a = false)
       .def("reducescatter_multigpu", &do_reduce_scatter_multigpu, "output_tensor_list"_a.none(),
-           "input_tensor_lists"_a.none(), "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(),
+           "input_tensor_lists"_a.none(), "op"_a = nb::none(), nb::kw_only(),
+           "timeout"_a = nb::none(), "async_op"_a = false)
+      .def("send_multigpu", &do_send_multigpu, "tensor"_a.none(), "dst_rank"_a,
+           "dst_gpu_index"_a = 0, "n_elements"_a = 0, nb::kw_only(), "timeout"_a = nb::none(),
            "async_op"_a = false)
-      .def("send_multigpu", &do_send_multigpu, "tensor"_a.none(), "dst_rank"_a, "dst_gpu_index"_a = 0,
-           "n_elements"_a = 0, nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
-      .def("recv_multigpu", &do_recv_multigpu, "tensor"_a.none(), "src_rank"_a, "src_gpu_index"_a = 0,
-           "n_elements"_a = 0, nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false)
+      .def("recv_multigpu", &do_recv_multigpu, "tensor"_a.none(), "src_rank"_a,
+           "src_gpu_index"_a = 0, "n_elements"_a = 0, nb::kw_only(), "timeout"_a = nb::none(),
+           "async_op"_a = false)
       .def(
           "synchronize",
           [](CollectiveGroup& g, nb::handle device) {
@@ -671,8 +675,8 @@ void bind_groups(nb::module_& m) {
       "init_collective_group_from_env",
       [](const std::string& backend, const std::string& group_name, nb::handle timeout,
          const std::string& job_id) {
-        GroupOptions options = group_options(nb::none(), timeout, job_id,
-                                             "init_collective_group_from_env");
+        GroupOptions options =
+            group_options(nb::none(), timeout, job_id, "init_collective_group_from_env");
         nb::gil_scoped_release release;
         init_collective_group_from_env(backend, group_name, options);
       },
@@ -730,8 +734,8 @@ void bind_groups(nb::module_& m) {
       "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "allgather",
-      [](nb::handle tensor_list, nb::handle tensor, std::string_view group_name,
-         nb::handle timeout, bool async_op) {
+      [](nb::handle tensor_list, nb::handle tensor, std::string_view group_name, nb::handle timeout,
+         bool async_op) {
         return do_allgather(*group_named(group_name), tensor_list, tensor, timeout, async_op);
       },
       "tensor_list"_a.none(), "tensor"_a.none(), "group_name"_a = "default", nb::kw_only(),
@@ -741,11 +745,10 @@ void bind_groups(nb::module_& m) {
       "allgatherv",
       [](nb::handle output, nb::handle tensor, nb::handle counts, std::string_view group_name,
          nb::handle timeout, bool async_op) {
-        return do_allgatherv(*group_named(group_name), output, tensor, counts, timeout,
-                             async_op);
+        return do_allgatherv(*group_named(group_name), output, tensor, counts, timeout, async_op);
       },
-      "output"_a.none(), "tensor"_a.none(), "counts"_a.none(), "group_name"_a = "default", nb::kw_only(),
-      "timeout"_a = nb::none(), "async_op"_a = false);
+      "output"_a.none(), "tensor"_a.none(), "counts"_a.none(), "group_name"_a = "default",
+      nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   for (const char* name : {"reducescatter", "reduce_scatter"}) {
     m.def(
         name,
@@ -765,8 +768,8 @@ void bind_groups(nb::module_& m) {
          bool async_op) {
         return do_alltoall(*group_named(group_name), output, input, timeout, async_op);
       },
-      "output"_a.none(), "input"_a.none(), "group_name"_a = "default", nb::kw_only(), "timeout"_a = nb::none(),
-      "async_op"_a = false);
+      "output"_a.none(), "input"_a.none(), "group_name"_a = "default", nb::kw_only(),
+      "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "alltoallv",
       [](nb::handle output, nb::handle input, nb::handle output_counts, nb::handle input_counts,
@@ -774,24 +777,24 @@ void bind_groups(nb::module_& m) {
         return do_alltoallv(*group_named(group_name), output, input, output_counts, input_counts,
                             timeout, async_op);
       },
-      "output"_a.none(), "input"_a.none(), "output_counts"_a.none(), "input_counts"_a.none(), "group_name"_a = "default",
-      nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
+      "output"_a.none(), "input"_a.none(), "output_counts"_a.none(), "input_counts"_a.none(),
+      "group_name"_a = "default", nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "gather",
       [](nb::handle output, nb::handle tensor, int dst_rank, std::string_view group_name,
          nb::handle timeout, bool async_op) {
         return do_gather(*group_named(group_name), output, tensor, dst_rank, timeout, async_op);
       },
-      "output"_a.none(), "tensor"_a.none(), "dst_rank"_a = 0, "group_name"_a = "default", nb::kw_only(),
-      "timeout"_a = nb::none(), "async_op"_a = false);
+      "output"_a.none(), "tensor"_a.none(), "dst_rank"_a = 0, "group_name"_a = "default",
+      nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "scatter",
       [](nb::handle tensor, nb::handle input, int src_rank, std::string_view group_name,
          nb::handle timeout, bool async_op) {
         return do_scatter(*group_named(group_name), tensor, input, src_rank, timeout, async_op);
       },
-      "tensor"_a.none(), "input"_a.none(), "src_rank"_a = 0, "group_name"_a = "default", nb::kw_only(),
-      "timeout"_a = nb::none(), "async_op"_a = false);
+      "tensor"_a.none(), "input"_a.none(), "src_rank"_a = 0, "group_name"_a = "default",
+      nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
   m.def(
       "send",
       [](nb::handle tensor, int dst_rank, std::string_view group_name, nb::handle timeout,
@@ -840,8 +843,7 @@ void bind_groups(nb::module_& m) {
       "allreduce_multigpu",
       [](nb::handle tensor_list, std::string_view group_name, nb::handle op, nb::handle timeout,
          bool async_op) {
-        return do_allreduce_multigpu(*group_named(group_name), tensor_list, op, timeout,
-                                     async_op);
+        return do_allreduce_multigpu(*group_named(group_name), tensor_list, op, timeout, async_op);
       },
       "tensor_list"_a.none(), "group_name"_a = "default", "op"_a = nb::none(), nb::kw_only(),
       "timeout"_a = nb::none(), "async_op"_a = false);
@@ -849,8 +851,8 @@ void bind_groups(nb::module_& m) {
       "reduce_multigpu",
       [](nb::handle tensor_list, int dst_rank, int dst_tensor, std::string_view group_name,
          nb::handle op, nb::handle timeout, bool async_op) {
-        return do_reduce_multigpu(*group_named(group_name), tensor_list, dst_rank, dst_tensor,
-                                  op, timeout, async_op);
+        return do_reduce_multigpu(*group_named(group_name), tensor_list, dst_rank, dst_tensor, op,
+                                  timeout, async_op);
       },
       "tensor_list"_a.none(), "dst_rank"_a = 0, "dst_tensor"_a = 0, "group_name"_a = "default",
       "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
@@ -858,8 +860,8 @@ void bind_groups(nb::module_& m) {
       "broadcast_multigpu",
       [](nb::handle tensor_list, int src_rank, int src_tensor, std::string_view group_name,
          nb::handle timeout, bool async_op) {
-        return do_broadcast_multigpu(*group_named(group_name), tensor_list, src_rank,
-                                     src_tensor, timeout, async_op);
+        return do_broadcast_multigpu(*group_named(group_name), tensor_list, src_rank, src_tensor,
+                                     timeout, async_op);
       },
       "tensor_list"_a.none(), "src_rank"_a = 0, "src_tensor"_a = 0, "group_name"_a = "default",
       nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
@@ -867,8 +869,8 @@ void bind_groups(nb::module_& m) {
       "allgather_multigpu",
       [](nb::handle output_lists, nb::handle input_list, std::string_view group_name,
          nb::handle timeout, bool async_op) {
-        return do_allgather_multigpu(*group_named(group_name), output_lists, input_list,
-                                     timeout, async_op);
+        return do_allgather_multigpu(*group_named(group_name), output_lists, input_list, timeout,
+                                     async_op);
       },
       "output_tensor_lists"_a.none(), "input_tensor_list"_a.none(), "group_name"_a = "default",
       nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);
@@ -877,8 +879,8 @@ void bind_groups(nb::module_& m) {
         name,
         [](nb::handle output_list, nb::handle input_lists, std::string_view group_name,
            nb::handle op, nb::handle timeout, bool async_op) {
-          return do_reduce_scatter_multigpu(*group_named(group_name), output_list, input_lists,
-                                            op, timeout, async_op);
+          return do_reduce_scatter_multigpu(*group_named(group_name), output_list, input_lists, op,
+                                            timeout, async_op);
         },
         "output_tensor_list"_a.none(), "input_tensor_lists"_a.none(), "group_name"_a = "default",
         "op"_a = nb::none(), nb::kw_only(), "timeout"_a = nb::none(), "async_op"_a = false);

@@ -16,8 +16,7 @@
 
 namespace tutti::python {
 
-std::chrono::milliseconds to_milliseconds(nb::handle value, const char* where,
-                                          const char* what) {
+std::chrono::milliseconds to_milliseconds(nb::handle value, const char* where, const char* what) {
   double seconds = 0;
   if (nb::hasattr(value, "total_seconds")) {
     seconds = nb::cast<double>(value.attr("total_seconds")());
@@ -58,8 +57,8 @@ std::string to_bytes(nb::handle value, const char* where) {
     return out;
   }
   throw TensorTypeError(std::string(where) + ": expected bytes or str, not " +
-                        nb::cast<std::string>(nb::repr(nb::handle(
-                            reinterpret_cast<PyObject*>(Py_TYPE(value.ptr()))))));
+                        nb::cast<std::string>(nb::repr(
+                            nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr()))))));
 }
 
 }  // namespace tutti::python
@@ -70,9 +69,8 @@ NB_MODULE(_tutti, m) {
   m.doc() = "tutti's C++ library (the package tutti re-exports what users need)";
   init_errors();
   m.attr("__version__") = tutti::version();
-  m.def("is_backend_available", [](const std::string& name) {
-    return tutti::is_backend_available(name);
-  });
+  m.def("is_backend_available",
+        [](const std::string& name) { return tutti::is_backend_available(name); });
   m.def("registered_backends", &tutti::registered_collective_backends);
   bind_stores(m);
   bind_groups(m);

@@ -39,7 +39,9 @@ std::vector<std::string> to_keys(nb::handle keys, const char* where) {
   return out;
 }
 
-nb::bytes as_bytes(const std::string& s) { return nb::bytes(s.data(), s.size()); }
+nb::bytes as_bytes(const std::string& s) {
+  return nb::bytes(s.data(), s.size());
+}
 
 }  // namespace
 
@@ -92,8 +94,8 @@ void bind_stores(nb::module_& m) {
           "wait",
           [](Store& s, nb::handle keys, nb::handle timeout) {
             auto k = to_keys(keys, "Store.wait");
-            const auto t = timeout.is_none() ? s.timeout()
-                                             : to_milliseconds(timeout, "Store.wait", "timeout");
+            const auto t =
+                timeout.is_none() ? s.timeout() : to_milliseconds(timeout, "Store.wait", "timeout");
             nb::gil_scoped_release release;
             s.wait(k, t);
           },
@@ -178,8 +180,8 @@ void bind_stores(nb::module_& m) {
   nb::class_<RedisStore, Store>(m, "RedisStore", "The store over a Redis server.")
       .def(
           "__init__",
-          [](RedisStore* self, const std::string& host, uint16_t port, nb::handle timeout,
-             int db, const std::string& prefix, const std::string& password) {
+          [](RedisStore* self, const std::string& host, uint16_t port, nb::handle timeout, int db,
+             const std::string& prefix, const std::string& password) {
             RedisStoreOptions o;
             o.timeout = store_timeout(timeout, "RedisStore");
             o.db = db;

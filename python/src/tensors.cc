@@ -20,8 +20,8 @@ constexpr const char* kSupported =
 constexpr uint8_t kDLBoolCode = 6;
 
 std::string py_type_name(nb::handle object) {
-  return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(object.ptr())))
-                                           .attr("__qualname__")));
+  return nb::cast<std::string>(
+      nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))).attr("__qualname__")));
 }
 
 std::string shape_text(const std::vector<int64_t>& values) {
@@ -74,13 +74,29 @@ bool dtype_from_format(const char* format, Py_ssize_t itemsize, DType* out) {
     case '?': *out = DType::kBool; return itemsize == 1;
     case 'b': *out = DType::kInt8; return itemsize == 1;
     case 'B': *out = DType::kUInt8; return itemsize == 1;
-    case 'i': case 'l': case 'q':
-      if (itemsize == 4) { *out = DType::kInt32; return true; }
-      if (itemsize == 8) { *out = DType::kInt64; return true; }
+    case 'i':
+    case 'l':
+    case 'q':
+      if (itemsize == 4) {
+        *out = DType::kInt32;
+        return true;
+      }
+      if (itemsize == 8) {
+        *out = DType::kInt64;
+        return true;
+      }
       return false;
-    case 'I': case 'L': case 'Q':
-      if (itemsize == 4) { *out = DType::kUInt32; return true; }
-      if (itemsize == 8) { *out = DType::kUInt64; return true; }
+    case 'I':
+    case 'L':
+    case 'Q':
+      if (itemsize == 4) {
+        *out = DType::kUInt32;
+        return true;
+      }
+      if (itemsize == 8) {
+        *out = DType::kUInt64;
+        return true;
+      }
       return false;
     case 'e': *out = DType::kFloat16; return itemsize == 2;
     case 'f': *out = DType::kFloat32; return itemsize == 4;
@@ -122,8 +138,8 @@ TensorView from_buffer(nb::handle object, Access access, const Site& site, const
   if (access == Access::kWrite && view.readonly) {
     throw Error(ErrorCode::kInvalidArgument,
                 site.prefix() + ": " + what + " is read-only (" + py_type_name(object) +
-                    " of dtype " + dtype_name(object) + ", shape " + shape_text(shape) +
-                    "), but " + site.op + " writes into it; pass a writable array (e.g. .copy())");
+                    " of dtype " + dtype_name(object) + ", shape " + shape_text(shape) + "), but " +
+                    site.op + " writes into it; pass a writable array (e.g. .copy())");
   }
   return TensorView(view.buf, dtype, std::move(shape), Device::cpu());
 }
@@ -147,12 +163,10 @@ TorchInfo& torch_info() {
     nb::object module = nb::steal(torch);
     if (!nb::hasattr(module, "Tensor") || !nb::hasattr(module, "bfloat16")) return *info;
     const std::pair<const char*, DType> names[] = {
-        {"bool", DType::kBool},         {"int8", DType::kInt8},
-        {"uint8", DType::kUInt8},       {"int32", DType::kInt32},
-        {"uint32", DType::kUInt32},     {"int64", DType::kInt64},
-        {"uint64", DType::kUInt64},     {"float16", DType::kFloat16},
-        {"bfloat16", DType::kBFloat16}, {"float32", DType::kFloat32},
-        {"float64", DType::kFloat64},
+        {"bool", DType::kBool},       {"int8", DType::kInt8},       {"uint8", DType::kUInt8},
+        {"int32", DType::kInt32},     {"uint32", DType::kUInt32},   {"int64", DType::kInt64},
+        {"uint64", DType::kUInt64},   {"float16", DType::kFloat16}, {"bfloat16", DType::kBFloat16},
+        {"float32", DType::kFloat32}, {"float64", DType::kFloat64},
     };
     for (const auto& [name, dtype] : names) {
       if (nb::hasattr(module, name)) info->dtypes[module.attr(name)] = static_cast<int>(dtype);
@@ -168,8 +182,7 @@ TensorView from_torch(nb::handle t, const Site& site, const char* what, Keep& ke
   nb::object torch_dtype = t.attr("dtype");
   PyObject* code = PyDict_GetItem(info.dtypes.ptr(), torch_dtype.ptr());
   if (code == nullptr) {
-    throw TensorTypeError(site.prefix() + ": " + what + " has dtype " +
-                          text_of(torch_dtype) +
+    throw TensorTypeError(site.prefix() + ": " + what + " has dtype " + text_of(torch_dtype) +
                           ", which tutti does not support (" + kSupported + ")");
   }
   const DType dtype = static_cast<DType>(PyLong_AsLong(code));
@@ -189,10 +202,9 @@ TensorView from_torch(nb::handle t, const Site& site, const char* what, Keep& ke
   Device device = Device::cpu();
   if (!nb::cast<bool>(t.attr("is_cpu"))) {
     if (!nb::cast<bool>(t.attr("is_cuda"))) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  site.prefix() + ": " + what + " is on device " +
-                      text_of(t.attr("device")) +
-                      "; tutti takes CPU and CUDA tensors");
+      throw Error(ErrorCode::kInvalidArgument, site.prefix() + ": " + what + " is on device " +
+                                                   text_of(t.attr("device")) +
+                                                   "; tutti takes CPU and CUDA tensors");
     }
     device = Device::cuda(nb::cast<int>(t.attr("get_device")()));
   }
@@ -209,8 +221,7 @@ TensorView from_torch(nb::handle t, const Site& site, const char* what, Keep& ke
 
 // ---- anything with __dlpack__ -------------------------------------------------------------
 
-TensorView from_dlpack_object(nb::handle object, const Site& site, const char* what,
-                              Keep& keep) {
+TensorView from_dlpack_object(nb::handle object, const Site& site, const char* what, Keep& keep) {
   nb::object capsule;
   try {
     capsule = object.attr("__dlpack__")();
@@ -236,13 +247,15 @@ TensorView from_dlpack_object(nb::handle object, const Site& site, const char* w
       known = known && (t.dtype.bits == 8 || t.dtype.bits == 32 || t.dtype.bits == 64);
       break;
     case kDLUInt:
-      dtype = t.dtype.bits == 8 ? DType::kUInt8
-                                : t.dtype.bits == 32 ? DType::kUInt32 : DType::kUInt64;
+      dtype = t.dtype.bits == 8    ? DType::kUInt8
+              : t.dtype.bits == 32 ? DType::kUInt32
+                                   : DType::kUInt64;
       known = known && (t.dtype.bits == 8 || t.dtype.bits == 32 || t.dtype.bits == 64);
       break;
     case kDLFloat:
-      dtype = t.dtype.bits == 16 ? DType::kFloat16
-                                 : t.dtype.bits == 32 ? DType::kFloat32 : DType::kFloat64;
+      dtype = t.dtype.bits == 16   ? DType::kFloat16
+              : t.dtype.bits == 32 ? DType::kFloat32
+                                   : DType::kFloat64;
       known = known && (t.dtype.bits == 16 || t.dtype.bits == 32 || t.dtype.bits == 64);
       break;
     case kDLBfloat:
@@ -253,7 +266,10 @@ TensorView from_dlpack_object(nb::handle object, const Site& site, const char* w
       dtype = DType::kBool;
       known = known && t.dtype.bits == 8;
       break;
-    default: known = false; dtype = DType::kUInt8; break;
+    default:
+      known = false;
+      dtype = DType::kUInt8;
+      break;
   }
   if (!known) {
     throw TensorTypeError(site.prefix() + ": " + what + " has dtype " + dtype_name(object) +
@@ -334,7 +350,9 @@ Py_buffer& Keep::add_buffer() {
   return *buffers_.back();
 }
 
-void Keep::drop_last_buffer() { buffers_.pop_back(); }
+void Keep::drop_last_buffer() {
+  buffers_.pop_back();
+}
 
 void Keep::attach_to(Work& work) {
   auto moved = std::make_unique<Keep>();
@@ -397,15 +415,16 @@ Framework parse_framework(nb::handle name, const char* op) {
   const std::string s = text_of(name);
   if (s == "numpy" || s == "np") return Framework::kNumpy;
   if (s == "torch" || s == "pytorch") return Framework::kTorch;
-  throw Error(ErrorCode::kInvalidArgument,
-              std::string(op) + ": framework '" + s + "' is not known (expected 'numpy' or 'torch')");
+  throw Error(ErrorCode::kInvalidArgument, std::string(op) + ": framework '" + s +
+                                               "' is not known (expected 'numpy' or 'torch')");
 }
 
 nb::object from_view(const TensorView& view, nb::handle owner, Framework framework,
                      bool read_only) {
   std::vector<size_t> shape(view.shape().begin(), view.shape().end());
   const nb::dlpack::dtype dtype = to_nb_dtype(view.dtype());
-  const int device_type = view.device().is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
+  const int device_type =
+      view.device().is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
   const int device_id = view.device().is_cuda() ? view.device().index : 0;
   if (framework == Framework::kTorch) {
     nb::ndarray<nb::pytorch> a(view.data(), shape.size(), shape.data(), owner, nullptr, dtype,
@@ -416,8 +435,8 @@ nb::object from_view(const TensorView& view, nb::handle owner, Framework framewo
     throw TensorTypeError("numpy has no bfloat16: ask for torch tensors (framework='torch')");
   }
   if (read_only) {
-    nb::ndarray<nb::numpy, nb::ro> a(view.data(), shape.size(), shape.data(), owner, nullptr,
-                                     dtype, device_type, device_id);
+    nb::ndarray<nb::numpy, nb::ro> a(view.data(), shape.size(), shape.data(), owner, nullptr, dtype,
+                                     device_type, device_id);
     return nb::cast(a, nb::rv_policy::reference);
   }
   nb::ndarray<nb::numpy> a(view.data(), shape.size(), shape.data(), owner, nullptr, dtype,

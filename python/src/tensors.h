@@ -69,11 +69,12 @@ Framework parse_framework(nb::handle name, const char* op);
 
 // A numpy array or torch tensor over `view`'s memory, kept alive by `owner` (a Python object
 // that owns the memory). read_only: a numpy array that refuses writes (torch has no such flag).
-nb::object from_view(const TensorView& view, nb::handle owner, Framework framework,
-                     bool read_only);
+nb::object from_view(const TensorView& view, nb::handle owner, Framework framework, bool read_only);
 
 // str(object), as UTF-8.
-inline std::string text_of(nb::handle object) { return nb::cast<std::string>(nb::str(object)); }
+inline std::string text_of(nb::handle object) {
+  return nb::cast<std::string>(nb::str(object));
+}
 
 // The dtype name of a Python tensor-like object, for messages ("float32", "torch.int16").
 std::string dtype_name(nb::handle object);

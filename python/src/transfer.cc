@@ -119,20 +119,20 @@ TensorRef to_ref(nb::handle ref, const char* op) {
   TensorRef r;
   if (nb::try_cast<TensorRef>(ref, r)) return r;
   if (PyUnicode_Check(ref.ptr())) return TensorRef::from_text(nb::cast<std::string>(ref));
-  if (PyBytes_Check(ref.ptr()) || PyByteArray_Check(ref.ptr()) ||
-      PyMemoryView_Check(ref.ptr())) {
+  if (PyBytes_Check(ref.ptr()) || PyByteArray_Check(ref.ptr()) || PyMemoryView_Check(ref.ptr())) {
     return TensorRef::parse(to_bytes(ref, op));
   }
-  throw TensorTypeError(std::string(op) +
-                        ": ref must be a tutti.transfer.TensorRef, its bytes or its text, not " +
-                        nb::cast<std::string>(nb::repr(nb::handle(
-                            reinterpret_cast<PyObject*>(Py_TYPE(ref.ptr()))))));
+  throw TensorTypeError(
+      std::string(op) + ": ref must be a tutti.transfer.TensorRef, its bytes or its text, not " +
+      nb::cast<std::string>(nb::repr(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(ref.ptr()))))));
 }
 
-GetOptions get_options(nb::handle timeout, bool allow_fallback, const char* op) {
+GetOptions get_options(nb::handle timeout, bool allow_fallback, const char* op,
+                       bool copy_on_write = false) {
   GetOptions o;
   if (!timeout.is_none()) o.timeout = to_milliseconds(timeout, op, "timeout");
   o.allow_fallback = allow_fallback;
+  o.copy_on_write = copy_on_write;
   return o;
 }
 
@@ -163,8 +163,8 @@ nb::list result_of(PyAgent& agent, const TensorRef& ref, Received received, nb::
 }
 
 PyHandle* do_put(const std::shared_ptr<PyAgent>& agent, nb::handle tensors,
-                                 const std::string& transport, bool snapshot,
-                                 uint32_t expected_gets, nb::handle keep_for) {
+                 const std::string& transport, bool snapshot, uint32_t expected_gets,
+                 nb::handle keep_for) {
   const Site site{"put", nullptr, "transfer"};
   auto keep = std::make_unique<Keep>();
   nb::list originals = is_sequence(tensors) ? nb::list(tensors) : nb::list();
@@ -243,12 +243,15 @@ void bind_transfer(nb::module_& parent) {
                         "A reference to published tensors: hand its bytes (to_bytes) or text "
                         "(to_text) to any process; its agent resolves it with get or borrow. "
                         "Picklable.")
-      .def_static("from_bytes", [](nb::handle b) { return TensorRef::parse(to_bytes(b, "TensorRef.from_bytes")); })
+      .def_static(
+          "from_bytes",
+          [](nb::handle b) { return TensorRef::parse(to_bytes(b, "TensorRef.from_bytes")); })
       .def_static("from_text", [](const std::string& s) { return TensorRef::from_text(s); })
-      .def("to_bytes", [](const TensorRef& r) {
-        const std::string s = r.serialize();
-        return nb::bytes(s.data(), s.size());
-      })
+      .def("to_bytes",
+           [](const TensorRef& r) {
+             const std::string s = r.serialize();
+             return nb::bytes(s.data(), s.size());
+           })
       .def("to_text", &TensorRef::to_text)
       .def("describe", &TensorRef::describe)
       .def_prop_ro("transport", &TensorRef::transport)
@@ -256,13 +259,14 @@ void bind_transfer(nb::module_& parent) {
       .def_prop_ro("object_id", [](const TensorRef& r) { return r.object().id; })
       .def_prop_ro("is_pending", &TensorRef::is_pending)
       .def_prop_ro("is_signed", &TensorRef::is_signed)
-      .def_prop_ro("tensors",
-                   [](const TensorRef& r) {
-                     nb::list out;
-                     for (const TensorMeta& t : r.tensors()) out.append(meta_of(t));
-                     return out;
-                   },
-                   "(dtype, shape, device) of each tensor")
+      .def_prop_ro(
+          "tensors",
+          [](const TensorRef& r) {
+            nb::list out;
+            for (const TensorMeta& t : r.tensors()) out.append(meta_of(t));
+            return out;
+          },
+          "(dtype, shape, device) of each tensor")
       .def("__getstate__",
            [](const TensorRef& r) {
              const std::string s = r.serialize();
@@ -272,7 +276,8 @@ void bind_transfer(nb::module_& parent) {
            [](TensorRef& r, nb::handle state) {
              new (&r) TensorRef(TensorRef::parse(to_bytes(state, "TensorRef.__setstate__")));
            })
-      .def("__repr__", [](const TensorRef& r) { return "<tutti.transfer.TensorRef " + r.describe() + ">"; });
+      .def("__repr__",
+           [](const TensorRef& r) { return "<tutti.transfer.TensorRef " + r.describe() + ">"; });
 
   nb::class_<PyHandle>(m, "ObjectHandle",
                        "The owner's handle on a published object: the object may be freed once "
@@ -291,29 +296,50 @@ void bind_transfer(nb::module_& parent) {
                          "(.tensors). The owner cannot free the object while the Borrowed or "
                          "any of its arrays is alive.")
       .def_ro("tensors", &PyBorrowed::arrays)
-      .def("release", [](PyBorrowed& b) { b.arrays = nb::list(); b.borrowed.reset(); },
-           "Drops this object's hold; the lease ends when no array from it is alive either.")
+      .def(
+          "release",
+          [](PyBorrowed& b) {
+            b.arrays = nb::list();
+            b.borrowed.reset();
+          },
+          "Drops this object's hold; the lease ends when no array from it is alive either.")
       .def("__enter__", [](PyBorrowed& b) { return b.arrays; })
-      .def("__exit__", [](PyBorrowed& b, nb::args) { b.arrays = nb::list(); b.borrowed.reset(); });
+      .def("__exit__", [](PyBorrowed& b, nb::args) {
+        b.arrays = nb::list();
+        b.borrowed.reset();
+      });
 
-  nb::class_<PyFetch>(m, "Fetch", "An asynchronous get (get_async).")
-      .def("done", [](PyFetch& f) { return f.fetch.done(); })
-      .def("wait",
-           [](PyFetch& f) {
-             Received r;
-             {
-               nb::gil_scoped_release release;
-               r = f.fetch.wait();
-             }
-             return result_of(*f.agent, f.ref, std::move(r), f.targets, f.framework);
-           },
-           "Waits (up to the get's timeout) and returns the tensors; raises the get's error.")
+  nb::class_<PyFetch>(m, "Fetch", "An asynchronous get (get_async), with Work's verbs.")
+      .def(
+          "is_completed", [](PyFetch& f) { return f.fetch.is_completed(); },
+          "True once the get has finished, successfully or not. Never blocks.")
+      .def(
+          "done", [](PyFetch& f) { return f.fetch.is_completed(); }, "is_completed().")
+      .def(
+          "wait",
+          [](PyFetch& f, nb::handle timeout) {
+            const auto ms = timeout.is_none() ? kUseGroupTimeout
+                                              : to_milliseconds(timeout, "Fetch.wait", "timeout");
+            Received r;
+            {
+              nb::gil_scoped_release release;
+              r = f.fetch.wait(ms);
+            }
+            return result_of(*f.agent, f.ref, std::move(r), f.targets, f.framework);
+          },
+          "timeout"_a = nb::none(),
+          "Waits (up to the get's own timeout) and returns the tensors; raises the get's error. "
+          "timeout (seconds): a shorter wait that raises tutti.TimeoutError and leaves the get "
+          "running.")
+      .def(
+          "exception", [](PyFetch& f) { return to_python_exception(f.fetch.exception()); },
+          "The get's error (a tutti.Error), or None while it runs or after it succeeded.")
       .def("cancel", [](PyFetch& f) { f.fetch.cancel(); });
 
   nb::class_<AgentBox>(m, "TransferAgent",
-                      "A direct-transport agent (tutti::TransferAgent). put() publishes tensors "
-                      "in place and returns an ObjectHandle whose .ref any process resolves with "
-                      "its own agent's get() (a copy) or borrow() (zero-copy, read-only).")
+                       "A direct-transport agent (tutti::TransferAgent). put() publishes tensors "
+                       "in place and returns an ObjectHandle whose .ref any process resolves with "
+                       "its own agent's get() (a copy) or borrow() (zero-copy, read-only).")
       .def(
           "__init__",
           [](AgentBox* self, const std::string& name, nb::handle fetch_timeout, bool listen_tcp,
@@ -340,8 +366,7 @@ void bind_transfer(nb::module_& parent) {
           "put",
           [](AgentBox& box, nb::handle tensors, const std::string& transport, bool snapshot,
              uint32_t expected_gets, nb::handle keep_for) {
-            return do_put(box.p, tensors, transport, snapshot, expected_gets,
-                          keep_for);
+            return do_put(box.p, tensors, transport, snapshot, expected_gets, keep_for);
           },
           "tensors"_a, nb::kw_only(), "transport"_a = "auto", "snapshot"_a = false,
           "expected_gets"_a = 0, "keep_for"_a = nb::none(), nb::rv_policy::take_ownership,
@@ -401,9 +426,9 @@ void bind_transfer(nb::module_& parent) {
       .def(
           "get",
           [](AgentBox& box, nb::handle ref, nb::handle targets, nb::handle timeout,
-             bool allow_fallback, nb::handle framework) {
+             bool allow_fallback, nb::handle framework, bool copy_on_write) {
             const TensorRef r = to_ref(ref, "get");
-            GetOptions o = get_options(timeout, allow_fallback, "get");
+            GetOptions o = get_options(timeout, allow_fallback, "get", copy_on_write);
             Keep keep;
             o.targets = target_views(targets, keep, "get");
             const Framework fw = parse_framework(framework, "get");
@@ -415,17 +440,20 @@ void bind_transfer(nb::module_& parent) {
             return result_of(*box.p, r, std::move(received), targets, fw);
           },
           "ref"_a, nb::kw_only(), "targets"_a = nb::none(), "timeout"_a = nb::none(),
-          "allow_fallback"_a = false, "framework"_a = nb::none(),
+          "allow_fallback"_a = false, "framework"_a = nb::none(), "copy_on_write"_a = false,
           "The tensors of a ref (TensorRef, bytes or text): copies into `targets` (writable, "
           "contiguous, same dtypes and sizes) or into new arrays of `framework` ('numpy' or "
-          "'torch'). The agent that put the ref gets the very objects it put.")
+          "'torch'). The agent that put the ref gets the very objects it put. copy_on_write="
+          "True (no targets): tensors in shareable memory (allocate(), share_memory_() tensors "
+          "the owner registered) come as private copy-on-write mappings of the owner's pages, "
+          "no copy; the arrays hold the object at the owner until they go.")
       .def(
           "get_async",
           [](AgentBox& box, nb::handle ref, nb::handle targets, nb::handle timeout,
-             bool allow_fallback, nb::handle framework) {
+             bool allow_fallback, nb::handle framework, bool copy_on_write) {
             auto f = std::make_unique<PyFetch>();
             f->ref = to_ref(ref, "get_async");
-            GetOptions o = get_options(timeout, allow_fallback, "get_async");
+            GetOptions o = get_options(timeout, allow_fallback, "get_async", copy_on_write);
             f->keep = std::make_unique<Keep>();
             o.targets = target_views(targets, *f->keep, "get_async");
             f->framework = parse_framework(framework, "get_async");
@@ -438,7 +466,8 @@ void bind_transfer(nb::module_& parent) {
             return f.release();
           },
           "ref"_a, nb::kw_only(), "targets"_a = nb::none(), "timeout"_a = nb::none(),
-          "allow_fallback"_a = false, "framework"_a = nb::none(), nb::rv_policy::take_ownership)
+          "allow_fallback"_a = false, "framework"_a = nb::none(), "copy_on_write"_a = false,
+          nb::rv_policy::take_ownership)
       .def(
           "borrow",
           [](AgentBox& box, nb::handle ref, nb::handle timeout, bool allow_fallback) {
@@ -463,9 +492,9 @@ void bind_transfer(nb::module_& parent) {
             const Site site{"wait_tensor_freed", nullptr, "transfer"};
             Keep keep;
             const TensorView v = to_view(tensor, Access::kRead, site, "tensor", keep);
-            const auto ms = timeout.is_none() ? std::chrono::milliseconds::max()
-                                              : to_milliseconds(timeout, "wait_tensor_freed",
-                                                                "timeout");
+            const auto ms = timeout.is_none()
+                                ? std::chrono::milliseconds::max()
+                                : to_milliseconds(timeout, "wait_tensor_freed", "timeout");
             {
               nb::gil_scoped_release release;
               box.p->agent().wait_tensor_freed(v, ms);
@@ -498,6 +527,32 @@ void bind_transfer(nb::module_& parent) {
           "nbytes"_a, "dtype"_a = "uint8", "framework"_a = nb::none(),
           "A 1-D array in memory the transports share without copying (shm: zero-copy gets and "
           "borrows); given back when the array goes.")
+      .def(
+          "register_memory",
+          [](AgentBox& box, nb::handle region, int fd, uint64_t offset) {
+            const Site site{"register_memory", nullptr, "transfer"};
+            Keep keep;
+            const TensorView v = to_view(region, Access::kRead, site, "region", keep);
+            nb::gil_scoped_release release;
+            box.p->agent().register_memory(v, fd, offset);
+          },
+          "region"_a, "fd"_a = -1, "offset"_a = 0,
+          "Makes an array's memory shareable once: with fd, the file it is mapped MAP_SHARED from "
+          "at offset (page-aligned), so shm consumers map it instead of copying (e.g. a torch "
+          "tensor after share_memory_(): its storage's _share_fd_cpu_()). Keep the memory alive "
+          "until unregister_memory.")
+      .def(
+          "unregister_memory",
+          [](AgentBox& box, nb::handle region) {
+            const Site site{"unregister_memory", nullptr, "transfer"};
+            Keep keep;
+            const TensorView v = to_view(region, Access::kRead, site, "region", keep);
+            nb::gil_scoped_release release;
+            box.p->agent().unregister_memory(v);
+          },
+          "region"_a,
+          "Undoes register_memory; raises tutti.InvalidUsageError while an object in it is "
+          "still published.")
       .def(
           "join_group",
           [](AgentBox& box, const std::string& transport, int world_size, int rank,
@@ -536,12 +591,16 @@ void bind_transfer(nb::module_& parent) {
             return box.p->agent().transport_group(transport);
           },
           "transport"_a, "The group of a two-sided transport, or None.")
-      .def("abort", [](AgentBox& box) { box.p->agent().abort(); },
-           "Fails every get in progress with tutti.AbortedError; the agent stays usable.")
-      .def("collect", [](AgentBox& box) {
-        box.p->reap();
-        return box.p->pinned_count();
-      }, "Lets go of freed objects' tensors now; returns how many objects it still holds.");
+      .def(
+          "abort", [](AgentBox& box) { box.p->agent().abort(); },
+          "Fails every get in progress with tutti.AbortedError; the agent stays usable.")
+      .def(
+          "collect",
+          [](AgentBox& box) {
+            box.p->reap();
+            return box.p->pinned_count();
+          },
+          "Lets go of freed objects' tensors now; returns how many objects it still holds.");
 
   m.def("default_agent", &default_py_agent, "The process-wide agent (made on first use).");
 }

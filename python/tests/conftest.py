@@ -145,3 +145,15 @@ def reference(inputs, op: str, dtype: str) -> np.ndarray:
 @pytest.fixture
 def group_name():
     return unique()
+
+
+def mapped_from(tensor):
+    """The /proc/self/maps name of the mapping that holds the tensor's first byte."""
+    address = tensor.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, *rest = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= address < hi:
+                return rest[4].strip() if len(rest) > 4 else ""
+    return None

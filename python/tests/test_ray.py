@@ -21,7 +21,7 @@ from ray.util.collective.types import ReduceOp  # noqa: E402
 
 import tutti  # noqa: E402
 import tutti.ray  # noqa: E402
-from conftest import rank_input, reference, unique  # noqa: E402
+from conftest import mapped_from, rank_input, reference, unique  # noqa: E402
 
 # Imported here, before any actor dies: Ray's RDT failure monitor thread imports
 # ray.experimental.collective (and with it ray.dag) when a source actor dies, and ray.shutdown()
@@ -140,6 +140,25 @@ class Worker:
         self.kept = torch.arange(n, dtype=torch.float32)
         return {"weights": [self.kept, torch.ones(3, dtype=torch.int64)],
                 "bias": (torch.full((2, 2), 2.5),)}
+
+    @ray.method(tensor_transport="tutti")
+    def produce_shareable(self, n):
+        from tutti import transfer
+
+        arena = transfer.empty((n,), torch.float32)
+        arena.fill_(1.0)
+        shared = torch.arange(n, dtype=torch.float64).share_memory_()
+        self.shareable = (arena, shared)
+        return [arena, shared]
+
+    def consume_in_place(self, obj):
+        arena, shared = obj
+        where = (mapped_from(arena), mapped_from(shared))
+        arena[0] = -5.0  # a page of the consumer's own from now on
+        return where, float(arena.sum()), float(shared.sum())
+
+    def shareable_firsts(self):
+        return float(self.shareable[0][0]), float(self.shareable[1][0])
 
     def consume(self, obj):
         w, ones = obj["weights"]
@@ -340,6 +359,22 @@ def test_rdt_moves_nested_tensors_and_returns_the_owners_own(workers):
     assert ray.get(producer.wait_freed.remote(0.2)).startswith("timeout")
     del ref, local
     assert ray.get(producer.wait_freed.remote(30)) == "freed"
+
+
+def test_rdt_shareable_tensors_arrive_without_a_copy(workers):
+    """Tensors the producer made in shareable memory (tutti.transfer.empty, share_memory_())
+    arrive as copy-on-write mappings of its pages: the consumer reads them in place, writes its
+    own copy of a page, and the producer's tensors stay as they were."""
+    producer, consumer = workers[0], workers[1]
+    n = 1 << 18
+    ref = producer.produce_shareable.remote(n)
+    (arena_at, shared_at), arena_sum, shared_sum = ray.get(consumer.consume_in_place.remote(ref))
+    assert "memfd:tutti-rdt" in arena_at, arena_at
+    assert "/dev/shm/torch_" in shared_at, shared_at
+    assert arena_sum == n - 6.0  # its write of element 0 (was 1) counted
+    assert shared_sum == n * (n - 1) / 2
+    assert ray.get(producer.shareable_firsts.remote()) == (1.0, 0.0)
+    del ref
 
 
 def test_rdt_put_from_the_driver(workers):

@@ -14,7 +14,7 @@ import torch
 
 import tutti
 from tutti import transfer
-from conftest import on_threads, run_processes
+from conftest import mapped_from, on_threads, run_processes
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,41 @@ def test_borrow_of_allocated_memory_is_zero_copy_and_read_only(agents):
     owner.wait_tensor_freed(shared, timeout=10)
 
 
+def test_copy_on_write_gets_map_shareable_memory_without_a_copy(agents):
+    """transfer.empty and share_memory_() tensors reach a copy_on_write get as private mappings
+    of the owner's memory: writable, the writes the consumer's own, the owner's object held while
+    they live; a heap tensor is copied as before."""
+    owner, consumer = agents
+    arena = transfer.empty((256, 4), torch.float32, agent=owner)
+    arena.copy_(torch.arange(1024, dtype=torch.float32).reshape(256, 4))
+    shared = torch.arange(4096, dtype=torch.float64).share_memory_()
+    fd, _ = shared.untyped_storage()._share_fd_cpu_()
+    region = torch.empty(0, dtype=torch.uint8).set_(shared.untyped_storage())
+    owner.register_memory(region, fd)
+    heap = torch.full((8,), 3.0)
+    h = owner.put([arena, shared, heap])
+    got = consumer.get(h.ref, framework="torch", copy_on_write=True)
+    assert [tuple(t.shape) for t in got] == [(256, 4), (4096,), (8,)]
+    assert torch.equal(got[0], arena) and torch.equal(got[1], shared) and torch.equal(got[2], heap)
+    # Mapped from the owner's files (a memfd, torch's /dev/shm file), not copied.
+    assert "memfd:tutti-rdt" in mapped_from(got[0])
+    assert "/dev/shm/torch_" in mapped_from(got[1])
+    copy_at = mapped_from(got[2])  # the consumer's own memory: a copy
+    assert copy_at in ("", "[heap]"), copy_at
+    got[0][0, 0] = -1.0  # the consumer's own page from now on
+    got[1][7] = -1.0
+    assert arena[0, 0] == 0.0 and shared[7] == 7.0
+    h.release()
+    with pytest.raises(tutti.TimeoutError, match="leased by agent 'consumer'"):
+        owner.wait_tensor_freed(shared, timeout=0.2)
+    with pytest.raises(tutti.InvalidUsageError):
+        owner.unregister_memory(region)
+    del got
+    owner.wait_tensor_freed(shared, timeout=10)
+    owner.wait_tensor_freed(arena, timeout=10)
+    owner.unregister_memory(region)
+
+
 def test_wait_tensor_freed_names_what_holds_the_tensor(agents):
     owner, _ = agents
     x = np.zeros(8)
@@ -103,9 +138,14 @@ def test_reserve_fulfil_and_fail(agents):
     h = owner.reserve([("float32", (4,)), (torch.int64, (2,))])
     assert h.ref.is_pending
     f = consumer.get_async(h.ref, timeout=10)
-    assert not f.done()
+    assert not f.is_completed() and not f.done()
+    # Work's verbs: a shorter wait raises and leaves the get running; no error while it runs.
+    with pytest.raises(tutti.TimeoutError, match="still runs after 50 ms"):
+        f.wait(timeout=0.05)
+    assert f.exception() is None
     owner.fulfil(h, [np.full(4, 2.0, dtype=np.float32), np.array([7, 8])])
-    x, y = f.wait()
+    x, y = f.wait(timeout=10)
+    assert f.is_completed() and f.exception() is None
     np.testing.assert_array_equal(x, np.full(4, 2.0))
     np.testing.assert_array_equal(y, [7, 8])
     h.release()
@@ -113,6 +153,11 @@ def test_reserve_fulfil_and_fail(agents):
     owner.fail(bad, "the producer crashed")
     with pytest.raises(tutti.RemoteError, match="the producer crashed"):
         consumer.get(bad.ref, timeout=10)
+    g = consumer.get_async(bad.ref, timeout=10)
+    with pytest.raises(tutti.RemoteError):
+        g.wait()
+    assert isinstance(g.exception(), tutti.RemoteError)
+    assert "the producer crashed" in str(g.exception())
 
 
 def test_two_sided_gloo_between_agents_in_a_ring():

@@ -12,10 +12,10 @@ namespace tutti::detail {
 constexpr const char* kAdmissionClosed = "closed";
 
 struct Admission {
-  std::string base;     // the meeting's key prefix
-  std::string ledger;   // the ledger prefix the members' keys are noted in
-  int world = 0;        // the members
-  int add = 0;          // the new ranks
+  std::string base;    // the meeting's key prefix
+  std::string ledger;  // the ledger prefix the members' keys are noted in
+  int world = 0;       // the members
+  int add = 0;         // the new ranks
   std::string requested;
   bool inherited = false;
   std::string name;

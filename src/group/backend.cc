@@ -9,11 +9,15 @@ namespace tutti {
 
 Backend::~Backend() = default;
 
-bool Backend::supports(OpType) const { return true; }
+bool Backend::supports(OpType) const {
+  return true;
+}
 
 void Backend::synchronize(Device) {}
 
-std::unique_ptr<Backend> Backend::split(const BackendContext&) { return nullptr; }
+std::unique_ptr<Backend> Backend::split(const BackendContext&) {
+  return nullptr;
+}
 
 namespace {
 
@@ -37,7 +41,8 @@ uint32_t message_tag(const OpContext& ctx, int src, int dst, size_t bytes) {
 // The defaults below copy a rank's own block on the host: they serve CPU backends, and device
 // backends override them.
 void copy_block(const TensorView& to, const TensorView& from) {
-  if (to.nbytes() != 0 && to.data() != from.data()) std::memcpy(to.data(), from.data(), to.nbytes());
+  if (to.nbytes() != 0 && to.data() != from.data())
+    std::memcpy(to.data(), from.data(), to.nbytes());
 }
 
 // A batch of the messages of one collective; empty messages are left out on both sides.

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "tutti/error.h"
+#include "tutti/plugin_loader.h"
 
 namespace tutti {
 namespace detail {
@@ -31,7 +32,9 @@ std::vector<BackendInfo> snapshot() {
   return out;
 }
 
-bool usable(const BackendInfo& info) { return !info.available || info.available(); }
+bool usable(const BackendInfo& info) {
+  return !info.available || info.available();
+}
 
 bool on_cpu(const BackendInfo& info) {
   return std::find(info.devices.begin(), info.devices.end(), DeviceType::kCPU) !=
@@ -54,6 +57,7 @@ std::string backend_key(std::string_view name) {
 }
 
 BackendInfo find_backend(std::string_view name) {
+  load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
   {
     auto& reg = registry();
     std::lock_guard<std::mutex> lock(reg.mutex);
@@ -61,11 +65,12 @@ BackendInfo find_backend(std::string_view name) {
     if (it != reg.entries.end()) return it->second;
   }
   throw Error(ErrorCode::kUnavailable, "backend '" + std::string(name) +
-                                           "' is not registered (registered: " +
-                                           names(snapshot()) + "; link its target, e.g. tutti::shm)");
+                                           "' is not registered (registered: " + names(snapshot()) +
+                                           "; link its target, e.g. tutti::shm)");
 }
 
 BackendInfo choose_auto_backend(const std::vector<std::string>& hosts) {
+  load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
   const bool one_host = std::all_of(hosts.begin(), hosts.end(),
                                     [&](const std::string& h) { return h == hosts.front(); });
   const BackendInfo* best = nullptr;
@@ -120,6 +125,7 @@ void register_collective_backend(std::string_view name, BackendFactory factory,
 }
 
 bool is_registered_collective_backend(std::string_view name) {
+  load_plugins_from_env();                               // TUTTI_PLUGINS, at the first lookup
   if (detail::backend_key(name) == "auto") return true;  // resolved by each group
   auto& reg = detail::registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
@@ -127,6 +133,7 @@ bool is_registered_collective_backend(std::string_view name) {
 }
 
 bool is_backend_available(std::string_view name) {
+  load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
   if (detail::backend_key(name) == "auto") {
     for (const auto& info : detail::snapshot()) {
       if (detail::on_cpu(info) && detail::usable(info)) return true;
@@ -152,11 +159,13 @@ std::unique_ptr<Backend> create_collective_backend(std::string_view name,
                 "backend '" + info.name + "' is registered but not available here");
   }
   auto backend = info.factory(ctx);
-  if (!backend) throw Error(ErrorCode::kInternal, "backend '" + info.name + "': factory returned null");
+  if (!backend)
+    throw Error(ErrorCode::kInternal, "backend '" + info.name + "': factory returned null");
   return backend;
 }
 
 std::vector<std::string> registered_collective_backends() {
+  load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
   std::vector<std::string> out;
   for (const auto& info : detail::snapshot()) out.push_back(info.name);
   return out;

@@ -9,8 +9,8 @@
 #include <set>
 
 #include "group/group_state.h"
-#include "util/logging.h"
 #include "tutti/error.h"
+#include "util/logging.h"
 
 namespace tutti {
 namespace {
@@ -129,9 +129,9 @@ std::shared_ptr<CollectiveGroup> new_group(const std::vector<int>& ranks, std::s
   if (!name.empty()) {
     std::lock_guard<std::mutex> lock(reg.mutex);
     if (reg.groups.count(name) != 0 || reg.initializing.count(name) != 0) {
-      throw Error(ErrorCode::kInvalidUsage,
-                  "new_group '" + name + "': a group of that name is already initialized in "
-                  "this process; destroy it first");
+      throw Error(ErrorCode::kInvalidUsage, "new_group '" + name +
+                                                "': a group of that name is already initialized in "
+                                                "this process; destroy it first");
     }
   }
   SplitOptions options;
@@ -148,7 +148,9 @@ std::shared_ptr<CollectiveGroup> new_group(const std::vector<int>& ranks, std::s
   return group;
 }
 
-bool is_group_initialized(std::string_view group_name) { return find(group_name) != nullptr; }
+bool is_group_initialized(std::string_view group_name) {
+  return find(group_name) != nullptr;
+}
 
 int get_rank(std::string_view group_name) {
   auto group = find(group_name);
@@ -170,7 +172,9 @@ void allreduce(TensorView tensor, std::string_view group_name, ReduceOp op) {
   require(group_name, "allreduce")->allreduce(tensor, opts);
 }
 
-void barrier(std::string_view group_name) { require(group_name, "barrier")->barrier(); }
+void barrier(std::string_view group_name) {
+  require(group_name, "barrier")->barrier();
+}
 
 void reduce(TensorView tensor, int dst_rank, std::string_view group_name, ReduceOp op) {
   ReduceOptions opts;
@@ -201,8 +205,7 @@ void reduce_scatter(TensorView output, const std::vector<TensorView>& input_list
   require(group_name, "reduce_scatter")->reduce_scatter(output, input_list, opts);
 }
 
-void reduce_scatter(TensorView output, TensorView input, std::string_view group_name,
-                    ReduceOp op) {
+void reduce_scatter(TensorView output, TensorView input, std::string_view group_name, ReduceOp op) {
   ReduceScatterOptions opts;
   opts.reduce_op = op;
   require(group_name, "reduce_scatter")->reduce_scatter(output, input, opts);
@@ -304,15 +307,15 @@ void reduce_scatter_multigpu(const std::vector<TensorView>& output_tensor_list,
       ->reduce_scatter_multigpu(output_tensor_list, input_tensor_lists, opts);
 }
 
-void send_multigpu(TensorView tensor, int dst_rank, int dst_gpu_index,
-                   std::string_view group_name, int64_t n_elements) {
+void send_multigpu(TensorView tensor, int dst_rank, int dst_gpu_index, std::string_view group_name,
+                   int64_t n_elements) {
   SendOptions opts;
   opts.dst_device_index = dst_gpu_index;
   require(group_name, "send")->send_multigpu(tensor, dst_rank, n_elements, opts);
 }
 
-void recv_multigpu(TensorView tensor, int src_rank, int src_gpu_index,
-                   std::string_view group_name, int64_t n_elements) {
+void recv_multigpu(TensorView tensor, int src_rank, int src_gpu_index, std::string_view group_name,
+                   int64_t n_elements) {
   RecvOptions opts;
   opts.src_device_index = src_gpu_index;
   require(group_name, "recv")->recv_multigpu(tensor, src_rank, n_elements, opts);

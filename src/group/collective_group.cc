@@ -16,9 +16,6 @@
 #include "group/backend_registry.h"
 #include "group/group_state.h"
 #include "group/group_util.h"
-#include "util/host_identity.h"
-#include "util/local_processes.h"
-#include "util/logging.h"
 #include "group/op_check.h"
 #include "group/rendezvous.h"
 #include "store/ledger_store.h"
@@ -28,6 +25,9 @@
 #include "tutti/prefix_store.h"
 #include "tutti/store.h"
 #include "tutti/tcp_store.h"
+#include "util/host_identity.h"
+#include "util/local_processes.h"
+#include "util/logging.h"
 
 namespace tutti {
 namespace {
@@ -86,8 +86,7 @@ class LingeringStores {
       std::thread([this] { run(); }).detach();
       started_ = true;
     }
-    entries_.push_back({std::move(store), std::move(keys), std::move(mine),
-                        Clock::now() + linger});
+    entries_.push_back({std::move(store), std::move(keys), std::move(mine), Clock::now() + linger});
     wake_.notify_all();
   }
 
@@ -287,21 +286,45 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
 
 CollectiveGroup::CollectiveGroup(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
-CollectiveGroup::~CollectiveGroup() { destroy(); }
+CollectiveGroup::~CollectiveGroup() {
+  destroy();
+}
 
-const std::string& CollectiveGroup::name() const { return *state_->name; }
-int CollectiveGroup::rank() const { return state_->rank; }
-int CollectiveGroup::world_size() const { return state_->world_size; }
-const std::string& CollectiveGroup::backend_name() const { return state_->backend_name; }
-std::chrono::milliseconds CollectiveGroup::timeout() const { return state_->timeout; }
-int CollectiveGroup::global_rank() const { return state_->global_ranks[state_->rank]; }
-const std::vector<int>& CollectiveGroup::global_ranks() const { return state_->global_ranks; }
-bool CollectiveGroup::is_destroyed() const { return state_->destroyed.load(); }
-std::string CollectiveGroup::describe() const { return state_->describe(); }
+const std::string& CollectiveGroup::name() const {
+  return *state_->name;
+}
+int CollectiveGroup::rank() const {
+  return state_->rank;
+}
+int CollectiveGroup::world_size() const {
+  return state_->world_size;
+}
+const std::string& CollectiveGroup::backend_name() const {
+  return state_->backend_name;
+}
+std::chrono::milliseconds CollectiveGroup::timeout() const {
+  return state_->timeout;
+}
+int CollectiveGroup::global_rank() const {
+  return state_->global_ranks[state_->rank];
+}
+const std::vector<int>& CollectiveGroup::global_ranks() const {
+  return state_->global_ranks;
+}
+bool CollectiveGroup::is_destroyed() const {
+  return state_->destroyed.load();
+}
+std::string CollectiveGroup::describe() const {
+  return state_->describe();
+}
 
-bool CollectiveGroup::is_aborted() const { return state_->aborted.load(); }
+bool CollectiveGroup::is_aborted() const {
+  return state_->aborted.load();
+}
 
-void CollectiveGroup::issue_from_this_thread() { state_->take_thread(); }
+void CollectiveGroup::issue_from_this_thread() {
+  state_->take_thread();
+}
 
 std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int rank,
                                                          std::string_view backend,
@@ -358,8 +381,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   const detail::Membership m = prefixed(ctx, [&] {
     auto* tcp = dynamic_cast<TCPStore*>(choice.store.get());
     try {
-      return detail::meet(*choice.store, detail::group_base(choice.job_id, name), world_size,
-                          rank, mine, options.timeout);
+      return detail::meet(*choice.store, detail::group_base(choice.job_id, name), world_size, rank,
+                          mine, options.timeout);
     } catch (const Error& e) {
       if (tcp != nullptr && tcp->is_hosting() && world_size > 1) {
         // The others read why from the store (the failed incarnation names this rank and its
@@ -373,8 +396,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
     }
   });
   if (automatic) {
-    info = prefixed(ctx + ": backend 'auto'",
-                    [&] { return detail::choose_auto_backend(m.hosts()); });
+    info =
+        prefixed(ctx + ": backend 'auto'", [&] { return detail::choose_auto_backend(m.hosts()); });
   }
 
   auto s = std::make_shared<State>();
@@ -471,8 +494,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
     }
     std::lock_guard<std::mutex> guard(s.state_mutex);
     if (!s.local_splits.insert(options.name).second) {
-      throw Error(ErrorCode::kInvalidUsage, ctx + ": the local split '" + options.name +
-                                                "' was made before on this group");
+      throw Error(ErrorCode::kInvalidUsage,
+                  ctx + ": the local split '" + options.name + "' was made before on this group");
     }
   }
   // Splits are collective and ordered like ops: the n-th split meets under split/<n>. Ops
@@ -484,17 +507,18 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
     lock.lock();
   }
   if (s.aborted.load()) {
-    throw Error(ErrorCode::kAborted, ctx + ": the group was aborted (" + [&] {
-      std::lock_guard<std::mutex> guard(s.state_mutex);
-      return s.abort_reason;
-    }() + ")");
+    throw Error(
+        ErrorCode::kAborted, ctx + ": the group was aborted (" + [&] {
+          std::lock_guard<std::mutex> guard(s.state_mutex);
+          return s.abort_reason;
+        }() + ")");
   }
   const uint64_t n = options.local ? 0 : s.split_count++;
   if (me == ranks.end()) return nullptr;
   const int sub_rank = static_cast<int>(me - ranks.begin());
   const int sub_world = static_cast<int>(ranks.size());
-  const std::string name = options.name.empty() ? *s.name + ".split" + std::to_string(n)
-                                                 : options.name;
+  const std::string name =
+      options.name.empty() ? *s.name + ".split" + std::to_string(n) : options.name;
   const std::string sub_ctx = ctx + " into " + where(name, sub_rank, sub_world);
   const std::string base = options.local ? s.scope + "/local/" + detail::escape_name(name)
                                          : s.scope + "/split/" + std::to_string(n);
@@ -533,8 +557,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
   }
   // Twice the group's timeout by default: a survivor whose op ends only at that timeout (its
   // peer stopped, not dead) comes to shrink that much later than one that saw the death at once.
-  const std::chrono::milliseconds timeout =
-      subgroup_timeout(ctx, options.timeout, 2 * s.timeout);
+  const std::chrono::milliseconds timeout = subgroup_timeout(ctx, options.timeout, 2 * s.timeout);
   BackendInfo info;
   const std::string requested = subgroup_backend(ctx, options.backend, s.backend_name, &info);
   // A live group's ops end first (they would wait on the dead rank): shrink aborts it. Then it
@@ -627,9 +650,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
     at = comma + 1;
   }
   if (std::find(ranks.begin(), ranks.end(), s.rank) == ranks.end()) {
-    throw Error(ErrorCode::kAborted,
-                ctx + ": the survivors formed their group of ranks " + decided + " without rank " +
-                    std::to_string(s.rank) + " (it was not among those there when they decided)");
+    throw Error(ErrorCode::kAborted, ctx + ": the survivors formed their group of ranks " +
+                                         decided + " without rank " + std::to_string(s.rank) +
+                                         " (it was not among those there when they decided)");
   }
   std::string left_out;
   for (int r = 0; r < s.world_size; ++r) {
@@ -652,8 +675,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
 std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
     const std::vector<int>& ranks, const std::string& name, const std::string& base,
     const std::string& instance, const std::string& requested, const BackendInfo& asked,
-    bool inherited, bool with_parent, std::chrono::milliseconds timeout,
-    const std::string& sub_ctx, bool after_failure) {
+    bool inherited, bool with_parent, std::chrono::milliseconds timeout, const std::string& sub_ctx,
+    bool after_failure) {
   State& s = *state_;
   BackendInfo info = asked;
   std::string listed;
@@ -681,9 +704,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
       });
   const detail::JoinRecord mine =
       detail::JoinRecord::mine(sub_world, requested + " ranks " + listed);
-  const detail::Membership m = prefixed(sub_ctx, [&] {
-    return detail::meet(*stoppable, base, sub_world, sub_rank, mine, timeout);
-  });
+  const detail::Membership m = prefixed(
+      sub_ctx, [&] { return detail::meet(*stoppable, base, sub_world, sub_rank, mine, timeout); });
   info = settled_backend(sub_ctx, requested, info, inherited, m.hosts());
 
   auto sub = std::make_shared<State>();
@@ -800,10 +822,11 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
   std::lock_guard<std::mutex> op_lock(s.op_mutex);
   if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
   if (s.aborted.load()) {
-    throw Error(ErrorCode::kAborted, ctx + ": the group was aborted (" + [&] {
-      std::lock_guard<std::mutex> guard(s.state_mutex);
-      return s.abort_reason;
-    }() + ")");
+    throw Error(
+        ErrorCode::kAborted, ctx + ": the group was aborted (" + [&] {
+          std::lock_guard<std::mutex> guard(s.state_mutex);
+          return s.abort_reason;
+        }() + ")");
   }
   const uint64_t n = s.grow_count++;
   detail::Admission a;
@@ -824,16 +847,17 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
   if (s.rank == 0) prefixed(ctx, [&] { s.store->set(s.admit_key, a.encode()); });
   // The members' waits end when this group is aborted or destroyed from another thread.
   std::weak_ptr<State> self = state_;
-  auto stoppable = std::make_shared<detail::StoppableStore>(s.ledger, [self]() -> detail::StoppableStore::Stop {
-    auto p = self.lock();
-    if (!p) return {ErrorCode::kAborted, "the group is gone"};
-    if (p->destroyed.load()) return {ErrorCode::kAborted, "the group was destroyed"};
-    if (p->aborted.load()) {
-      std::lock_guard<std::mutex> guard(p->state_mutex);
-      return {ErrorCode::kAborted, "the group was aborted (" + p->abort_reason + ")"};
-    }
-    return {};
-  });
+  auto stoppable =
+      std::make_shared<detail::StoppableStore>(s.ledger, [self]() -> detail::StoppableStore::Stop {
+        auto p = self.lock();
+        if (!p) return {ErrorCode::kAborted, "the group is gone"};
+        if (p->destroyed.load()) return {ErrorCode::kAborted, "the group was destroyed"};
+        if (p->aborted.load()) {
+          std::lock_guard<std::mutex> guard(p->state_mutex);
+          return {ErrorCode::kAborted, "the group was aborted (" + p->abort_reason + ")"};
+        }
+        return {};
+      });
   const detail::JoinRecord mine = detail::JoinRecord::mine(world, a.join_label());
   const auto close_admission = [&] {
     if (s.rank != 0) return;
@@ -874,8 +898,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
   }
   if (!options.store && options.store_url.empty() && !has_launch_env()) {
     throw Error(ErrorCode::kInvalidArgument,
-                ctx + ": joining needs the members' store: set GroupOptions::store or store_url "
-                      "(e.g. tcp://HOST:PORT), or run under a launcher (env://)");
+                ctx +
+                    ": joining needs the members' store: set GroupOptions::store or store_url "
+                    "(e.g. tcp://HOST:PORT), or run under a launcher (env://)");
   }
   detail::register_local_process();
   const auto deadline = Clock::now() + options.timeout;
@@ -928,11 +953,10 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
                         " ms" + (closed ? " (the last one ended before this process came)" : ""));
       }
       if (Clock::now() >= deadline) {
-        throw Error(ErrorCode::kTimeout,
-                    "no grow of it admitted this process within " +
-                        std::to_string(options.timeout.count()) + " ms (the last, into '" +
-                        a.name + "', admitted " + std::to_string(a.add) +
-                        " rank(s), and they came)");
+        throw Error(ErrorCode::kTimeout, "no grow of it admitted this process within " +
+                                             std::to_string(options.timeout.count()) +
+                                             " ms (the last, into '" + a.name + "', admitted " +
+                                             std::to_string(a.add) + " rank(s), and they came)");
       }
       std::this_thread::sleep_for(std::min(std::chrono::milliseconds(20), left()));
     }
@@ -1000,8 +1024,8 @@ void CollectiveGroup::State::record_failure(const OpContext& ctx, const Error& e
   std::string reason = e.what();
   const std::string prefix = ctx.description() + ": ";
   if (reason.compare(0, prefix.size(), prefix) == 0) {
-    reason = std::string(to_string(ctx.op)) + " #" + std::to_string(ctx.seq) + " failed: " +
-             reason.substr(prefix.size());
+    reason = std::string(to_string(ctx.op)) + " #" + std::to_string(ctx.seq) +
+             " failed: " + reason.substr(prefix.size());
   }
   abort(reason);
 }
@@ -1070,7 +1094,8 @@ void CollectiveGroup::leave_store() {
       // a peer); an aborted group's peers may be gone or stuck: it does not wait for them.
       if (tcp->is_hosting() && !s.aborted.load()) {
         std::vector<std::string> keys;
-        for (int r = 0; r < s.world_size; ++r) keys.push_back(s.scope + "/left/" + std::to_string(r));
+        for (int r = 0; r < s.world_size; ++r)
+          keys.push_back(s.scope + "/left/" + std::to_string(r));
         LingeringStores::get().add(s.store, std::move(keys),
                                    s.scope + "/left/" + std::to_string(s.rank));
       }
@@ -1099,7 +1124,9 @@ void CollectiveGroup::leave_store() {
 }
 
 namespace detail {
-void wait_for_lingering_stores() { LingeringStores::get().wait(/*exiting=*/true); }
+void wait_for_lingering_stores() {
+  LingeringStores::get().wait(/*exiting=*/true);
+}
 }  // namespace detail
 
 }  // namespace tutti

@@ -19,9 +19,9 @@ int to_int(const char* name, int min_value) {
   char* end = nullptr;
   const long v = std::strtol(text, &end, 10);
   if (*end != '\0' || v < min_value || v > 1000000000L) {
-    throw Error(ErrorCode::kInvalidArgument, std::string("environment: ") + name + "='" + text +
-                                                 "' is not an integer >= " +
-                                                 std::to_string(min_value));
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("environment: ") + name + "='" + text +
+                    "' is not an integer >= " + std::to_string(min_value));
   }
   return static_cast<int>(v);
 }
@@ -35,8 +35,8 @@ void require_all(const char* set, std::initializer_list<const char*> names) {
   for (const char* n : names) {
     if (!get(n)) {
       throw Error(ErrorCode::kInvalidArgument, std::string("environment: ") + set +
-                                                   " launch variables are incomplete: " +
-                                                   present + " is set but " + n + " is not");
+                                                   " launch variables are incomplete: " + present +
+                                                   " is set but " + n + " is not");
     }
   }
 }
@@ -46,17 +46,17 @@ void check_ranks(LaunchEnv& env, const char* rank_var, const char* size_var,
   env.rank = to_int(rank_var, 0);
   env.world_size = to_int(size_var, 1);
   if (env.rank >= env.world_size) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("environment: ") + rank_var + "=" + std::to_string(env.rank) +
-                    " is not below " + size_var + "=" + std::to_string(env.world_size));
+    throw Error(ErrorCode::kInvalidArgument, std::string("environment: ") + rank_var + "=" +
+                                                 std::to_string(env.rank) + " is not below " +
+                                                 size_var + "=" + std::to_string(env.world_size));
   }
   if (local_rank_var && get(local_rank_var)) env.local_rank = to_int(local_rank_var, 0);
   if (local_size_var && get(local_size_var)) env.local_world_size = to_int(local_size_var, 1);
   if (env.local_rank >= 0 && env.local_world_size > 0 && env.local_rank >= env.local_world_size) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("environment: ") + local_rank_var + "=" +
-                    std::to_string(env.local_rank) + " is not below " + local_size_var + "=" +
-                    std::to_string(env.local_world_size));
+    throw Error(ErrorCode::kInvalidArgument, std::string("environment: ") + local_rank_var + "=" +
+                                                 std::to_string(env.local_rank) + " is not below " +
+                                                 local_size_var + "=" +
+                                                 std::to_string(env.local_world_size));
   }
 }
 
@@ -100,7 +100,8 @@ LaunchEnv read_launch_env() {
   if (const char* b = get("TUTTI_BACKEND")) env.backend = b;
   if (get("TUTTI_RANK") || get("TUTTI_WORLD_SIZE")) {
     require_all("tutti", {"TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_STORE"});
-    check_ranks(env, "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_RANK", "TUTTI_LOCAL_WORLD_SIZE");
+    check_ranks(env, "TUTTI_RANK", "TUTTI_WORLD_SIZE", "TUTTI_LOCAL_RANK",
+                "TUTTI_LOCAL_WORLD_SIZE");
     env.store_url = get("TUTTI_STORE");
     if (const char* job = get("TUTTI_JOB_ID")) env.job_id = job;
     env.source = "tutti";
@@ -143,7 +144,8 @@ LaunchEnv read_launch_env() {
     }
     env.store_url = master_url(addr.c_str(), port);
     if (const char* job = get("SLURM_JOB_ID")) {
-      env.job_id = std::string("slurm-") + job + "." + (get("SLURM_STEP_ID") ? get("SLURM_STEP_ID") : "0");
+      env.job_id =
+          std::string("slurm-") + job + "." + (get("SLURM_STEP_ID") ? get("SLURM_STEP_ID") : "0");
     }
     env.source = "slurm";
     return env;

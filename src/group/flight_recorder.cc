@@ -182,7 +182,9 @@ int64_t FlightRecorder::wall_us(std::chrono::steady_clock::time_point t) const {
          std::chrono::duration_cast<std::chrono::microseconds>(t - steady_base_).count();
 }
 
-int64_t FlightRecorder::now_us() const { return wall_us(std::chrono::steady_clock::now()); }
+int64_t FlightRecorder::now_us() const {
+  return wall_us(std::chrono::steady_clock::now());
+}
 
 namespace {
 
@@ -306,12 +308,12 @@ std::string FlightRecorder::text(const std::string& reason) const {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   std::string out = "tutti-flight-record 1\n";
-  out += "group name=" + escape_name(identity_.name) + " instance=" +
-         escape_name(identity_.instance) + " rank=" + std::to_string(identity_.rank) +
-         " world=" + std::to_string(identity_.world_size) + " backend=" +
-         escape_name(identity_.backend) + " pid=" + std::to_string(::getpid()) + " host=" +
-         escape_name(host) + " dumped_us=" + std::to_string(now_us()) +
-         " reason=" + escape_name(reason) + "\n";
+  out +=
+      "group name=" + escape_name(identity_.name) + " instance=" + escape_name(identity_.instance) +
+      " rank=" + std::to_string(identity_.rank) + " world=" + std::to_string(identity_.world_size) +
+      " backend=" + escape_name(identity_.backend) + " pid=" + std::to_string(::getpid()) +
+      " host=" + escape_name(host) + " dumped_us=" + std::to_string(now_us()) +
+      " reason=" + escape_name(reason) + "\n";
   for (const Copy& e : entries) {
     if (e.id == 0) continue;
     out += "op id=" + std::to_string(e.id) + " seq=" + std::to_string(e.seq) +
@@ -343,9 +345,10 @@ void FlightRecorder::dump(const std::string& reason) const {
       std::string shown = body.substr(0, header_end);
       if (cut > header_end) shown += "...\n";
       shown += body.substr(std::max(cut, header_end));
-      TUTTI_LOG_WARN("flight record of group '{}' (rank {}/{}), {} (set "
-                     "TUTTI_FLIGHT_RECORDER_DIR for files that tutti-flight merges):\n{}",
-                     identity_.name, identity_.rank, identity_.world_size, reason, shown);
+      TUTTI_LOG_WARN(
+          "flight record of group '{}' (rank {}/{}), {} (set "
+          "TUTTI_FLIGHT_RECORDER_DIR for files that tutti-flight merges):\n{}",
+          identity_.name, identity_.rank, identity_.world_size, reason, shown);
       return;
     }
     ::mkdir(dir.c_str(), 0755);  // one level; an existing directory is fine

@@ -7,9 +7,9 @@
 
 #include "group/group_state.h"
 #include "group/group_util.h"
-#include "util/logging.h"
 #include "group/op_check.h"
 #include "tutti/collective_group.h"
+#include "util/logging.h"
 
 namespace tutti {
 namespace {
@@ -70,11 +70,10 @@ std::exception_ptr aborted_error(const CollectiveGroup::State& s, const OpContex
     std::lock_guard<std::mutex> lock(s.state_mutex);
     reason = s.abort_reason;
   }
-  return std::make_exception_ptr(
-      Error(ErrorCode::kAborted,
-            ctx.description() + ": the group was aborted before this op started (" +
-                (reason.empty() ? std::string("destroyed") : reason) +
-                "); destroy it and initialise it again"));
+  return std::make_exception_ptr(Error(
+      ErrorCode::kAborted, ctx.description() + ": the group was aborted before this op started (" +
+                               (reason.empty() ? std::string("destroyed") : reason) +
+                               "); destroy it and initialise it again"));
 }
 
 // The flight recorder's view of an op (see flight_recorder.h); no-ops when it is off.
@@ -152,18 +151,17 @@ std::shared_ptr<Work> completed_work(CollectiveGroup::State&, const OpContext& c
 struct CollectiveGroup::Call {
   std::unique_lock<std::mutex> lock;
   OpContext ctx;
-  bool skip = false;   // zero elements: nothing to move
+  bool skip = false;  // zero elements: nothing to move
   bool async = false;
-  bool p2p = false;    // a send, a recv or a batch of them
-  int peer = -1;       // the other rank of a send or recv
+  bool p2p = false;     // a send, a recv or a batch of them
+  int peer = -1;        // the other rank of a send or recv
   uint64_t record = 0;  // its entry in the flight recorder (once run or skipped)
   // Set when the ranks compare their ops' fingerprints before each collective.
   std::optional<detail::Fingerprint> fingerprint;
 };
 
 CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
-                                             const OpOptions& opts,
-                                             const Shape* shape, int peer,
+                                             const OpOptions& opts, const Shape* shape, int peer,
                                              bool sending) {
   State& s = *state_;
   // Before the op lock: in a forked child it may be held forever by a thread of the parent.
@@ -202,7 +200,8 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
   call.ctx.signature = sig;
   if (peer >= 0) {
     // Point-to-point tags also fold in the direction (sender, receiver), so both ends agree.
-    call.ctx.tag = detail::p2p_tag(seq, sig.hash(), sending ? s.rank : peer, sending ? peer : s.rank);
+    call.ctx.tag =
+        detail::p2p_tag(seq, sig.hash(), sending ? s.rank : peer, sending ? peer : s.rank);
   } else {
     call.ctx.tag = detail::collective_tag(seq, sig.hash());
   }
@@ -231,9 +230,8 @@ CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
       note_finish(*state_, call.record, nullptr, true);
       return completed_work(*state_, call.ctx);
     }
-    return run(call, [](Backend& b, const OpContext& ctx) {
-      return b.barrier(BarrierOptions{}, ctx);
-    });
+    return run(call,
+               [](Backend& b, const OpContext& ctx) { return b.barrier(BarrierOptions{}, ctx); });
   }
   return run(call, std::forward<Issue>(issue));
 }
@@ -326,8 +324,9 @@ WorkPtr CollectiveGroup::broadcast(TensorView tensor, const BroadcastOptions& op
   state_->check_rank(op, opts.root_rank, "root rank");
   auto call = begin(op, signature_of(op, tensor, opts.root_rank), opts, &tensor.shape());
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::move(tensor), opts](
-                          Backend& b, const OpContext& ctx) { return b.broadcast(OneTensor(t), opts, ctx); });
+  return submit(call, [t = std::move(tensor), opts](Backend& b, const OpContext& ctx) {
+    return b.broadcast(OneTensor(t), opts, ctx);
+  });
 }
 
 WorkPtr CollectiveGroup::allreduce(TensorView tensor, const AllreduceOptions& opts) {
@@ -337,8 +336,9 @@ WorkPtr CollectiveGroup::allreduce(TensorView tensor, const AllreduceOptions& op
   auto call = begin(op, signature_of(op, tensor, -1, static_cast<int>(opts.reduce_op)), opts,
                     &tensor.shape());
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::move(tensor), opts](
-                          Backend& b, const OpContext& ctx) { return b.allreduce(OneTensor(t), opts, ctx); });
+  return submit(call, [t = std::move(tensor), opts](Backend& b, const OpContext& ctx) {
+    return b.allreduce(OneTensor(t), opts, ctx);
+  });
 }
 
 WorkPtr CollectiveGroup::reduce(TensorView tensor, const ReduceOptions& opts) {
@@ -349,8 +349,9 @@ WorkPtr CollectiveGroup::reduce(TensorView tensor, const ReduceOptions& opts) {
   auto call = begin(op, signature_of(op, tensor, opts.root_rank, static_cast<int>(opts.reduce_op)),
                     opts, &tensor.shape());
   call.skip = tensor.numel() == 0;
-  return submit(call, [t = std::move(tensor), opts](
-                          Backend& b, const OpContext& ctx) { return b.reduce(OneTensor(t), opts, ctx); });
+  return submit(call, [t = std::move(tensor), opts](Backend& b, const OpContext& ctx) {
+    return b.reduce(OneTensor(t), opts, ctx);
+  });
 }
 
 WorkPtr CollectiveGroup::allgather(const std::vector<TensorView>& output_list, TensorView input,
@@ -361,8 +362,7 @@ WorkPtr CollectiveGroup::allgather(const std::vector<TensorView>& output_list, T
   auto call = begin(op, signature_of(op, input), opts, &input.shape());
   call.skip = input.numel() == 0;
   return submit(call, [outs = std::vector<std::vector<TensorView>>{output_list},
-                       in = std::move(input),
-                       opts](Backend& b, const OpContext& ctx) {
+                       in = std::move(input), opts](Backend& b, const OpContext& ctx) {
     return b.allgather(outs, OneTensor(in), opts, ctx);
   });
 }
@@ -384,10 +384,9 @@ WorkPtr CollectiveGroup::allgather(TensorView output, TensorView input,
   if (mine.data() != input.data()) s.check_disjoint(op, output, "output", input, "input");
   auto call = begin(op, signature_of(op, input), opts, &input.shape());
   call.skip = input.numel() == 0;
-  return submit(call, [out = std::move(output), in = std::move(input), opts](
-                          Backend& b, const OpContext& ctx) {
-    return b.allgather_into(out, in, opts, ctx);
-  });
+  return submit(
+      call, [out = std::move(output), in = std::move(input), opts](
+                Backend& b, const OpContext& ctx) { return b.allgather_into(out, in, opts, ctx); });
 }
 
 WorkPtr CollectiveGroup::allgatherv(TensorView output, TensorView input,
@@ -418,7 +417,8 @@ WorkPtr CollectiveGroup::allgatherv(TensorView output, TensorView input,
   });
 }
 
-WorkPtr CollectiveGroup::reduce_scatter(TensorView output, const std::vector<TensorView>& input_list,
+WorkPtr CollectiveGroup::reduce_scatter(TensorView output,
+                                        const std::vector<TensorView>& input_list,
                                         const ReduceScatterOptions& opts) {
   const OpType op = OpType::kReduceScatter;
   state_->check_tensor(op, output, "output");
@@ -427,11 +427,11 @@ WorkPtr CollectiveGroup::reduce_scatter(TensorView output, const std::vector<Ten
   auto call = begin(op, signature_of(op, output, -1, static_cast<int>(opts.reduce_op)), opts,
                     &output.shape());
   call.skip = output.numel() == 0;
-  return submit(call, [out = std::move(output),
-                       ins = std::vector<std::vector<TensorView>>{input_list},
-                       opts](Backend& b, const OpContext& ctx) {
-    return b.reduce_scatter(OneTensor(out), ins, opts, ctx);
-  });
+  return submit(
+      call, [out = std::move(output), ins = std::vector<std::vector<TensorView>>{input_list}, opts](
+                Backend& b, const OpContext& ctx) {
+        return b.reduce_scatter(OneTensor(out), ins, opts, ctx);
+      });
 }
 
 WorkPtr CollectiveGroup::reduce_scatter(TensorView output, TensorView input,
@@ -453,8 +453,8 @@ WorkPtr CollectiveGroup::reduce_scatter(TensorView output, TensorView input,
   auto call = begin(op, signature_of(op, output, -1, static_cast<int>(opts.reduce_op)), opts,
                     &output.shape());
   call.skip = output.numel() == 0;
-  return submit(call, [out = std::move(output), in = std::move(input), opts](
-                          Backend& b, const OpContext& ctx) {
+  return submit(call, [out = std::move(output), in = std::move(input), opts](Backend& b,
+                                                                             const OpContext& ctx) {
     return b.reduce_scatter_from(out, in, opts, ctx);
   });
 }
@@ -476,13 +476,14 @@ WorkPtr CollectiveGroup::alltoall(const std::vector<TensorView>& output_list,
   const int64_t n = input_list[0].numel();
   auto call = begin(op, signature_of(op, input_list[0]), opts, &input_list[0].shape());
   call.skip = n == 0;
-  return submit(call, [outs = output_list, ins = input_list, opts](Backend& b,
-                                                                   const OpContext& ctx) {
-    return b.alltoall(outs, ins, opts, ctx);
-  });
+  return submit(call,
+                [outs = output_list, ins = input_list, opts](Backend& b, const OpContext& ctx) {
+                  return b.alltoall(outs, ins, opts, ctx);
+                });
 }
 
-WorkPtr CollectiveGroup::alltoall(TensorView output, TensorView input, const AlltoallOptions& opts) {
+WorkPtr CollectiveGroup::alltoall(TensorView output, TensorView input,
+                                  const AlltoallOptions& opts) {
   const OpType op = OpType::kAlltoall;
   State& s = *state_;
   s.check_tensor(op, input, "input");
@@ -524,8 +525,8 @@ WorkPtr CollectiveGroup::alltoallv(TensorView output, TensorView input,
   OpSignature sig = signature_of(op, input);
   sig.count = 0;
   auto call = begin(op, sig, opts);
-  return submit(call, [out = std::move(output), in = std::move(input), output_counts,
-                       input_counts, opts](Backend& b, const OpContext& ctx) {
+  return submit(call, [out = std::move(output), in = std::move(input), output_counts, input_counts,
+                       opts](Backend& b, const OpContext& ctx) {
     return b.alltoall_base(out, in, output_counts, input_counts, opts, ctx);
   });
 }
@@ -540,10 +541,9 @@ WorkPtr CollectiveGroup::gather(const std::vector<TensorView>& output_list, Tens
   if (root) s.check_list(op, output_list, input, "output", "input");
   auto call = begin(op, signature_of(op, input, opts.root_rank), opts, &input.shape());
   call.skip = input.numel() == 0;
-  return submit(call, [outs = root ? output_list : std::vector<TensorView>{},
-                       in = std::move(input), opts](Backend& b, const OpContext& ctx) {
-    return b.gather(outs, in, opts, ctx);
-  });
+  return submit(
+      call, [outs = root ? output_list : std::vector<TensorView>{}, in = std::move(input), opts](
+                Backend& b, const OpContext& ctx) { return b.gather(outs, in, opts, ctx); });
 }
 
 WorkPtr CollectiveGroup::gather(TensorView output, TensorView input, const GatherOptions& opts) {
@@ -566,10 +566,9 @@ WorkPtr CollectiveGroup::scatter(TensorView output, const std::vector<TensorView
   if (root) s.check_list(op, input_list, output, "input", "output");
   auto call = begin(op, signature_of(op, output, opts.root_rank), opts, &output.shape());
   call.skip = output.numel() == 0;
-  return submit(call, [out = std::move(output), ins = root ? input_list : std::vector<TensorView>{},
-                       opts](Backend& b, const OpContext& ctx) {
-    return b.scatter(out, ins, opts, ctx);
-  });
+  return submit(
+      call, [out = std::move(output), ins = root ? input_list : std::vector<TensorView>{}, opts](
+                Backend& b, const OpContext& ctx) { return b.scatter(out, ins, opts, ctx); });
 }
 
 WorkPtr CollectiveGroup::scatter(TensorView output, TensorView input, const ScatterOptions& opts) {
@@ -631,7 +630,8 @@ WorkPtr CollectiveGroup::batch_isend_irecv(const std::vector<P2POp>& ops,
     const bool sending = ops[i].kind == P2POp::Kind::kSend;
     const std::string what = std::string(sending ? "send " : "recv ") + std::to_string(i);
     s.check_tensor(op, ops[i].tensor, (what + "'s tensor").c_str());
-    s.check_rank(op, ops[i].peer, (what + "'s " + (sending ? "destination" : "source") + " rank").c_str(),
+    s.check_rank(op, ops[i].peer,
+                 (what + "'s " + (sending ? "destination" : "source") + " rank").c_str(),
                  /*allow_self=*/false);
     if (ops[i].peer_device_index < 0 && ops[i].peer_device_index != kPeerDevice) {
       s.fail(ErrorCode::kInvalidArgument, op,
@@ -690,8 +690,7 @@ WorkPtr CollectiveGroup::reduce_multigpu(const std::vector<TensorView>& tensors,
   const OpType op = OpType::kReduce;
   state_->check_rooted_list(op, tensors, opts.root_rank, opts.root_tensor);
   state_->check_reduce_op(op, opts.reduce_op, tensors[0].dtype());
-  OpSignature sig =
-      signature_of(op, tensors[0], opts.root_rank, static_cast<int>(opts.reduce_op));
+  OpSignature sig = signature_of(op, tensors[0], opts.root_rank, static_cast<int>(opts.reduce_op));
   sig.root_tensor = opts.root_tensor;
   sig.devices = static_cast<int>(tensors.size());
   auto call = begin(op, sig, opts, &tensors[0].shape());
@@ -715,9 +714,9 @@ WorkPtr CollectiveGroup::broadcast_multigpu(const std::vector<TensorView>& tenso
   });
 }
 
-WorkPtr CollectiveGroup::allgather_multigpu(const std::vector<std::vector<TensorView>>& output_lists,
-                                            const std::vector<TensorView>& inputs,
-                                            const AllgatherOptions& opts) {
+WorkPtr CollectiveGroup::allgather_multigpu(
+    const std::vector<std::vector<TensorView>>& output_lists, const std::vector<TensorView>& inputs,
+    const AllgatherOptions& opts) {
   const OpType op = OpType::kAllgather;
   State& s = *state_;
   s.check_device_list(op, inputs, "input");
@@ -733,8 +732,8 @@ WorkPtr CollectiveGroup::allgather_multigpu(const std::vector<std::vector<Tensor
 }
 
 WorkPtr CollectiveGroup::reduce_scatter_multigpu(
-    const std::vector<TensorView>& outputs,
-    const std::vector<std::vector<TensorView>>& input_lists, const ReduceScatterOptions& opts) {
+    const std::vector<TensorView>& outputs, const std::vector<std::vector<TensorView>>& input_lists,
+    const ReduceScatterOptions& opts) {
   const OpType op = OpType::kReduceScatter;
   State& s = *state_;
   s.check_device_list(op, outputs, "output");
@@ -759,8 +758,7 @@ WorkPtr CollectiveGroup::send_multigpu(TensorView tensor, int dst_rank, int64_t 
   sig.layout = pair_of(tensor.device().index, opts.dst_device_index);
   auto call = begin(OpType::kSend, sig, opts, nullptr, dst_rank, /*sending=*/true);
   call.skip = view.numel() == 0;
-  return submit(call, [t = std::move(view), dst_rank, opts](
-                          Backend& b, const OpContext& ctx) {
+  return submit(call, [t = std::move(view), dst_rank, opts](Backend& b, const OpContext& ctx) {
     return b.send(OneTensor(t), dst_rank, opts, ctx);
   });
 }
@@ -773,8 +771,7 @@ WorkPtr CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t 
   sig.layout = pair_of(opts.src_device_index, tensor.device().index);
   auto call = begin(OpType::kRecv, sig, opts, nullptr, src_rank, /*sending=*/false);
   call.skip = view.numel() == 0;
-  return submit(call, [t = std::move(view), src_rank, opts](
-                          Backend& b, const OpContext& ctx) {
+  return submit(call, [t = std::move(view), src_rank, opts](Backend& b, const OpContext& ctx) {
     return b.recv(OneTensor(t), src_rank, opts, ctx);
   });
 }
@@ -802,15 +799,17 @@ void CollectiveGroup::State::drain() {
 void CollectiveGroup::synchronize(Device device) {
   State& s = *state_;
   if (s.forked()) {
-    throw Error(ErrorCode::kInvalidUsage, "synchronize on " + describe() + ": " + s.forked_message());
+    throw Error(ErrorCode::kInvalidUsage,
+                "synchronize on " + describe() + ": " + s.forked_message());
   }
   if (s.destroyed.load()) {
-    throw Error(ErrorCode::kInvalidUsage, "synchronize on " + describe() + ": the group was destroyed");
+    throw Error(ErrorCode::kInvalidUsage,
+                "synchronize on " + describe() + ": the group was destroyed");
   }
   if (!s.device_supported[static_cast<size_t>(device.type)]) {
-    throw Error(ErrorCode::kInvalidArgument, "synchronize on " + describe() + ": " +
-                                                 device.str() + " is not a device of backend '" +
-                                                 s.backend_name + "'");
+    throw Error(ErrorCode::kInvalidArgument, "synchronize on " + describe() + ": " + device.str() +
+                                                 " is not a device of backend '" + s.backend_name +
+                                                 "'");
   }
   s.drain();
   std::lock_guard<std::mutex> lock(s.op_mutex);

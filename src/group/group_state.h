@@ -14,13 +14,14 @@
 #include <vector>
 
 #include "group/flight_recorder.h"
-#include "util/fork_watch.h"
 #include "group/group_util.h"
 #include "group/op_queue.h"
+#include "group/op_tags.h"
 #include "tutti/backend.h"
 #include "tutti/collective_group.h"
 #include "tutti/error.h"
 #include "tutti/store.h"
+#include "util/fork_watch.h"
 
 namespace tutti {
 
@@ -48,13 +49,13 @@ struct CollectiveGroup::State {
   // `store`, noting the keys this incarnation writes (backends, subgroups) so that they can be
   // deleted later (see store/ledger_store.h); a subgroup notes into its root group's.
   std::shared_ptr<Store> ledger;
-  std::string base;              // a root group's key prefix over all its incarnations
-  std::string admit_key;         // where grow() invites new processes (its root's base + /admit)
-  std::string ledger_prefix;     // where `ledger` notes keys (its root's incarnation's)
+  std::string base;           // a root group's key prefix over all its incarnations
+  std::string admit_key;      // where grow() invites new processes (its root's base + /admit)
+  std::string ledger_prefix;  // where `ledger` notes keys (its root's incarnation's)
   int64_t incarnation = 0;
-  bool owns_store = false;       // opened from a URL by this group
-  std::string instance;          // names OS resources (see BackendContext)
-  std::string join_record;       // this rank's claim in the store (given back at destroy)
+  bool owns_store = false;  // opened from a URL by this group
+  std::string instance;     // names OS resources (see BackendContext)
+  std::string join_record;  // this rank's claim in the store (given back at destroy)
 
   // What the backend supports, read once at creation so validation never touches it.
   std::array<bool, 2> device_supported{};  // by DeviceType
@@ -95,7 +96,6 @@ struct CollectiveGroup::State {
   std::atomic<int> queued{0};        // async ops pushed and not yet finished
   detail::OpQueue queue;
 
-
   std::string describe() const;
   std::shared_ptr<Backend> current_backend() const;
   // Marks the group aborted (the first reason stays) and tells the backend. From any thread.
@@ -124,10 +124,9 @@ struct CollectiveGroup::State {
                   const char* item_name, const char* ref_name) const;
   void check_same_dtype(OpType op, const TensorView& a, const char* a_name, const TensorView& b,
                         const char* b_name) const;
-  void check_counts(OpType op, const std::vector<int64_t>& counts, const char* what,
-                    int64_t total, const char* total_name) const;
-  void check_device_list(OpType op, const std::vector<TensorView>& tensors,
-                         const char* what) const;
+  void check_counts(OpType op, const std::vector<int64_t>& counts, const char* what, int64_t total,
+                    const char* total_name) const;
+  void check_device_list(OpType op, const std::vector<TensorView>& tensors, const char* what) const;
   void check_rooted_list(OpType op, const std::vector<TensorView>& tensors, int root_rank,
                          int root_tensor) const;
   void check_lists(OpType op, const std::vector<std::vector<TensorView>>& lists,
@@ -135,38 +134,8 @@ struct CollectiveGroup::State {
                    const char* ref_name) const;
   void check_disjoint(OpType op, const TensorView& a, const char* a_name, const TensorView& b,
                       const char* b_name) const;
-  TensorView check_p2p_multigpu(OpType op, const TensorView& tensor, int peer,
-                                int64_t n_elements, int peer_device) const;
+  TensorView check_p2p_multigpu(OpType op, const TensorView& tensor, int peer, int64_t n_elements,
+                                int peer_device) const;
 };
 
-namespace detail {
-
-// The tag of point-to-point message `seq` from rank src to rank dst of signature `sig`.
-inline uint32_t p2p_tag(uint64_t seq, uint64_t sig, int src, int dst) {
-  return WordMix()
-      .mix(seq)
-      .mix(sig)
-      .mix(static_cast<uint64_t>(src))
-      .mix(static_cast<uint64_t>(dst))
-      .folded();
-}
-
-// An op's signature: op, dtype and element count of `t`, root and reduce op as given.
-inline OpSignature signature_of(OpType op, const TensorView& t, int root = -1,
-                                int reduce_op = -1) {
-  OpSignature sig;
-  sig.op = op;
-  sig.dtype = t.dtype();
-  sig.count = t.numel();
-  sig.root = root;
-  sig.reduce_op = reduce_op;
-  return sig;
-}
-
-// The tag of collective `seq` of signature `sig`.
-inline uint32_t collective_tag(uint64_t seq, uint64_t sig) {
-  return WordMix().mix(seq).mix(sig).folded();
-}
-
-}  // namespace detail
 }  // namespace tutti

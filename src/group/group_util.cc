@@ -4,8 +4,7 @@
 
 namespace tutti::detail {
 
-std::string signature_tail(int devices, int root, int root_tensor, int reduce_op,
-                           uint64_t layout) {
+std::string signature_tail(int devices, int root, int root_tensor, int reduce_op, uint64_t layout) {
   std::string out;
   if (devices != 1) out += " x " + std::to_string(devices) + " devices";
   if (root >= 0) {

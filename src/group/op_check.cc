@@ -75,8 +75,7 @@ void check_fingerprints(Backend& backend, const OpContext& ctx, const Fingerprin
   std::vector<Fingerprint> all(static_cast<size_t>(world));
   Fingerprint sent = mine;
   TensorView in(&sent, DType::kUInt8, {static_cast<int64_t>(sizeof(Fingerprint))});
-  TensorView out(all.data(), DType::kUInt8,
-                 {static_cast<int64_t>(sizeof(Fingerprint)) * world});
+  TensorView out(all.data(), DType::kUInt8, {static_cast<int64_t>(sizeof(Fingerprint)) * world});
   OpContext check = ctx;
   check.tag = check_tag();
   check.signature = OpSignature{};
@@ -94,7 +93,7 @@ void check_fingerprints(Backend& backend, const OpContext& ctx, const Fingerprin
   if (same) return;
   // Ranks grouped by what they called, in rank order of each group's first rank.
   std::vector<std::pair<std::string, std::string>> groups;  // (what, ranks)
-  std::map<std::string, size_t> index;  // by the fingerprint's bytes
+  std::map<std::string, size_t> index;                      // by the fingerprint's bytes
   for (int r = 0; r < world; ++r) {
     const Fingerprint& f = all[static_cast<size_t>(r)];
     const std::string bytes(reinterpret_cast<const char*>(&f), sizeof(f));
@@ -111,7 +110,8 @@ void check_fingerprints(Backend& backend, const OpContext& ctx, const Fingerprin
     }
   }
   std::string diff;
-  for (const auto& [what, ranks] : groups) diff += (diff.empty() ? "" : "; ") + ranks + " called " + what;
+  for (const auto& [what, ranks] : groups)
+    diff += (diff.empty() ? "" : "; ") + ranks + " called " + what;
   throw Error(ErrorCode::kInvalidUsage,
               ctx.description() + ": the ranks called different ops: " + diff +
                   " (found by the op check, TUTTI_DEBUG=DETAIL; no data moved, the group stays "

@@ -1,7 +1,7 @@
 #include "tutti/op_type.h"
 
-#include "util/deadline.h"
 #include "group/group_util.h"
+#include "util/deadline.h"
 
 namespace tutti {
 

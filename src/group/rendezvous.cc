@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -13,12 +13,12 @@
 
 #include "group/group_util.h"
 #include "store/ledger_store.h"
-#include "util/deadline.h"
-#include "util/host_identity.h"
 #include "tutti/env.h"
 #include "tutti/error.h"
 #include "tutti/hash_store.h"
 #include "tutti/op_type.h"
+#include "util/deadline.h"
+#include "util/host_identity.h"
 
 namespace tutti::detail {
 
@@ -117,7 +117,9 @@ using Clock = std::chrono::steady_clock;
 // An incarnation's state: "formed <world size>" once every rank arrived, or "failed\n<code>\n
 // <rank>\n<nonce>\n<why>" once a rank gave up on it (nonce: the join record it disagreed with,
 // or 0); none while it forms.
-std::string formed(int world_size) { return "formed " + std::to_string(world_size); }
+std::string formed(int world_size) {
+  return "formed " + std::to_string(world_size);
+}
 
 struct State {
   bool formed = false;
@@ -306,8 +308,9 @@ class Meeting {
     while (true) {
       while (!store_.check({base_ + "/current"})) {
         if (Clock::now() >= deadline_) {
-          timed_out("rank 0 has not started the group (it numbers each incarnation): missing "
-                    "rank(s) 0");
+          timed_out(
+              "rank 0 has not started the group (it numbers each incarnation): missing "
+              "rank(s) 0");
         }
         nap_on(store_, base_ + "/current", backoff.next(deadline_));
       }
@@ -326,18 +329,18 @@ class Meeting {
           // read the record and disagreed): fail as the other ranks do, not at the timeout.
           throw Error(st->code, gave_up(*st) + ": " + st->why);
         }
-        wait_for_next(st->failed ? gave_up(*st) + " (" + st->why +
-                                       ") and rank 0 has not started the next"
-                                 : "incarnation " + std::to_string(incarnation_) +
-                                       " formed without this rank (an earlier init's) and rank 0 "
-                                       "has not started the next: missing rank(s) 0");
+        wait_for_next(st->failed
+                          ? gave_up(*st) + " (" + st->why + ") and rank 0 has not started the next"
+                          : "incarnation " + std::to_string(incarnation_) +
+                                " formed without this rank (an earlier init's) and rank 0 "
+                                "has not started the next: missing rank(s) 0");
         continue;
       }
       const JoinRecord other = JoinRecord::decode(claimed);
       if (live_elsewhere(other, mine_)) {
-        throw Error(ErrorCode::kInvalidUsage,
-                    "rank " + std::to_string(rank_) + " is already claimed by " +
-                        describe(other) + ": two processes were given the same rank");
+        throw Error(ErrorCode::kInvalidUsage, "rank " + std::to_string(rank_) +
+                                                  " is already claimed by " + describe(other) +
+                                                  ": two processes were given the same rank");
       }
       // A claim of an earlier init (its process gone or done, or on another host): wait for
       // the incarnation rank 0 starts now.
@@ -519,7 +522,9 @@ std::string settled_key(const std::string& scope, int rank) {
 }
 
 namespace {
-std::string failed_key(const std::string& scope) { return scope + "/ready/failed"; }
+std::string failed_key(const std::string& scope) {
+  return scope + "/ready/failed";
+}
 }  // namespace
 
 std::optional<Error> backend_failed(Store& store, const std::string& scope) {
@@ -589,7 +594,9 @@ void leave(Store& store, const std::string& scope, int rank, const JoinRecord& m
   store.compare_set(rank_key(scope, rank), mine.encode(), gone.encode());
 }
 
-std::string ledger_of(const std::string& scope) { return scope + "/keys"; }
+std::string ledger_of(const std::string& scope) {
+  return scope + "/keys";
+}
 
 size_t purge_incarnations(Store& store, const std::string& base, int64_t below, int world_size) {
   const std::string marker = base + "/purged";

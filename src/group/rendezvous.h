@@ -29,9 +29,9 @@ struct JoinRecord {
   std::string backend;  // as asked for ("auto" stays "auto")
   std::string host;     // host_identity()
   long pid = 0;
-  uint64_t start = 0;   // the process's start time (process_start_time)
-  uint64_t nonce = 0;   // random: tells two joins of one process apart (ranks as threads)
-  bool left = false;    // the rank's group was destroyed: the record names no live member
+  uint64_t start = 0;  // the process's start time (process_start_time)
+  uint64_t nonce = 0;  // random: tells two joins of one process apart (ranks as threads)
+  bool left = false;   // the rank's group was destroyed: the record names no live member
 
   // A record for this process (host, pid, start time, a fresh nonce).
   static JoinRecord mine(int world_size, const std::string& backend);

@@ -10,8 +10,8 @@
 namespace tutti {
 
 std::string CollectiveGroup::State::describe() const {
-  return "group '" + *name + "' (rank " + std::to_string(rank) + "/" +
-         std::to_string(world_size) + ")";
+  return "group '" + *name + "' (rank " + std::to_string(rank) + "/" + std::to_string(world_size) +
+         ")";
 }
 
 void CollectiveGroup::State::fail(ErrorCode code, OpType op, const std::string& what) const {
@@ -108,7 +108,8 @@ void CollectiveGroup::State::check_like(OpType op, const TensorView& t, const Te
              to_string(ref.dtype()));
   }
   if (t.shape() != ref.shape()) {
-    fail(ErrorCode::kInvalidArgument, op, what + " is " + t.str() + ", " + ref_name + " is " + ref.str());
+    fail(ErrorCode::kInvalidArgument, op,
+         what + " is " + t.str() + ", " + ref_name + " is " + ref.str());
   }
   if (t.device() != ref.device()) {
     fail(ErrorCode::kInvalidArgument, op,
@@ -157,8 +158,8 @@ void CollectiveGroup::State::check_counts(OpType op, const std::vector<int64_t>&
   for (size_t r = 0; r < counts.size(); ++r) {
     if (counts[r] < 0) {
       fail(ErrorCode::kInvalidArgument, op,
-           std::string(what) + "[" + std::to_string(r) + "] is negative: " +
-               std::to_string(counts[r]));
+           std::string(what) + "[" + std::to_string(r) +
+               "] is negative: " + std::to_string(counts[r]));
     }
     sum += counts[r];
   }
@@ -223,8 +224,8 @@ void CollectiveGroup::State::check_lists(OpType op,
     if (lists[d].size() != count) {
       fail(ErrorCode::kInvalidArgument, op,
            std::string(list_name) + " " + std::to_string(d) + " has " +
-               std::to_string(lists[d].size()) + " tensors, expected world size x devices = " +
-               std::to_string(count));
+               std::to_string(lists[d].size()) +
+               " tensors, expected world size x devices = " + std::to_string(count));
     }
     for (size_t k = 0; k < lists[d].size(); ++k) {
       check_like(op, lists[d][k], refs[d],
@@ -248,9 +249,8 @@ void CollectiveGroup::State::check_disjoint(OpType op, const TensorView& a, cons
 
 // The checks send_multigpu and recv_multigpu share; returns the view of the first n_elements
 // (0: all) that travels.
-TensorView CollectiveGroup::State::check_p2p_multigpu(OpType op, const TensorView& tensor,
-                                                      int peer, int64_t n_elements,
-                                                      int peer_device) const {
+TensorView CollectiveGroup::State::check_p2p_multigpu(OpType op, const TensorView& tensor, int peer,
+                                                      int64_t n_elements, int peer_device) const {
   const bool sending = op == OpType::kSend;
   check_tensor(op, tensor, "tensor");
   check_rank(op, peer, sending ? "destination rank" : "source rank", /*allow_self=*/false);

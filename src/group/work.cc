@@ -48,16 +48,22 @@ struct CachingAllocator {
     ::operator delete(p);
   }
   template <typename U>
-  bool operator==(const CachingAllocator<U>&) const { return true; }
+  bool operator==(const CachingAllocator<U>&) const {
+    return true;
+  }
   template <typename U>
-  bool operator!=(const CachingAllocator<U>&) const { return false; }
+  bool operator!=(const CachingAllocator<U>&) const {
+    return false;
+  }
 };
 
 }  // namespace
 
 Work::Work(OpContext ctx) : ctx_(std::move(ctx)) {}
 
-Work::~Work() { delete sync_.load(std::memory_order_acquire); }
+Work::~Work() {
+  delete sync_.load(std::memory_order_acquire);
+}
 
 std::shared_ptr<Work> Work::completed(const OpContext& ctx) {
   auto work = std::allocate_shared<Work>(CachingAllocator<Work>(), ctx);
@@ -79,7 +85,9 @@ bool Work::is_completed() {
   return poll();
 }
 
-bool Work::is_success() { return is_completed() && exception() == nullptr; }
+bool Work::is_success() {
+  return is_completed() && exception() == nullptr;
+}
 
 std::exception_ptr Work::exception() {
   if (!is_completed()) return nullptr;
@@ -121,7 +129,14 @@ void Work::on_finish(std::function<void(const std::exception_ptr&)> hook) {
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (!done_.load(std::memory_order_relaxed)) {
-      s.hook = std::move(hook);
+      if (s.hook) {
+        s.hook = [first = std::move(s.hook), then = std::move(hook)](const std::exception_ptr& e) {
+          first(e);
+          then(e);
+        };
+      } else {
+        s.hook = std::move(hook);
+      }
       return;
     }
     error = s.error;
@@ -147,9 +162,8 @@ void Work::wait(std::chrono::milliseconds timeout) {
     if (std::chrono::steady_clock::now() >= deadline) {
       throw Error(ErrorCode::kTimeout,
                   description() + " is still running after waiting " +
-                      std::to_string(timeout.count()) +
-                      " ms (the op itself times out after " + std::to_string(ctx_.timeout.count()) +
-                      " ms; the group is unaffected)");
+                      std::to_string(timeout.count()) + " ms (the op itself times out after " +
+                      std::to_string(ctx_.timeout.count()) + " ms; the group is unaffected)");
     }
     // Sleep until finished, the deadline, or the next poll; at most a second at a time, so a
     // deadline far away never reaches the clock's limits.

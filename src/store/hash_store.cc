@@ -1,7 +1,7 @@
 #include "tutti/hash_store.h"
 
-#include "util/deadline.h"
 #include "store/store_util.h"
+#include "util/deadline.h"
 
 namespace tutti {
 

@@ -46,11 +46,17 @@ void LedgerStore::wait(const std::vector<std::string>& keys, std::chrono::millis
   inner_->wait(keys, timeout);
 }
 
-bool LedgerStore::check(const std::vector<std::string>& keys) { return inner_->check(keys); }
+bool LedgerStore::check(const std::vector<std::string>& keys) {
+  return inner_->check(keys);
+}
 
-bool LedgerStore::delete_key(const std::string& key) { return inner_->delete_key(key); }
+bool LedgerStore::delete_key(const std::string& key) {
+  return inner_->delete_key(key);
+}
 
-int64_t LedgerStore::num_keys() { return inner_->num_keys(); }
+int64_t LedgerStore::num_keys() {
+  return inner_->num_keys();
+}
 
 size_t purge_ledger(Store& store, const std::string& ledger) {
   const std::string count_key = ledger + "/n";

@@ -54,10 +54,16 @@ void PrefixStore::wait(const std::vector<std::string>& keys, std::chrono::millis
   }
 }
 
-bool PrefixStore::check(const std::vector<std::string>& keys) { return store_->check(full(keys)); }
+bool PrefixStore::check(const std::vector<std::string>& keys) {
+  return store_->check(full(keys));
+}
 
-bool PrefixStore::delete_key(const std::string& key) { return store_->delete_key(full(key)); }
+bool PrefixStore::delete_key(const std::string& key) {
+  return store_->delete_key(full(key));
+}
 
-int64_t PrefixStore::num_keys() { return store_->num_keys(); }
+int64_t PrefixStore::num_keys() {
+  return store_->num_keys();
+}
 
 }  // namespace tutti

@@ -4,9 +4,9 @@
 #include <mutex>
 #include <thread>
 
-#include "util/deadline.h"
 #include "store/store_util.h"
 #include "tutti/error.h"
+#include "util/deadline.h"
 
 #if TUTTI_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
@@ -65,13 +65,15 @@ struct RedisStore::Impl {
     auto pause = std::chrono::milliseconds(10);
     std::string last = "no attempt";
     while (true) {
-      ctx = redisConnectWithTimeout(host.c_str(), port, to_timeval(std::min(timeout, std::chrono::milliseconds(5000))));
+      ctx = redisConnectWithTimeout(host.c_str(), port,
+                                    to_timeval(std::min(timeout, std::chrono::milliseconds(5000))));
       if (ctx && !ctx->err) break;
       last = ctx ? ctx->errstr : "cannot allocate a context";
       if (ctx) redisFree(ctx);
       ctx = nullptr;
       if (Clock::now() >= deadline) {
-        throw Error(ErrorCode::kTimeout, where() + ": could not connect before the timeout (" + last + ")");
+        throw Error(ErrorCode::kTimeout,
+                    where() + ": could not connect before the timeout (" + last + ")");
       }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(500));
@@ -121,9 +123,9 @@ struct RedisStore::Impl {
       if (is_auth_error(text)) {
         // As the TCP store's refused secret: the value given is wrong, and trying again with it
         // cannot help.
-        throw Error(ErrorCode::kInvalidArgument,
-                    where() + ": " + what + ": the server refused the password (" + text +
-                        "); give the right one with ?password=");
+        throw Error(ErrorCode::kInvalidArgument, where() + ": " + what +
+                                                     ": the server refused the password (" + text +
+                                                     "); give the right one with ?password=");
       }
       throw Error(ErrorCode::kInvalidUsage, where() + ": " + what + ": " + text);
     }
@@ -171,7 +173,7 @@ int64_t RedisStore::add(const std::string& key, int64_t delta) {
     Reply v = impl_->command({"GET", impl_->key(key)}, "get '" + key + "'", timeout());
     const std::string value = v->type == REDIS_REPLY_STRING ? std::string(v->str, v->len) : "";
     detail::add_to_counter(key, &value, delta);  // throws for either
-    throw;  // Redis refused it for another reason
+    throw;                                       // Redis refused it for another reason
   }
 }
 
@@ -217,8 +219,9 @@ int64_t RedisStore::num_keys() {
   int64_t count = 0;
   std::string cursor = "0";
   do {
-    Reply r = impl_->command({"SCAN", cursor, "MATCH", impl_->options.prefix + "*", "COUNT", "1000"},
-                             "num_keys", timeout());
+    Reply r =
+        impl_->command({"SCAN", cursor, "MATCH", impl_->options.prefix + "*", "COUNT", "1000"},
+                       "num_keys", timeout());
     cursor = std::string(r->element[0]->str, r->element[0]->len);
     count += static_cast<int64_t>(r->element[1]->elements);
   } while (cursor != "0");
@@ -236,15 +239,25 @@ RedisStore::RedisStore(std::string host, uint16_t port, RedisStoreOptions option
 }
 RedisStore::~RedisStore() = default;
 void RedisStore::set(const std::string&, const std::string&) {}
-std::string RedisStore::get(const std::string&) { return {}; }
-int64_t RedisStore::add(const std::string&, int64_t) { return 0; }
+std::string RedisStore::get(const std::string&) {
+  return {};
+}
+int64_t RedisStore::add(const std::string&, int64_t) {
+  return 0;
+}
 std::string RedisStore::compare_set(const std::string&, const std::string&, const std::string&) {
   return {};
 }
 void RedisStore::wait(const std::vector<std::string>&, std::chrono::milliseconds) {}
-bool RedisStore::check(const std::vector<std::string>&) { return false; }
-bool RedisStore::delete_key(const std::string&) { return false; }
-int64_t RedisStore::num_keys() { return 0; }
+bool RedisStore::check(const std::vector<std::string>&) {
+  return false;
+}
+bool RedisStore::delete_key(const std::string&) {
+  return false;
+}
+int64_t RedisStore::num_keys() {
+  return 0;
+}
 
 #endif
 

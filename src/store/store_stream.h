@@ -56,12 +56,12 @@ class StoreStream {
   template <typename Handler>
   void async_handshake(bool server, Handler&& handler) {
     if (tls_) {
-      tls_->async_handshake(server ? asio::ssl::stream_base::server : asio::ssl::stream_base::client,
-                            std::forward<Handler>(handler));
+      tls_->async_handshake(
+          server ? asio::ssl::stream_base::server : asio::ssl::stream_base::client,
+          std::forward<Handler>(handler));
     } else {
-      asio::post(get_executor(), [h = std::forward<Handler>(handler)]() mutable {
-        h(asio::error_code());
-      });
+      asio::post(get_executor(),
+                 [h = std::forward<Handler>(handler)]() mutable { h(asio::error_code()); });
     }
   }
 

@@ -11,14 +11,14 @@
 #include <optional>
 #include <thread>
 
-#include "util/deadline.h"
-#include "util/logging.h"
-#include "util/crypto.h"
-#include "util/tls.h"
-#include "store/store_util.h"
 #include "store/store_stream.h"
+#include "store/store_util.h"
 #include "store/tcp_store_protocol.h"
 #include "tutti/error.h"
+#include "util/crypto.h"
+#include "util/deadline.h"
+#include "util/logging.h"
+#include "util/tls.h"
 
 namespace tutti {
 
@@ -197,8 +197,7 @@ struct TCPStore::Impl {
       return false;
     }
     char byte;
-    const ssize_t n =
-        ::recv(socket->socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    const ssize_t n = ::recv(socket->socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
   }
 
@@ -250,8 +249,10 @@ struct TCPStore::Impl {
           error.find("timed out") != std::string::npos) {
         const std::string grace = std::to_string(kForeignListenerGrace.count());
         throw Error(ErrorCode::kUnavailable,
-                    where() + ": the program listening there does not answer as a tutti store "
-                              "(no handshake within " + grace + " s)" + hosting_note());
+                    where() +
+                        ": the program listening there does not answer as a tutti store "
+                        "(no handshake within " +
+                        grace + " s)" + hosting_note());
       }
       error = "handshake: " + error;
       if (!socket && error.find("End of file") != std::string::npos && !tls) {
@@ -515,12 +516,20 @@ TCPStore::~TCPStore() {
   if (impl_->socket) impl_->drop();
 }
 
-const std::string& TCPStore::host() const { return impl_->host; }
-uint16_t TCPStore::port() const { return impl_->port; }
-bool TCPStore::is_hosting() const { return impl_->server != nullptr; }
+const std::string& TCPStore::host() const {
+  return impl_->host;
+}
+uint16_t TCPStore::port() const {
+  return impl_->port;
+}
+bool TCPStore::is_hosting() const {
+  return impl_->server != nullptr;
+}
 
 namespace {
-proto::Status status_of(const std::string& body) { return static_cast<proto::Status>(body[0]); }
+proto::Status status_of(const std::string& body) {
+  return static_cast<proto::Status>(body[0]);
+}
 }  // namespace
 
 void TCPStore::set(const std::string& key, const std::string& value) {
@@ -559,7 +568,8 @@ int64_t TCPStore::add(const std::string& key, int64_t delta) {
     ErrorCode code = ErrorCode::kInvalidUsage;
     if (r.ok() && !r.done()) {
       const uint8_t c = r.u8();
-      if (r.done() && c <= static_cast<uint8_t>(ErrorCode::kInternal)) code = static_cast<ErrorCode>(c);
+      if (r.done() && c <= static_cast<uint8_t>(ErrorCode::kInternal))
+        code = static_cast<ErrorCode>(c);
     }
     throw Error(code, message);
   }

@@ -7,15 +7,15 @@
 #include <thread>
 #include <unordered_map>
 
-#include "util/deadline.h"
-#include "util/logging.h"
-#include "util/crypto.h"
-#include "util/tls.h"
-#include "store/store_util.h"
 #include "store/store_stream.h"
+#include "store/store_util.h"
 #include "store/tcp_store_protocol.h"
 #include "tutti/error.h"
 #include "tutti/tcp_store.h"
+#include "util/crypto.h"
+#include "util/deadline.h"
+#include "util/logging.h"
+#include "util/tls.h"
 
 namespace tutti {
 
@@ -90,8 +90,8 @@ struct TCPStoreServer::Impl {
   std::string host;
   TCPStoreServerOptions options;
   std::unique_ptr<asio::ssl::context> tls;  // every connection's, with options.tls
-  std::string id;     // random, per instance: sent in every hello
-  std::string nonce;  // hex(id): the key "tutti/store-nonce"
+  std::string id;                           // random, per instance: sent in every hello
+  std::string nonce;                        // hex(id): the key "tutti/store-nonce"
   uint16_t port = 0;
   std::unordered_map<std::string, std::string> data;
   std::set<std::shared_ptr<Session>> sessions;
@@ -168,6 +168,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Called by the server when the keys this session waits for exist.
   void wake() {
     disarm();
+    waiting_ = false;
     respond(proto::Writer().u8(static_cast<uint8_t>(proto::Status::kOk)));
   }
 
@@ -201,6 +202,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec || generation != self->timer_generation_ || self->closed_) return;
       switch (kind) {
         case Timer::kWait:
+          self->waiting_ = false;
           self->server_.waiting.erase(self);
           self->server_.waiting_count.store(self->server_.waiting.size(),
                                             std::memory_order_relaxed);
@@ -211,9 +213,7 @@ class Session : public std::enable_shared_from_this<Session> {
           self->close("idle");
           break;
         case Timer::kStall:
-        case Timer::kWrite:
-          self->close("stalled");
-          break;
+        case Timer::kWrite: self->close("stalled"); break;
       }
     });
   }
@@ -259,16 +259,36 @@ class Session : public std::enable_shared_from_this<Session> {
     } else {
       disarm();
     }
+    watch_header();
+  }
+
+  // The next header is read during a wait too: a waiting client sends nothing until it is
+  // answered, so this read ends only when it closes the connection, and then the session ends
+  // at once (its descriptor freed, its on-close keys written) instead of when the wait does.
+  // A header that comes before the answer was written waits for it (writes then reads, in order).
+  void watch_header() {
+    if (header_pending_) return;
+    header_pending_ = true;
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(header_), [self](asio::error_code ec, size_t) {
-      if (ec) return self->close("peer closed");
-      uint32_t n;
-      std::memcpy(&n, self->header_.data(), 4);
-      if (n == 0 || n > self->server_.max_message_bytes()) return self->close("bad message length");
-      self->expected_ = n;
-      self->body_.clear();
-      self->read_body();
+      self->header_pending_ = false;
+      if (self->closed_) return;
+      if (ec) return self->close(self->waiting_ ? "peer closed during a wait" : "peer closed");
+      if (self->waiting_ || self->writing_) {
+        self->header_early_ = true;
+        return;
+      }
+      self->start_body();
     });
+  }
+
+  void start_body() {
+    uint32_t n;
+    std::memcpy(&n, header_.data(), 4);
+    if (n == 0 || n > server_.max_message_bytes()) return close("bad message length");
+    expected_ = n;
+    body_.clear();
+    read_body();
   }
 
   // Reads the body piece by piece, allocating only for bytes that are on their way.
@@ -314,10 +334,17 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     out_ = w.framed();
     arm(kWriteTimeout, Timer::kWrite);
+    writing_ = true;
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(out_), [self](asio::error_code ec, size_t) {
+      self->writing_ = false;
       if (ec) return self->close("write failed");
       if (self->out_.capacity() > proto::kReadChunkBytes) std::string().swap(self->out_);
+      if (self->header_early_) {
+        self->header_early_ = false;
+        self->disarm();
+        return self->start_body();
+      }
       self->read_header();
     });
   }
@@ -361,7 +388,9 @@ class Session : public std::enable_shared_from_this<Session> {
           value = detail::add_to_counter(key, it == data.end() ? nullptr : &it->second, delta);
         } catch (const Error& e) {
           // The code after the message: clients from before it read the message alone.
-          w.u8(static_cast<uint8_t>(Status::kError)).str(e.what()).u8(static_cast<uint8_t>(e.code()));
+          w.u8(static_cast<uint8_t>(Status::kError))
+              .str(e.what())
+              .u8(static_cast<uint8_t>(e.code()));
           break;
         }
         data[key] = std::to_string(value);
@@ -409,6 +438,8 @@ class Session : public std::enable_shared_from_this<Session> {
         server_.waiting.insert(shared_from_this());
         server_.waiting_count.store(server_.waiting.size(), std::memory_order_relaxed);
         arm(std::chrono::milliseconds(std::min(timeout_ms, kMaxWaitMs)), Timer::kWait);
+        waiting_ = true;
+        watch_header();
         return;  // answered by wake() or the timer
       }
       case Command::kCheck: {
@@ -447,8 +478,7 @@ class Session : public std::enable_shared_from_this<Session> {
         w.u8(static_cast<uint8_t>(Status::kOk));
         break;
       }
-      default:
-        return close("unknown command");
+      default: return close("unknown command");
     }
     release_body();
     respond(w);
@@ -460,6 +490,10 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::steady_timer timer_;
   uint64_t timer_generation_ = 0;
   bool closed_ = false;
+  bool waiting_ = false;         // in a wait, answered by wake() or the wait's timer
+  bool writing_ = false;         // a response is being written
+  bool header_pending_ = false;  // a read of the next header is under way
+  bool header_early_ = false;    // a header came during a wait or a write: read on after it
   std::string nonce_;
   std::string hello_;
   std::array<char, 4> header_{};
@@ -605,9 +639,15 @@ TCPStoreServer::~TCPStoreServer() {
   sessions.clear();
 }
 
-uint16_t TCPStoreServer::port() const { return impl_->port; }
-const std::string& TCPStoreServer::host() const { return impl_->host; }
-const std::string& TCPStoreServer::nonce() const { return impl_->nonce; }
+uint16_t TCPStoreServer::port() const {
+  return impl_->port;
+}
+const std::string& TCPStoreServer::host() const {
+  return impl_->host;
+}
+const std::string& TCPStoreServer::nonce() const {
+  return impl_->nonce;
+}
 
 TCPStoreServer::Stats TCPStoreServer::stats() const {
   Stats s;

@@ -35,8 +35,7 @@ DType dtype_from(const DLDataType& t) {
     case kDLBfloat:
       if (t.bits == 16) return DType::kBFloat16;
       break;
-    default:
-      break;
+    default: break;
   }
   throw Error(ErrorCode::kInvalidArgument, "from_dlpack: unsupported dtype (" + what + ")");
 }

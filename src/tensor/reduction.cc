@@ -8,8 +8,7 @@
 // loader picks the best one the CPU runs (GCC function multiversioning). Not under
 // ThreadSanitizer: the loader runs the instrumented resolvers before TSan is initialised, and
 // the process dies before main.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define TUTTI_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define TUTTI_MULTIVERSION
@@ -18,10 +17,30 @@
 namespace tutti::detail {
 namespace {
 
-struct Sum { template <typename T> static T apply(T a, T b) { return static_cast<T>(a + b); } };
-struct Prod { template <typename T> static T apply(T a, T b) { return static_cast<T>(a * b); } };
-struct Min { template <typename T> static T apply(T a, T b) { return std::min(a, b); } };
-struct Max { template <typename T> static T apply(T a, T b) { return std::max(a, b); } };
+struct Sum {
+  template <typename T>
+  static T apply(T a, T b) {
+    return static_cast<T>(a + b);
+  }
+};
+struct Prod {
+  template <typename T>
+  static T apply(T a, T b) {
+    return static_cast<T>(a * b);
+  }
+};
+struct Min {
+  template <typename T>
+  static T apply(T a, T b) {
+    return std::min(a, b);
+  }
+};
+struct Max {
+  template <typename T>
+  static T apply(T a, T b) {
+    return std::max(a, b);
+  }
+};
 
 // Plain loops without restrict: GCC vectorises them with a run-time alias check, and they stay
 // correct when out aliases an input.
@@ -38,12 +57,20 @@ TUTTI_MULTIVERSION void reduce_plain(void* out, const void* a, const void* b, si
 // target (clang before 15 on x86-64) convert in software, with the same rounding.
 #if defined(__FLT16_MAX__)
 using Half = _Float16;
-inline float half_to_float(Half v) { return static_cast<float>(v); }
-inline Half float_to_half(float f) { return static_cast<Half>(f); }
+inline float half_to_float(Half v) {
+  return static_cast<float>(v);
+}
+inline Half float_to_half(float f) {
+  return static_cast<Half>(f);
+}
 #else
 using Half = Float16;
-inline float half_to_float(Half v) { return to_float(v); }
-inline Half float_to_half(float f) { return to_float16(f); }
+inline float half_to_float(Half v) {
+  return to_float(v);
+}
+inline Half float_to_half(float f) {
+  return to_float16(f);
+}
 #endif
 
 template <typename Op>
@@ -77,7 +104,8 @@ TUTTI_MULTIVERSION void reduce_bf16(void* out, const void* a, const void* b, siz
   auto* o = static_cast<uint16_t*>(out);
   const auto* x = static_cast<const uint16_t*>(a);
   const auto* y = static_cast<const uint16_t*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = float_to_bf16(Op::apply(bf16_to_float(x[i]), bf16_to_float(y[i])));
+  for (size_t i = 0; i < n; ++i)
+    o[i] = float_to_bf16(Op::apply(bf16_to_float(x[i]), bf16_to_float(y[i])));
 }
 
 // bool: one byte, 0 or non-zero; or for sum/max, and for prod/min.
@@ -152,8 +180,8 @@ void reduce_many(ReduceFn fn, void* out, const void* const* inputs, int count, s
   for (size_t start = 0; start < n; start += block) {
     const size_t len = std::min(block, n - start);
     const size_t off = start * element_size;
-    fn(o + off, static_cast<const char*>(inputs[0]) + off, static_cast<const char*>(inputs[1]) + off,
-       len);
+    fn(o + off, static_cast<const char*>(inputs[0]) + off,
+       static_cast<const char*>(inputs[1]) + off, len);
     for (int k = 2; k < count; ++k) {
       fn(o + off, o + off, static_cast<const char*>(inputs[k]) + off, len);
     }
@@ -162,10 +190,16 @@ void reduce_many(ReduceFn fn, void* out, const void* const* inputs, int count, s
 
 void scale_average(void* data, DType dtype, size_t n, int divisor) noexcept {
   switch (dtype) {
-    case DType::kFloat16: divide_f16(static_cast<Half*>(data), n, static_cast<float>(divisor)); break;
-    case DType::kBFloat16: divide_bf16(static_cast<uint16_t*>(data), n, static_cast<float>(divisor)); break;
+    case DType::kFloat16:
+      divide_f16(static_cast<Half*>(data), n, static_cast<float>(divisor));
+      break;
+    case DType::kBFloat16:
+      divide_bf16(static_cast<uint16_t*>(data), n, static_cast<float>(divisor));
+      break;
     case DType::kFloat32: divide(static_cast<float*>(data), n, static_cast<float>(divisor)); break;
-    case DType::kFloat64: divide(static_cast<double*>(data), n, static_cast<double>(divisor)); break;
+    case DType::kFloat64:
+      divide(static_cast<double*>(data), n, static_cast<double>(divisor));
+      break;
     default: break;
   }
 }

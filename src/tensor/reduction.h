@@ -1,6 +1,7 @@
 // Element-wise reduction kernels for every dtype and reduce op (internal, shared by the CPU
-// backends; each library links its own copy, from tutti_util). float16 and bfloat16 reduce through float32 and round once per step. Kernels are
-// vectorised, with AVX2/F16C versions chosen at load time where the CPU has them.
+// backends; each library links its own copy, from tutti_util). float16 and bfloat16 reduce through
+// float32 and round once per step. Kernels are vectorised, with AVX2/F16C versions chosen at load
+// time where the CPU has them.
 #pragma once
 
 #include <cstddef>

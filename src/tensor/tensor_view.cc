@@ -16,9 +16,9 @@ TensorView::TensorView(void* data, DType dtype, Shape shape, Device device)
   for (size_t i = 0; i < shape_.size(); ++i) {
     const int64_t dim = shape_[i];
     if (dim < 0) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "tensor shape has a negative dimension " + std::to_string(dim) + " at index " +
-                      std::to_string(i));
+      throw Error(ErrorCode::kInvalidArgument, "tensor shape has a negative dimension " +
+                                                   std::to_string(dim) + " at index " +
+                                                   std::to_string(i));
     }
     overflow |= __builtin_mul_overflow(numel, dim, &numel);
     empty |= dim == 0;

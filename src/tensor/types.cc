@@ -78,7 +78,9 @@ Float16 to_float16(float value) noexcept {
   return Float16{static_cast<uint16_t>(sign | half)};
 }
 
-float to_float(BFloat16 v) noexcept { return bits_float(static_cast<uint32_t>(v.bits) << 16); }
+float to_float(BFloat16 v) noexcept {
+  return bits_float(static_cast<uint32_t>(v.bits) << 16);
+}
 
 BFloat16 to_bfloat16(float value) noexcept {
   const uint32_t x = float_bits(value);
@@ -123,12 +125,12 @@ const char* to_string(DeviceType type) noexcept {
 
 DType parse_dtype(const std::string& text) {
   static const std::pair<const char*, DType> kNames[] = {
-      {"bool", DType::kBool},        {"int8", DType::kInt8},         {"uint8", DType::kUInt8},
-      {"int32", DType::kInt32},      {"int", DType::kInt32},         {"uint32", DType::kUInt32},
-      {"int64", DType::kInt64},      {"uint64", DType::kUInt64},     {"float16", DType::kFloat16},
-      {"half", DType::kFloat16},     {"fp16", DType::kFloat16},      {"bfloat16", DType::kBFloat16},
-      {"bf16", DType::kBFloat16},    {"float32", DType::kFloat32},   {"float", DType::kFloat32},
-      {"fp32", DType::kFloat32},     {"float64", DType::kFloat64},   {"double", DType::kFloat64},
+      {"bool", DType::kBool},     {"int8", DType::kInt8},       {"uint8", DType::kUInt8},
+      {"int32", DType::kInt32},   {"int", DType::kInt32},       {"uint32", DType::kUInt32},
+      {"int64", DType::kInt64},   {"uint64", DType::kUInt64},   {"float16", DType::kFloat16},
+      {"half", DType::kFloat16},  {"fp16", DType::kFloat16},    {"bfloat16", DType::kBFloat16},
+      {"bf16", DType::kBFloat16}, {"float32", DType::kFloat32}, {"float", DType::kFloat32},
+      {"fp32", DType::kFloat32},  {"float64", DType::kFloat64}, {"double", DType::kFloat64},
       {"fp64", DType::kFloat64},
   };
   const std::string key = lower(text);

@@ -1,5 +1,10 @@
-// The TransferAgent's insides (internal to the direct transport): the owner's object table and
-// the connections it serves (agent_owner.cc), the consumer's peers and gets (agent_consumer.cc).
+// The TransferAgent's insides (internal to the direct transport), one file per concept:
+// - agent_core.cc: the agent's identity, start and stop;
+// - object_table.cc: the owner's objects (publish, fulfil, fail, holds, settling, freeing);
+// - object_wait.cc: wait_tensor_freed, what holds an object, the write checks;
+// - owner_server.cc: the owner's listeners and the connections it serves (handshake.h: the hello);
+// - peers.h/.cc: the consumer's owners and its connection pool;
+// - consumer.cc / consumer_lease.cc: get and borrow, and the leases they take;
 #pragma once
 
 #include <array>
@@ -21,11 +26,11 @@
 #include "tutti/error.h"
 #include "tutti/tensor_transport.h"
 #include "tutti/transfer_agent.h"
+#include "tutti/transport_codec.h"
 
 namespace tutti::detail {
 
 class PeerLink;
-class WireReader;
 class GroupTransport;
 
 // The pin that ObjectHandle copies share: the object may go once it is destroyed.
@@ -47,6 +52,7 @@ struct HeldLease {
 struct FetchState {
   std::mutex mutex;
   std::condition_variable cv;
+  std::string what;  // "get of object 3 of agent 'a' (shm) on agent 'b'", for wait's timeout
   bool finished = false;
   Received result;
   std::exception_ptr error;
@@ -69,8 +75,8 @@ struct Object {
   bool fulfilling = false;  // a fulfil() is publishing it
   bool snapshot = false;
   std::vector<std::shared_ptr<void>> storage;  // snapshot copies
-  int handles = 0;                 // live ObjectPins (1 from put)
-  uint32_t expected_gets = 0;      // left to complete before it may go
+  int handles = 0;                             // live ObjectPins (1 from put)
+  uint32_t expected_gets = 0;                  // left to complete before it may go
   std::chrono::milliseconds keep_for{0};
   Clock::time_point keep_until{};  // set when the last handle goes
   int local_leases = 0;            // holds the owner keeps itself: streams, own borrows, remote
@@ -101,8 +107,8 @@ struct Peer {
   std::mutex mutex;
   std::vector<std::unique_ptr<Connection>> idle;
   std::unique_ptr<Lane> lane;
-  std::unique_ptr<SlotView> slots;            // set once, under `mutex`
-  int pidfd = -1;  // one host: readable once the owner's process has exited
+  std::unique_ptr<SlotView> slots;  // set once, under `mutex`
+  int pidfd = -1;                   // one host: readable once the owner's process has exited
   ~Peer();
   // The owner's slot page once a connection brought it (set once, under `mutex`), or null.
   SlotView* slot_view() {
@@ -121,7 +127,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::shared_ptr<SSL_CTX> tls_server, tls_client;
 
   // ---- owner ----
-  std::mutex mutex;  // everything below up to `peers_mutex`
+  std::mutex mutex;                 // everything below up to `peers_mutex`
   std::condition_variable changed;  // an object changed state or went
   SlotPage slots;
   std::vector<uint32_t> free_slots;
@@ -153,6 +159,16 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::mutex active_mutex;
   std::vector<std::atomic<bool>*> active;  // cancel flags of gets in progress
 
+  // ---- get_async's workers (workers.cc) ----
+  std::mutex workers_mutex;
+  std::condition_variable work_ready;    // a job was queued, or the workers must go
+  std::condition_variable workers_gone;  // a worker left
+  // A job runs a get and returns what publishes its result (called once the worker is idle).
+  std::deque<std::function<std::function<void()>()>> jobs;
+  std::vector<std::thread> workers;  // each leaves (detaching itself) when idle long or at stop
+  size_t idle_workers = 0;
+  bool workers_stop = false;
+
   uint64_t fork_gen = 0;  // the fork generation this agent was made in
 
   explicit AgentCore(const TransferAgentOptions& options);
@@ -165,25 +181,49 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   void check_process(const char* op) const;
 
   TensorTransport& transport(const std::string& name);
-  std::string resolve_transport(const std::string& requested) const;
+  // PutOptions::transport as a registry key: "auto" is the available transport of highest
+  // priority that carries `device`'s tensors (TransportInfo::priority).
+  std::string resolve_transport(const std::string& requested, DeviceType device) const;
   std::string who() const;  // "agent 'x'"
 
-  // Owner side (agent_owner.cc).
+  // ---- the owner's objects (object_table.cc, object_wait.cc) ----
   ObjectHandle publish(const std::vector<TensorView>& tensors, const std::vector<TensorMeta>& metas,
                        const PutOptions& options, bool reserved);
   void fulfil(uint64_t id, const std::vector<TensorView>& tensors);
   void fail(uint64_t id, std::string_view message);
   void drop_pin(uint64_t id);
   void wait_tensor_freed(const TensorView& tensor, std::chrono::milliseconds timeout);
+  // Under `mutex`: a free slot for a new object (kUnavailable when all are live).
+  uint32_t take_slot_locked();
+  // Under `mutex`: object `id` of generation `gen`, or kInvalidUsage saying when it was freed.
+  Object& find_locked(uint64_t id, uint32_t gen);
+  // Under `mutex`: waits until object `id` of `gen` is no longer reserved (or gone, or the agent
+  // stops) or the deadline passes, in slices of at most 50 ms, calling `each_slice` (which may
+  // throw: a cancelled get, a consumer that hung up) after each.
+  void await_fulfilled_locked(std::unique_lock<std::mutex>& lock, uint64_t id, uint32_t gen,
+                              Clock::time_point deadline,
+                              const std::function<void()>& each_slice = nullptr);
+  // A transfer's hold at the owner: waits (up to `deadline`) while the object is reserved, then
+  // keeps it live until release_hold; throws unless it can be served (still reserved, failed,
+  // being freed, gone, or published on another transport than `on` where one is given).
+  std::vector<TensorView> hold(uint64_t id, uint32_t gen, Clock::time_point deadline,
+                               const TensorTransport* on = nullptr);
+  // Ends a hold; `counted`: the transfer completed one of the object's expected gets.
+  void release_hold(uint64_t id, bool counted);
+  // Under `mutex`: one of the object's expected gets completed.
+  void count_get_locked(Object& o);
   // Under `mutex`: retire what nothing pins, free what nothing holds.
   void settle_locked(Object& o);
   void settle_all_locked();
   void free_locked(std::map<uint64_t, Object>::iterator it);
   bool leased_by_a_lane_locked(const Object& o, std::string* who = nullptr) const;
+  // Under `mutex`, as an object goes: whether the owner wrote to it while it was published
+  // (PutOptions::check_writes), kept for the next wait_tensor_freed over its bytes.
+  void check_writes_locked(const Object& o);
   std::string freed_text_locked(uint64_t id) const;
   std::string blockers_locked(const Object& o) const;
-  void serve_fetch(WireReader& r, const std::function<void(const std::string&)>& reply,
-                   const AgentIdentity& consumer);
+
+  // ---- the owner's server (owner_server.cc) ----
   void accept_loop(int listener, bool local);
   void serve(std::unique_ptr<Connection> connection, bool local);
   void housekeeping_loop();
@@ -193,7 +233,19 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   // Under `mutex`: drops the local consumers with no connection whose process has exited.
   void reap_consumers_locked();
 
-  // Consumer side (agent_consumer.cc).
+  // A transport's holds (TransportOwner::hold) on objects published on `t`.
+  HeldObject hold_for(const TensorTransport& t, ObjectId object, Clock::time_point deadline);
+
+  // ---- the consumer's owners (peers.cc) ----
+  std::shared_ptr<Peer> peer_for(const AgentIdentity& owner, bool local);
+  std::unique_ptr<Connection> checkout(Peer& peer, Clock::time_point deadline,
+                                       const std::atomic<bool>* cancelled);
+  void checkin(Peer& peer, std::unique_ptr<Connection> connection);
+  void abort_gets();
+  // Forgets the owners whose process has exited (their lanes, mappings, sockets and pidfds).
+  void reap_peers();
+
+  // ---- get and borrow (consumer.cc, consumer_lease.cc) ----
   struct Resolved;
   struct Lease {
     int entry = -1;       // in the lane (one host)
@@ -212,40 +264,44 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
                                                           const std::vector<TensorView>& targets,
                                                           bool borrow, Clock::time_point deadline,
                                                           const std::atomic<bool>& cancelled);
+  // Copies the object into `targets` by the resolved road: the owner's stream (socket), the
+  // transport's group (two-sided), or the transport itself inside a lease.
+  void copy_into(Resolved& r, PeerLink& link, const std::vector<TensorView>& targets,
+                 Clock::time_point deadline, const std::atomic<bool>& cancelled, void* stream);
+  // Views of the object by the resolved road, held by the returned lease: the owner's memory
+  // where the transport can lend it (privately mapped when `writable`), else a copy of the
+  // agent's (held like a borrow). Counted as a get.
+  struct Lent {
+    std::vector<TensorView> views;
+    std::unique_ptr<HeldLease> lease;
+    bool shares_owner_memory = false;
+  };
+  Lent lend(Resolved& r, PeerLink& link, bool writable, Clock::time_point deadline,
+            const std::atomic<bool>& cancelled, void* stream);
   Received get(const TensorRef& ref, const GetOptions& options,
                const std::atomic<bool>* cancelled = nullptr);
-  // Two-sided: the owner sends `targets` over the transport's group.
-  void get_two_sided(Resolved& r, PeerLink& link, const std::vector<TensorView>& targets,
-                     Clock::time_point deadline, const std::atomic<bool>& cancelled);
   Borrowed borrow(const TensorRef& ref, const GetOptions& options);
   Fetch get_async(const TensorRef& ref, const GetOptions& options);
-  std::shared_ptr<Peer> peer_for(const AgentIdentity& owner, bool local);
-  std::unique_ptr<Connection> checkout(Peer& peer, Clock::time_point deadline,
-                                       const std::atomic<bool>* cancelled);
-  void checkin(Peer& peer, std::unique_ptr<Connection> connection);
-  void abort_gets();
-  // Forgets the owners whose process has exited (their lanes, mappings, sockets and pidfds).
-  void reap_peers();
 
-  // Messages of this agent's wire protocol.
-  static std::string encode_identity(const AgentIdentity& id);
-  static AgentIdentity decode_identity(const std::string& bytes);
-  // The hello's proofs of the shared secret: the consumer's ("consumer") and the owner's
-  // ("owner"), each an HMAC over its role, both agents' ids and both sides' fresh nonces, so that
-  // neither can be replayed on another connection or sent back as the other's.
-  static std::string hello_proof(const std::string& secret, const char* role,
-                                 const AgentIdentity& owner, const AgentIdentity& consumer,
-                                 const std::string& owner_nonce, const std::string& consumer_nonce);
+  // ---- get_async's workers (workers.cc) ----
+  // Runs `job` on an idle worker, or on a new one when none is idle; kAborted once stopping.
+  void run_async(std::function<std::function<void()>()> job);
+  void worker_loop();
+  // In stop(): the workers finish what is queued (gets that fail at once: the agent stops) and
+  // leave; one still running after `grace` (a get that ignores its cancel flag) is left to end
+  // on its own, holding the agent's state.
+  void stop_workers(std::chrono::milliseconds grace);
 };
 
-// 64-byte aligned heap bytes.
-std::shared_ptr<void> allocate_bytes(size_t bytes);
+// A transport's name as the registry keys it (lower case).
+std::string transport_key(std::string_view name);
+// "auto"'s choice for tensors on `device` (transport_registry.cc); kUnavailable when none.
+std::string auto_transport(DeviceType device);
+
+// PutOptions::check_writes: a CRC32C per CPU tensor (0 for the others).
+std::vector<uint32_t> checksums(const std::vector<TensorView>& tensors);
 // PutOptions::snapshot: copies of `tensors`, in the transport's shareable memory where it has any.
 std::vector<TensorView> snapshot_copy(TensorTransport& t, const std::vector<TensorView>& tensors,
                                       std::vector<std::shared_ptr<void>>& storage);
-
-// Ends a reply with an error the other side rethrows: code and message.
-std::string error_payload(const Error& e);
-[[noreturn]] void throw_error_payload(const std::string& payload);
 
 }  // namespace tutti::detail

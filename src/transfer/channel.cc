@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "tutti/error.h"
@@ -164,9 +164,10 @@ size_t Connection::tls_io(bool write, void* data, size_t bytes, Clock::time_poin
     if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && errno == 0)) {
       throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
     }
-    throw Error(ErrorCode::kIoError,
-                std::string(write ? "sending to " : "receiving from ") + peer_ + ": " +
-                    (e == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : tls_error_text()));
+    throw Error(
+        ErrorCode::kIoError,
+        std::string(write ? "sending to " : "receiving from ") + peer_ + ": " +
+            (e == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : tls_error_text()));
   }
 }
 
@@ -293,7 +294,8 @@ void Connection::receive_raw(void* data, size_t bytes, Clock::time_point deadlin
 
 void Connection::await_readable(ssize_t n, Clock::time_point deadline,
                                 const std::atomic<bool>* cancelled) {
-  if (n == 0) throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
+  if (n == 0)
+    throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
   if (errno != EAGAIN && errno != EINTR) io_error("receiving from " + peer_);
   wait_for(POLLIN, deadline, cancelled, "waiting for");
 }

@@ -13,31 +13,44 @@
 #include <string_view>
 #include <vector>
 
+#include "util/deadline.h"
+
 namespace tutti::detail {
 
 using Clock = std::chrono::steady_clock;
 
 // The agents' protocol, said in the hello and its reply: agents of different tutti builds whose
 // messages differ refuse each other by name instead of misreading each other. Raise it with any
-// change to a message's layout. 2: with a secret, the hello is a challenge and response.
-constexpr uint32_t kProtocolVersion = 2;
+// change to a message's layout. 2: with a secret, the hello is a challenge and response. 3: a
+// two-sided fetch is its transport's own call (kCall), no longer the agent's kFetch.
+constexpr uint32_t kProtocolVersion = 3;
 constexpr size_t kHelloNonceBytes = 16;  // each side's fresh nonce in a hello with a secret
 
+// A wait a request asks for travels as milliseconds: the consumer sends what is left until its
+// deadline (at least 1 ms), the owner reads it back as a deadline; both cap it at a day.
+inline uint64_t wire_timeout(Clock::time_point deadline) {
+  const auto left = time_left(deadline).count();
+  return static_cast<uint64_t>(left < 1 ? 1 : left > 86400000 ? 86400000 : left);
+}
+inline Clock::time_point wire_deadline(uint64_t ms) {
+  return deadline_after(std::chrono::milliseconds(ms < 86400000 ? ms : 86400000));
+}
+
 enum class MsgType : uint8_t {
-  kHello = 1,    // consumer -> owner: who it is, its proof, its protocol version (+ its lease
-                 // lane); reply: who the owner is and its protocol version
-  kCall,         // a transport's request to its owner side
-  kWait,         // wait until a reserved object is fulfilled or failed
-  kGot,          // a get of an object with expected gets completed
-  kReleased,     // a lease on a retiring object ended: look again
-  kStream,       // write the object's bytes to this connection
-  kLease,        // (no lease lane) hold the object; kUnlease ends it
+  kHello = 1,  // consumer -> owner: who it is, its proof, its protocol version (+ its lease
+               // lane); reply: who the owner is and its protocol version
+  kCall,       // a transport's request to its owner side
+  kWait,       // wait until a reserved object is fulfilled or failed
+  kGot,        // a get of an object with expected gets completed
+  kReleased,   // a lease on a retiring object ended: look again
+  kStream,     // write the object's bytes to this connection
+  kLease,      // (no lease lane) hold the object; kUnlease ends it
   kUnlease,
   kReply,
-  kError,        // payload: code u8, message
-  kFetch,        // two-sided: send the object over the transport's group (reply: the grant)
-  kChallenge,    // owner -> consumer, after a hello when the owner has a secret: the owner's nonce
-  kProof,        // consumer -> owner: its proof of the secret over both agents and both nonces
+  kError,           // payload: code u8, message
+  kChallenge = 12,  // (11 was protocol 2's kFetch) owner -> consumer, after a hello when the owner
+                    // has a secret: the owner's nonce
+  kProof,           // consumer -> owner: its proof of the secret over both agents and both nonces
 };
 
 struct Message {

@@ -34,6 +34,11 @@
 
 namespace tutti::detail {
 
+// A two-sided transport over a group of the collective backend `name` ("gloo", or "nccl" for
+// CUDA tensors): what those backends' libraries register (TransportInfo) when they load.
+TUTTI_API std::unique_ptr<TensorTransport> make_group_transport(const std::string& name, bool cuda,
+                                                                const TransportContext& ctx);
+
 // One transfer queued for the group's thread.
 struct GroupJob {
   enum class Kind { kSend, kRecv, kSkip };
@@ -67,7 +72,16 @@ class GroupTransport final : public TensorTransport {
   const char* name() const override { return name_.c_str(); }
   TransportTraits traits() const override;
   Publication publish(const PublishRequest& request) override;
-  FetchResult fetch(const FetchRequest& request) override;  // not used: the agent drives gets
+  // The consumer's half of a fetch, and the owner's (two_sided.cc): the consumer numbers the
+  // transfer when it leads the pair and asks the owner (TransportPeer::call_with); the owner
+  // holds the object (TransportOwner), queues its send and grants the number; the consumer
+  // queues the matching receive and waits.
+  FetchResult fetch(const FetchRequest& request) override;
+  std::string answer_with(const AnswerRequest& request) override;
+  // Direct for a member of the ref's group (kAborted while the group is aborted); else not,
+  // naming the group (kInvalidUsage).
+  Reach reach(const TensorRef& ref, const AgentIdentity& me) const override;
+  void stop() noexcept override { shutdown(); }
 
   // The group. `remake(incarnation)` re-creates it for reset(); null for a user's group.
   void attach(std::shared_ptr<CollectiveGroup> group, std::string set,
@@ -83,7 +97,8 @@ class GroupTransport final : public TensorTransport {
   int check_member(const TensorRef& ref, bool* member) const;
   // Owner, for a consumer's fetch: kInvalidUsage unless it names this group and a valid rank.
   // Waits (until `deadline`) for a reset in progress here to finish.
-  void check_peer(const std::string& set, uint64_t incarnation, int rank, Clock::time_point deadline);
+  void check_peer(const std::string& set, uint64_t incarnation, int rank,
+                  Clock::time_point deadline);
   std::string set() const;
   uint64_t incarnation() const;
   int rank() const;
@@ -98,9 +113,9 @@ class GroupTransport final : public TensorTransport {
   // Queues a transfer as number `seq` of the pair (0: the next, this rank leads the pair) of the
   // group's `incarnation`; throws kAborted once the group is aborted or was reset since.
   std::shared_ptr<GroupJob> enqueue(GroupJob::Kind kind, int peer, const std::string& peer_agent,
-                                    uint64_t seq,
-                                    uint64_t incarnation, std::vector<TensorView> tensors,
-                                    Clock::time_point deadline, std::function<void(bool)> on_done);
+                                    uint64_t seq, uint64_t incarnation,
+                                    std::vector<TensorView> tensors, Clock::time_point deadline,
+                                    std::function<void(bool)> on_done);
   // Consumer: waits for a receive. At the deadline or on cancel it aborts the group, waits (a
   // bounded time) until the receive no longer touches the targets, and throws kTimeout /
   // kAborted; the batch's own error otherwise.
@@ -115,12 +130,12 @@ class GroupTransport final : public TensorTransport {
     Lane(int p, std::string a) : peer(p), peer_agent(std::move(a)) {}
     const int peer;
     const std::string peer_agent;  // its id (uuid text)
-    uint64_t next_post = 1;    // the next number this side posts
-    uint64_t next_assign = 1;  // the next number to assign (the leader's)
+    uint64_t next_post = 1;        // the next number this side posts
+    uint64_t next_assign = 1;      // the next number to assign (the leader's)
     std::map<uint64_t, std::shared_ptr<GroupJob>> waiting;
     std::shared_ptr<CollectiveGroup> group;  // the pair's, made on its first transfer
-    bool busy = false;      // making the pair's group, or running a batch on it
-    bool stopping = false;  // reset, replaced or going: the thread ends
+    bool busy = false;                       // making the pair's group, or running a batch on it
+    bool stopping = false;                   // reset, replaced or going: the thread ends
     // The transport went from this lane's own thread (a send's completion callback, called by
     // the lane or by an abort it started, dropped the agent's last reference): the thread was
     // detached and must not touch the transport again.
@@ -166,7 +181,7 @@ class GroupTransport final : public TensorTransport {
   std::string aborted_;  // the first failure; empty while usable
   bool resetting_ = false;
   std::map<int, std::shared_ptr<Lane>> lanes_;  // by peer rank
-  bool shut_ = false;  // shutdown() ran
+  bool shut_ = false;                           // shutdown() ran
 };
 
 }  // namespace tutti::detail

@@ -15,6 +15,8 @@
 #include <mutex>
 #include <vector>
 
+#include "util/shared_memory.h"
+
 namespace tutti::detail {
 
 enum SlotState : uint32_t {
@@ -34,54 +36,32 @@ struct Slot {
   uint32_t reserved = 0;
 };
 
-// A memfd mapped into this process: read-write for its maker, read-only for the other side.
-class SharedPages {
- public:
-  SharedPages() = default;
-  // Makes `bytes` of zeroed shared memory, named `name` for /proc (nothing in the file system).
-  SharedPages(const char* name, size_t bytes);
-  // Maps another process's pages read-only; takes ownership of fd.
-  static SharedPages map_read_only(int fd, size_t bytes);
-  ~SharedPages();
-  SharedPages(SharedPages&& other) noexcept;
-  SharedPages& operator=(SharedPages&& other) noexcept;
-  SharedPages(const SharedPages&) = delete;
-  SharedPages& operator=(const SharedPages&) = delete;
-
-  int fd() const { return fd_; }
-  char* data() const { return static_cast<char*>(base_); }
-  size_t size() const { return size_; }
-
- private:
-  int fd_ = -1;
-  void* base_ = nullptr;
-  size_t size_ = 0;
-};
-
 // The owner's slots.
 class SlotPage {
  public:
   static constexpr uint32_t kCapacity = 1u << 16;
   static constexpr size_t kBytes = sizeof(Slot) * kCapacity;
 
-  SlotPage() : pages_("tutti-slots", kBytes) {}
+  SlotPage() : pages_(SharedMemory::create("tutti-slots", kBytes, "direct transport: slots")) {}
   int fd() const { return pages_.fd(); }
   Slot& slot(uint32_t index) { return reinterpret_cast<Slot*>(pages_.data())[index]; }
 
  private:
-  SharedPages pages_;
+  SharedMemory pages_;
 };
 
 // A consumer's view of an owner's slots.
 class SlotView {
  public:
-  explicit SlotView(int fd) : pages_(SharedPages::map_read_only(fd, SlotPage::kBytes)) {}
+  explicit SlotView(int fd)
+      : pages_(SharedMemory::map(fd, 0, SlotPage::kBytes, SharedMemory::Access::kReadOnly,
+                                 "direct transport: an owner's slots", /*exact=*/true)) {}
   const Slot& slot(uint32_t index) const {
     return reinterpret_cast<const Slot*>(pages_.data())[index];
   }
 
  private:
-  SharedPages pages_;
+  SharedMemory pages_;
 };
 
 struct LaneEntry {
@@ -104,7 +84,7 @@ class Lane {
   static constexpr uint32_t kEntries = 1u << 13;
   static constexpr size_t kBytes = sizeof(LaneHeader) + sizeof(LaneEntry) * kEntries;
 
-  Lane() : pages_("tutti-lane", kBytes) {}
+  Lane() : pages_(SharedMemory::create("tutti-lane", kBytes, "direct transport: a lane")) {}
   int fd() const { return pages_.fd(); }
   // Holds (slot, generation) if the slot is live with that generation; returns the entry, or -1
   // with the slot's state in `state` (for a message, or to wait for a reserved object).
@@ -118,7 +98,7 @@ class Lane {
     return reinterpret_cast<LaneEntry*>(pages_.data() + sizeof(LaneHeader))[i];
   }
 
-  SharedPages pages_;
+  SharedMemory pages_;
   std::mutex mutex_;
   std::vector<int> free_;
   uint32_t next_ = 0;
@@ -127,11 +107,13 @@ class Lane {
 // The owner's view of one consumer's lane.
 class LaneView {
  public:
-  explicit LaneView(int fd) : pages_(SharedPages::map_read_only(fd, Lane::kBytes)) {}
+  explicit LaneView(int fd)
+      : pages_(SharedMemory::map(fd, 0, Lane::kBytes, SharedMemory::Access::kReadOnly,
+                                 "direct transport: a consumer's lane", /*exact=*/true)) {}
   bool holds(uint32_t slot, uint32_t generation) const;
 
  private:
-  SharedPages pages_;
+  SharedMemory pages_;
 };
 
 }  // namespace tutti::detail

@@ -22,7 +22,8 @@ constexpr size_t kMaxTransportName = 32;
 uint64_t checked_nbytes(const TensorMeta& m, const std::string& what) {
   uint64_t n = dtype_size(m.dtype);
   for (int64_t d : m.shape) {
-    if (d < 0) throw Error(ErrorCode::kInvalidArgument, what + ": negative dimension " + std::to_string(d));
+    if (d < 0)
+      throw Error(ErrorCode::kInvalidArgument, what + ": negative dimension " + std::to_string(d));
     if (d != 0 && n > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d)) {
       throw Error(ErrorCode::kInvalidArgument, what + ": shape overflows a 64-bit byte count");
     }
@@ -43,7 +44,9 @@ int64_t TensorMeta::numel() const {
   return n;
 }
 
-uint64_t TensorMeta::nbytes() const { return static_cast<uint64_t>(numel()) * dtype_size(dtype); }
+uint64_t TensorMeta::nbytes() const {
+  return static_cast<uint64_t>(numel()) * dtype_size(dtype);
+}
 
 std::string TensorMeta::str() const {
   std::ostringstream out;
@@ -79,12 +82,12 @@ TensorRef::TensorRef(AgentIdentity owner, ObjectId object, std::string transport
 }
 
 std::string TensorRef::describe() const {
-  return "object " + std::to_string(object_.id) + " of agent '" + owner_.name + "' (" +
-         transport_ + ")";
+  return "object " + std::to_string(object_.id) + " of agent '" + owner_.name + "' (" + transport_ +
+         ")";
 }
 
 std::string TensorRef::body() const {
-  detail::WireWriter w;
+  WireWriter w;
   w.bytes(kMagic, 4);
   w.u8(kVersion);
   w.u8(static_cast<uint8_t>((two_sided_ ? kTwoSided : 0) | (signed_ ? kSigned : 0) |
@@ -127,7 +130,7 @@ std::string TensorRef::serialize() const {
 }
 
 TensorRef TensorRef::parse(std::string_view bytes) {
-  detail::WireReader r(bytes, "tensor ref");
+  WireReader r(bytes, "tensor ref");
   char magic[4];
   r.bytes(magic, 4, "magic");
   if (std::string_view(magic, 4) != std::string_view(kMagic, 4)) {
@@ -185,7 +188,8 @@ TensorRef TensorRef::parse(std::string_view bytes) {
     const std::string what = "tensor " + std::to_string(i);
     TensorMeta m;
     const uint8_t dtype = r.u8("dtype");
-    if (dtype > static_cast<uint8_t>(DType::kFloat64)) r.fail(what + ": unknown dtype " + std::to_string(dtype));
+    if (dtype > static_cast<uint8_t>(DType::kFloat64))
+      r.fail(what + ": unknown dtype " + std::to_string(dtype));
     m.dtype = static_cast<DType>(dtype);
     const uint8_t device = r.u8("device type");
     if (device > static_cast<uint8_t>(DeviceType::kCUDA)) {
@@ -194,7 +198,8 @@ TensorRef TensorRef::parse(std::string_view bytes) {
     m.device.type = static_cast<DeviceType>(device);
     m.device.index = r.u16("device index");
     const uint8_t ndim = r.u8("ndim");
-    if (ndim > kMaxDims) r.fail(what + ": ndim " + std::to_string(ndim) + " > " + std::to_string(kMaxDims));
+    if (ndim > kMaxDims)
+      r.fail(what + ": ndim " + std::to_string(ndim) + " > " + std::to_string(kMaxDims));
     const uint16_t region = r.u16("region");
     const uint64_t offset = r.u64("offset");
     for (uint8_t d = 0; d < ndim; ++d) m.shape.push_back(r.i64("dimension"));
@@ -208,7 +213,9 @@ TensorRef TensorRef::parse(std::string_view bytes) {
   return ref;
 }
 
-std::string TensorRef::to_text() const { return kTextPrefix + detail::base64url_encode(serialize()); }
+std::string TensorRef::to_text() const {
+  return kTextPrefix + detail::base64url_encode(serialize());
+}
 
 TensorRef TensorRef::from_text(std::string_view text) {
   const std::string_view prefix(kTextPrefix);

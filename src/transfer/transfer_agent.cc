@@ -1,10 +1,7 @@
-// TransferAgent's public face, the registry of tensor transports and the built-in socket
-// transport.
+// TransferAgent's public face: ObjectHandle, Borrowed, Fetch, the agent's calls, the two-sided
+// transports' groups and the process-wide agent (transport_registry.cc: the transports).
 #include "tutti/transfer_agent.h"
 
-#include <algorithm>
-#include <cctype>
-#include <map>
 #include <mutex>
 
 #include "transfer/agent_core.h"
@@ -15,167 +12,18 @@
 #include "util/logging.h"
 
 namespace tutti {
-namespace {
-
-std::string lower(std::string_view name) {
-  std::string out(name);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
-
-struct TransportEntry {
-  TensorTransportFactory factory;
-  std::function<bool()> available;
-};
-
-std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-std::map<std::string, TransportEntry>& registry() {
-  static std::map<std::string, TransportEntry> r;
-  return r;
-}
-
-// "socket": the owner's agent writes the bytes to the consumer's connection (any host). No
-// lease: the owner holds the object while it streams.
-class SocketTransport final : public TensorTransport {
- public:
-  const char* name() const override { return "socket"; }
-  TransportTraits traits() const override { return {false, false, true}; }
-  Publication publish(const PublishRequest&) override { return {}; }
-  FetchResult fetch(const FetchRequest& request) override {
-    request.owner.stream(request.targets);
-    return {};
-  }
-};
-
-void register_builtins() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    registry()["socket"] = {[](const TransportContext&) { return std::make_unique<SocketTransport>(); },
-                            nullptr};
-    // Two-sided, over a group of the collective backend of the same name (when it is linked).
-    for (const char* backend : {"gloo", "nccl"}) {
-      const std::string name = backend;
-      registry()[name] = {
-          [name](const TransportContext& ctx) {
-            return std::make_unique<detail::GroupTransport>(name, name == "nccl", ctx.agent.name,
-                                                            ctx.agent.uuid_text());
-          },
-          [name] { return is_backend_available(name); }};
-    }
-  });
-}
-
-}  // namespace
-
-// ---- TensorTransport and TransportPeer defaults ----
-
-TransportPeer::~TransportPeer() = default;
-TensorTransport::~TensorTransport() = default;
-void TensorTransport::unpublish(ObjectId) noexcept {}
-std::string TensorTransport::answer(const std::string&, const AgentIdentity&, std::vector<int>*) {
-  throw Error(ErrorCode::kUnavailable,
-              std::string("transport '") + name() + "' answers no calls from consumers");
-}
-TensorView TensorTransport::allocate(size_t, DType) {
-  throw Error(ErrorCode::kUnavailable,
-              std::string("transport '") + name() + "' has no shareable memory to allocate");
-}
-void TensorTransport::deallocate(const TensorView& memory) {
-  throw Error(ErrorCode::kInvalidArgument, std::string("transport '") + name() +
-                                               "' did not allocate " + memory.str());
-}
-bool TensorTransport::owns(const TensorView&) const { return false; }
-void TensorTransport::register_memory(const TensorView& region, int, uint64_t) {
-  throw Error(ErrorCode::kUnavailable, std::string("transport '") + name() +
-                                           "' cannot register memory (" + region.str() + ")");
-}
-void TensorTransport::unregister_memory(const TensorView& region) {
-  throw Error(ErrorCode::kInvalidArgument, std::string("transport '") + name() +
-                                               "' did not register " + region.str());
-}
-
-// ---- the registry ----
-
-void register_tensor_transport(std::string_view name, TensorTransportFactory factory,
-                               std::function<bool()> available) {
-  register_builtins();
-  if (name.empty() || !factory) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "register_tensor_transport: " +
-                    std::string(name.empty() ? "an empty name" : "a null factory for '" +
-                                                                     std::string(name) + "'"));
-  }
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto [it, inserted] = registry().emplace(lower(name), TransportEntry{std::move(factory), std::move(available)});
-  if (!inserted) {
-    throw Error(ErrorCode::kInvalidUsage,
-                "register_tensor_transport: '" + std::string(name) + "' is already registered");
-  }
-}
-
-bool is_registered_tensor_transport(std::string_view name) {
-  register_builtins();
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = registry().find(lower(name));
-  return it != registry().end() && (!it->second.available || it->second.available());
-}
-
-std::vector<std::string> registered_tensor_transports() {
-  register_builtins();
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  std::vector<std::string> out;
-  for (const auto& [name, entry] : registry()) {
-    if (!entry.available || entry.available()) out.push_back(name);
-  }
-  return out;
-}
-
-namespace detail {
-
-TensorTransport& AgentCore::transport(const std::string& requested) {
-  register_builtins();
-  const std::string name = lower(requested);
-  std::lock_guard<std::mutex> lock(transports_mutex);
-  auto it = transports.find(name);
-  if (it != transports.end()) return *it->second;
-  TransportEntry entry;
-  {
-    std::lock_guard<std::mutex> registry_lock(registry_mutex());
-    auto r = registry().find(name);
-    if (r == registry().end() || (r->second.available && !r->second.available())) {
-      std::string known;
-      for (const auto& [n, e] : registry()) {
-        if (!e.available || e.available()) known += (known.empty() ? "" : ", ") + n;
-      }
-      throw Error(ErrorCode::kUnavailable,
-                  who() + ": no tensor transport '" + requested + "' in this process (" +
-                      (r == registry().end() ? "registered: " : "not available here; available: ") +
-                      known + ")");
-    }
-    entry = r->second;
-  }
-  auto t = entry.factory(TransportContext{identity});
-  if (!t) {
-    throw Error(ErrorCode::kInternal, who() + ": the factory of transport '" + name + "' made nothing");
-  }
-  return *transports.emplace(name, std::move(t)).first->second;
-}
-
-}  // namespace detail
 
 // ---- ObjectHandle, Borrowed, Fetch ----
 
 const TensorRef& ObjectHandle::ref() const {
-  if (!pin_) throw Error(ErrorCode::kInvalidUsage, "ObjectHandle::ref on an empty or released handle");
+  if (!pin_)
+    throw Error(ErrorCode::kInvalidUsage, "ObjectHandle::ref on an empty or released handle");
   return pin_->ref;
 }
 
-void ObjectHandle::release() { pin_.reset(); }
+void ObjectHandle::release() {
+  pin_.reset();
+}
 
 Borrowed::Borrowed() = default;
 Borrowed::Borrowed(Borrowed&& other) noexcept = default;
@@ -187,25 +35,49 @@ Borrowed& Borrowed::operator=(Borrowed&& other) noexcept {
   }
   return *this;
 }
-Borrowed::~Borrowed() { release(); }
+Borrowed::~Borrowed() {
+  release();
+}
 
 void Borrowed::release() noexcept {
   views_.clear();
   lease_.reset();
 }
 
-bool Fetch::done() const {
+bool Fetch::is_completed() const {
   if (!state_) return true;
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->finished;
 }
 
-Received Fetch::wait() {
+Received Fetch::wait(std::chrono::milliseconds timeout) {
   if (!state_) throw Error(ErrorCode::kInvalidUsage, "Fetch::wait on an empty Fetch");
+  if (timeout.count() < 0 && timeout != kUseGroupTimeout) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "Fetch::wait: timeout must be kUseGroupTimeout or >= 0, got " +
+                    std::to_string(timeout.count()) + " ms");
+  }
   std::unique_lock<std::mutex> lock(state_->mutex);
-  state_->cv.wait(lock, [&] { return state_->finished; });  // the get has its own deadline
+  // kUseGroupTimeout: the get's own deadline bounds it. Naps of at most a second, clear of the
+  // clock's limits for a huge timeout.
+  const auto deadline = timeout == kUseGroupTimeout ? detail::Clock::time_point::max()
+                                                    : detail::deadline_after(timeout);
+  while (!state_->finished) {
+    if (detail::Clock::now() >= deadline) {
+      throw Error(ErrorCode::kTimeout, "Fetch::wait: the " + state_->what + " still runs after " +
+                                           std::to_string(timeout.count()) +
+                                           " ms (it goes on: wait again, or cancel it)");
+    }
+    state_->cv.wait_until(lock, std::min(deadline, detail::Clock::now() + std::chrono::seconds(1)));
+  }
   if (state_->error) std::rethrow_exception(state_->error);
   return state_->result;
+}
+
+std::exception_ptr Fetch::exception() const {
+  if (!state_) return nullptr;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->finished ? state_->error : nullptr;
 }
 
 void Fetch::cancel() noexcept {
@@ -232,7 +104,9 @@ TransferAgent::~TransferAgent() {
   core_->stop();
 }
 
-const AgentIdentity& TransferAgent::identity() const { return core_->identity; }
+const AgentIdentity& TransferAgent::identity() const {
+  return core_->identity;
+}
 
 namespace {
 
@@ -250,9 +124,9 @@ uint64_t handle_id(const ObjectHandle& handle, const char* op, const detail::Age
                 std::string(op) + " on " + core.who() + ": the handle is empty or released");
   }
   if (handle.ref().owner().uuid != core.identity.uuid) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string(op) + " on " + core.who() + ": the handle is for " +
-                    handle.ref().describe() + ", another agent's object");
+    throw Error(ErrorCode::kInvalidArgument, std::string(op) + " on " + core.who() +
+                                                 ": the handle is for " + handle.ref().describe() +
+                                                 ", another agent's object");
   }
   return handle.ref().object().id;
 }
@@ -267,7 +141,8 @@ ObjectHandle TransferAgent::put(const std::vector<TensorView>& tensors, const Pu
   return core_->publish(tensors, metas_of(tensors), options, false);
 }
 
-ObjectHandle TransferAgent::reserve(const std::vector<TensorMeta>& metas, const PutOptions& options) {
+ObjectHandle TransferAgent::reserve(const std::vector<TensorMeta>& metas,
+                                    const PutOptions& options) {
   core_->check_process("reserve");
   if (metas.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "reserve on " + core_->who() + ": no tensors");
@@ -318,7 +193,7 @@ TensorView TransferAgent::allocate(size_t bytes, DType dtype) {
                 "allocate on " + core_->who() + ": " + std::to_string(bytes) +
                     " bytes is not a whole number of " + to_string(dtype) + " elements");
   }
-  const std::string name = core_->resolve_transport("auto");
+  const std::string name = core_->resolve_transport("auto", DeviceType::kCPU);
   TensorView bytes_view = core_->transport(name).allocate(bytes, DType::kUInt8);
   return TensorView(bytes_view.data(), dtype, {static_cast<int64_t>(bytes / dtype_size(dtype))});
 }
@@ -333,8 +208,9 @@ void TransferAgent::deallocate(const TensorView& memory) {
         const char* a = static_cast<const char*>(t.data());
         if (a < hi && lo < a + t.nbytes()) {
           throw Error(ErrorCode::kInvalidUsage,
-                      "deallocate on " + core_->who() + ": " + memory.str() + " is still published: " +
-                          core_->blockers_locked(o) + "; wait_tensor_freed() first");
+                      "deallocate on " + core_->who() + ": " + memory.str() +
+                          " is still published: " + core_->blockers_locked(o) +
+                          "; wait_tensor_freed() first");
         }
       }
     }
@@ -346,16 +222,17 @@ void TransferAgent::deallocate(const TensorView& memory) {
       return;
     }
   }
-  throw Error(ErrorCode::kInvalidArgument,
-              "deallocate on " + core_->who() + ": " + memory.str() + " did not come from allocate()");
+  throw Error(ErrorCode::kInvalidArgument, "deallocate on " + core_->who() + ": " + memory.str() +
+                                               " did not come from allocate()");
 }
 
 void TransferAgent::register_memory(const TensorView& region, int fd, uint64_t fd_offset) {
-  if (region.device().type != DeviceType::kCPU || region.data() == nullptr || region.nbytes() == 0) {
+  if (region.device().type != DeviceType::kCPU || region.data() == nullptr ||
+      region.nbytes() == 0) {
     throw Error(ErrorCode::kInvalidArgument, "register_memory on " + core_->who() + ": " +
                                                  region.str() + " is not CPU memory with bytes");
   }
-  const std::string name = core_->resolve_transport("auto");
+  const std::string name = core_->resolve_transport("auto", DeviceType::kCPU);
   core_->transport(name).register_memory(region, fd, fd_offset);
 }
 
@@ -376,11 +253,13 @@ void TransferAgent::unregister_memory(const TensorView& region) {
       }
     }
   }
-  const std::string name = core_->resolve_transport("auto");
+  const std::string name = core_->resolve_transport("auto", DeviceType::kCPU);
   core_->transport(name).unregister_memory(region);
 }
 
-void TransferAgent::abort() noexcept { core_->abort_gets(); }
+void TransferAgent::abort() noexcept {
+  core_->abort_gets();
+}
 
 namespace {
 
@@ -400,7 +279,7 @@ detail::GroupTransport& group_transport(detail::AgentCore& core, std::string_vie
 void TransferAgent::join_group(std::string_view transport, int world_size, int rank,
                                const GroupOptions& options, std::string_view set) {
   detail::GroupTransport& g = group_transport(*core_, transport, "join_group");
-  const std::string name = lower(transport);
+  const std::string name = detail::transport_key(transport);
   const std::string set_name = std::string(set) + "." + name;
   auto make = [world_size, rank, name, set_name, options](uint64_t incarnation) {
     return CollectiveGroup::create(world_size, rank, name,
@@ -409,16 +288,17 @@ void TransferAgent::join_group(std::string_view transport, int world_size, int r
   g.attach(make(g.incarnation() + 1), set_name, make);
 }
 
-void TransferAgent::attach_group(std::string_view transport, std::shared_ptr<CollectiveGroup> group) {
+void TransferAgent::attach_group(std::string_view transport,
+                                 std::shared_ptr<CollectiveGroup> group) {
   if (!group) {
     throw Error(ErrorCode::kInvalidArgument, "attach_group on " + core_->who() + ": a null group");
   }
   detail::GroupTransport& g = group_transport(*core_, transport, "attach_group");
-  if (lower(group->backend_name()) != lower(transport)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "attach_group on " + core_->who() + ": " + group->describe() + " runs backend '" +
-                    group->backend_name() + "', transport '" + std::string(transport) +
-                    "' needs its own");
+  if (detail::transport_key(group->backend_name()) != detail::transport_key(transport)) {
+    throw Error(ErrorCode::kInvalidArgument, "attach_group on " + core_->who() + ": " +
+                                                 group->describe() + " runs backend '" +
+                                                 group->backend_name() + "', transport '" +
+                                                 std::string(transport) + "' needs its own");
   }
   const std::string set = group->name();
   g.attach(std::move(group), set, nullptr);

@@ -49,8 +49,7 @@ std::string random_bytes(size_t n) {
     const ssize_t got = ::getrandom(&out[have], n - have, 0);
     if (got < 0) {
       if (errno == EINTR) continue;
-      throw Error(ErrorCode::kInternal,
-                  std::string("getrandom failed: ") + std::strerror(errno));
+      throw Error(ErrorCode::kInternal, std::string("getrandom failed: ") + std::strerror(errno));
     }
     have += static_cast<size_t>(got);
   }

@@ -1,7 +1,5 @@
 #include "tutti/error.h"
 
-#include "tutti/version.h"
-
 namespace tutti {
 
 const char* to_string(ErrorCode code) noexcept {
@@ -20,7 +18,5 @@ const char* to_string(ErrorCode code) noexcept {
 
 Error::Error(ErrorCode code, const std::string& message)
     : std::runtime_error(message), code_(code) {}
-
-const char* version() noexcept { return TUTTI_VERSION_STRING; }
 
 }  // namespace tutti

@@ -11,7 +11,9 @@ namespace {
 std::atomic<uint64_t> g_generation{0};
 
 // Runs in the child right after fork(): only async-signal-safe work here.
-void on_fork_child() { g_generation.fetch_add(1, std::memory_order_relaxed); }
+void on_fork_child() {
+  g_generation.fetch_add(1, std::memory_order_relaxed);
+}
 
 }  // namespace
 

@@ -1,10 +1,10 @@
 #include "util/host_identity.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 
 namespace tutti::detail {
@@ -21,8 +21,18 @@ std::string host_identity() {
 }
 
 uint64_t process_start_time(long pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // With read(2), not a stream: a process that exits between the open and the read fails the
+  // read (ESRCH), which libstdc++'s filebuf throws from where no stream catches it (a fresh-clone
+  // run's rank died of that, std::terminate, while a peer exited). Gone: not live.
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  std::string text;
+  char buf[1024];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  if (n < 0) return 0;
   const auto paren = text.rfind(')');  // the command name may hold spaces and parentheses
   if (paren == std::string::npos || paren + 2 > text.size()) return 0;
   std::istringstream fields(text.substr(paren + 2));

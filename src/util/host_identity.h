@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <string>
 
-
 namespace tutti::detail {
 
 // "<hostname>/<boot id>": equal for two processes exactly when they share a running kernel

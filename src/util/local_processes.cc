@@ -18,8 +18,8 @@ constexpr size_t kSlots = 1024;
 constexpr size_t kMaskWords = 4;  // CPUs 0-255; CPUs beyond count as overlapping
 
 struct alignas(64) Slot {
-  std::atomic<int64_t> pid;       // 0: free
-  std::atomic<uint64_t> start;    // the process's start time (process_start_time), 0 while claimed
+  std::atomic<int64_t> pid;     // 0: free
+  std::atomic<uint64_t> start;  // the process's start time (process_start_time), 0 while claimed
   std::atomic<uint64_t> mask[kMaskWords];
 };
 static_assert(sizeof(Slot) == 64, "one cache line per process");
@@ -32,7 +32,8 @@ Slot* open_table() {
   const size_t bytes = kSlots * sizeof(Slot);
   // Only a table of this user's, of the right size (grown from empty by whoever came first).
   if (::fstat(fd, &st) != 0 || st.st_uid != ::getuid() ||
-      (static_cast<size_t>(st.st_size) < bytes && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0)) {
+      (static_cast<size_t>(st.st_size) < bytes &&
+       ::ftruncate(fd, static_cast<off_t>(bytes)) != 0)) {
     ::close(fd);
     return nullptr;
   }

@@ -7,7 +7,6 @@
 
 #include <spdlog/spdlog.h>
 
-
 namespace tutti::detail {
 
 spdlog::logger& logger();

@@ -22,8 +22,9 @@ struct PskKey {
 
 int key_slot() {
   static const int slot = SSL_CTX_get_ex_new_index(
-      0, nullptr, nullptr, nullptr,
-      [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) { delete static_cast<PskKey*>(ptr); });
+      0, nullptr, nullptr, nullptr, [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
+        delete static_cast<PskKey*>(ptr);
+      });
   return slot;
 }
 
@@ -31,8 +32,8 @@ const PskKey* key_of(SSL* ssl) {
   return static_cast<const PskKey*>(SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), key_slot()));
 }
 
-unsigned int client_psk(SSL* ssl, const char* /*hint*/, char* identity,
-                        unsigned int max_identity, unsigned char* psk, unsigned int max_psk) {
+unsigned int client_psk(SSL* ssl, const char* /*hint*/, char* identity, unsigned int max_identity,
+                        unsigned char* psk, unsigned int max_psk) {
   const PskKey* k = key_of(ssl);
   if (k == nullptr || k->identity.size() + 1 > max_identity || k->key.size() > max_psk) return 0;
   std::memcpy(identity, k->identity.c_str(), k->identity.size() + 1);
@@ -40,8 +41,7 @@ unsigned int client_psk(SSL* ssl, const char* /*hint*/, char* identity,
   return static_cast<unsigned int>(k->key.size());
 }
 
-unsigned int server_psk(SSL* ssl, const char* identity, unsigned char* psk,
-                        unsigned int max_psk) {
+unsigned int server_psk(SSL* ssl, const char* identity, unsigned char* psk, unsigned int max_psk) {
   const PskKey* k = key_of(ssl);
   if (k == nullptr || identity == nullptr || k->identity != identity || k->key.size() > max_psk) {
     return 0;  // an unknown identity: the handshake fails
@@ -71,8 +71,8 @@ int bio_read(BIO* b, char* data, int n) {
 // The socket BIO's own control calls (descriptor, flush...), with our read and write.
 const BIO_METHOD* nosigpipe_method() {
   static BIO_METHOD* method = [] {
-    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK |
-                                     BIO_TYPE_DESCRIPTOR, "tutti socket");
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
+                                 "tutti socket");
     const BIO_METHOD* base = BIO_s_socket();
     BIO_meth_set_write(m, bio_write);
     BIO_meth_set_read(m, bio_read);
@@ -156,9 +156,9 @@ bool tls_from_env(const char* variable) {
   const std::string s(v);
   if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
   if (s == "0" || s == "false" || s == "no" || s == "off") return false;
-  throw Error(ErrorCode::kInvalidArgument,
-              std::string(variable) + " must be 1 or 0 (true/false, yes/no, on/off), not '" + s +
-                  "'");
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      std::string(variable) + " must be 1 or 0 (true/false, yes/no, on/off), not '" + s + "'");
 }
 
 }  // namespace tutti::detail

@@ -28,12 +28,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   t.ndim = in.ConsumeIntegralInRange<int32_t>(-2, 40);
   std::vector<int64_t> shape(static_cast<size_t>(std::max(t.ndim, 0)));
   std::vector<int64_t> strides(shape.size());
-  for (auto& d : shape) d = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(0, 16) : in.ConsumeIntegral<int64_t>();
+  for (auto& d : shape)
+    d = in.ConsumeBool() ? in.ConsumeIntegralInRange<int64_t>(0, 16)
+                         : in.ConsumeIntegral<int64_t>();
   const bool with_strides = in.ConsumeBool();
   for (auto& s : strides) s = in.ConsumeIntegral<int64_t>();
   t.shape = shape.empty() && in.ConsumeBool() ? nullptr : shape.data();
   t.strides = with_strides ? strides.data() : nullptr;
-  t.byte_offset = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, 4096) : in.ConsumeIntegral<uint64_t>();
+  t.byte_offset = in.ConsumeBool() ? in.ConsumeIntegralInRange<uint64_t>(0, 4096)
+                                   : in.ConsumeIntegral<uint64_t>();
   try {
     const tutti::TensorView v = tutti::from_dlpack(t);
     if (v.numel() < 0) std::abort();
@@ -46,7 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (empty) n = 0;
     if (overflow && !empty) std::abort();  // accepted a shape whose count overflows
     if (v.numel() != n) std::abort();
-    const uintptr_t want = reinterpret_cast<uintptr_t>(t.data) + static_cast<uintptr_t>(t.byte_offset);
+    const uintptr_t want =
+        reinterpret_cast<uintptr_t>(t.data) + static_cast<uintptr_t>(t.byte_offset);
     if (v.numel() > 0 && reinterpret_cast<uintptr_t>(v.data()) != want) std::abort();
   } catch (const tutti::Error& e) {
     if (e.code() != tutti::ErrorCode::kInvalidArgument) std::abort();

@@ -1,9 +1,10 @@
 // What the shm backend and the shm transport read from other processes: the affinity masks ranks
 // exchange through the store at set-up (backends/shm/shm_cpus.h), a cgroup's cpu.max text, and
-// the transport's "chunk" request and "ok" reply (backends/shm/shm_messages.h).
+// the transport's block request and reply (backends/shm/shm_messages.h).
 //
 // Properties: the masks' CPU count is the popcount of their union, equal to the set's; a
-// usable count is at least 1; what the message parsers accept, the writers write back the same.
+// usable count is at least 1; what the message parsers accept (anything else is a tutti::Error),
+// the writers write back byte for byte.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <sched.h>
 
@@ -14,6 +15,7 @@
 
 #include "shm_cpus.h"
 #include "shm_messages.h"
+#include "tutti/error.h"
 
 using namespace tutti::shm_backend;
 
@@ -37,27 +39,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 2: {
-      const std::string text = in.ConsumeRemainingBytesAsString();
-      uint64_t id = 0;
-      if (parse_chunk_request(text, id) && chunk_request(id) != text) {
-        // Accepted forms are canonical, but for leading zeros.
-        uint64_t again = 0;
-        if (!parse_chunk_request(chunk_request(id), again) || again != id) std::abort();
+      const std::string bytes = in.ConsumeRemainingBytesAsString();
+      try {
+        if (block_request(parse_block_request(bytes)) != bytes) std::abort();
+      } catch (const tutti::Error&) {
       }
       break;
     }
     default: {
-      const std::string text = in.ConsumeRemainingBytesAsString();
-      uint64_t at = 0, bytes = 0;
-      int64_t slot = 0;
-      if (parse_chunk_reply(text, at, bytes, slot)) {
-        if (bytes == 0) std::abort();
-        uint64_t a2 = 0, b2 = 0;
-        int64_t s2 = 0;
-        if (!parse_chunk_reply(chunk_reply(at, bytes, slot), a2, b2, s2) || a2 != at ||
-            b2 != bytes || s2 != slot) {
-          std::abort();
-        }
+      const std::string bytes = in.ConsumeRemainingBytesAsString();
+      try {
+        const BlockReply reply = parse_block_reply(bytes);
+        if (reply.bytes == 0 || block_reply(reply) != bytes) std::abort();
+      } catch (const tutti::Error&) {
       }
       break;
     }

@@ -4,7 +4,7 @@
 // Two owners for the whole run, one without a secret and one with, each holding a published
 // object. Each input is one connection to one of them. The first byte picks: raw bytes from the
 // start (the hello's framing and fields); or a proper hello (this process's identity, protocol
-// 2, a nonce), then frames made from the input, each a type byte and a payload; a type with its
+// 3, a nonce), then frames made from the input, each a type byte and a payload; a type with its
 // high bit set gets the real object's id and generation put in front of its payload, so that
 // requests reach the code behind the object lookups. The owner must answer or hang up, never
 // crash, and keep serving: every so often a real consumer gets the object from it.
@@ -85,17 +85,17 @@ std::string frame(uint8_t type, const std::string& payload) {
 
 // This process as a consumer says who it is (the owner checks the pid against the socket's).
 std::string hello() {
-  std::string id(16, '\x07');      // uuid
-  id += std::string(16, '\x09');   // host key
+  std::string id(16, '\x07');     // uuid
+  id += std::string(16, '\x09');  // host key
   u32(id, static_cast<uint32_t>(::getpid()));
-  id += std::string(8, '\0');      // start time
-  id += std::string(1, '\0');      // no TCP endpoint
+  id += std::string(8, '\0');  // start time
+  id += std::string(1, '\0');  // no TCP endpoint
   id += std::string(1, '\x04') + "fuzz";
   std::string p;
   u32(p, static_cast<uint32_t>(id.size()));
   p += id;
   u32(p, 0);  // protocol 1's proof: empty
-  u32(p, 2);  // protocol 2
+  u32(p, 3);  // protocol 3
   p += std::string(1, '\x10') + std::string(16, 'n');
   return p;
 }

@@ -163,7 +163,7 @@ struct IpcEvent {
 struct Runtime {
   std::mutex m;
   int devices = 4;
-  std::vector<std::shared_ptr<Stream>> legacy;                      // by device
+  std::vector<std::shared_ptr<Stream>> legacy;                     // by device
   std::unordered_map<uintptr_t, std::shared_ptr<Stream>> streams;  // by handle
   std::unordered_map<uintptr_t, std::shared_ptr<Event>> events;    // by handle
   std::map<uintptr_t, Allocation> allocations;                     // by base address
@@ -352,9 +352,13 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDriverGetVersion(int* version) { return cudaRuntimeGetVersion(version); }
+cudaError_t cudaDriverGetVersion(int* version) {
+  return cudaRuntimeGetVersion(version);
+}
 
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) {
+  return cudaSuccess;
+}
 
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
@@ -390,11 +394,15 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (rt().devices == 0) return cudaErrorNoDevice;
   return allocate(ptr, bytes, current_device, false);
 }
-cudaError_t cudaFree(void* ptr) { return release(ptr, false); }
+cudaError_t cudaFree(void* ptr) {
+  return release(ptr, false);
+}
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
   return allocate(ptr, bytes, current_device, true);
 }
-cudaError_t cudaFreeHost(void* ptr) { return release(ptr, true); }
+cudaError_t cudaFreeHost(void* ptr) {
+  return release(ptr, true);
+}
 
 // Stream-ordered: the memory (of the stream's device) is usable by work queued on the stream
 // from now on, and cudaFreeAsync frees it once the stream reaches the free.
@@ -667,7 +675,9 @@ int tutti_standin_cuda_live_events(void) {
   return static_cast<int>(rt().events.size());
 }
 
-int tutti_standin_cuda_bad_handles(void) { return rt().bad_handles.load(); }
+int tutti_standin_cuda_bad_handles(void) {
+  return rt().bad_handles.load();
+}
 
 // ---- IPC, device properties, driver entry points --------------------------------------------
 
@@ -719,8 +729,8 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** funcPtr,
     *funcPtr = reinterpret_cast<void*>(&standin_pointer_get_attribute);
   }
   if (driverStatus != nullptr) {
-    *driverStatus = *funcPtr != nullptr ? cudaDriverEntryPointSuccess
-                                        : cudaDriverEntryPointSymbolNotFound;
+    *driverStatus =
+        *funcPtr != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   }
   return cudaSuccess;
 }
@@ -740,7 +750,10 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr) {
   std::lock_guard<std::mutex> lock(r.m);
   auto it = r.allocations.find(reinterpret_cast<uintptr_t>(devPtr));  // the base, as CUDA asks
   if (it == r.allocations.end() || it->second.fd < 0) return cudaErrorInvalidValue;
-  IpcMem m{{'T', 'S', 'I', 'M'}, static_cast<int32_t>(::getpid()), it->second.fd, it->second.mapped,
+  IpcMem m{{'T', 'S', 'I', 'M'},
+           static_cast<int32_t>(::getpid()),
+           it->second.fd,
+           it->second.mapped,
            it->second.buffer_id};
   std::memset(handle, 0, sizeof(*handle));
   std::memcpy(handle->reserved, &m, sizeof(m));
@@ -793,7 +806,8 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle, cudaEvent_t even
   auto e = find_event(event);
   if (e == nullptr) return bad_handle("cudaIpcGetEventHandle");
   if (!e->interprocess) return cudaErrorInvalidResourceHandle;
-  IpcEvent h{{'T', 'S', 'I', 'E'}, static_cast<int32_t>(::getpid()),
+  IpcEvent h{{'T', 'S', 'I', 'E'},
+             static_cast<int32_t>(::getpid()),
              static_cast<uint64_t>(reinterpret_cast<uintptr_t>(event))};
   std::memset(handle, 0, sizeof(*handle));
   std::memcpy(handle->reserved, &h, sizeof(h));
@@ -814,4 +828,6 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event, cudaIpcEventHandle_t hand
   return rc;
 }
 
-extern "C" int tutti_standin_cuda_ipc_opens(void) { return rt().ipc_opens.load(); }
+extern "C" int tutti_standin_cuda_ipc_opens(void) {
+  return rt().ipc_opens.load();
+}

@@ -97,6 +97,7 @@ struct Comm {
   ncclResult_t state = ncclInProgress;  // init or a launch still under way, ncclSuccess, an error
   std::string last_error;
   int outstanding = 0;  // host functions queued and not yet finished
+  int deferred = 0;     // launches a non-blocking group end left for later, not yet done
   uint64_t ops_run = 0;
   bool finalizing = false;
 
@@ -170,8 +171,10 @@ class Entered {
   explicit Entered(Comm& c, const char* call) : c_(c) {
     if (c_.callers.fetch_add(1) != 0) {
       lib().concurrent_calls.fetch_add(1);
-      std::fprintf(stderr, "[nccl stand-in] %s: another thread is inside a call on this "
-                           "communicator (NCCL communicators are not thread-safe)\n", call);
+      std::fprintf(stderr,
+                   "[nccl stand-in] %s: another thread is inside a call on this "
+                   "communicator (NCCL communicators are not thread-safe)\n",
+                   call);
     }
   }
   ~Entered() { c_.callers.fetch_sub(1); }
@@ -303,8 +306,9 @@ void run_task(void* arg) {
       }
       lock.unlock();
       std::this_thread::sleep_for(std::chrono::milliseconds(lib().delay_ms));
-      c.fail(ncclRemoteError, "injected asynchronous error (TUTTI_STANDIN_NCCL_ASYNC_ERROR) at op " +
-                                  std::to_string(index) + " on rank " + std::to_string(c.rank));
+      c.fail(ncclRemoteError,
+             "injected asynchronous error (TUTTI_STANDIN_NCCL_ASYNC_ERROR) at op " +
+                 std::to_string(index) + " on rank " + std::to_string(c.rank));
       // A lost peer: the op never finishes on its own.
       while (!c.aborted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       ok = false;
@@ -312,10 +316,10 @@ void run_task(void* arg) {
     }
     const size_t bytes = op.count * tutti::standin::nccl_type_size(op.type);
     if (op.kind == Kind::kSend || op.kind == Kind::kRecv) {
-      p2p.push_back({op.peer, op.kind == Kind::kSend,
-                     const_cast<char*>(static_cast<const char*>(
-                         op.kind == Kind::kSend ? op.send : op.recv)),
-                     bytes});
+      p2p.push_back(
+          {op.peer, op.kind == Kind::kSend,
+           const_cast<char*>(static_cast<const char*>(op.kind == Kind::kSend ? op.send : op.recv)),
+           bytes});
       continue;
     }
     ok = flush() && run_collective(c, op);
@@ -401,15 +405,24 @@ ncclResult_t end_group(std::vector<Pending> ops, std::vector<std::shared_ptr<Com
   for (auto& t : tasks) {
     std::lock_guard<std::mutex> lock(t->comm->m);
     if (t->comm->state == ncclSuccess) t->comm->state = ncclInProgress;
+    ++t->comm->deferred;
   }
   Library& l = lib();
   {
     std::lock_guard<std::mutex> lock(l.m);
     l.launches.emplace(Clock::now() + std::chrono::milliseconds(l.delay_ms), [tasks] {
-      launch(tasks);
+      // Like NCCL's abort, which ends a non-blocking communicator's enqueue still under way
+      // before it returns: an aborted communicator's ops never reach its stream (the caller may
+      // destroy the stream once the abort returned), and an abort waits for a launch under way.
+      std::vector<std::shared_ptr<Task>> live;
+      for (auto& t : tasks) {
+        if (!t->comm->aborted.load()) live.push_back(t);
+      }
+      launch(live);
       for (auto& t : tasks) {
         std::lock_guard<std::mutex> lock(t->comm->m);
         if (t->comm->state == ncclInProgress) t->comm->state = ncclSuccess;
+        --t->comm->deferred;
         t->comm->cv.notify_all();
       }
     });
@@ -442,8 +455,8 @@ ncclResult_t check_and_enqueue(ncclComm_t handle, Op op, const char* call) {
     if (c->state != ncclSuccess) return error(c->state, std::string(call) + ": " + c->last_error);
   }
   if (op.type < 0 || tutti::standin::nccl_type_size(op.type) == 0) {
-    return error(ncclInvalidArgument, std::string(call) + ": unsupported data type " +
-                                          std::to_string(op.type));
+    return error(ncclInvalidArgument,
+                 std::string(call) + ": unsupported data type " + std::to_string(op.type));
   }
   if (op.redop < 0 || op.redop >= ncclNumOps) {
     return error(ncclInvalidArgument, std::string(call) + ": invalid reduction op");
@@ -460,8 +473,8 @@ ncclResult_t check_and_enqueue(ncclComm_t handle, Op op, const char* call) {
     }
     if (stream_device != c->device) {
       return error(ncclInvalidArgument, std::string(call) + ": the stream belongs to device " +
-                                            std::to_string(stream_device) + ", the communicator to " +
-                                            std::to_string(c->device));
+                                            std::to_string(stream_device) +
+                                            ", the communicator to " + std::to_string(c->device));
     }
   }
   const size_t bytes = op.count * tutti::standin::nccl_type_size(op.type);
@@ -469,8 +482,8 @@ ncclResult_t check_and_enqueue(ncclComm_t handle, Op op, const char* call) {
   if (op.kind == Kind::kAllGather) recv_bytes = bytes * c->nranks;
   if (op.kind == Kind::kReduceScatter) send_bytes = bytes * c->nranks;
   const bool sends = op.kind != Kind::kRecv && !(op.kind == Kind::kBroadcast && c->rank != op.peer);
-  const bool receives = op.kind != Kind::kSend &&
-                        !((op.kind == Kind::kReduce) && c->rank != op.peer);
+  const bool receives =
+      op.kind != Kind::kSend && !((op.kind == Kind::kReduce) && c->rank != op.peer);
   auto device_memory = [&](const void* p, size_t n) {
     if (n == 0) return true;
     for (const char* q : {static_cast<const char*>(p), static_cast<const char*>(p) + n - 1}) {
@@ -484,8 +497,9 @@ ncclResult_t check_and_enqueue(ncclComm_t handle, Op op, const char* call) {
   };
   if ((sends && !device_memory(op.send, send_bytes)) ||
       (receives && !device_memory(op.recv, recv_bytes))) {
-    return error(ncclInvalidArgument, std::string(call) + ": a buffer is not device memory of "
-                                                          "the communicator's device " +
+    return error(ncclInvalidArgument, std::string(call) +
+                                          ": a buffer is not device memory of "
+                                          "the communicator's device " +
                                           std::to_string(c->device));
   }
   if (op.count == 0) return ncclSuccess;
@@ -499,7 +513,8 @@ ncclResult_t check_and_enqueue(ncclComm_t handle, Op op, const char* call) {
 void init_thread(std::shared_ptr<Comm> c) {
   std::string why;
   std::shared_ptr<Clique> clique;
-  ncclResult_t r = Clique::attach(c->segment, c->nranks, c->rank, c->bus, c->aborted, &clique, &why);
+  ncclResult_t r =
+      Clique::attach(c->segment, c->nranks, c->rank, c->bus, c->aborted, &clique, &why);
   if (r == ncclSuccess) {
     {
       std::lock_guard<std::mutex> lock(c->m);
@@ -535,8 +550,9 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   std::memset(id->internal, 0, sizeof(id->internal));
   std::memcpy(id->internal, kIdMagic, sizeof(kIdMagic));
   const char* tag = std::getenv("TUTTI_STANDIN_TAG");
-  std::string name = "/tutti-standin-" +
-                     (tag != nullptr && *tag != '\0' ? std::string(tag) : std::to_string(::getpid())) + "-";
+  std::string name =
+      "/tutti-standin-" +
+      (tag != nullptr && *tag != '\0' ? std::string(tag) : std::to_string(::getpid())) + "-";
   std::random_device random;
   static const char kHex[] = "0123456789abcdef";
   for (int i = 0; i < 16; ++i) name += kHex[random() % 16];
@@ -552,8 +568,9 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   if (comm == nullptr) return error(ncclInvalidArgument, "ncclCommInitRankConfig: null comm");
   *comm = nullptr;
   if (::dlsym(RTLD_DEFAULT, "tutti_standin_cuda_live_streams") == nullptr) {
-    return error(ncclSystemError, "the stand-in NCCL needs the stand-in CUDA runtime: put "
-                                  "tests/standin's libcudart.so.13 first on LD_LIBRARY_PATH");
+    return error(ncclSystemError,
+                 "the stand-in NCCL needs the stand-in CUDA runtime: put "
+                 "tests/standin's libcudart.so.13 first on LD_LIBRARY_PATH");
   }
   if (std::memcmp(id.internal, kIdMagic, sizeof(kIdMagic)) != 0) {
     return error(ncclInvalidArgument, "ncclCommInitRankConfig: not a unique id of this library");
@@ -563,13 +580,15 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
                                           " of " + std::to_string(nranks));
   }
   if (config != nullptr && config->magic != 0xcafebeef) {
-    return error(ncclInvalidArgument, "ncclCommInitRankConfig: config not initialised with "
-                                      "NCCL_CONFIG_INITIALIZER");
+    return error(ncclInvalidArgument,
+                 "ncclCommInitRankConfig: config not initialised with "
+                 "NCCL_CONFIG_INITIALIZER");
   }
   auto c = std::make_shared<Comm>();
   c->rank = rank;
   c->nranks = nranks;
-  c->blocking = config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
+  c->blocking =
+      config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
   c->segment.assign(id.internal + sizeof(kIdMagic));
   if (cudaGetDevice(&c->device) != cudaSuccess) {
     return error(ncclUnhandledCudaError, "ncclCommInitRankConfig: no current device");
@@ -672,6 +691,12 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   }
   if (clique != nullptr) clique->ring(c->rank);
   release(*c);
+  {
+    // A deferred launch that saw the communicator before the abort finishes putting its ops on
+    // the stream first.
+    std::unique_lock<std::mutex> lock(c->m);
+    c->cv.wait(lock, [&] { return c->deferred == 0; });
+  }
   if (c->nranks > 1) {
     // Like NCCL's abort (NVIDIA/nccl#829): waits for work queued behind a stalled stream.
     std::unique_lock<std::mutex> lock(c->m);
@@ -683,9 +708,11 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
     case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
     case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
-    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInternalError:
+      return "internal error - please report this issue to the NCCL developers";
     case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
     case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
     case ncclRemoteError: return "remote process exited or there was a network error";
@@ -729,8 +756,8 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
   return enqueue(comm, {Kind::kAllReduce, send, recv, count, type, op, 0, stream}, "ncclAllReduce");
 }
 
-ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
-                           ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
+                           int root, ncclComm_t comm, cudaStream_t stream) {
   return enqueue(comm, {Kind::kBroadcast, send, recv, count, type, ncclSum, root, stream},
                  "ncclBroadcast");
 }
@@ -754,12 +781,14 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclD
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer,
                       ncclComm_t comm, cudaStream_t stream) {
-  return enqueue(comm, {Kind::kSend, send, nullptr, count, type, ncclSum, peer, stream}, "ncclSend");
+  return enqueue(comm, {Kind::kSend, send, nullptr, count, type, ncclSum, peer, stream},
+                 "ncclSend");
 }
 
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
-  return enqueue(comm, {Kind::kRecv, nullptr, recv, count, type, ncclSum, peer, stream}, "ncclRecv");
+  return enqueue(comm, {Kind::kRecv, nullptr, recv, count, type, ncclSum, peer, stream},
+                 "ncclRecv");
 }
 
 int tutti_standin_nccl_live_comms(void) {
@@ -767,4 +796,6 @@ int tutti_standin_nccl_live_comms(void) {
   return static_cast<int>(lib().comms.size());
 }
 
-int tutti_standin_nccl_concurrent_calls(void) { return lib().concurrent_calls.load(); }
+int tutti_standin_nccl_concurrent_calls(void) {
+  return lib().concurrent_calls.load();
+}

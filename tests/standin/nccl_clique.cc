@@ -22,7 +22,8 @@ namespace {
 
 constexpr uint32_t kReady = 0x5354414eu;  // "STAN"
 constexpr size_t kCapacity = 64 * 1024;   // bytes per channel
-static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free,
+static_assert(std::atomic<uint32_t>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
               "the segment's atomics must work across processes");
 
 void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, int ms) {
@@ -59,7 +60,9 @@ struct Clique::Channel {
   alignas(64) std::atomic<uint64_t> tail;  // bytes read so far (by the receiver)
 };
 
-Clique::Header* Clique::header() const { return static_cast<Header*>(base_); }
+Clique::Header* Clique::header() const {
+  return static_cast<Header*>(base_);
+}
 
 Clique::Channel* Clique::channel(int from, int to) const {
   const size_t stride = sizeof(Channel) + capacity_;
@@ -224,8 +227,10 @@ bool Clique::exchange(int me, std::vector<Transfer>& transfers, const std::atomi
       turn = 1;
       Channel* ch = t.send ? channel(me, t.peer) : channel(t.peer, me);
       char* data = t.send ? ring_data(me, t.peer) : ring_data(t.peer, me);
-      const uint64_t head = ch->head.load(t.send ? std::memory_order_relaxed : std::memory_order_acquire);
-      const uint64_t tail = ch->tail.load(t.send ? std::memory_order_acquire : std::memory_order_relaxed);
+      const uint64_t head =
+          ch->head.load(t.send ? std::memory_order_relaxed : std::memory_order_acquire);
+      const uint64_t tail =
+          ch->tail.load(t.send ? std::memory_order_acquire : std::memory_order_relaxed);
       const uint64_t room = t.send ? capacity_ - (head - tail) : head - tail;
       size_t n = static_cast<size_t>(std::min<uint64_t>(room, t.bytes - t.moved));
       if (n == 0) continue;

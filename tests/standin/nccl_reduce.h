@@ -8,8 +8,8 @@
 
 #include <nccl.h>
 
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -42,17 +42,21 @@ struct Bf16 {
 // the sanitizer build), round to nearest even either way.
 #if defined(__FLT16_MAX__)
 using Half = _Float16;
-inline double load(const Half* p, size_t i) { return static_cast<double>(p[i]); }
-inline void store(Half* p, size_t i, double v) { p[i] = static_cast<Half>(v); }
+inline double load(const Half* p, size_t i) {
+  return static_cast<double>(p[i]);
+}
+inline void store(Half* p, size_t i, double v) {
+  p[i] = static_cast<Half>(v);
+}
 #else
 struct Half {
   uint16_t bits;
 };
 inline double load(const Half* p, size_t i) {
-  const uint32_t h = p[i].bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f,
-                 man = h & 0x3ff;
+  const uint32_t h = p[i].bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
   if (exp == 0) return (sign ? -1.0 : 1.0) * man * std::ldexp(1.0, -24);  // zero, subnormal
-  uint32_t bits = sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+  uint32_t bits =
+      sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
   float f;
   std::memcpy(&f, &bits, 4);
   return f;

@@ -15,7 +15,7 @@ int tutti_standin_cuda_live_events(void);   // created and not yet destroyed
 int tutti_standin_cuda_bad_handles(void);   // calls that named a destroyed or unknown handle
 int tutti_standin_cuda_ipc_opens(void);     // cudaIpcOpenMemHandle calls that succeeded
 // The stand-in NCCL (libnccl.so.2 in tests/standin/).
-int tutti_standin_nccl_live_comms(void);    // initialised or initialising, not destroyed or aborted
+int tutti_standin_nccl_live_comms(void);  // initialised or initialising, not destroyed or aborted
 int tutti_standin_nccl_concurrent_calls(void);  // a thread called into a communicator that
                                                 // another thread was inside (not thread-safe)
 }
@@ -29,6 +29,8 @@ inline int count(const char* symbol) {
 }
 
 // True when this process runs on the stand-in CUDA runtime.
-inline bool active() { return ::dlsym(RTLD_DEFAULT, "tutti_standin_cuda_live_streams") != nullptr; }
+inline bool active() {
+  return ::dlsym(RTLD_DEFAULT, "tutti_standin_cuda_live_streams") != nullptr;
+}
 
 }  // namespace tutti::standin

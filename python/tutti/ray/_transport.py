@@ -2,12 +2,19 @@
 
 One-sided: the source actor publishes the tensors in place with its process's
 tutti.transfer agent when Ray extracts the object's metadata (no copy; the reference travels in
-the metadata), and the destination actor reads them itself (shm on one host: a cross-memory
-read straight into the tensors it returns; the socket transport elsewhere). Ray frees the
-object with garbage_collect, which releases the handle; tutti then keeps the tensors until no
-read is in progress. Transfers can be aborted (a fetch in progress is cancelled), so Ray does
-not kill actors on a failed transfer; a source that died fails the fetch with tutti.IoError,
-which Ray hands to whoever uses the object.
+the metadata), and the destination actor reads them itself (shm on one host; the socket
+transport elsewhere). Ray frees the object with garbage_collect, which releases the handle;
+tutti then keeps the tensors until no read is in progress and no consumer maps them. Transfers
+can be aborted (a fetch in progress is cancelled), so Ray does not kill actors on a failed
+transfer; a source that died fails the fetch with tutti.IoError, which Ray hands to whoever uses
+the object.
+
+Zero-copy where the memory allows it: tensors the source made in shareable memory
+(tutti.transfer.empty, or any tensor after share_memory_(), whose storage is registered with the
+agent at put) reach the destination as private copy-on-write mappings of the source's pages: no
+byte moves until the destination writes a page (then that page is its own; the source never sees
+it), and the object stays at the source until the destination's tensors go. Other tensors: one
+cross-memory read into fresh tensors (or into Ray's target buffers).
 
 CPU torch tensors only: tutti's direct transport has no CUDA path through Ray yet. A
 non-contiguous tensor is made contiguous once at put (one copy); the rest travel in place.
@@ -58,6 +65,53 @@ class TuttiTensorTransport(TensorTransportManager):
         self._lock = threading.Lock()
         self._handles: Dict[str, Any] = {}  # obj_id -> ObjectHandle (source side)
         self._fetches: Dict[str, Any] = {}  # obj_id -> Fetch in progress (destination side)
+        # Shared storages registered with the agent (source side), by data pointer: the region
+        # (which keeps the storage alive while registered) and how many live objects use it.
+        self._regions: Dict[int, List[Any]] = {}
+        self._storages_of: Dict[str, List[int]] = {}  # obj_id -> the registered storages it uses
+
+    def _register_shared(self, agent, t) -> Optional[int]:
+        """Registers the storage of a share_memory_() tensor with the agent (once per storage),
+        so destinations map it instead of copying; its data pointer, or None."""
+        if not t.is_shared():
+            return None
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if storage.nbytes() == 0:
+            return None
+        with self._lock:
+            entry = self._regions.get(ptr)
+            if entry is not None:
+                entry[1] += 1
+                return ptr
+        try:
+            fd, _ = storage._share_fd_cpu_()
+        except Exception:  # noqa: BLE001 (shared by file name: copied like any other tensor)
+            return None
+        import torch
+
+        region = torch.empty(0, dtype=torch.uint8).set_(storage)
+        agent.register_memory(region, fd, 0)
+        with self._lock:
+            self._regions[ptr] = [region, 1]
+        return ptr
+
+    def _release_storages(self, agent, ptrs: List[int]) -> None:
+        """One object fewer uses these storages; unregisters those no object uses any more (a
+        storage a destination still maps stays registered until a later call finds it free)."""
+        with self._lock:
+            for ptr in ptrs:
+                if ptr in self._regions:
+                    self._regions[ptr][1] -= 1
+            idle = [(ptr, e[0]) for ptr, e in self._regions.items() if e[1] <= 0]
+        for ptr, region in idle:
+            try:
+                agent.unregister_memory(region)
+            except tutti.InvalidUsageError:
+                continue  # still mapped by a destination: try again later
+            with self._lock:
+                if self._regions.get(ptr, [None, 1])[1] <= 0:
+                    del self._regions[ptr]
 
     def tensor_transport_backend(self) -> str:
         return NAME
@@ -94,9 +148,13 @@ class TuttiTensorTransport(TensorTransportManager):
         # gets the same values in a contiguous tensor, as from Ray's object store. Contiguous
         # tensors are published in place.
         tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-        handle = transfer.default_agent().put(tensors)
+        agent = transfer.default_agent()
+        storages = [p for p in (self._register_shared(agent, t) for t in tensors) if p is not None]
+        handle = agent.put(tensors)
         with self._lock:
             self._handles[obj_id] = handle
+            if storages:
+                self._storages_of[obj_id] = storages
         return TuttiTransportMetadata(tensor_meta=meta, tensor_device="cpu",
                                       ref=handle.ref.to_bytes())
 
@@ -110,14 +168,19 @@ class TuttiTensorTransport(TensorTransportManager):
         meta = tensor_transport_metadata
         if not meta.tensor_meta:
             return FetchRequest(obj_id=obj_id, tensors=[])
-        targets = list(target_buffers) if target_buffers else [
-            torch.empty(shape, dtype=dtype) for shape, dtype in meta.tensor_meta
-        ]
-        fetch = transfer.default_agent().get_async(meta.ref, targets=targets,
-                                                   timeout=_fetch_timeout_s())
+        agent = transfer.default_agent()
+        if target_buffers:
+            targets = list(target_buffers)
+            fetch = agent.get_async(meta.ref, targets=targets, timeout=_fetch_timeout_s())
+        else:
+            # New tensors: the source's shareable memory mapped copy-on-write (no copy), the
+            # rest read into fresh tensors.
+            targets = None
+            fetch = agent.get_async(meta.ref, timeout=_fetch_timeout_s(), framework="torch",
+                                    copy_on_write=True)
         with self._lock:
             self._fetches[obj_id] = fetch
-        return TuttiFetchRequest(obj_id=obj_id, tensors=targets, fetch=fetch)
+        return TuttiFetchRequest(obj_id=obj_id, tensors=targets or [], fetch=fetch)
 
     def wait_fetch_complete(self, fetch_request, timeout: float = -1) -> List[Any]:
         fetch = getattr(fetch_request, "fetch", None)
@@ -145,8 +208,11 @@ class TuttiTensorTransport(TensorTransportManager):
     def garbage_collect(self, obj_id: str, tensor_transport_meta, tensors: List[Any]):
         with self._lock:
             handle = self._handles.pop(obj_id, None)
+            storages = self._storages_of.pop(obj_id, [])
         if handle is not None:
             handle.release()
+        if storages or self._regions:
+            self._release_storages(transfer.default_agent(), storages)
 
     def abort_transport(self, obj_id: str, communicator_metadata):
         with self._lock:

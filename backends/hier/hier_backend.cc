@@ -5,8 +5,8 @@
 #include <functional>
 #include <map>
 
-#include "gloo_backend.h"
-#include "group/group_state.h"
+#include "gloo/gloo_backend.h"
+#include "group/op_tags.h"
 #include "tensor/reduction.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"

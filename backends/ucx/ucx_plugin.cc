@@ -1,0 +1,549 @@
+// The "ucx" tensor transport, a tutti plugin (tutti/plugin.h; libtutti-plugin-ucx.so): one-sided
+// gets over UCX (RDMA where the NIC has it; TCP, shared memory or CMA otherwise), for consumers on
+// any host.
+//
+// Owner: its tensors' memory is registered with UCX once per region (a cache of registrations by
+// address range: slices of one buffer, or 1,000 views of it, share one), the reference carries
+// the owner's UCX worker address, each region's remote key and each tensor's address; a thread
+// progresses the owner's worker (serving emulated RMA where the transport needs it). A region
+// stays registered while a published object uses it; the agent's lease keeps an object published
+// while a consumer reads it, so no get ever reads memory that was given back.
+// Consumer: an endpoint per owner (cached; dropped after an error), the remote keys unpacked per
+// get, one ucp_get per tensor straight into its target, progressed until all are done, the
+// deadline passes (TUTTI_ERR_TIMEOUT) or the get is cancelled (TUTTI_ERR_ABORTED); an owner that
+// died fails the get with TUTTI_ERR_IO as soon as UCX sees its endpoint fail.
+//
+// UCX's own environment applies (UCX_TLS, UCX_NET_DEVICES, ...). Talks to tutti through the C ABI
+// only: it links UCX, not tutti.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <tutti/plugin.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A failure carrying the plugin's result code.
+struct Failure : std::runtime_error {
+  Failure(tuttiResult_t code, const std::string& what) : std::runtime_error(what), code(code) {}
+  tuttiResult_t code;
+};
+
+tuttiResult_t report(const Failure& f, tuttiError_v1_t* err) {
+  std::snprintf(err->message, sizeof(err->message), "ucx: %s", f.what());
+  return f.code;
+}
+
+void check(ucs_status_t st, const std::string& what, tuttiResult_t code = TUTTI_ERR_IO) {
+  if (st != UCS_OK) throw Failure(code, what + ": " + ucs_status_string(st));
+}
+
+// The blob's little-endian fields, read with bounds checks (the bytes come from another process).
+struct Writer {
+  std::string out;
+  void u32(uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
+  void u64(uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
+  void bytes(const void* p, size_t n) {
+    u32(static_cast<uint32_t>(n));
+    out.append(static_cast<const char*>(p), n);
+  }
+};
+
+struct Reader {
+  const char* p;
+  size_t left;
+  template <typename T>
+  T get(const char* what) {
+    if (left < sizeof(T))
+      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, std::string("a blob truncated at ") + what);
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    p += sizeof(T);
+    left -= sizeof(T);
+    return v;
+  }
+  std::string bytes(const char* what) {
+    const uint32_t n = get<uint32_t>(what);
+    if (n > left)
+      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, std::string("a blob truncated in ") + what);
+    std::string s(p, n);
+    p += n;
+    left -= n;
+    return s;
+  }
+};
+
+struct Region {
+  uintptr_t base = 0;
+  size_t size = 0;
+  ucp_mem_h memh = nullptr;
+  std::string rkey;
+  int uses = 0;
+};
+
+class Ucx {
+ public:
+  explicit Ucx(std::string agent) : agent_(std::move(agent)) {
+    ucp_config_t* config = nullptr;
+    check(ucp_config_read(nullptr, nullptr, &config), "reading UCX's configuration",
+          TUTTI_ERR_UNAVAILABLE);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    const ucs_status_t st = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    check(st, "ucp_init", TUTTI_ERR_UNAVAILABLE);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // every call under mutex_
+    check(ucp_worker_create(context_, &wp, &worker_), "ucp_worker_create", TUTTI_ERR_UNAVAILABLE);
+    ucp_address_t* address = nullptr;
+    size_t length = 0;
+    check(ucp_worker_get_address(worker_, &address, &length), "ucp_worker_get_address");
+    address_.assign(reinterpret_cast<const char*>(address), length);
+    ucp_worker_release_address(worker_, address);
+    check(ucp_worker_get_efd(worker_, &efd_), "ucp_worker_get_efd");
+    wake_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    progress_ = std::thread([this] { serve(); });
+  }
+
+  ~Ucx() {
+    stop_ = true;
+    const uint64_t one = 1;
+    (void)!::write(wake_, &one, sizeof(one));
+    progress_.join();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [address, ep] : eps_) close_ep(ep);
+    for (auto& [base, r] : regions_) ucp_mem_unmap(context_, r.memh);
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    ::close(wake_);
+  }
+
+  // ---- owner ----
+
+  std::string publish(uint64_t object, const tuttiTensor_v1_t* tensors, size_t count) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<uintptr_t> used;
+    std::vector<uint32_t> index_of(count);
+    std::vector<uintptr_t> region_list;
+    try {
+      for (size_t i = 0; i < count; ++i) {
+        if (tensors[i].nbytes == 0) continue;
+        const uintptr_t base = region_for(tensors, count, i);
+        auto it = std::find(region_list.begin(), region_list.end(), base);
+        index_of[i] = static_cast<uint32_t>(it - region_list.begin());
+        if (it == region_list.end()) region_list.push_back(base);
+        ++regions_.at(base).uses;
+        used.push_back(base);
+      }
+    } catch (...) {
+      release_locked(used);
+      throw;
+    }
+    objects_[object] = used;
+    Writer w;
+    w.bytes(address_.data(), address_.size());
+    w.u32(static_cast<uint32_t>(region_list.size()));
+    for (uintptr_t base : region_list)
+      w.bytes(regions_.at(base).rkey.data(), regions_.at(base).rkey.size());
+    w.u32(static_cast<uint32_t>(count));
+    for (size_t i = 0; i < count; ++i) {
+      w.u32(tensors[i].nbytes == 0 ? UINT32_MAX : index_of[i]);
+      w.u64(reinterpret_cast<uintptr_t>(tensors[i].data));
+      w.u64(tensors[i].nbytes);
+    }
+    return w.out;
+  }
+
+  void unpublish(uint64_t object) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = objects_.find(object);
+    if (it == objects_.end()) return;
+    release_locked(it->second);
+    objects_.erase(it);
+  }
+
+  size_t registrations() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return registered_;
+  }
+
+  // ---- consumer ----
+
+  void fetch(const void* blob, size_t size, const tuttiTensor_v1_t* targets, size_t count,
+             const tuttiPeer_v1_t* owner, Clock::time_point deadline) {
+    Reader r{static_cast<const char*>(blob), size};
+    const std::string address = r.bytes("the owner's address");
+    const uint32_t nregions = r.get<uint32_t>("the region count");
+    if (nregions > 1u << 16)
+      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "too many regions in a blob");
+    std::vector<std::string> rkeys;
+    for (uint32_t i = 0; i < nregions; ++i) rkeys.push_back(r.bytes("a remote key"));
+    const uint32_t n = r.get<uint32_t>("the tensor count");
+    if (n != count) {
+      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "the blob describes " + std::to_string(n) +
+                                                    " tensors, " + std::to_string(count) +
+                                                    " targets");
+    }
+    struct Piece {
+      uint32_t region;
+      uint64_t address, bytes;
+    };
+    std::vector<Piece> pieces(n);
+    for (auto& p : pieces) {
+      p.region = r.get<uint32_t>("a region index");
+      p.address = r.get<uint64_t>("a tensor's address");
+      p.bytes = r.get<uint64_t>("a tensor's size");
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+      if (pieces[i].bytes != targets[i].nbytes) {
+        throw Failure(TUTTI_ERR_INVALID_ARGUMENT,
+                      "tensor " + std::to_string(i) + " has " + std::to_string(pieces[i].bytes) +
+                          " bytes, its target " + std::to_string(targets[i].nbytes));
+      }
+      if (pieces[i].bytes > 0 && pieces[i].region >= nregions) {
+        throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "tensor " + std::to_string(i) + " names region " +
+                                                      std::to_string(pieces[i].region));
+      }
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    Endpoint& ep = endpoint(address);
+    std::vector<ucp_rkey_h> keys(nregions, nullptr);
+    std::vector<void*> requests;
+    // Ends the get's operations: those still running are cancelled, and on a failed endpoint
+    // (an error, or the deadline) the endpoint is closed at once (force), which ends them
+    // whatever the peer does; a closed link would otherwise keep them until TCP gives up. No
+    // operation touches the targets after this returns.
+    auto cleanup = [&](bool failed) {
+      for (void* q : requests) {
+        if (UCS_PTR_IS_PTR(q) && ucp_request_check_status(q) == UCS_INPROGRESS) {
+          ucp_request_cancel(worker_, q);
+        }
+      }
+      if (failed) drop(address);
+      const auto until = Clock::now() + std::chrono::milliseconds(500);
+      for (void* q : requests) {
+        if (!UCS_PTR_IS_PTR(q)) continue;
+        while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < until) {
+          ucp_worker_progress(worker_);
+        }
+        ucp_request_free(q);
+      }
+      requests.clear();
+      for (ucp_rkey_h k : keys) {
+        if (k != nullptr) ucp_rkey_destroy(k);
+      }
+    };
+    try {
+      for (uint32_t i = 0; i < nregions; ++i) {
+        check(ucp_ep_rkey_unpack(ep.ep, rkeys[i].data(), &keys[i]), "unpacking a remote key");
+      }
+      for (uint32_t i = 0; i < n; ++i) {
+        if (pieces[i].bytes == 0) continue;
+        ucp_request_param_t param{};
+        void* q = ucp_get_nbx(ep.ep, targets[i].data, pieces[i].bytes, pieces[i].address,
+                              keys[pieces[i].region], &param);
+        if (UCS_PTR_IS_ERR(q))
+          check(UCS_PTR_STATUS(q), "ucp_get_nbx of tensor " + std::to_string(i));
+        requests.push_back(q);
+      }
+      // Until every get is done, failed, cancelled or late.
+      while (true) {
+        ucp_worker_progress(worker_);
+        bool done = true;
+        for (void* q : requests) {
+          if (!UCS_PTR_IS_PTR(q)) continue;
+          const ucs_status_t st = ucp_request_check_status(q);
+          if (st == UCS_INPROGRESS) {
+            done = false;
+          } else if (st != UCS_OK) {
+            ep.failed = true;
+            check(st, "a get from " + std::string(owner->owner->name));
+          }
+        }
+        if (ep.failed) {
+          throw Failure(TUTTI_ERR_IO, "the endpoint to " + std::string(owner->owner->name) +
+                                          " failed: " + ep.why);
+        }
+        if (done) break;
+        if (owner->cancelled(owner->handle)) throw Failure(TUTTI_ERR_ABORTED, "cancelled");
+        if (Clock::now() >= deadline) {
+          ep.failed = true;  // its pending operations are abandoned: a fresh endpoint next time
+          throw Failure(TUTTI_ERR_TIMEOUT, "the gets from " + std::string(owner->owner->name) +
+                                               " ran past the deadline");
+        }
+        lock.unlock();
+        pollfd p{efd_, POLLIN, 0};
+        ::poll(&p, 1, 1);
+        lock.lock();
+      }
+      cleanup(false);
+    } catch (...) {
+      cleanup(ep.failed);
+      throw;
+    }
+  }
+
+ private:
+  struct Endpoint {
+    ucp_ep_h ep = nullptr;
+    bool failed = false;
+    std::string why;
+  };
+
+  static void on_error(void* arg, ucp_ep_h, ucs_status_t status) {
+    auto* e = static_cast<Endpoint*>(arg);
+    e->failed = true;
+    e->why = ucs_status_string(status);
+  }
+
+  Endpoint& endpoint(const std::string& address) {
+    auto it = eps_.find(address);
+    if (it != eps_.end() && !it->second->failed) return *it->second;
+    if (it != eps_.end()) drop(address);
+    auto e = std::make_unique<Endpoint>();
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &Ucx::on_error;
+    params.err_handler.arg = e.get();
+    check(ucp_ep_create(worker_, &params, &e->ep), "connecting to the owner");
+    auto& slot = eps_[address];
+    slot = std::move(e);
+    return *slot;
+  }
+
+  void close_ep(std::unique_ptr<Endpoint>& e) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* q = ucp_ep_close_nbx(e->ep, &param);
+    if (UCS_PTR_IS_PTR(q)) {
+      // Forced: it ends what the endpoint had in flight at once; over a cut link its own
+      // completion may never come, so it is waited for a moment only.
+      const auto until = Clock::now() + std::chrono::milliseconds(200);
+      while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < until) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(q);
+    }
+  }
+
+  void drop(const std::string& address) {
+    auto it = eps_.find(address);
+    if (it == eps_.end()) return;
+    close_ep(it->second);
+    eps_.erase(it);
+  }
+
+  // The registered region holding tensors[i]: an existing one that covers it, or a new one over
+  // the run of this object's tensors that touch or overlap it (one registration for slices of
+  // one buffer). With mutex_ held.
+  uintptr_t region_for(const tuttiTensor_v1_t* tensors, size_t count, size_t i) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(tensors[i].data);
+    const uintptr_t hi = lo + tensors[i].nbytes;
+    auto it = regions_.upper_bound(lo);
+    if (it != regions_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second.base <= lo && hi <= prev->second.base + prev->second.size)
+        return prev->first;
+    }
+    // Grow [lo, hi) over this object's tensors that overlap or touch it, until it stops growing.
+    uintptr_t a = lo, b = hi;
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (size_t k = 0; k < count; ++k) {
+        const uintptr_t x = reinterpret_cast<uintptr_t>(tensors[k].data);
+        const uintptr_t y = x + tensors[k].nbytes;
+        if (tensors[k].nbytes == 0 || y < a || x > b) continue;
+        if (x < a || y > b) {
+          a = std::min(a, x);
+          b = std::max(b, y);
+          grew = true;
+        }
+      }
+    }
+    // Registered regions it would overlap are left as they are: this one is registered apart.
+    Region r;
+    r.base = a;
+    r.size = b - a;
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = reinterpret_cast<void*>(a);
+    mp.length = r.size;
+    if (regions_.count(a) != 0) {
+      throw Failure(TUTTI_ERR_INTERNAL, "a region at that address is registered with another size");
+    }
+    check(ucp_mem_map(context_, &mp, &r.memh), "registering " + std::to_string(r.size) + " bytes");
+    void* packed = nullptr;
+    size_t packed_size = 0;
+    const ucs_status_t st = ucp_rkey_pack(context_, r.memh, &packed, &packed_size);
+    if (st != UCS_OK) {
+      ucp_mem_unmap(context_, r.memh);
+      check(st, "packing a remote key");
+    }
+    r.rkey.assign(static_cast<const char*>(packed), packed_size);
+    ucp_rkey_buffer_release(packed);
+    regions_[a] = r;
+    ++registered_;
+    return a;
+  }
+
+  void release_locked(const std::vector<uintptr_t>& bases) {
+    for (uintptr_t base : bases) {
+      auto it = regions_.find(base);
+      if (it == regions_.end() || --it->second.uses > 0) continue;
+      ucp_mem_unmap(context_, it->second.memh);
+      regions_.erase(it);
+    }
+  }
+
+  // Progresses the worker while nothing else does: the owner's side of emulated RMA.
+  void serve() {
+    while (!stop_) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        while (ucp_worker_progress(worker_) != 0) {
+        }
+        if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      }
+      pollfd p[2] = {{efd_, POLLIN, 0}, {wake_, POLLIN, 0}};
+      ::poll(p, 2, 100);
+    }
+  }
+
+  const std::string agent_;
+  std::mutex mutex_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  int efd_ = -1;
+  int wake_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread progress_;
+  std::map<uintptr_t, Region> regions_;                   // by base address
+  std::map<uint64_t, std::vector<uintptr_t>> objects_;    // object -> the regions it uses
+  std::map<std::string, std::unique_ptr<Endpoint>> eps_;  // by the owner's worker address
+  size_t registered_ = 0;                                 // registrations made, for tests
+};
+
+// ---- the C ABI ----
+
+tuttiResult_t create(void*, const tuttiAgent_v1_t* agent, void** transport, tuttiError_v1_t* err) {
+  try {
+    *transport = new Ucx(agent->name != nullptr ? agent->name : "");
+    return TUTTI_OK;
+  } catch (const Failure& f) {
+    return report(f, err);
+  }
+}
+
+void destroy(void* transport) {
+  delete static_cast<Ucx*>(transport);
+}
+
+tuttiResult_t publish(void* transport, uint64_t object, const tuttiTensor_v1_t* tensors,
+                      size_t count, void* blob, size_t* blob_size, tuttiError_v1_t* err) {
+  try {
+    for (size_t i = 0; i < count; ++i) {
+      if (tensors[i].device_type != TUTTI_DEVICE_CPU) {
+        throw Failure(TUTTI_ERR_INVALID_ARGUMENT,
+                      "tensor " + std::to_string(i) + " is not in CPU memory");
+      }
+    }
+    const std::string b = static_cast<Ucx*>(transport)->publish(object, tensors, count);
+    if (b.size() > *blob_size) {
+      static_cast<Ucx*>(transport)->unpublish(object);
+      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "the reference needs " + std::to_string(b.size()) +
+                                                    " bytes, " + std::to_string(*blob_size) +
+                                                    " at most (fewer regions or tensors per put)");
+    }
+    std::memcpy(blob, b.data(), b.size());
+    *blob_size = b.size();
+    return TUTTI_OK;
+  } catch (const Failure& f) {
+    return report(f, err);
+  }
+}
+
+void unpublish(void* transport, uint64_t object) {
+  static_cast<Ucx*>(transport)->unpublish(object);
+}
+
+// "registrations": how many regions this transport has registered (tests: a put of many views of
+// one buffer registers it once).
+tuttiResult_t answer(void* transport, const void* request, size_t size, void* reply,
+                     size_t* reply_size, tuttiError_v1_t* err) {
+  if (std::string(static_cast<const char*>(request), size) != "registrations") {
+    std::snprintf(err->message, sizeof(err->message), "ucx: an unknown request");
+    return TUTTI_ERR_INVALID_ARGUMENT;
+  }
+  const std::string n = std::to_string(static_cast<Ucx*>(transport)->registrations());
+  if (n.size() > *reply_size) return TUTTI_ERR_INVALID_ARGUMENT;
+  std::memcpy(reply, n.data(), n.size());
+  *reply_size = n.size();
+  return TUTTI_OK;
+}
+
+tuttiResult_t fetch(void* transport, const void* blob, size_t blob_size,
+                    const tuttiTensor_v1_t* targets, size_t count, const tuttiPeer_v1_t* owner,
+                    int64_t timeout_ms, tuttiError_v1_t* err) {
+  try {
+    static_cast<Ucx*>(transport)->fetch(blob, blob_size, targets, count, owner,
+                                        Clock::now() + std::chrono::milliseconds(timeout_ms));
+    return TUTTI_OK;
+  } catch (const Failure& f) {
+    return report(f, err);
+  }
+}
+
+int available(void*) {
+  ucp_config_t* config = nullptr;
+  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return 0;
+  ucp_config_release(config);
+  return 1;
+}
+
+tuttiTransport_v1_t make_ucx() {
+  tuttiTransport_v1_t t{};
+  t.name = "ucx";
+  t.devices = 1u << TUTTI_DEVICE_CPU;
+  t.priority = 15;  // "auto": below shm (one host), above socket
+  t.cross_host = 1;
+  t.available = available;
+  t.create = create;
+  t.destroy = destroy;
+  t.publish = publish;
+  t.unpublish = unpublish;
+  t.answer = answer;
+  t.fetch = fetch;
+  return t;
+}
+
+const tuttiTransport_v1_t kUcx = make_ucx();
+const tuttiTransport_v1_t* const kTransports[] = {&kUcx};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const tuttiPlugin_v1_t tuttiPlugin_v1 = {
+    "ucx", nullptr, nullptr, nullptr, 0, kTransports, 1,
+};

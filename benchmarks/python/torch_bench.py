@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""torch.distributed on tutti against torch.distributed on gloo, in the same processes.
+
+    build/venv/bin/python benchmarks/python/torch_bench.py [--ranks 2 4] [--out results/torch]
+
+For each world size it starts that many processes (torchrun's way: MASTER_ADDR/PORT, RANK,
+WORLD_SIZE; init_process_group("tutti")), which time, per size from 8 B to 64 MiB (float32 sum):
+- dist.all_reduce on the default group (backend "tutti"),
+- dist.all_reduce on a gloo group of the same ranks (new_group(backend="gloo")),
+- tutti's own Python call underneath (tutti.CollectiveGroup.allreduce on the same torch tensor,
+  a group of tutti's own over its TCP store),
+interleaved size by size (tutti, gloo, tutti's own, then the next round), each rank timing each
+call on its own clock; an iteration counts at its slowest rank; medians over the timed iterations.
+Then a DDP step (forward, backward, bucketed all_reduce, SGD) of a small MLP on each backend.
+
+Writes JSON (raw and medians) and a Markdown table into --out, and prints the table; the
+per-call overhead over tutti's own Python call at 8 B is printed against its goal (<= 3 us).
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sizes(lo, hi):
+    s = lo
+    while s <= hi:
+        yield s
+        s *= 4
+
+
+def iters_for(nbytes):
+    if nbytes <= 64 << 10:
+        return 20, 300
+    if nbytes <= 4 << 20:
+        return 5, 40
+    return 2, 8
+
+
+def rank_main(args):
+    """One rank (run as a child of this script with --rank)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import tutti
+    import tutti.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group("tutti", timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    own = tutti.CollectiveGroup.create(world, rank, "auto", "bench-own",
+                                       store=f"tcp://127.0.0.1:{args.own_port}", timeout=120)
+
+    def timed(fn, t, warm, n):
+        for _ in range(warm):
+            fn(t)
+        out = []
+        for _ in range(n):
+            start = time.perf_counter_ns()
+            fn(t)
+            out.append(time.perf_counter_ns() - start)
+        return out
+
+    calls = {
+        "tutti": lambda t: dist.all_reduce(t),
+        "gloo": lambda t: dist.all_reduce(t, group=gloo),
+        "tutti (own Python call)": lambda t: own.allreduce(t),
+    }
+    result = {"allreduce": {}, "ddp": {}}
+    for nbytes in sizes(8, args.max_bytes):
+        t = torch.ones(max(nbytes // 4, 1), dtype=torch.float32)
+        warm, n = iters_for(nbytes)
+        per = {name: [] for name in calls}
+        for _ in range(3):  # interleaved rounds
+            for name, fn in calls.items():
+                per[name] += timed(fn, t, warm, n // 3 or 1)
+        result["allreduce"][nbytes] = per
+    # DDP steps.
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for name, group in (("tutti", None), ("gloo", gloo)):
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048),
+                                  nn.ReLU(), nn.Linear(2048, 512)), process_group=group)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(64, 512), torch.randn(64, 512)
+        steps = []
+        for i in range(12):
+            start = time.perf_counter_ns()
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            if i >= 2:
+                steps.append(time.perf_counter_ns() - start)
+        result["ddp"][name] = steps
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    own.destroy()
+    dist.destroy_process_group()
+
+
+def run_world(world, args):
+    port, own_port = free_port(), free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                   WORLD_SIZE=str(world), LOCAL_RANK=str(r), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "--rank", str(r), "--own-port", str(own_port),
+             "--out", args.rank_dir, "--max-bytes", str(args.max_bytes)], env=env))
+    for p in procs:
+        if p.wait(timeout=1800) != 0:
+            raise SystemExit(f"a rank failed (exit {p.returncode})")
+    ranks = []
+    for r in range(world):
+        with open(os.path.join(args.rank_dir, f"rank{r}.json")) as f:
+            ranks.append(json.load(f))
+    rows = {}
+    for nbytes in ranks[0]["allreduce"]:
+        row = {}
+        for name in ranks[0]["allreduce"][nbytes]:
+            per_rank = [ranks[r]["allreduce"][nbytes][name] for r in range(world)]
+            slowest = [max(it) for it in zip(*per_rank)]
+            row[name] = statistics.median(slowest) / 1000
+        rows[int(nbytes)] = row
+    ddp = {name: statistics.median(max(it) for it in zip(*[ranks[r]["ddp"][name]
+                                                           for r in range(world)])) / 1e6
+           for name in ranks[0]["ddp"]}
+    return rows, ddp
+
+
+def human(nbytes):
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--out", default="results/torch")
+    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--rank", type=int, default=-1)
+    parser.add_argument("--own-port", type=int, default=0)
+    args = parser.parse_args()
+    if args.rank >= 0:
+        return rank_main(args)
+    os.makedirs(args.out, exist_ok=True)
+    report, lines = {}, []
+    for world in args.ranks:
+        args.rank_dir = os.path.join(args.out, f"ranks{world}")
+        os.makedirs(args.rank_dir, exist_ok=True)
+        rows, ddp = run_world(world, args)
+        report[world] = {"allreduce": rows, "ddp_step_ms": ddp}
+        lines += [f"### all_reduce through torch.distributed, {world} ranks (median us per call, "
+                  "float32 sum)", "",
+                  "| size | tutti | gloo | gloo / tutti | tutti's own Python call | overhead |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for nbytes, r in rows.items():
+            own = r["tutti (own Python call)"]
+            lines.append(f"| {human(nbytes)} | {r['tutti']:.1f} | {r['gloo']:.1f} | "
+                         f"{r['gloo'] / r['tutti']:.1f}x | {own:.1f} | {r['tutti'] - own:+.1f} |")
+        lines += ["", f"DDP step (MLP 512-2048-2048-512, batch 64): tutti {ddp['tutti']:.2f} ms, "
+                      f"gloo {ddp['gloo']:.2f} ms ({ddp['gloo'] / ddp['tutti']:.2f}x)", ""]
+        small = rows[min(rows)]
+        overhead = small["tutti"] - small["tutti (own Python call)"]
+        print(f"per-call overhead at 8 B, {world} ranks: {overhead:.2f} us over tutti's own Python "
+              f"call (goal <= 3 us: {'met' if overhead <= 3 else 'MISSED'})")
+        behind = [human(n) for n, r in rows.items() if r["tutti"] > r["gloo"]]
+        print(f"tutti vs gloo, {world} ranks: "
+              + ("faster at every size" if not behind else f"slower at {', '.join(behind)}"))
+    with open(os.path.join(args.out, "torch_bench.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(args.out, "torch_bench.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+// tutti._torch: the torch.distributed backend "tutti" (torch_backend.h), built against the
+// installed torch and loaded by tutti.torch, which registers it with
+// torch.distributed.Backend.register_backend.
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "torch_backend.h"
+
+namespace py = pybind11;
+using tutti::torch_backend::TuttiBackend;
+
+PYBIND11_MODULE(_torch, m) {
+  m.doc() = "tutti's torch.distributed backend (use tutti.torch)";
+  // torch's own bindings register c10d::Backend: import them first.
+  py::module_::import("torch.distributed");
+
+  py::class_<TuttiBackend, c10d::Backend, c10::intrusive_ptr<TuttiBackend>>(m, "TuttiBackend")
+      .def_property_readonly("tutti_backend",
+                             [](const TuttiBackend& b) { return b.group()->backend_name(); })
+      .def_property_readonly("tutti_group",
+                             [](const TuttiBackend& b) { return b.group()->name(); });
+
+  m.def(
+      "create",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
+         const std::string& backend, const std::string& group_name) {
+        auto options = c10::make_intrusive<TuttiBackend::Options>(
+            std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
+        options->tutti_backend = backend;
+        options->group_name = group_name;
+        py::gil_scoped_release release;  // the rendezvous waits for the other ranks
+        return c10::make_intrusive<TuttiBackend>(store, rank, size, options);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::arg("backend") = "auto", py::arg("group_name") = "",
+      "A TuttiBackend for torch.distributed: meets the other ranks through the store.");
+}

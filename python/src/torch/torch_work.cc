@@ -1,0 +1,192 @@
+#include "torch_work.h"
+
+#include <c10/util/Exception.h>
+
+#include "tutti/error.h"
+
+namespace tutti::torch_backend {
+
+std::exception_ptr to_torch_error(const std::exception_ptr& error) {
+  if (!error) return nullptr;
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error&) {
+    return error;
+  } catch (const Error& e) {
+    return std::make_exception_ptr(
+        c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                              std::string("tutti (") + to_string(e.code()) + "): " + e.what()));
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(c10::DistBackendError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, std::string("tutti: ") + e.what()));
+  }
+}
+
+void rethrow_as_torch(const std::exception_ptr& error) {
+  std::rethrow_exception(to_torch_error(error));
+}
+
+TuttiWork::TuttiWork(int rank, c10d::OpType type, std::shared_ptr<tutti::Work> work,
+                     std::vector<at::Tensor> outputs, std::function<void()> finish)
+    : c10d::Work(rank, type),
+      work_(std::move(work)),
+      outputs_(std::move(outputs)),
+      finish_(std::move(finish)) {}
+
+c10::intrusive_ptr<TuttiWork> TuttiWork::create(int rank, c10d::OpType type,
+                                                std::shared_ptr<tutti::Work> work,
+                                                std::vector<at::Tensor> outputs,
+                                                std::function<void()> finish) {
+  auto self = c10::make_intrusive<TuttiWork>(rank, type, std::move(work), std::move(outputs),
+                                             std::move(finish));
+  // The thread that finishes the op runs the copy-backs, before anyone sees it done (at once,
+  // here, when it is done already). The hook's reference keeps the Work until then.
+  self->work_->on_finish([self](const std::exception_ptr& error) { self->done(error); });
+  return self;
+}
+
+TuttiWork::TuttiWork(int rank, c10d::OpType type, std::vector<c10::intrusive_ptr<TuttiWork>> parts)
+    : c10d::Work(rank, type), parts_(std::move(parts)) {
+  for (const auto& p : parts_) {
+    for (const auto& t : p->outputs_) outputs_.push_back(t);
+  }
+  done_ = parts_.empty();  // nothing to wait for
+}
+
+void TuttiWork::done(const std::exception_ptr& error) {
+  std::exception_ptr failure = error;
+  if (!failure && finish_) {
+    try {
+      finish_();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(done_mutex_);
+    done_ = true;
+    error_ = to_torch_error(failure);
+    future = future_;
+  }
+  if (future) {
+    if (error_) {
+      future->setError(error_);
+    } else {
+      future->markCompleted(c10::IValue(outputs_));
+    }
+  }
+}
+
+bool TuttiWork::isCompleted() {
+  post();
+  if (!parts_.empty()) {
+    for (const auto& p : parts_) {
+      if (!p->isCompleted()) return false;
+    }
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(done_mutex_);
+  return done_;
+}
+
+bool TuttiWork::isSuccess() const {
+  if (!parts_.empty()) {
+    for (const auto& p : parts_) {
+      if (!p->isSuccess()) return false;
+    }
+    return true;
+  }
+  std::lock_guard<std::mutex> lock(done_mutex_);
+  return done_ && !error_;
+}
+
+std::exception_ptr TuttiWork::exception() const {
+  for (const auto& p : parts_) {
+    if (auto e = p->exception()) return e;
+  }
+  std::lock_guard<std::mutex> lock(done_mutex_);
+  return error_;
+}
+
+std::vector<at::Tensor> TuttiWork::result() {
+  return outputs_;
+}
+
+void TuttiWork::synchronize() {}
+
+bool TuttiWork::wait(std::chrono::milliseconds timeout) {
+  post();
+  if (!parts_.empty()) {
+    for (const auto& p : parts_) p->wait(timeout);
+    return true;
+  }
+  try {
+    work_->wait(timeout.count() <= 0 ? kUseGroupTimeout : timeout);
+  } catch (...) {
+    // The op's own error is the one recorded (after its copy-backs); a wait's timeout is its own.
+    if (isCompleted() && exception()) std::rethrow_exception(exception());
+    rethrow_as_torch(std::current_exception());
+  }
+  // The hook ran before the waiters woke: done_ is set, with any error of the copy-backs.
+  if (auto e = exception()) std::rethrow_exception(e);
+  return true;
+}
+
+void TuttiWork::abort() {
+  // tutti aborts a group, not one op: the caller aborts the process group (ProcessGroup::abort).
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
+  post();
+  if (!parts_.empty()) {
+    // Done when every part is, failed with the first part's error.
+    std::lock_guard<std::mutex> lock(done_mutex_);
+    if (future_) return future_;
+    auto all =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    future_ = all;
+    struct Count {
+      std::mutex mutex;
+      size_t left;
+      std::exception_ptr error;
+    };
+    auto count = std::make_shared<Count>();
+    count->left = parts_.size();
+    auto outputs = outputs_;
+    for (const auto& p : parts_) {
+      p->getFuture()->addCallback([all, count, outputs](c10::ivalue::Future& f) {
+        bool last;
+        std::exception_ptr error;
+        {
+          std::lock_guard<std::mutex> lock(count->mutex);
+          if (f.hasError() && !count->error) count->error = f.exception_ptr();
+          last = --count->left == 0;
+          error = count->error;
+        }
+        if (!last) return;
+        if (error) {
+          all->setError(error);
+        } else {
+          all->markCompleted(c10::IValue(outputs));
+        }
+      });
+    }
+    return all;
+  }
+  std::lock_guard<std::mutex> lock(done_mutex_);
+  if (!future_) {
+    future_ =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    if (done_) {
+      if (error_) {
+        future_->setError(error_);
+      } else {
+        future_->markCompleted(c10::IValue(outputs_));
+      }
+    }
+  }
+  return future_;
+}
+
+}  // namespace tutti::torch_backend

@@ -1,0 +1,41 @@
+// What a consumer's get and borrow share (internal to the direct transport): the resolution of
+// a ref, and the lease a get holds while it copies (consumer.cc, consumer_lease.cc).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "transfer/peers.h"
+
+namespace tutti::detail {
+
+// What a get or a borrow needs from the resolution of a ref.
+struct AgentCore::Resolved {
+  TensorRef ref;     // with its publication (a pending ref once fulfilled)
+  std::string name;  // the transport used (after a fallback to the socket)
+  TensorTransport* transport = nullptr;
+  bool local = false;  // the owner is on this host (a lease lane)
+  std::shared_ptr<Peer> peer;
+};
+
+// A lease taken for one get: a get that fails, is cancelled or times out gives it back on the way
+// out (with a second of its own for the messages, its deadline may be gone).
+class LeaseGuard {
+ public:
+  LeaseGuard(AgentCore& core, const AgentCore::Resolved& r, AgentCore::Lease lease);
+  ~LeaseGuard();
+  LeaseGuard(const LeaseGuard&) = delete;
+  LeaseGuard& operator=(const LeaseGuard&) = delete;
+  // The get completed: the lease ends, counted as a get.
+  void complete(PeerLink& link);
+  // The caller keeps the lease from now on.
+  AgentCore::Lease release();
+
+ private:
+  AgentCore& core_;
+  const AgentCore::Resolved& r_;
+  AgentCore::Lease lease_;
+  bool held_ = true;
+};
+
+}  // namespace tutti::detail

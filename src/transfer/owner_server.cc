@@ -1,0 +1,458 @@
+// The owner's server: its listeners, one thread per consumer connection answering the agents'
+// messages, the consumers it knows, and its housekeeping (agent_core.h; the hello: handshake.h).
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "transfer/agent_core.h"
+#include "transfer/handshake.h"
+#include "transfer/wire.h"
+#include "util/deadline.h"
+#include "util/host_identity.h"
+#include "util/logging.h"
+
+namespace tutti::detail {
+namespace {
+
+// Whether the other end of a connection hung up (one poll, no blocking).
+bool hung_up(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+// The publication of a live object, as a WAIT reply carries it.
+void write_publication(WireWriter& w, const Publication& p, size_t tensors) {
+  w.str32(p.blob);
+  w.u32(static_cast<uint32_t>(tensors));
+  for (size_t i = 0; i < tensors; ++i) {
+    const auto place = i < p.places.size() ? p.places[i] : std::pair<uint16_t, uint64_t>{0, 0};
+    w.u16(place.first);
+    w.u64(place.second);
+  }
+}
+
+// Settles object `id` (every object: kAll; nothing: kNone) when the scope ends, so after the
+// answer to the message that led to it went, or failed to: settling may free the object, and an
+// owner waiting for that (wait_tensor_freed) may exit at once, before a later answer went, and
+// fail a get that has its bytes ("closed the connection"; OwnerExits.TheGetThatFreesTheObject
+// Succeeds).
+struct SettleAfter {
+  static constexpr uint64_t kNone = 0;  // object ids count from 1
+  static constexpr uint64_t kAll = ~uint64_t{0};
+  SettleAfter(AgentCore& c, uint64_t i) : core(c), id(i) {}
+  ~SettleAfter() {
+    if (id == kNone) return;
+    std::lock_guard<std::mutex> lock(core.mutex);
+    if (id == kAll) {
+      core.settle_all_locked();
+    } else if (auto it = core.objects.find(id); it != core.objects.end()) {
+      core.settle_locked(it->second);
+    }
+  }
+  AgentCore& core;
+  const uint64_t id;
+};
+
+// The agent's holds for a transport that answers a call (TransportOwner).
+class Holds final : public TransportOwner {
+ public:
+  Holds(AgentCore& core, const TensorTransport& t) : core_(core), t_(t) {}
+  HeldObject hold(ObjectId object, Clock::time_point deadline) override {
+    return core_.hold_for(t_, object, deadline);
+  }
+
+ private:
+  AgentCore& core_;
+  const TensorTransport& t_;
+};
+
+// One consumer's connection, served on its own thread until the consumer goes or the agent
+// stops: the hello first, then one handler per request.
+class Session {
+ public:
+  Session(AgentCore& core, std::unique_ptr<Connection> conn, bool local)
+      : core_(core), conn_(std::move(conn)), local_(local), fd_(conn_->fd()) {}
+
+  void run() {
+    try {
+      if (!local_) start_tls();
+      while (!core_.stopping) {
+        Message m;
+        try {
+          m = conn_->receive(Clock::now() + std::chrono::seconds(1));
+        } catch (const Error& e) {
+          if (e.code() == ErrorCode::kTimeout) continue;
+          break;  // the consumer went
+        }
+        if (!answer(m)) break;
+      }
+    } catch (const std::exception& e) {
+      TUTTI_LOG_DEBUG("direct transport: {} stops serving {}: {}", core_.who(), conn_->peer(),
+                      e.what());
+    }
+    finish();
+  }
+
+ private:
+  // A remote consumer's connection in TLS first, when this agent has it; TLS on one side only:
+  // the other is told in the clear, and the connection ends.
+  void start_tls() {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    const bool tls_hello = looks_like_tls(conn_->peek(3, deadline));
+    if (tls_hello != (core_.tls_server != nullptr)) {
+      const std::string who = core_.who();
+      const Error e(ErrorCode::kInvalidArgument,
+                    core_.tls_server ? who +
+                                           " takes TLS connections only (TUTTI_TRANSFER_TLS=1 "
+                                           "on its side): the consumer needs it too"
+                                     : who +
+                                           " does not use TLS, and the consumer does "
+                                           "(TUTTI_TRANSFER_TLS must be the same on both)");
+      TUTTI_LOG_WARN("direct transport: {} refused {}: {}", who, conn_->peer(), e.what());
+      conn_->send(MsgType::kError, error_payload(e), {}, deadline);
+      throw e;
+    }
+    if (core_.tls_server) conn_->start_tls(core_.tls_server.get(), /*server=*/true, deadline);
+  }
+
+  // One message; false ends the connection. An error is the consumer's answer, except a broken
+  // connection.
+  bool answer(Message& m) {
+    if (m.type != MsgType::kHello) {
+      for (int f : m.fds) ::close(f);  // only a hello carries descriptors
+      m.fds.clear();
+      if (!consumer_) {
+        // Nothing is served before a hello that passed: answer once, then hang up.
+        const Error e(ErrorCode::kInvalidUsage,
+                      core_.who() + " serves nothing to a connection that has not said hello");
+        conn_->send(MsgType::kError, error_payload(e), {}, Clock::now() + std::chrono::seconds(1));
+        return false;
+      }
+    }
+    try {
+      WireReader r(m.payload, "a request to " + core_.who());
+      switch (m.type) {
+        case MsgType::kHello: on_hello(m); break;
+        case MsgType::kCall: on_call(r); break;
+        case MsgType::kWait: on_wait(r); break;
+        case MsgType::kGot: on_got(r); break;
+        case MsgType::kReleased: on_released(); break;
+        case MsgType::kLease: on_lease(r); break;
+        case MsgType::kUnlease: on_unlease(r); break;
+        case MsgType::kStream: on_stream(r); break;
+        default:
+          throw Error(ErrorCode::kInvalidArgument, core_.who() + " got a message of unknown type " +
+                                                       std::to_string(static_cast<int>(m.type)));
+      }
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kIoError) throw;  // the connection is gone
+      conn_->send(MsgType::kError, error_payload(e), {}, Clock::now() + std::chrono::seconds(5));
+    }
+    return true;
+  }
+
+  void reply(const std::string& payload, const std::vector<int>& fds = {}) {
+    conn_->send(MsgType::kReply, payload, fds, Clock::now() + core_.fetch_timeout);
+  }
+
+  void on_hello(Message& m) {
+    if (consumer_) {
+      for (int f : m.fds) ::close(f);
+      throw Error(ErrorCode::kInvalidUsage, "a second hello on one connection");
+    }
+    const HelloAccepted hello =
+        accept_hello(*conn_, m, core_.identity, core_.options.secret, local_, core_.fetch_timeout);
+    conn_->set_peer("agent '" + hello.consumer.name + "'");
+    admit(hello);
+    std::vector<int> fds;
+    if (local_) fds.push_back(core_.slots.fd());
+    answer_hello(*conn_, hello, core_.identity, core_.options.secret, fds,
+                 Clock::now() + core_.fetch_timeout);
+  }
+
+  // The consumer a hello admitted, known from before (another connection) or new; on one host
+  // with its lease lane and a pidfd for its exit. Before the answer: a lease it takes once
+  // answered is in a lane the owner already looks at.
+  void admit(const HelloAccepted& hello) {
+    const AgentIdentity& them = hello.consumer;
+    std::lock_guard<std::mutex> lock(core_.mutex);
+    auto& c = core_.consumers[them.uuid_text()];
+    if (!c) {
+      c = std::make_shared<Consumer>();
+      c->identity = them;
+      if (local_) {
+        // Its exit shows on a pidfd, taken while the pid is still its process.
+        const int pfd =
+            static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(them.pid), 0));
+        if (pfd >= 0 && process_start_time(static_cast<long>(them.pid)) == them.start_time) {
+          c->pidfd = pfd;
+        } else if (pfd >= 0) {
+          ::close(pfd);
+        }
+      }
+    }
+    if (hello.lane_fd >= 0) {
+      if (!c->lane) {
+        c->lane = std::make_unique<LaneView>(hello.lane_fd);
+      } else {
+        ::close(hello.lane_fd);
+      }
+    }
+    consumer_ = c;
+    ++c->connections;
+  }
+
+  void on_call(WireReader& r) {
+    const std::string name = r.str8("transport");
+    const std::string request = r.str32("request", 1u << 24);
+    struct Fds {  // the reply's descriptors: the transport's to give, closed here after
+      std::vector<int> list;
+      ~Fds() {
+        for (int f : list) ::close(f);
+      }
+    } fds;
+    TensorTransport& t = core_.transport(name);
+    Holds holds(core_, t);
+    reply(t.answer_with(AnswerRequest{request, consumer_->identity, &fds.list, holds}), fds.list);
+  }
+
+  void on_wait(WireReader& r) {
+    const uint64_t id = r.u64("id");
+    const uint32_t gen = r.u32("generation");
+    const auto deadline = wire_deadline(r.u64("timeout"));
+    WireWriter w;
+    {
+      std::unique_lock<std::mutex> lock(core_.mutex);
+      // A consumer that dies while it waits must not keep its holds.
+      core_.await_fulfilled_locked(lock, id, gen, deadline, [&] {
+        if (hung_up(fd_)) throw Error(ErrorCode::kIoError, "the consumer hung up while waiting");
+      });
+      Object& o = core_.find_locked(id, gen);
+      if (o.state == kSlotReserved) {
+        throw Error(ErrorCode::kTimeout,
+                    "object " + std::to_string(id) + " is still reserved (never fulfilled)");
+      }
+      if (o.state == kSlotRetiring && !o.published) {
+        throw Error(ErrorCode::kInvalidUsage,
+                    "object " + std::to_string(id) + " was released before it was fulfilled");
+      }
+      w.u32(o.state);
+      if (o.state == kSlotFailed) {
+        w.str32(o.failure);
+      } else {
+        write_publication(w, o.publication, o.metas.size());
+      }
+    }
+    reply(w.out());
+  }
+
+  // kGot, kReleased and kUnlease are answered before the settling they lead to (SettleAfter):
+  // settling may free an object, and an owner waiting for that may exit.
+  void on_got(WireReader& r) {
+    const uint64_t id = r.u64("id");
+    const uint32_t gen = r.u32("generation");
+    SettleAfter settle(core_, id);
+    {
+      std::lock_guard<std::mutex> lock(core_.mutex);
+      auto it = core_.objects.find(id);
+      if (it != core_.objects.end() && it->second.generation == gen) {
+        core_.count_get_locked(it->second);
+      }
+    }
+    reply("");
+  }
+
+  void on_released() {
+    SettleAfter settle(core_, SettleAfter::kAll);
+    reply("");
+  }
+
+  // A hold the owner keeps for a consumer without a lease lane (another host, or a two-sided
+  // transport); the reply is the object's state (only a live one is held).
+  void on_lease(WireReader& r) {
+    const uint64_t id = r.u64("id");
+    const uint32_t gen = r.u32("generation");
+    WireWriter w;
+    {
+      std::lock_guard<std::mutex> lock(core_.mutex);
+      Object& o = core_.find_locked(id, gen);
+      if (o.state == kSlotLive) {
+        ++o.local_leases;
+        ++consumer_->leases[id];
+      }
+      w.u32(o.state);
+    }
+    reply(w.out());
+  }
+
+  void on_unlease(WireReader& r) {
+    const uint64_t id = r.u64("id");
+    r.u32("generation");
+    {
+      std::lock_guard<std::mutex> lock(core_.mutex);
+      auto held = consumer_->leases.find(id);
+      if (held != consumer_->leases.end()) {
+        if (--held->second == 0) consumer_->leases.erase(held);
+        if (auto it = core_.objects.find(id); it != core_.objects.end()) {
+          --it->second.local_leases;
+        }
+      }
+    }
+    SettleAfter settle(core_, id);
+    WireWriter w;
+    w.u32(kSlotLive);
+    reply(w.out());
+  }
+
+  // The socket transport: the object's bytes on this connection, after a header of their total.
+  void on_stream(WireReader& r) {
+    const uint64_t id = r.u64("id");
+    const uint32_t gen = r.u32("generation");
+    const auto deadline = wire_deadline(r.u64("timeout"));
+    const bool counts = r.u8("counts") != 0;
+    const std::vector<TensorView> tensors = core_.hold(id, gen, deadline);
+    std::vector<iovec> parts;
+    uint64_t total = 0;
+    for (const TensorView& t : tensors) {
+      parts.push_back({t.data(), t.nbytes()});
+      total += t.nbytes();
+    }
+    try {
+      WireWriter w;
+      w.u64(total);
+      reply(w.out());
+      conn_->send_raw(parts, deadline);
+    } catch (...) {
+      core_.release_hold(id, false);
+      throw;
+    }
+    core_.release_hold(id, counts);
+  }
+
+  // A local consumer's last connection closing says little: a live one may have dropped it (a
+  // cancelled or timed-out request). Its process's exit is what ends its holds; a dying process
+  // closes its sockets just before its pidfd reads as exited, so look for a moment.
+  void finish() {
+    bool exited = false;
+    int pidfd = -1;
+    {
+      std::lock_guard<std::mutex> lock(core_.mutex);
+      if (consumer_ && consumer_->connections == 1 && consumer_->pidfd >= 0) {
+        pidfd = consumer_->pidfd;
+      }
+    }
+    if (pidfd >= 0) {
+      pollfd p{pidfd, POLLIN, 0};
+      exited = ::poll(&p, 1, 50) > 0;
+    }
+    std::lock_guard<std::mutex> lock(core_.mutex);
+    if (consumer_ && --consumer_->connections == 0 && (consumer_->pidfd < 0 || exited)) {
+      core_.drop_consumer_locked(consumer_->identity.uuid_text());
+    }
+    core_.serving_fds.erase(fd_);
+    conn_.reset();
+    if (--core_.serving_threads == 0) core_.serving_done.notify_all();
+  }
+
+  AgentCore& core_;
+  std::unique_ptr<Connection> conn_;
+  const bool local_;
+  const int fd_;
+  std::shared_ptr<Consumer> consumer_;
+};
+
+}  // namespace
+
+void AgentCore::serve(std::unique_ptr<Connection> connection, bool local) {
+  Session(*this, std::move(connection), local).run();
+}
+
+void AgentCore::housekeeping_loop() {
+  std::unique_lock<std::mutex> lock(mutex);
+  while (!stopping) {
+    auto wake = Clock::now() + std::chrono::milliseconds(200);
+    for (const auto& [id, o] : objects) {
+      if (o.handles == 0 && o.state != kSlotRetiring && o.keep_until > Clock::now()) {
+        wake = std::min(wake, o.keep_until);
+      }
+    }
+    changed.wait_until(lock, wake);
+    reap_consumers_locked();
+    settle_all_locked();
+    lock.unlock();
+    reap_peers();
+    lock.lock();
+  }
+}
+
+void AgentCore::drop_consumer_locked(const std::string& uuid) {
+  auto c = consumers.find(uuid);
+  if (c == consumers.end()) return;
+  for (const auto& [id, count] : c->second->leases) {
+    auto it = objects.find(id);
+    if (it != objects.end()) it->second.local_leases -= count;
+  }
+  if (c->second->pidfd >= 0) ::close(c->second->pidfd);
+  consumers.erase(c);
+  settle_all_locked();
+}
+
+void AgentCore::reap_consumers_locked() {
+  std::vector<std::string> gone;
+  for (const auto& [uuid, c] : consumers) {
+    if (c->connections > 0 || c->pidfd < 0) continue;
+    pollfd p{c->pidfd, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) gone.push_back(uuid);
+  }
+  for (const std::string& uuid : gone) drop_consumer_locked(uuid);
+}
+
+void AgentCore::accept_loop(int listener, bool local) {
+  while (!stopping) {
+    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (stopping || errno == EINVAL || errno == EBADF) return;
+      if (errno == EMFILE || errno == ENFILE) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      continue;
+    }
+    if (!local) {
+      // The answer goes out as a header and a payload: with Nagle's algorithm the payload waited
+      // for the consumer's delayed ACK of the header (40 ms for every small get across hosts).
+      const int on = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    }
+    auto conn =
+        std::make_unique<Connection>(fd, local ? "a consumer on this host" : "a remote consumer");
+    if (local && conn->peer_uid() != static_cast<long>(::getuid())) {
+      TUTTI_LOG_WARN("direct transport: {} refused a connection from uid {}", who(),
+                     conn->peer_uid());
+      try {
+        const Error e(
+            ErrorCode::kUnavailable,
+            who() + " runs as uid " + std::to_string(::getuid()) +
+                " and serves no other user on its host (uid " + std::to_string(conn->peer_uid()) +
+                "): the owner's TCP listener (TransferAgentOptions::listen_tcp) is the way");
+        conn->send(MsgType::kError, error_payload(e), {},
+                   Clock::now() + std::chrono::milliseconds(100));
+      } catch (const Error&) {
+      }
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    if (stopping) return;
+    serving_fds.insert(fd);
+    ++serving_threads;
+    std::thread([self = shared_from_this(), c = std::move(conn), local]() mutable {
+      self->serve(std::move(c), local);
+    }).detach();
+  }
+}
+
+}  // namespace tutti::detail

@@ -1,0 +1,43 @@
+/* A plugin whose init crashes (BAD_INIT=crash), hangs (=hang) or fails (otherwise): refused with
+ * the reason, and never run in the loading process (tutti tries every init in a child first). */
+#include <stdlib.h>
+#include <string.h>
+#include <tutti/plugin.h>
+#include <unistd.h>
+
+static tuttiResult_t init(void** state, tuttiError_v1_t* err) {
+  (void)state;
+  const char* how = getenv("BAD_INIT");
+  if (how != NULL && strcmp(how, "crash") == 0) {
+    volatile int* nowhere = NULL;
+    *nowhere = 1;
+  }
+  if (how != NULL && strcmp(how, "hang") == 0) {
+    for (;;) pause();
+  }
+  strcpy(err->message, "no device here");
+  return TUTTI_ERR_UNAVAILABLE;
+}
+
+static tuttiResult_t create(void* s, const tuttiBackendArgs_v1_t* a, void** c, tuttiError_v1_t* e) {
+  (void)s;
+  (void)a;
+  (void)c;
+  (void)e;
+  return TUTTI_ERR_INTERNAL;
+}
+static void destroy(void* comm) {
+  (void)comm;
+}
+static void abort_comm(void* comm, const char* reason) {
+  (void)comm;
+  (void)reason;
+}
+
+static const tuttiBackend_v1_t never = {
+    "never", TUTTI_SCOPE_ANY_HOST, 0, 1u << TUTTI_DEVICE_CPU, NULL, create, destroy, abort_comm,
+};
+static const tuttiBackend_v1_t* const backends[] = {&never};
+
+__attribute__((visibility("default")))
+const tuttiPlugin_v1_t tuttiPlugin_v1 = {"badinit", init, NULL, backends, 1, NULL, 0};
