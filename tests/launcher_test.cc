@@ -164,12 +164,25 @@ TEST(Launcher, AJobsStoreRefusesClientsThatDoNotKnowItsSecret) {
   ASSERT_NE(::mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;
   WorkerResult job;
-  std::thread t([&] {
-    job = tutti_run({"-n", "2", "sh", "-c",
-                     "if [ $TUTTI_RANK = 0 ]; then echo \"$TUTTI_STORE $TUTTI_STORE_SECRET\" > " +
-                         dir + "/store.tmp && mv " + dir + "/store.tmp " + dir +
-                         "/store; fi; while [ ! -e " + dir + "/done ]; do sleep 0.02; done"});
-  });
+  // The job (and its store) lives until this test writes done: only after both clients below
+  // have tried the store, and on every way out of the test (an ASSERT returns early, a store
+  // error throws), so the thread is always joined.
+  struct Job {
+    std::string done;
+    std::thread thread;
+    void finish() {
+      if (!thread.joinable()) return;
+      std::ofstream(done).put('\n');
+      thread.join();
+    }
+    ~Job() { finish(); }
+  } running{dir + "/done", std::thread([&] {
+              job = tutti_run(
+                  {"-n", "2", "sh", "-c",
+                   "if [ $TUTTI_RANK = 0 ]; then echo \"$TUTTI_STORE $TUTTI_STORE_SECRET\" > " +
+                       dir + "/store.tmp && mv " + dir + "/store.tmp " + dir +
+                       "/store; fi; while [ ! -e " + dir + "/done ]; do sleep 0.02; done"});
+            })};
   std::string url, secret;
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   while (Clock::now() < deadline) {
@@ -177,7 +190,6 @@ TEST(Launcher, AJobsStoreRefusesClientsThatDoNotKnowItsSecret) {
     if (in >> url >> secret) break;
     std::this_thread::sleep_for(milliseconds(10));
   }
-  std::ofstream(dir + "/done").put('\n');
   ASSERT_FALSE(url.empty()) << "rank 0 never wrote its store's address";
   EXPECT_EQ(secret.size(), 64u) << secret;  // 32 random bytes in hex
   const std::smatch m = [&] {
@@ -201,7 +213,7 @@ TEST(Launcher, AJobsStoreRefusesClientsThatDoNotKnowItsSecret) {
   TCPStore member("127.0.0.1", port, right);
   member.set("k", "v");
   EXPECT_EQ(member.get("k"), "v");
-  t.join();
+  running.finish();
   EXPECT_EQ(job.exit_code, 0) << job.output;
   std::filesystem::remove_all(dir);
 }
