@@ -2,7 +2,7 @@
 # The Python side's environment: a venv (build/venv, or $TUTTI_VENV) with the pinned packages of
 # python/requirements.txt, and tutti's Python package built and installed into it from ./python.
 # Idempotent: the venv is made again only when requirements.txt changes; the package rebuilds
-# incrementally (its build tree is build/python/). Prints the venv's python on its last line.
+# incrementally (its build tree is build/python/), from build/'s libraries where that tree is. Prints the venv's python on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${TUTTI_VENV:-$PWD/build/venv}
@@ -21,7 +21,21 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$req" "$stamp"; then
 fi
 # --no-build-isolation: build with the venv's pinned scikit-build-core and nanobind (and against
 # its torch: tutti._torch).
+# Where scripts/build.sh's Release tree build/ is, the package takes its libraries and tutti-run
+# (brought up to date first) instead of compiling tutti again; TUTTI_PYTHON_FROM_SOURCE=1 (or no
+# such tree) builds them from the sources, as pip install ./python does.
 start=$SECONDS
-"$venv/bin/python" -m pip install -q --no-build-isolation --no-deps ./python >&2
+config=()
+if [ "${TUTTI_PYTHON_FROM_SOURCE:-0}" != "1" ] && [ -f build/TuttiConfig.cmake ] &&
+  grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' build/CMakeCache.txt; then
+  targets=(tutti tutti-run)
+  for backend in tutti_shm tutti_gloo tutti_nccl; do
+    [ -f "build/Tutti$(echo "${backend#tutti_}" | sed 's/./\U&/')Targets.cmake" ] && targets+=("$backend")
+  done
+  cmake --build build -j"$(nproc)" --target "${targets[@]}" >&2
+  config=(-C "cmake.define.TUTTI_PREBUILT=$PWD/build")
+  echo "python-env: the package takes build/'s libraries (${targets[*]})" >&2
+fi
+"$venv/bin/python" -m pip install -q --no-build-isolation --no-deps "${config[@]}" ./python >&2
 echo "python-env: the package build took $((SECONDS - start)) s" >&2
 echo "$venv/bin/python"
