@@ -1,79 +1,102 @@
 """A small model trained for a few steps with DDP or FSDP2 on a torch.distributed backend, as a
 user's script would be, written for gloo and run unchanged but for the backend's name.
 
-    torchrun --nproc-per-node 2 python/tests/torch_train.py --backend tutti --wrap ddp --out p.pt
+    torchrun --nproc-per-node 2 python/tests/torch_train.py --backend tutti,gloo --wrap ddp \
+        --out p.pt
 
-Every rank trains on batches of its own (seeded by rank); rank 0 saves the final parameters to
---out, and with --overlap-out a count of the gradient buckets whose all_reduce was still running
-when DDP's hook returned (async overlap). The test compares tutti's parameters with gloo's.
+With several backends the same training runs once on each, one after the other in the same
+processes (init_process_group, train, destroy_process_group), from the same seeds. Every rank
+trains on batches of its own (seeded by rank); rank 0 saves each backend's final parameters to
+<backend>-<--out>, and with --overlap-out a count of the gradient buckets whose all_reduce was
+still running when DDP's hook returned on rank 0 (async overlap; --lag-ms makes rank 1 late to
+each bucket, so an op that returned at once is still running) to <backend>-<--overlap-out>. The test
+compares tutti's parameters with gloo's.
 """
 
 import argparse
 import datetime
 import os
+import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--backend", default="gloo")
+parser.add_argument("--backend", default="gloo", help="one backend, or several: tutti,gloo")
 parser.add_argument("--wrap", choices=["ddp", "fsdp2"], default="ddp")
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--out", required=True)
 parser.add_argument("--overlap-out", default="")
+parser.add_argument("--lag-ms", type=float, default=0.0,
+                    help="rank 1 waits this long before each bucket's all_reduce")
 args = parser.parse_args()
 
-if args.backend == "tutti":
-    import tutti.torch  # noqa: F401  (registers "tutti")
 
-torch.manual_seed(0)
-torch.use_deterministic_algorithms(True)
-dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=60))
-rank, world = dist.get_rank(), dist.get_world_size()
+def for_backend(path, backend):
+    head, tail = os.path.split(path)
+    return os.path.join(head, f"{backend}-{tail}")
 
-model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                      nn.Linear(256, 8))
-still_running = []
-if args.wrap == "ddp":
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(model, bucket_cap_mb=0.1)  # several buckets, so communication can overlap
+def train(backend):
+    if backend == "tutti":
+        import tutti.torch  # noqa: F401  (registers "tutti")
 
-    def allreduce_hook(state, bucket):
-        # What DDP's default does (sum, then divide), recording whether the op was still running
-        # when the hook handed it back to DDP (and backward went on).
-        work = dist.all_reduce(bucket.buffer(), async_op=True)
-        still_running.append(not work.is_completed())
-        return work.get_future().then(lambda f: f.value()[0].div_(world))
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
 
-    model.register_comm_hook(None, allreduce_hook)
-else:
-    from torch.distributed.fsdp import fully_shard
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                          nn.Linear(256, 8))
+    still_running = []
+    if args.wrap == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+        model = DDP(model, bucket_cap_mb=0.1)  # several buckets, so communication can overlap
 
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-gen = torch.Generator().manual_seed(1000 + rank)
-for step in range(args.steps):
-    x = torch.randn(32, 64, generator=gen)
-    y = torch.randn(32, 8, generator=gen)
-    opt.zero_grad()
-    loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    opt.step()
+        def allreduce_hook(state, bucket):
+            # What DDP's default does (sum, then divide), recording whether the op was still
+            # running when the hook handed it back to DDP (and backward went on). With --lag-ms
+            # rank 1 comes late to each bucket, so rank 0's op cannot be done when its hook
+            # returns, unless all_reduce(async_op=True) waited for it.
+            if rank == 1 and args.lag_ms:
+                time.sleep(args.lag_ms / 1000)
+            work = dist.all_reduce(bucket.buffer(), async_op=True)
+            still_running.append(not work.is_completed())
+            return work.get_future().then(lambda f: f.value()[0].div_(world))
 
-params = []
-for p in model.parameters():
-    full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
-    params.append(full.detach().clone())
-if rank == 0:
-    torch.save(params, args.out)
-    if args.overlap_out:
-        with open(args.overlap_out, "w") as f:
-            f.write(f"{sum(still_running)} {len(still_running)}\n")
-dist.barrier()
-dist.destroy_process_group()
+        model.register_comm_hook(None, allreduce_hook)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    for step in range(args.steps):
+        x = torch.randn(32, 64, generator=gen)
+        y = torch.randn(32, 8, generator=gen)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+
+    params = []
+    for p in model.parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+        params.append(full.detach().clone())
+    if rank == 0:
+        torch.save(params, for_backend(args.out, backend))
+        if args.overlap_out:
+            with open(for_backend(args.overlap_out, backend), "w") as f:
+                f.write(f"{sum(still_running)} {len(still_running)}\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+for name in args.backend.split(","):
+    train(name)
