@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config python3 python3-matplotlib
+  build-essential cmake ninja-build pkg-config python3 python3-venv python3-dev python3-matplotlib
   libgloo-dev libfmt-dev libspdlog-dev libgtest-dev libbenchmark-dev libdlpack-dev
   libasio-dev libhiredis-dev redis-server libopenmpi-dev openmpi-bin iproute2 libssl-dev
   clang-14 libclang-rt-14-dev clang-format-14 libucx-dev ucx-utils

@@ -64,9 +64,10 @@ def test_ddp_trains_as_gloo_does_and_overlaps(tmp_path, nproc):
     running, buckets = (int(x) for x in overlap)
     # 20 steps, at least one bucket each (DDP's bucketing). Rank 1 comes 5 ms late to each
     # bucket: rank 0's all_reduce(async_op=True) returns at once, still running, and backward
-    # goes on (an op that waited for its peer would be done: 0 of them).
+    # goes on (39 of 39 here; an op that waited for its peer would be done: 0 of them; half
+    # leaves room for rank 0 itself held up past the 5 ms on a loaded machine).
     assert buckets >= 20, buckets
-    assert running >= buckets * 9 // 10, (running, buckets)
+    assert running >= buckets // 2, (running, buckets)
 
 
 def test_fsdp2_trains_as_gloo_does(tmp_path):

@@ -98,5 +98,10 @@ def train(backend):
     dist.destroy_process_group()
 
 
-for name in args.backend.split(","):
+names = args.backend.split(",")
+# Each run's default group has the same name and store prefix (destroy_process_group resets
+# them): a backend run twice would meet its first run's keys.
+if len(set(names)) != len(names):
+    parser.error(f"--backend names a backend twice: {args.backend}")
+for name in names:
     train(name)

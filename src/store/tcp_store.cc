@@ -86,8 +86,9 @@ void stop_kept_servers() {
   static_cast<void>(asio::error::get_misc_category());
   static_cast<void>(asio::error::get_ssl_category());
   static_cast<void>(asio::ssl::error::get_stream_category());
-  // OpenSSL's own exit cleanup then runs after the kept servers (TLS ones) stopped.
-  OPENSSL_init_ssl(0, nullptr);
+  // OpenSSL initialised without its exit-time teardown (detail::openssl_init): threads of
+  // tutti's may still use it then.
+  detail::openssl_init();
   std::atexit(stop_kept_servers);
   return true;
 }();

@@ -12,7 +12,16 @@
 
 namespace tutti::detail {
 
+void openssl_init() {
+#ifdef OPENSSL_INIT_NO_ATEXIT  // OpenSSL 1.1.1b and later
+  // A failure here shows as the failure of the call that follows (each checks its own).
+  static const bool initialised = OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+  static_cast<void>(initialised);
+#endif
+}
+
 std::array<uint8_t, 32> sha256(const std::string& data) {
+  openssl_init();
   std::array<uint8_t, 32> out{};
   unsigned int len = 0;
   if (EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr) != 1 ||
@@ -23,6 +32,7 @@ std::array<uint8_t, 32> sha256(const std::string& data) {
 }
 
 std::array<uint8_t, 32> hmac_sha256(const std::string& key, const std::string& message) {
+  openssl_init();
   std::array<uint8_t, 32> out{};
   unsigned int len = 0;
   // HMAC() takes the key's length as an int.
