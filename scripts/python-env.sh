@@ -5,53 +5,30 @@
 # incrementally (its build tree is build/python/), from build/'s libraries where that tree is.
 # Prints the venv's python on its last line.
 #
-#   scripts/python-env.sh --fetch   only download the pinned wheels (into <venv>.wheels), for
-#                                   the next run to install without the network; scripts/test.sh
-#                                   runs it in the background while the C++ builds and is tested
+#   scripts/python-env.sh --venv   only make (or check) the venv, not the package: scripts/test.sh
+#                                  runs this in the background while the C++ builds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${TUTTI_VENV:-$PWD/build/venv}
 req=python/requirements.txt
 stamp="$venv/.tutti-requirements"
-wheels="$venv.wheels"
 # Debian's interpreter: python3-venv and python3-dev are installed for it (setup-debian.sh).
 base=${TUTTI_PYTHON:-/usr/bin/python3}
 
-if [ "${1:-}" = "--fetch" ]; then
-  if [ -x "$venv/bin/python" ] && cmp -s "$req" "$stamp"; then
-    exit 0  # nothing to fetch: the venv is up to date
-  fi
-  rm -rf "$venv" "$wheels" "$wheels.part"
-  mkdir -p "$wheels.part"
-  trap 'rm -rf "$wheels.part"' EXIT  # a failed or stopped download leaves nothing
-  # What is downloaded is what the stamp says, even if requirements.txt changes meanwhile.
-  cp "$req" "$wheels.part/requirements.txt"
-  "$base" -m venv "$venv"
-  "$venv/bin/python" -m pip download -q --no-cache-dir -d "$wheels.part" \
-    -r "$wheels.part/requirements.txt" >&2
-  mv "$wheels.part" "$wheels"
-  echo "python-env: fetched the pinned wheels in $SECONDS s" >&2
-  exit 0
-fi
-
 if [ ! -x "$venv/bin/python" ] || ! cmp -s "$req" "$stamp"; then
-  if [ -x "$venv/bin/python" ] && cmp -s "$req" "$wheels/requirements.txt"; then
-    echo "python-env: installing the pinned packages of $req from $wheels" >&2
-    if ! "$venv/bin/python" -m pip install -q --no-index --find-links "$wheels" -r "$req" >&2; then
-      echo "python-env: that failed; downloading them again" >&2
-      rm -rf "$venv" "$wheels"
-      "$base" -m venv "$venv"
-      "$venv/bin/python" -m pip install -q -r "$req" >&2
-    fi
-  else
-    echo "python-env: creating $venv (pinned packages of $req)" >&2
-    rm -rf "$venv"
-    "$base" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q -r "$req" >&2
-  fi
-  rm -rf "$wheels"
+  echo "python-env: creating $venv (pinned packages of $req)" >&2
+  rm -rf "$venv"
+  "$base" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --no-compile -r "$req" >&2
+  # Byte-compiled on every core (pip's own pass takes one file at a time). A few files in the
+  # packages are templates, not Python, and do not compile; pip's pass skips them too.
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$venv/bin/python" -m compileall -q -j0 "$site" >/dev/null 2>&1 || true
   cp "$req" "$stamp"
   echo "python-env: the venv took $SECONDS s" >&2
+fi
+if [ "${1:-}" = "--venv" ]; then
+  exit 0
 fi
 # --no-build-isolation: build with the venv's pinned scikit-build-core and nanobind (and against
 # its torch: tutti._torch).

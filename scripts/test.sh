@@ -12,20 +12,27 @@ start=$SECONDS
 scripts/setup-debian.sh
 scripts/format.sh --check  # the tree follows .clang-format (scripts/format.sh applies it)
 echo "test.sh: the set-up took $((SECONDS - start)) s"
-# The Python part's wheels (torch's and Ray's, gigabytes) download in the background while the
-# C++ builds and its tests run; the Python part installs them without the network. Should the
-# download fail, the Python part downloads them itself.
-fetch=
+# The Python part's venv (torch's and Ray's wheels, gigabytes to download and unpack) is made in
+# the background while the C++ builds; the tests start once both are done, on a quiet machine.
+# Should it fail, the Python part makes it again and says why.
+venv_job=
 if [ "${TUTTI_TEST_PYTHON:-1}" = "1" ]; then
   mkdir -p build
-  scripts/python-env.sh --fetch > build/python-fetch.log 2>&1 &
-  fetch=$!
-  # A failed build or test ends the command: the download goes with it.
-  trap 'pkill -P "$fetch" 2>/dev/null; kill "$fetch" 2>/dev/null; true' EXIT
+  scripts/python-env.sh --venv > build/python-venv.log 2>&1 &
+  venv_job=$!
+  # A failed build ends the command: the venv's making goes with it.
+  trap 'pkill -P "$venv_job" 2>/dev/null; kill "$venv_job" 2>/dev/null; true' EXIT
 fi
 start=$SECONDS
 scripts/build.sh
 echo "test.sh: the build took $((SECONDS - start)) s"
+if [ -n "$venv_job" ]; then
+  start=$SECONDS
+  wait "$venv_job" || echo "test.sh: making the venv in the background failed:" \
+    "$(tail -n 3 build/python-venv.log)"
+  trap - EXIT
+  echo "test.sh: waited $((SECONDS - start)) s more for the venv; $(tail -n 1 build/python-venv.log)"
+fi
 exclude=(-LE large)
 if [ "${TUTTI_TEST_LARGE:-0}" = "1" ]; then
   exclude=()
@@ -35,10 +42,6 @@ start=$SECONDS
 echo "test.sh: the tests took $((SECONDS - start)) s"
 if [ "${TUTTI_TEST_PYTHON:-1}" = "1" ]; then
   start=$SECONDS
-  wait "$fetch" || echo "test.sh: the background download of the wheels failed:" \
-    "$(tail -n 3 build/python-fetch.log)"
-  trap - EXIT
-  echo "test.sh: waited $((SECONDS - start)) s for the wheels; $(tail -n 1 build/python-fetch.log)"
   python=$(scripts/python-env.sh | tail -n 1)
   # From the top level: run inside python/, the source tree's tutti/ (no extension module)
   # would shadow the installed package.
