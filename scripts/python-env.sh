@@ -37,7 +37,8 @@ fi
 # such tree) builds them from the sources, as pip install ./python does.
 start=$SECONDS
 # Always given (empty: from the sources), so a value cached by an earlier build does not stay.
-config=(-C "cmake.define.TUTTI_PREBUILT=")
+# --config-settings, not -C: Debian's venv brings pip 23.0, which lacks the short form.
+config=(--config-settings="cmake.define.TUTTI_PREBUILT=")
 if [ "${TUTTI_PYTHON_FROM_SOURCE:-0}" != "1" ] && [ -f build/TuttiConfig.cmake ] &&
   grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' build/CMakeCache.txt; then
   targets=(tutti tutti-run)
@@ -45,7 +46,7 @@ if [ "${TUTTI_PYTHON_FROM_SOURCE:-0}" != "1" ] && [ -f build/TuttiConfig.cmake ]
     [ -f "build/Tutti$(echo "${backend#tutti_}" | sed 's/./\U&/')Targets.cmake" ] && targets+=("$backend")
   done
   cmake --build build -j"$(nproc)" --target "${targets[@]}" >&2
-  config=(-C "cmake.define.TUTTI_PREBUILT=$PWD/build")
+  config=(--config-settings="cmake.define.TUTTI_PREBUILT=$PWD/build")
   echo "python-env: the package takes build/'s libraries (${targets[*]})" >&2
 fi
 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps "${config[@]}" ./python >&2
