@@ -41,13 +41,9 @@ start=$SECONDS
 config=(--config-settings="cmake.define.TUTTI_PREBUILT=")
 if [ "${TUTTI_PYTHON_FROM_SOURCE:-0}" != "1" ] && [ -f build/TuttiConfig.cmake ] &&
   grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' build/CMakeCache.txt; then
-  targets=(tutti tutti-run)
-  for backend in tutti_shm tutti_gloo tutti_nccl; do
-    [ -f "build/Tutti$(echo "${backend#tutti_}" | sed 's/./\U&/')Targets.cmake" ] && targets+=("$backend")
-  done
-  cmake --build build -j"$(nproc)" --target "${targets[@]}" >&2
+  cmake --build build -j"$(nproc)" --target tutti_python_parts >&2
   config=(--config-settings="cmake.define.TUTTI_PREBUILT=$PWD/build")
-  echo "python-env: the package takes build/'s libraries (${targets[*]})" >&2
+  echo "python-env: the package takes build/'s libraries and tutti-run" >&2
 fi
 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps "${config[@]}" ./python >&2
 echo "python-env: the package build took $((SECONDS - start)) s" >&2

@@ -86,9 +86,7 @@ void stop_kept_servers() {
   static_cast<void>(asio::error::get_misc_category());
   static_cast<void>(asio::error::get_ssl_category());
   static_cast<void>(asio::ssl::error::get_stream_category());
-  // OpenSSL initialised without its exit-time teardown (detail::openssl_init): threads of
-  // tutti's may still use it then.
-  detail::openssl_init();
+  // OpenSSL has no exit-time teardown to order against (util/crypto.cc initialises it so).
   std::atexit(stop_kept_servers);
   return true;
 }();

@@ -12,16 +12,22 @@
 
 namespace tutti::detail {
 
-void openssl_init() {
-#ifdef OPENSSL_INIT_NO_ATEXIT  // OpenSSL 1.1.1b and later
-  // A failure here shows as the failure of the call that follows (each checks its own).
-  static const bool initialised = OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
-  static_cast<void>(initialised);
+namespace {
+
+// OpenSSL initialised when libtutti loads, before anything of tutti's can call it, without its
+// exit-time teardown. tutti's threads may outlive main (a hosted TCP store lingers for its
+// clients, over TLS too), and that teardown frees OpenSSL's global locks under them: tutti asks
+// OpenSSL not to register it (OPENSSL_INIT_NO_ATEXIT, 1.1.1b and later; the kernel reclaims the
+// memory at exit). Where the program initialised OpenSSL before libtutti loaded, its choice
+// stands. A failure here shows as the failure of the call that follows (each checks its own).
+#ifdef OPENSSL_INIT_NO_ATEXIT
+[[maybe_unused]] const bool kOpenSslInitialised =
+    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
 #endif
-}
+
+}  // namespace
 
 std::array<uint8_t, 32> sha256(const std::string& data) {
-  openssl_init();
   std::array<uint8_t, 32> out{};
   unsigned int len = 0;
   if (EVP_Digest(data.data(), data.size(), out.data(), &len, EVP_sha256(), nullptr) != 1 ||
@@ -32,7 +38,6 @@ std::array<uint8_t, 32> sha256(const std::string& data) {
 }
 
 std::array<uint8_t, 32> hmac_sha256(const std::string& key, const std::string& message) {
-  openssl_init();
   std::array<uint8_t, 32> out{};
   unsigned int len = 0;
   // HMAC() takes the key's length as an int.

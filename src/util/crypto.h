@@ -22,14 +22,6 @@ inline bool same_secret(const std::string& a, const std::string& b) {
   return same_secret(a.data(), a.size(), b.data(), b.size());
 }
 
-// Initialises OpenSSL for tutti, once per process: when libtutti loads (tcp_store.cc's static
-// initialiser), and again, harmlessly, before tutti's hashes and TLS contexts. tutti's threads
-// may outlive main (a hosted TCP store lingers for its clients, over TLS too), so OpenSSL's
-// exit-time teardown, which frees its global locks, would run under them: tutti asks OpenSSL not
-// to register it (OPENSSL_INIT_NO_ATEXIT; the kernel reclaims the memory at exit). Where the
-// program initialised OpenSSL before libtutti loaded, its choice stands.
-void openssl_init();
-
 // n bytes from getrandom(2), which blocks only until the kernel's pool is first seeded. Throws
 // tutti::Error (kInternal) if the kernel refuses.
 std::string random_bytes(size_t n);

@@ -109,7 +109,6 @@ std::shared_ptr<SSL_CTX> make_psk_context(bool server, const std::string& secret
     throw Error(ErrorCode::kInvalidArgument,
                 label + ": TLS needs a secret (its key is derived from it): set one");
   }
-  openssl_init();
   std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(server ? TLS_server_method() : TLS_client_method()),
                                SSL_CTX_free);
   if (!ctx) throw Error(ErrorCode::kInternal, label + ": SSL_CTX_new: " + tls_error_text());
