@@ -82,6 +82,19 @@ TEST(Processes, TheStoresHostMissingOrDeadIsNamed) {
   }
 }
 
+// A caller's own TCP store outlives its host's destroy for the others (scenario_caller_store):
+// the late rank's destroy takes well under its 5 s store timeout.
+TEST(Processes, ACallersStoreOutlivesItsHostsDestroyForTheOthers) {
+  TempDir dir;
+  auto results = run_workers("caller_store", 2, file_url(dir), milliseconds(30000), {"5000"});
+  expect_all_ok(results);
+  for (const auto& r : results) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("destroy_ms=([0-9]+)"))) << r.output;
+    EXPECT_LT(std::stoi(m[1]), 1000) << r.output;
+  }
+}
+
 TEST(Processes, OpTimeoutAbortsTheGroup) {
   TempDir dir;
   auto results = run_workers("op_timeout", 2, file_url(dir), milliseconds(60000), {"1000"});

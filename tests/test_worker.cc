@@ -163,6 +163,38 @@ void scenario_host_gone(const Args& a) {
   std::fprintf(stderr, "elapsed_ms=%.0f\n", ms_since(start));
 }
 
+// The caller's own TCP store (GroupOptions::store), as tutti.ray makes one: rank 0 hosts it on
+// port 0 (the server goes with its last TCPStore) and tells the others the port through the
+// file store `a.store_url`. Rank 0 destroys and drops its store at once and lives on; rank 1
+// destroys a second later, and its teardown still finds the store (it waited out its store's
+// whole timeout when the server went with its caller's last reference).
+void scenario_caller_store(const Args& a) {
+  auto ports = open_store(a.store_url, a.timeout);
+  TCPStoreOptions so;
+  so.host = a.rank == 0;
+  so.timeout = a.timeout;
+  GroupOptions o;
+  if (a.rank == 0) {
+    o.store = std::make_shared<TCPStore>("127.0.0.1", 0, so);
+    ports->set("port", std::to_string(dynamic_cast<TCPStore&>(*o.store).port()));
+  } else {
+    o.store = std::make_shared<TCPStore>("127.0.0.1",
+                                         static_cast<uint16_t>(std::stoi(ports->get("port"))), so);
+  }
+  o.timeout = a.timeout;
+  auto g = CollectiveGroup::create(a.world, a.rank, "gloo", "callers", o);
+  o.store.reset();
+  std::vector<float> v(4, 1.0f);
+  g->allreduce(v);
+  require(v[0] == static_cast<float>(a.world), "allreduce");
+  if (a.rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const auto start = Clock::now();
+  g->destroy();
+  g.reset();
+  std::fprintf(stderr, "destroy_ms=%.0f\n", ms_since(start));
+  if (a.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+}
+
 void scenario_op_timeout(const Args& a) {
   // Rank 1 joins but never calls the allreduce; rank 0's times out and aborts the group.
   GroupOptions o = options(a);
@@ -552,6 +584,7 @@ int main(int argc, char** argv) {
       {"ray", scenario_ray},
       {"never_arrive", scenario_never_arrive},
       {"host_gone", scenario_host_gone},
+      {"caller_store", scenario_caller_store},
       {"op_timeout", scenario_op_timeout},
       {"mismatch", scenario_mismatch},
       {"exit_without_destroy", scenario_exit_without_destroy},

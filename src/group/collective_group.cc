@@ -414,6 +414,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   for (const auto& r : m.ranks) s->starts.push_back(r.start);
   s->store = choice.store;
   s->owns_store = choice.owned;
+  s->caller_store = !choice.owned;
   s->scope = m.scope;
   s->root_scope = m.scope;
   s->ledger = std::make_shared<detail::LedgerStore>(choice.store, detail::ledger_of(m.scope));
@@ -1084,9 +1085,14 @@ void CollectiveGroup::leave_store() {
   const detail::JoinRecord mine = detail::JoinRecord::decode(s.join_record);
   detail::forget_join(mine);
   auto* tcp = dynamic_cast<TCPStore*>(s.store.get());
-  if (s.owns_store && tcp != nullptr && s.world_size > 1) {
+  // A TCP store the caller gave a root group (GroupOptions::store) is treated as one the group
+  // opened: its host keeps serving until the others have left. A caller that drops its store
+  // right after destroy (tutti.ray does) would otherwise leave the others' teardown waiting out
+  // their store timeout. Only the timeout of a store the group opened is the group's to cut.
+  const bool lingers = s.owns_store || (s.caller_store && !s.aborted.load());
+  if (tcp != nullptr && s.world_size > 1 && lingers) {
     // Best effort and brief: a host that is already gone must not hold destroy up.
-    tcp->set_timeout(std::chrono::milliseconds(2000));
+    if (s.owns_store) tcp->set_timeout(std::chrono::milliseconds(2000));
     try {
       detail::leave(*tcp, s.scope, s.rank, mine);
       tcp->set(s.scope + "/left/" + std::to_string(s.rank), "1");
