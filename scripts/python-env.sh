@@ -19,11 +19,11 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$req" "$stamp"; then
   echo "python-env: creating $venv (pinned packages of $req)" >&2
   rm -rf "$venv"
   "$base" -m venv "$venv"
+  # Not byte-compiled here: Python compiles a module when it is first imported and keeps the
+  # result. For what tutti and its tests import (torch, Ray, numpy) that took 9 s of CPU once;
+  # compiling every file of the packages up front (pip's pass, or compileall on every core) took
+  # its CPU from the C++ build this runs beside (scripts/test.sh).
   "$venv/bin/python" -m pip install -q --no-compile -r "$req" >&2
-  # Byte-compiled on every core (pip's own pass takes one file at a time). A few files in the
-  # packages are templates, not Python, and do not compile; pip's pass skips them too.
-  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  "$venv/bin/python" -m compileall -q -j0 "$site" >/dev/null 2>&1 || true
   cp "$req" "$stamp"
   echo "python-env: the venv took $SECONDS s" >&2
 fi

@@ -13,12 +13,19 @@
 #
 #   scripts/sanitize.sh            # all three
 #   scripts/sanitize.sh asan fuzz  # some
+#   scripts/sanitize.sh --build    # only build them (scripts/test.sh does so in the background,
+#                                  # at idle priority, while the plain tests run)
 #
 # Suppressions (tests/sanitizers/*.supp) are for third-party code only, each with its reason.
 # Findings fail the run: UBSan's are errors (-fno-sanitize-recover), not warnings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+build_only=0
+if [ "${1:-}" = "--build" ]; then
+  build_only=1
+  shift
+fi
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(asan tsan fuzz)
 jobs=$(nproc)
@@ -35,10 +42,13 @@ export TUTTI_TEST_LIGHT=1
 # runs both).
 asan_skip='Package\.|TCPStoreServerLimits\.OutOfDescriptorsPausesAcceptingAndWarnsOnce'
 
+# -O0 but for the data path (TUTTI_HOT_FLAGS in CMakeLists.txt says which code that is), at -O1.
+opt="-O0 -g1"
+
 configure_asan() {
   CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=None \
-    -DCMAKE_C_FLAGS="-O1 -g1" -DCMAKE_CXX_FLAGS="-O1 -g1" -DTUTTI_SANITIZE="address;undefined" \
-    -DTUTTI_FUZZ=ON -DTUTTI_CUDA_HEADERS=DECLARED >/dev/null
+    -DCMAKE_C_FLAGS="$opt" -DCMAKE_CXX_FLAGS="$opt" -DTUTTI_HOT_FLAGS=-O1 \
+    -DTUTTI_SANITIZE="address;undefined" -DTUTTI_FUZZ=ON -DTUTTI_CUDA_HEADERS=DECLARED >/dev/null
 }
 
 for part in "${parts[@]}"; do
@@ -48,12 +58,13 @@ for part in "${parts[@]}"; do
       configure_asan
       cmake --build build-asan -j"$jobs"
       echo "sanitize: the asan build took $((SECONDS - start)) s" >&2
+      [ "$build_only" = 1 ] && continue
       (cd build-asan && ctest -j"$jobs" --output-on-failure --timeout 900 -LE "large|gpu" \
         -E "$asan_skip")
       ;;
     tsan)
-      cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="-O1 -g1" \
-        -DCMAKE_CXX_FLAGS="-O1 -g1" -DTUTTI_SANITIZE=thread >/dev/null
+      cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_C_FLAGS="$opt" \
+        -DCMAKE_CXX_FLAGS="$opt" -DTUTTI_HOT_FLAGS=-O1 -DTUTTI_SANITIZE=thread >/dev/null
       # The threaded parts: async ops and abort, splits, grow, batched p2p, the direct transport
       # and its two-sided transports, the TCP store in TLS, and the NCCL backend's host logic on
       # the stand-in.
@@ -69,6 +80,7 @@ for part in "${parts[@]}"; do
       fi
       cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
       echo "sanitize: the tsan build took $((SECONDS - start)) s" >&2
+      [ "$build_only" = 1 ] && continue
       # Not under TSan: the 1 GiB cancel, whose copies and checks of 1 GiB took 100 s of the
       # run's 130 under TSan's instrumentation; the same cancel and abort paths run under TSan
       # in CancelAndAbortEndGetsAndTheAgentStaysUsable, and the 1 GiB one runs in the plain and
@@ -79,6 +91,7 @@ for part in "${parts[@]}"; do
     fuzz)
       configure_asan
       cmake --build build-asan -j"$jobs" --target tutti_fuzzers
+      [ "$build_only" = 1 ] && continue
       secs=${FUZZ_SECONDS:-20}
       # A fixed seed and a fresh corpus (the seeds only): a run explores the same inputs in the
       # same order wherever it runs, so the test command's run is a prefix of what passed here

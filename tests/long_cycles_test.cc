@@ -1,7 +1,7 @@
 // 1000 destroy/re-create cycles of a Gloo group on every store kind (label "large": about 40 s
 // a kind here, past the CI budget; TUTTI_TEST_LARGE=1 scripts/test.sh runs it). The default run
-// has 1000 shm cycles on each kind and 150 Gloo ones through the TCP store rank 0 hosts
-// (fault_test's Cycles).
+// has 1000 shm cycles through the file store, 250 through each other kind and 150 Gloo ones
+// through the TCP store rank 0 hosts (fault_test's Cycles).
 #include "fault_util.h"
 
 namespace tutti::testing {
