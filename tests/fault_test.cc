@@ -212,8 +212,9 @@ INSTANTIATE_TEST_SUITE_P(Stores, StaleKeys, ::testing::Values("file", "redis", "
 // shm takes 1000 through the file store (RSS, checked outside AddressSanitizer, needs the
 // thousand to show a small leak) and 250 through the others (a leaked fd, thread or key shows
 // in any cycle; the store's part is what differs); Gloo, whose cycle takes ~35 ms here, 150
-// through the TCP store rank 0 hosts. The sanitizer run (TUTTI_TEST_LIGHT=1) takes 250 shm
-// cycles on every kind: LeakSanitizer sees a leak in one cycle as in a thousand.
+// through the TCP store rank 0 hosts. The sanitizer run (TUTTI_TEST_LIGHT=1) takes 150 cycles on
+// every kind: LeakSanitizer sees a leak in one cycle as in a thousand, and the worker's fd and
+// thread counts need 150.
 // long_cycles_test (label "large") takes 1000 on every kind.
 class Cycles : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
@@ -221,7 +222,7 @@ TEST_P(Cycles, DestroyAndCreateAgainLeavesNothingBehind) {
   const auto& [backend, kind] = GetParam();
   // At least 150: the worker checks fds and threads from its 50th cycle on.
   const bool thousand = kind == "file" && !light_test_run();
-  run_cycles(backend, kind, backend == "gloo" ? 150 : (thousand ? 1000 : 250));
+  run_cycles(backend, kind, backend == "gloo" || light_test_run() ? 150 : (thousand ? 1000 : 250));
 }
 
 INSTANTIATE_TEST_SUITE_P(

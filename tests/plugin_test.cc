@@ -147,7 +147,9 @@ TEST(PluginUcx, CarriesTensorsAndViewsAndRefusesAFreedObject) {
   std::printf("put of 1000 views over ucx: first %.0f us, again %.0f us\n",
               std::chrono::duration<double, std::micro>(first).count(),
               std::chrono::duration<double, std::micro>(again).count());
-  EXPECT_LT(again, std::chrono::milliseconds(50));  // a hang guard; the bench measures it
+  // A hang guard (the bench measures the time): the sanitizer build, -O0, took 27-58 ms for it
+  // with the CPU shared, and a 50 ms bound failed there.
+  EXPECT_LT(again, std::chrono::seconds(2));
   const TensorRef ref = h.ref();
   h.release();
   h2.release();
