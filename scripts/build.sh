@@ -32,4 +32,8 @@ fi
 # but tests/ and the directories under it.
 mapfile -t dirs < <(ninja -C build -t targets all | sed -n 's|^\(.*/all\): phony$|\1|p' |
   grep -v '^tests\(/\|$\)')
+if [ ${#dirs[@]} -eq 0 ]; then
+  echo "build.sh: ninja -C build -t targets all named no directory targets" >&2
+  exit 1
+fi
 cmake --build build -j"$(nproc)" --target "${dirs[@]}" "${named[@]}"
