@@ -84,15 +84,25 @@ TEST(Processes, TheStoresHostMissingOrDeadIsNamed) {
 
 // A caller's own TCP store outlives its host's destroy for the others (scenario_caller_store):
 // the late rank's destroy takes well under its 5 s store timeout.
-TEST(Processes, ACallersStoreOutlivesItsHostsDestroyForTheOthers) {
+void expect_quick_destroys(const char* scenario, int world) {
   TempDir dir;
-  auto results = run_workers("caller_store", 2, file_url(dir), milliseconds(30000), {"5000"});
+  auto results = run_workers(scenario, world, file_url(dir), milliseconds(30000), {"5000"});
   expect_all_ok(results);
-  for (const auto& r : results) {
+  for (int i = 0; i < 2; ++i) {  // rank 2 (shrunk: the rank that left) destroys no shrunk group
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(r.output, m, std::regex("destroy_ms=([0-9]+)"))) << r.output;
-    EXPECT_LT(std::stoi(m[1]), 1000) << r.output;
+    ASSERT_TRUE(std::regex_search(results[i].output, m, std::regex("destroy_ms=([0-9]+)")))
+        << results[i].output;
+    EXPECT_LT(std::stoi(m[1]), 1000) << results[i].output;
   }
+}
+
+TEST(Processes, ACallersStoreOutlivesItsHostsDestroyForTheOthers) {
+  expect_quick_destroys("caller_store", 2);
+}
+
+// As above, for the group the survivors shrink to (it takes the parent's leaving over).
+TEST(Processes, ACallersStoreOutlivesItsHostsDestroyOfAShrunkGroup) {
+  expect_quick_destroys("caller_store_shrunk", 3);
 }
 
 TEST(Processes, OpTimeoutAbortsTheGroup) {

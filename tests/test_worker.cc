@@ -167,8 +167,10 @@ void scenario_host_gone(const Args& a) {
 // port 0 (the server goes with its last TCPStore) and tells the others the port through the
 // file store `a.store_url`. Rank 0 destroys and drops its store at once and lives on; rank 1
 // destroys a second later, and its teardown still finds the store (it waited out its store's
-// whole timeout when the server went with its caller's last reference).
-void scenario_caller_store(const Args& a) {
+// whole timeout when the server went with its caller's last reference). `shrunk`: world 3, and
+// the group destroyed so is the one ranks 0 and 1 shrink to after rank 2 left (a shrink's group
+// takes the store's leaving over from its parent).
+void caller_store(const Args& a, bool shrunk) {
   auto ports = open_store(a.store_url, a.timeout);
   TCPStoreOptions so;
   so.host = a.rank == 0;
@@ -187,12 +189,35 @@ void scenario_caller_store(const Args& a) {
   std::vector<float> v(4, 1.0f);
   g->allreduce(v);
   require(v[0] == static_cast<float>(a.world), "allreduce");
+  std::shared_ptr<CollectiveGroup> parent;
+  if (shrunk) {
+    if (a.rank == 2) {
+      g->destroy();
+      return;
+    }
+    ShrinkOptions sh;
+    sh.exclude = {2};
+    parent = g;
+    g = parent->shrink(sh);
+    std::fill(v.begin(), v.end(), 1.0f);
+    g->allreduce(v);
+    require(g->world_size() == 2 && v[0] == 2.0f, "allreduce of the shrunk group");
+  }
   if (a.rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   const auto start = Clock::now();
   g->destroy();
   g.reset();
+  if (parent) parent->destroy();
+  parent.reset();
   std::fprintf(stderr, "destroy_ms=%.0f\n", ms_since(start));
   if (a.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+}
+
+void scenario_caller_store(const Args& a) {
+  caller_store(a, false);
+}
+void scenario_caller_store_shrunk(const Args& a) {
+  caller_store(a, true);
 }
 
 void scenario_op_timeout(const Args& a) {
@@ -585,6 +610,7 @@ int main(int argc, char** argv) {
       {"never_arrive", scenario_never_arrive},
       {"host_gone", scenario_host_gone},
       {"caller_store", scenario_caller_store},
+      {"caller_store_shrunk", scenario_caller_store_shrunk},
       {"op_timeout", scenario_op_timeout},
       {"mismatch", scenario_mismatch},
       {"exit_without_destroy", scenario_exit_without_destroy},

@@ -730,6 +730,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   // without waiting for anyone), so the survivors' group takes the leaving over: its ranks note
   // their departures, and the store's host keeps serving until they have left.
   sub->owns_store = after_failure && s.owns_store;
+  sub->caller_store = after_failure && s.caller_store;
   sub->scope = m.scope;
   sub->root_scope = s.root_scope;
   sub->join_record = mine.encode();
@@ -760,7 +761,7 @@ namespace {
 // (its ranks' departures are noted under its scope) whose keys are noted in the members' ledger.
 std::shared_ptr<CollectiveGroup::State> grown_state(
     const detail::Admission& a, const detail::Membership& m, int rank, const BackendInfo& info,
-    std::shared_ptr<Store> store, std::shared_ptr<Store> ledger, bool owns_store,
+    std::shared_ptr<Store> store, std::shared_ptr<Store> ledger, bool owns_store, bool caller_store,
     const detail::JoinRecord& mine, const std::string& admit_key) {
   const int world = a.world + a.add;
   auto g = std::make_shared<CollectiveGroup::State>();
@@ -778,6 +779,7 @@ std::shared_ptr<CollectiveGroup::State> grown_state(
   g->store = std::move(store);
   g->ledger = std::move(ledger);
   g->owns_store = owns_store;
+  g->caller_store = caller_store;
   g->scope = m.scope;
   g->root_scope = m.scope;
   g->admit_key = admit_key;
@@ -874,7 +876,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
       return detail::meet(*stoppable, a.base + "/group", world, s.rank, mine, timeout);
     });
     info = settled_backend(sub_ctx, requested, info, a.inherited, m.hosts());
-    g = grown_state(a, m, s.rank, info, s.store, s.ledger, s.owns_store, mine, s.admit_key);
+    g = grown_state(a, m, s.rank, info, s.store, s.ledger, s.owns_store, s.caller_store, mine,
+                    s.admit_key);
     attach_backend(*g, info, backend_context(*g, stoppable), sub_ctx, stoppable.get());
   } catch (const Error&) {
     // A process that comes later waits for the next grow instead of this failed one (one that
@@ -973,7 +976,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
                         std::max(left(), std::chrono::milliseconds(a.meet_ms)));
   });
   info = settled_backend(sub_ctx, a.requested, info, a.inherited, m.hosts());
-  auto g = grown_state(a, m, rank, info, choice.store, ledger, choice.owned, mine, admit_key);
+  auto g = grown_state(a, m, rank, info, choice.store, ledger, choice.owned, !choice.owned, mine,
+                       admit_key);
   try {
     attach_backend(*g, info, backend_context(*g), sub_ctx);
   } catch (const Error&) {

@@ -53,10 +53,12 @@ struct CollectiveGroup::State {
   std::string admit_key;      // where grow() invites new processes (its root's base + /admit)
   std::string ledger_prefix;  // where `ledger` notes keys (its root's incarnation's)
   int64_t incarnation = 0;
-  bool owns_store = false;    // opened from a URL by this group
-  bool caller_store = false;  // a root group's store the caller gave (GroupOptions::store)
-  std::string instance;       // names OS resources (see BackendContext)
-  std::string join_record;    // this rank's claim in the store (given back at destroy)
+  bool owns_store = false;  // opened from a URL by this group
+  // A root group's store the caller gave (GroupOptions::store), or that of the root group it
+  // was shrunk or grown from: its host lingers at destroy as for an owned one.
+  bool caller_store = false;
+  std::string instance;     // names OS resources (see BackendContext)
+  std::string join_record;  // this rank's claim in the store (given back at destroy)
 
   // What the backend supports, read once at creation so validation never touches it.
   std::array<bool, 2> device_supported{};  // by DeviceType
