@@ -13,8 +13,9 @@ interleaved size by size (tutti, gloo, tutti's own, then the next round), each r
 call on its own clock; an iteration counts at its slowest rank; medians over the timed iterations.
 Then a DDP step (forward, backward, bucketed all_reduce, SGD) of a small MLP on each backend.
 
-Writes JSON (raw and medians) and a Markdown table into --out, and prints the table; the
-per-call overhead over tutti's own Python call at 8 B is printed against its goal (<= 3 us).
+Writes JSON (raw and medians), a Markdown table and a plot (SVG) into --out, and prints the
+table; the per-call overhead over tutti's own Python call at 8 B is printed against its goal
+(<= 3 us).
 """
 
 import argparse
@@ -36,10 +37,12 @@ def free_port():
 
 
 def sizes(lo, hi):
+    """lo, 4 lo, 16 lo, ... and hi itself (8 B to 64 MiB: ... 8 MiB, 32 MiB, 64 MiB)."""
     s = lo
-    while s <= hi:
+    while s < hi:
         yield s
         s *= 4
+    yield hi
 
 
 def iters_for(nbytes):
@@ -146,6 +149,62 @@ def run_world(world, args):
     return rows, ddp
 
 
+def svg_plot(report):
+    """A log-log plot per world size (us per call against size), as SVG: no plotting package."""
+    import math
+
+    series = [("tutti", "#1f77b4"), ("gloo", "#d62728"), ("tutti (own Python call)", "#2ca02c")]
+    pw, ph, ml, mt, mb = 460, 300, 60, 30, 45
+    worlds = sorted(report)
+    width = len(worlds) * (pw + ml + 20) + 20
+    height = ph + mt + mb + 40
+    values = [r[n] for w in worlds for r in report[w]["allreduce"].values() for n, _ in series]
+    sizes_all = [n for w in worlds for n in report[w]["allreduce"]]
+    y_lo = 10 ** math.floor(math.log10(min(values)))
+    y_hi = max(10 ** math.ceil(math.log10(max(values))), 10 * y_lo)
+    x_lo, x_hi = math.log2(min(sizes_all)), math.log2(max(sizes_all))
+    x_hi = max(x_hi, x_lo + 1)  # one size: a point at the left
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           'font-family="sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>']
+    for i, world in enumerate(worlds):
+        x0 = 20 + i * (pw + ml + 20) + ml
+        def px(nbytes):
+            return x0 + (math.log2(nbytes) - x_lo) / (x_hi - x_lo) * pw
+        def py(us):
+            return mt + ph - (math.log10(us) - math.log10(y_lo)) / (
+                math.log10(y_hi) - math.log10(y_lo)) * ph
+        out.append(f'<text x="{x0 + pw / 2}" y="18" text-anchor="middle" font-size="13">'
+                   f'torch.distributed all_reduce, {world} ranks (float32 sum)</text>')
+        out.append(f'<rect x="{x0}" y="{mt}" width="{pw}" height="{ph}" fill="none" '
+                   'stroke="#888"/>')
+        decade = y_lo
+        while decade <= y_hi:
+            y = py(decade)
+            out.append(f'<line x1="{x0}" x2="{x0 + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
+            out.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">{decade:g}</text>')
+            decade *= 10
+        out.append(f'<text x="{x0 - 45}" y="{mt + ph / 2}" text-anchor="middle" '
+                   f'transform="rotate(-90 {x0 - 45} {mt + ph / 2})">us per call (median)</text>')
+        rows = report[world]["allreduce"]
+        for k, nbytes in enumerate(sorted(rows)):
+            if k % 2 == 0 or nbytes == max(rows):
+                out.append(f'<text x="{px(nbytes):.1f}" y="{mt + ph + 15}" '
+                           f'text-anchor="middle">{human(nbytes)}</text>')
+        out.append(f'<text x="{x0 + pw / 2}" y="{mt + ph + 32}" text-anchor="middle">'
+                   'size per rank</text>')
+        for j, (name, colour) in enumerate(series):  # a line each, its legend below
+            points = " ".join(f"{px(n):.1f},{py(rows[n][name]):.1f}" for n in sorted(rows))
+            out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" '
+                       'stroke-width="2"/>')
+            ly, lx = mt + ph + 50, x0 + j * 150
+            out.append(f'<line x1="{lx}" x2="{lx + 20}" y1="{ly}" y2="{ly}" stroke="{colour}" '
+                       'stroke-width="2"/>')
+            out.append(f'<text x="{lx + 25}" y="{ly + 4}">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def human(nbytes):
     for unit, shift in (("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift:
@@ -191,6 +250,8 @@ def main():
         json.dump(report, f, indent=1)
     with open(os.path.join(args.out, "torch_bench.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "torch_bench.svg"), "w") as f:
+        f.write(svg_plot(report))
     print("\n".join(lines))
 
 
