@@ -19,17 +19,15 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <cstring>
-#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "cuda_ipc_mappings.h"
 #include "tutti/error.h"
 #include "tutti/tensor_transport.h"
 #include "tutti/transport_codec.h"
@@ -42,55 +40,7 @@ using GetAddressRange = int (*)(unsigned long long* base, size_t* size, unsigned
 using PointerGetAttribute = int (*)(void* data, int attribute, unsigned long long ptr);
 constexpr int kBufferIdAttribute = 7;  // CU_POINTER_ATTRIBUTE_BUFFER_ID
 
-constexpr size_t kHandle = CUDA_IPC_HANDLE_SIZE;
 constexpr size_t kEventPool = 1024;
-
-[[noreturn]] void cuda_fail(ErrorCode code, const std::string& what, cudaError_t e) {
-  throw Error(code, "cuda_ipc transport: " + what + ": " + cudaGetErrorString(e));
-}
-
-void check(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) cuda_fail(ErrorCode::kIoError, what, e);
-}
-
-std::string hex(const uint8_t* p, size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    out += d[p[i] >> 4];
-    out += d[p[i] & 15];
-  }
-  return out;
-}
-
-// Sets the current device for a scope.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    cudaGetDevice(&old_);
-    if (device != old_) check(cudaSetDevice(device), "selecting device " + std::to_string(device));
-  }
-  ~DeviceScope() {
-    int now = old_;
-    cudaGetDevice(&now);
-    if (now != old_) cudaSetDevice(old_);
-  }
-
- private:
-  int old_ = 0;
-};
-
-// A consumer's mapping of an owner's allocation; closed when nothing uses it.
-struct Opened {
-  void* base = nullptr;
-  int device = 0;
-  ~Opened() {
-    if (base != nullptr) {
-      DeviceScope scope(device);
-      cudaIpcCloseMemHandle(base);
-    }
-  }
-};
 
 // The events of this process's agents, by their IPC handle: a consumer in the owner's own
 // process waits on the owner's event itself (CUDA opens no IPC handle where it was made).
@@ -114,17 +64,11 @@ struct Exported {
 
 class CudaIpcTransport final : public TensorTransport {
  public:
-  explicit CudaIpcTransport(const TransportContext& ctx) : agent_(ctx.agent.name) {
-    if (const char* v = std::getenv("TUTTI_RDT_IPC_CACHE")) {
-      const long n = std::strtol(v, nullptr, 10);
-      if (n > 0) cache_limit_ = static_cast<size_t>(n);
-    }
-  }
+  explicit CudaIpcTransport(const TransportContext& ctx) : agent_(ctx.agent.name) {}
 
   ~CudaIpcTransport() override {
     for (auto& [id, e] : live_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
-    for (auto& [key, e] : opened_events_) cudaEventDestroy(e);
     for (auto& [device, s] : streams_) cudaStreamDestroy(s);
   }
 
@@ -266,7 +210,7 @@ class CudaIpcTransport final : public TensorTransport {
       auto it = local_events().find(handle_key(event_handle));
       if (it != local_events().end()) ready = it->second;
     } else {
-      ready = open_event(owner, event_handle);
+      ready = handles_.event(owner, event_handle);
     }
     cudaStream_t stream = static_cast<cudaStream_t>(request.stream);
     const bool own_stream = stream == nullptr;
@@ -284,7 +228,7 @@ class CudaIpcTransport final : public TensorTransport {
         sources[i] = reinterpret_cast<const char*>(places[i].base) + places[i].offset;
         continue;
       }
-      auto o = open(owner, places[i].handle, places[i].buffer_id, device);
+      auto o = handles_.memory(owner, places[i].handle, places[i].buffer_id, device);
       sources[i] = static_cast<const char*>(o->base) + places[i].offset;
       keep.push_back(std::move(o));
     }
@@ -414,49 +358,6 @@ class CudaIpcTransport final : public TensorTransport {
     return s;
   }
 
-  cudaEvent_t open_event(const std::string& owner, const cudaIpcEventHandle_t& handle) {
-    const std::string key = owner + hex(reinterpret_cast<const uint8_t*>(&handle), sizeof(handle));
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = opened_events_.find(key);
-    if (it != opened_events_.end()) return it->second;
-    cudaEvent_t e = nullptr;
-    const cudaError_t rc = cudaIpcOpenEventHandle(&e, handle);
-    if (rc != cudaSuccess) cuda_fail(ErrorCode::kIoError, "opening the owner's event", rc);
-    opened_events_[key] = e;
-    return e;
-  }
-
-  std::shared_ptr<Opened> open(const std::string& owner, const cudaIpcMemHandle_t& handle,
-                               uint64_t buffer_id, int device) {
-    const std::string key = owner + hex(reinterpret_cast<const uint8_t*>(&handle), kHandle) + ":" +
-                            std::to_string(buffer_id);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = cache_.find(key);
-      if (it != cache_.end()) {
-        lru_.splice(lru_.begin(), lru_, it->second.second);
-        return it->second.first;
-      }
-    }
-    auto o = std::make_shared<Opened>();
-    o->device = device;
-    const cudaError_t rc = cudaIpcOpenMemHandle(&o->base, handle, cudaIpcMemLazyEnablePeerAccess);
-    if (rc != cudaSuccess) {
-      o->base = nullptr;
-      cuda_fail(ErrorCode::kIoError, "opening the owner's memory (is the owner alive?)", rc);
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second.first;  // opened meanwhile by another get
-    lru_.push_front(key);
-    cache_[key] = {o, lru_.begin()};
-    while (cache_.size() > cache_limit_) {
-      cache_.erase(lru_.back());  // borrowed views keep their own reference
-      lru_.pop_back();
-    }
-    return o;
-  }
-
   const std::string agent_;
   std::mutex mutex_;
   GetAddressRange get_range_ = nullptr;
@@ -464,12 +365,8 @@ class CudaIpcTransport final : public TensorTransport {
   std::map<unsigned long long, Exported> exported_;  // by allocation base
   std::map<uint64_t, cudaEvent_t> live_events_;      // by object id
   std::vector<cudaEvent_t> free_events_;
-  std::map<std::string, cudaEvent_t> opened_events_;  // by owner and handle
   std::map<int, cudaStream_t> streams_;
-  size_t cache_limit_ = 256;
-  std::list<std::string> lru_;
-  std::map<std::string, std::pair<std::shared_ptr<Opened>, std::list<std::string>::iterator>>
-      cache_;
+  OpenedHandles handles_;  // the consumer's mappings of owners' memory and events
 };
 
 }  // namespace
