@@ -1,14 +1,8 @@
 #include "transfer/channel.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,46 +20,11 @@ constexpr size_t kMaxMessage = 64u << 20;  // control messages; object bytes go 
 constexpr int kMaxFds = 64;
 constexpr std::chrono::milliseconds kSlice{20};  // how often a wait looks at `cancelled`
 
-sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const size_t n = std::min(name.size(), sizeof(addr.sun_path) - 1);
-  addr.sun_path[0] = '\0';  // abstract: no file system entry
-  std::memcpy(addr.sun_path + 1, name.data(), n);
-  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
-  return addr;
-}
+}  // namespace
 
 [[noreturn]] void io_error(const std::string& what) {
   throw Error(ErrorCode::kIoError, what + ": " + std::strerror(errno));
 }
-
-// Waits for a non-blocking connect; throws kIoError/kTimeout.
-void finish_connect(int fd, Clock::time_point deadline, const std::string& what) {
-  while (true) {
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      ::close(fd);
-      throw Error(ErrorCode::kTimeout, what + ": no answer before the deadline");
-    }
-    pollfd p{fd, POLLOUT, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    const int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, 1000)));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0) continue;
-    int error = 0;
-    socklen_t len = sizeof(error);
-    ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
-    if (error != 0) {
-      ::close(fd);
-      errno = error;
-      io_error(what);
-    }
-    return;
-  }
-}
-
-}  // namespace
 
 Connection::~Connection() {
   if (ssl_ != nullptr) SSL_free(ssl_);
@@ -373,98 +332,6 @@ long Connection::peer_uid() const {
   socklen_t len = sizeof(cred);
   if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return -1;
   return cred.uid;
-}
-
-int listen_unix(const std::string& name) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) io_error("socket");
-  socklen_t len;
-  sockaddr_un addr = abstract_address(name, len);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 128) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    errno = saved;
-    io_error("listening on @" + name);
-  }
-  return fd;
-}
-
-int connect_unix(const std::string& name, Clock::time_point deadline) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) io_error("socket");
-  socklen_t len;
-  sockaddr_un addr = abstract_address(name, len);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-    if (errno != EINPROGRESS && errno != EAGAIN) {
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      io_error("connecting to @" + name);
-    }
-    finish_connect(fd, deadline, "connecting to @" + name);
-  }
-  return fd;
-}
-
-int listen_tcp(const std::string& host, uint16_t& port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* info = nullptr;
-  const std::string service = std::to_string(port);
-  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &info) != 0 ||
-      info == nullptr) {
-    throw Error(ErrorCode::kIoError, "cannot resolve '" + host + "' to listen on");
-  }
-  const int fd = ::socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  if (fd < 0 || ::bind(fd, info->ai_addr, info->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
-    const int saved = errno;
-    ::freeaddrinfo(info);
-    if (fd >= 0) ::close(fd);
-    errno = saved;
-    io_error("listening on " + host + ":" + service);
-  }
-  ::freeaddrinfo(info);
-  sockaddr_storage bound{};
-  socklen_t len = sizeof(bound);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  return fd;
-}
-
-int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadline) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* info = nullptr;
-  const std::string service = std::to_string(port);
-  const std::string where = host + ":" + service;
-  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &info) != 0 || info == nullptr) {
-    throw Error(ErrorCode::kIoError, "cannot resolve " + where);
-  }
-  const int fd = ::socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    ::freeaddrinfo(info);
-    io_error("socket");
-  }
-  const int on = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-  const int rc = ::connect(fd, info->ai_addr, info->ai_addrlen);
-  const int saved = errno;
-  ::freeaddrinfo(info);
-  if (rc != 0) {
-    if (saved != EINPROGRESS) {
-      ::close(fd);
-      errno = saved;
-      io_error("connecting to " + where);
-    }
-    finish_connect(fd, deadline, "connecting to " + where);
-  }
-  return fd;
 }
 
 }  // namespace tutti::detail

@@ -117,7 +117,11 @@ class Connection {
 // length would be 16.8 MB or more).
 bool looks_like_tls(const std::string& first);
 
-// Abstract Unix sockets (no file system entry; one namespace per network namespace).
+// Throws kIoError: `what` and errno's text.
+[[noreturn]] void io_error(const std::string& what);
+
+// transfer/sockets.cc. Abstract Unix sockets (no file system entry; one namespace per network
+// namespace).
 int listen_unix(const std::string& name);
 int connect_unix(const std::string& name, Clock::time_point deadline);
 // TCP; port 0 picks one (returned in `port`).
