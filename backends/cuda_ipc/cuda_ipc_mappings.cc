@@ -52,8 +52,8 @@ OpenedHandles::~OpenedHandles() {
 }
 
 std::shared_ptr<Opened> OpenedHandles::memory(const std::string& owner,
-                                              const cudaIpcMemHandle_t& handle,
-                                              uint64_t buffer_id, int device) {
+                                              const cudaIpcMemHandle_t& handle, uint64_t buffer_id,
+                                              int device) {
   const std::string key = owner + hex(reinterpret_cast<const uint8_t*>(&handle), kHandle) + ":" +
                           std::to_string(buffer_id);
   {
