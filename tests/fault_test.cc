@@ -221,8 +221,8 @@ class Cycles : public ::testing::TestWithParam<std::tuple<std::string, std::stri
 TEST_P(Cycles, DestroyAndCreateAgainLeavesNothingBehind) {
   const auto& [backend, kind] = GetParam();
   // At least 150: the worker checks fds and threads from its 50th cycle on.
-  const bool thousand = kind == "file" && !light_test_run();
-  run_cycles(backend, kind, backend == "gloo" || light_test_run() ? 150 : (thousand ? 1000 : 250));
+  const int cycles = backend == "gloo" || light_test_run() ? 150 : (kind == "file" ? 1000 : 250);
+  run_cycles(backend, kind, cycles);
 }
 
 INSTANTIATE_TEST_SUITE_P(
