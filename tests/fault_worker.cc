@@ -361,8 +361,12 @@ void scenario_crash(const Args& a) {
   auto store = open_store(a.store_url, milliseconds(30000));
   init_collective_group(3, a.rank, a.backend(), name, crash_options(a));
   auto group = get_group(name);
-  AllreduceOptions op_options;
-  op_options.timeout = a.timeout();
+  // The op in the loop (`op=`): allreduce (default), broadcast, reduce (root 0), allgather or
+  // reduce_scatter, each checked against the sums and values it must give.
+  const std::string op = a.get("op", "allreduce");
+  require(op == "allreduce" || op == "broadcast" || op == "reduce" || op == "allgather" ||
+              op == "reduce_scatter",
+          "op=" + op + " is not one the crash scenario runs");
   if (a.rank == 2) {
     std::thread([&a, how] {
       std::this_thread::sleep_for(milliseconds(20 + ::getpid() % 7));
@@ -372,11 +376,47 @@ void scenario_crash(const Args& a) {
     }).detach();
   }
   std::vector<int32_t> v(static_cast<size_t>(size));
+  std::vector<int32_t> all(static_cast<size_t>(size) *
+                           3);  // allgather's output, reduce_scatter's input
+  // One op of the loop; then what every element of its output must be (an independent formula:
+  // rank r contributes r + 1), checked at the first and last element of each block.
+  auto run_op = [&] {
+    auto with_timeout = [&a](auto options) {
+      options.timeout = a.timeout();
+      return options;
+    };
+    if (op == "allreduce") {
+      group->allreduce(v, with_timeout(AllreduceOptions{}));
+    } else if (op == "broadcast") {
+      group->broadcast(v, with_timeout(BroadcastOptions{}));
+    } else if (op == "reduce") {
+      group->reduce(v, with_timeout(ReduceOptions{}));
+    } else if (op == "allgather") {
+      group->allgather(all, v, with_timeout(AllgatherOptions{}));
+    } else {
+      group->reduce_scatter(v, all, with_timeout(ReduceScatterOptions{}));
+    }
+  };
+  auto check = [&] {
+    auto ends = [](const int32_t* p, size_t n) { return std::make_pair(p[0], p[n - 1]); };
+    const size_t n = v.size();
+    if (op == "allgather") {
+      for (int r = 0; r < 3; ++r) {
+        const auto [first, last] = ends(all.data() + r * n, n);
+        require(first == r + 1 && last == r + 1, "allgather block " + std::to_string(r));
+      }
+      return;
+    }
+    const int32_t want = op == "broadcast" ? 1 : op == "reduce" && a.rank != 0 ? a.rank + 1 : 6;
+    const auto [first, last] = ends(v.data(), n);
+    require(first == want && last == want, op + " result " + std::to_string(first));
+  };
   int done = 0;
   while (true) {
     std::fill(v.begin(), v.end(), a.rank + 1);
+    std::fill(all.begin(), all.end(), a.rank + 1);
     try {
-      group->allreduce(v, op_options);
+      run_op();
     } catch (const Error& e) {
       const int64_t failed_us = wall_us();
       if (a.rank == 2) {
@@ -385,33 +425,21 @@ void scenario_crash(const Args& a) {
       }
       const std::string what = e.what();
       std::fprintf(stderr, "rank %d: %s: %s\n", a.rank, to_string(e.code()), what.c_str());
-      require(what.find("allreduce #") != std::string::npos, "names the op");
+      require(what.find(op + " #") != std::string::npos, "names the op");
       const double ms = (failed_us - std::stoll(store->get("dying_us"))) / 1000.0;
-      // Gloo 0.5 never wakes a send its socket has taken part of when the connection fails
-      // (Pair::signalException signals only bound buffers among the posted writes): a rank
-      // blocked writing megabytes to the rank that died waits out its op timeout.
-      const bool stuck_send = a.num("stuck_send_ok", 0) != 0 && e.code() == ErrorCode::kTimeout &&
-                              what.find("for send operation to complete") != std::string::npos;
-      if (stuck_send) {
-        std::printf(
-            "FIGURE crash %s %s rank %d stuck in a send to the dead rank: timeout after "
-            "%.0f ms\n",
-            a.backend().c_str(), how.c_str(), a.rank, ms);
-        break;
-      }
       require(e.code() == ErrorCode::kIoError || e.code() == ErrorCode::kRemoteError,
               "an I/O or remote error");
       require(what.find("rank 2") != std::string::npos ||
                   what.find("rank " + std::to_string(1 - a.rank)) != std::string::npos,
               "names the dead rank, or the survivor that passed its death on");
-      std::printf("FIGURE crash %s %s rank %d error_after_ms=%.1f code=%s after %d ops: %s\n",
-                  a.backend().c_str(), how.c_str(), a.rank, ms, to_string(e.code()), done,
-                  what.c_str());
+      std::printf("FIGURE crash %s %s %s rank %d error_after_ms=%.1f code=%s after %d ops: %s\n",
+                  a.backend().c_str(), op.c_str(), how.c_str(), a.rank, ms, to_string(e.code()),
+                  done, what.c_str());
       require(ms < bound, "failed within " + std::to_string(static_cast<int>(bound)) +
                               " ms of the death, not at the op timeout");
       break;
     }
-    for (int32_t x : {v.front(), v.back()}) require(x == 6, "allreduce sum " + std::to_string(x));
+    check();
     ++done;
     require(done < 100000, "rank 2 never died");
   }

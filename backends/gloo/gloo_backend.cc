@@ -170,6 +170,15 @@ void agree_on_settings(Store& store, int rank, const std::string& mine) {
   }
 }
 
+detail::ReduceFn checked_reduce_function(DType dtype, ReduceOp op) {
+  const detail::ReduceFn fn = detail::reduce_function(dtype, op);
+  if (fn == nullptr) {
+    throw Error(ErrorCode::kInternal,
+                std::string("gloo: no reduction for ") + to_string(dtype) + " " + to_string(op));
+  }
+  return fn;
+}
+
 // The direct exchange and the ring send up to (n - 1) messages per rank and keep a socket per
 // peer busy in one loop: past this many ranks Gloo's functions are used.
 constexpr int kMaxDirectRanks = 64;
@@ -322,11 +331,7 @@ Backend::WorkPtr GlooBackend::allreduce(const std::vector<TensorView>& tensors,
                                         const AllreduceOptions& opts, const OpContext& ctx) {
   const TensorView& t = tensors[0];
   if (direct_) {
-    const detail::ReduceFn fn = detail::reduce_function(t.dtype(), opts.reduce_op);
-    if (fn == nullptr) {
-      throw Error(ErrorCode::kInternal, std::string("gloo: no reduction for ") +
-                                            to_string(t.dtype()) + " " + to_string(opts.reduce_op));
-    }
+    const detail::ReduceFn fn = checked_reduce_function(t.dtype(), opts.reduce_op);
     GlooAllreduce algorithm = algorithm_;
     if (algorithm == GlooAllreduce::kAuto) {
       // Small: one step to every peer, or log2(n) steps to one peer each at 4, 8, ... ranks.
@@ -366,7 +371,13 @@ Backend::WorkPtr GlooBackend::reduce(const std::vector<TensorView>& tensors,
                                      const ReduceOptions& opts, const OpContext& ctx) {
   const TensorView& t = tensors[0];
   const bool root = rank_ == opts.root_rank;
-  if (world_size_ > 1) {
+  if (direct_) {
+    const detail::ReduceFn fn = checked_reduce_function(t.dtype(), opts.reduce_op);
+    guarded(ctx, everyone(world_size_), [&] {
+      direct_->reduce(t.data(), t.nbytes(), t.element_size(), fn, opts.root_rank,
+                      /*by_ring=*/t.nbytes() > direct_limit_, ctx);
+    });
+  } else if (world_size_ > 1) {
     guarded(ctx, everyone(world_size_), [&] {
       ::gloo::ReduceOptions o(context_);
       with_word(t.element_size(), [&](auto word) {
@@ -394,6 +405,18 @@ Backend::WorkPtr GlooBackend::broadcast(const std::vector<TensorView>& tensors,
                                         const BroadcastOptions& opts, const OpContext& ctx) {
   if (world_size_ == 1) return nullptr;
   const TensorView& t = tensors[0];
+  if (direct_) {
+    // Small: the root sends to each rank; large: down the chain of ranks from the root.
+    const bool chain = t.nbytes() > direct_limit_;
+    guarded(ctx,
+            rank_ == opts.root_rank ? everyone(world_size_)
+            : chain ? "rank " + std::to_string((rank_ - 1 + world_size_) % world_size_) +
+                          " (before this rank in the chain from root rank " +
+                          std::to_string(opts.root_rank) + ")"
+                    : "root rank " + std::to_string(opts.root_rank),
+            [&] { direct_->broadcast(t.data(), t.nbytes(), opts.root_rank, chain, ctx); });
+    return nullptr;
+  }
   guarded(ctx,
           rank_ == opts.root_rank ? everyone(world_size_)
                                   : "root rank " + std::to_string(opts.root_rank),
@@ -415,6 +438,12 @@ Backend::WorkPtr GlooBackend::broadcast(const std::vector<TensorView>& tensors,
 // input already is this rank's block.
 void GlooBackend::allgather_buffer(char* output, const TensorView& input, bool in_place,
                                    const OpContext& ctx) {
+  if (direct_) {
+    const void* mine = in_place ? output + rank_ * input.nbytes() : input.data();
+    guarded(ctx, everyone(world_size_),
+            [&] { direct_->allgather(mine, input.nbytes(), output, ctx); });
+    return;
+  }
   guarded(ctx, everyone(world_size_), [&] {
     ::gloo::AllgatherOptions o(context_);
     with_word(input.element_size(), [&](auto word) {
@@ -470,6 +499,13 @@ Backend::WorkPtr GlooBackend::reduce_scatter(const std::vector<TensorView>& outp
   const int w = world_size_;
   if (w == 1) {
     if (out.data() != in[0].data()) std::memcpy(out.data(), in[0].data(), bytes);
+  } else if (direct_) {
+    const detail::ReduceFn fn = checked_reduce_function(out.dtype(), opts.reduce_op);
+    std::vector<const void*> blocks(static_cast<size_t>(w));
+    for (int r = 0; r < w; ++r) blocks[r] = in[r].data();
+    guarded(ctx, everyone(w), [&] {
+      direct_->reduce_scatter(blocks, out.data(), bytes, out.element_size(), fn, ctx);
+    });
   } else {
     // A ring: at step s this rank sends its running sum of block (rank - s - 1) to the right
     // and receives the left neighbour's running sum of block (rank - s - 2), adding its own

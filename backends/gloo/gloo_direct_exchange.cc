@@ -28,7 +28,17 @@ enum class Kind : uint32_t {
   kDirect = 0x74757444,
   kDoubling = 0x74757448,
   kRing = 0x74757452,
-  kBarrier = 0x74757442
+  kBarrier = 0x74757442,
+  kBroadcast = 0x74757462,
+  kAllgather = 0x74757467,
+  kReduce = 0x74757472,
+  kReduceScatter = 0x74757473,
+  kReduceRing = 0x74757470,
+  // What the receivers of a broadcast and the root of a reduce send back on entering it: a rank
+  // that sends only learns that its peers are in the same op (a peer that thinks itself the root
+  // of a broadcast sends data instead, and both fail naming it).
+  kBroadcastAck = 0x74757441,
+  kReduceAck = 0x74757461
 };
 
 const char* kind_name(uint32_t magic) {
@@ -37,6 +47,13 @@ const char* kind_name(uint32_t magic) {
     case Kind::kDoubling: return "recursive doubling";
     case Kind::kRing: return "the ring";
     case Kind::kBarrier: return "a barrier";
+    case Kind::kBroadcast: return "a broadcast";
+    case Kind::kAllgather: return "an allgather";
+    case Kind::kReduce: return "a reduce";
+    case Kind::kReduceScatter: return "a reduce_scatter";
+    case Kind::kReduceRing: return "a reduce by the ring";
+    case Kind::kBroadcastAck: return "a broadcast's receiver";
+    case Kind::kReduceAck: return "a reduce's root";
   }
   return "no tutti header";
 }
@@ -147,7 +164,7 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
       if (left_in(f.in) > 0) {
         msghdr m{};
         m.msg_iov = f.in;
-        m.msg_iovlen = 2;
+        m.msg_iovlen = f.header_alone && f.in[0].iov_len > 0 ? 1 : 2;
         const ssize_t rv = ::recvmsg(fd, &m, MSG_DONTWAIT);
         if (rv > 0) {
           const bool header_was_due = f.magic != 0 && f.in[0].iov_len > 0;
@@ -166,8 +183,9 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
           failed(f.peer, errno);
         }
       }
-      pending = pending || left_in(f.out) > 0 || left_in(f.in) > 0;
     }
+    // After every flow had its turn: a receive's `arrived` may have given a flow more to send.
+    for (const Flow& f : flows) pending = pending || left_in(f.out) > 0 || left_in(f.in) > 0;
     if (!pending) return;
     const auto now = Clock::now();
     if (moved && now < deadline) {  // a peer that sends slowly still ends at the deadline
@@ -233,14 +251,23 @@ void DirectExchange::allreduce_direct(void* data, size_t bytes, size_t element_s
     flows.push_back(exchange_flow(p, mine, data, inbox_[p].data()));
   }
   run(flows, ctx.deadline(), ctx);
-  // ((d_0 fn d_1) fn d_2) ... in rank order on every rank, so all of them compute the same bits;
-  // rank 0's inbox is the accumulator where this rank is not rank 0, and the last step writes
-  // the output (which may be this rank's own input: the kernels are element-wise).
-  const size_t count = bytes / element_size;
-  auto input = [&](int r) -> const void* { return r == rank_ ? data : inbox_[r].data(); };
-  void* acc = rank_ == 0 ? data : inbox_[0].data();
-  for (int r = 1; r < world_size_ - 1; ++r) fn(acc, acc, input(r), count);
-  fn(data, acc, input(world_size_ - 1), count);
+  fold_in_rank_order(data, data, rank_, bytes / element_size, fn);
+}
+
+void DirectExchange::fold_in_rank_order(void* out, const void* mine, int me, size_t count,
+                                        detail::ReduceFn fn) {
+  // ((d_0 fn d_1) fn d_2) ... on every rank, so all of them compute the same bits. The last step
+  // writes the output, which may be `mine`: the kernels are element-wise, and nothing before the
+  // last step writes it unless it is the accumulator (me == 0), whose element i is read before
+  // it is written.
+  auto input = [&](int r) -> const void* { return r == me ? mine : inbox_[r].data(); };
+  void* acc = me == 0 ? out : inbox_[0].data();
+  const void* partial = input(0);
+  for (int r = 1; r < world_size_ - 1; ++r) {
+    fn(acc, partial, input(r), count);
+    partial = acc;
+  }
+  fn(out, partial, input(world_size_ - 1), count);
 }
 
 void DirectExchange::allreduce_doubling(void* data, size_t bytes, size_t element_size,
@@ -276,6 +303,11 @@ void DirectExchange::allreduce_doubling(void* data, size_t bytes, size_t element
 
 void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_size,
                                     detail::ReduceFn fn, const OpContext& ctx) {
+  ring(data, bytes, element_size, fn, static_cast<uint32_t>(Kind::kRing), ctx);
+}
+
+void DirectExchange::ring(void* data, size_t bytes, size_t element_size, detail::ReduceFn fn,
+                          uint32_t magic, const OpContext& ctx) {
   if (world_size_ == 1) return;
   const auto deadline = ctx.deadline();
   const int n = world_size_;
@@ -286,7 +318,7 @@ void DirectExchange::allreduce_ring(void* data, size_t bytes, size_t element_siz
   // Block b: elements [count * b / n, count * (b + 1) / n).
   auto begin = [&](int b) { return count * static_cast<size_t>(b) / n * element_size; };
   auto length = [&](int b) { return begin(b + 1) - begin(b); };
-  const Header mine{static_cast<uint32_t>(Kind::kRing), ctx.tag, bytes};
+  const Header mine{magic, ctx.tag, bytes};
 
   // One step: send block `send_b` to the right while block `recv_b` comes from the left; folded
   // into the output through the staging buffer (reduce-scatter) or written to it (allgather).
@@ -364,6 +396,138 @@ void DirectExchange::barrier(const OpContext& ctx) {
     flows.push_back(exchange_flow((rank_ + k) % world_size_, mine, nullptr, nullptr));
   }
   run(flows, ctx.deadline(), ctx);
+}
+
+void DirectExchange::broadcast(void* data, size_t bytes, int root, bool chain,
+                               const OpContext& ctx) {
+  const int n = world_size_;
+  if (n == 1) return;
+  const Header mine{static_cast<uint32_t>(Kind::kBroadcast), ctx.tag, bytes};
+  const Header ack{static_cast<uint32_t>(Kind::kBroadcastAck), ctx.tag, bytes};
+  std::vector<Flow> flows;
+  if (!chain || n == 2) {
+    if (rank_ == root) {
+      for (int k = 1; k < n; ++k) flows.push_back(send_flow((root + k) % n, mine, data, ack));
+    } else {
+      flows.push_back(receive_flow(root, mine, data, ack));
+    }
+    run(flows, ctx.deadline(), ctx);
+    return;
+  }
+  // The chain root, root + 1, ..., root + n - 1: each rank but the root takes the bytes from its
+  // left and, but the last, passes each piece to its right as soon as it is in.
+  const int position = (rank_ - root + n) % n;
+  const int right = (rank_ + 1) % n;
+  const int left = (rank_ - 1 + n) % n;
+  if (position == 0) {
+    flows.push_back(send_flow(right, mine, data, ack));
+    run(flows, ctx.deadline(), ctx);
+    return;
+  }
+  flows.reserve(2);
+  flows.push_back(receive_flow(left, mine, data, ack));
+  if (position < n - 1) {
+    flows.push_back(send_flow(right, mine, data, ack));
+    flows[1].out[1].iov_len = 0;  // grows as the bytes come
+    char* const base = static_cast<char*>(data);
+    size_t header_left = sizeof(Header);
+    size_t received = 0;
+    flows[0].arrived = [&flows, &header_left, &received, base](Flow&, size_t got) {
+      const size_t h = std::min(got, header_left);
+      header_left -= h;
+      received += got - h;
+      // What is in and not yet passed on: from where the send stands to the end of what came.
+      iovec& onward = flows[1].out[1];
+      onward.iov_len = static_cast<size_t>(base + received - static_cast<char*>(onward.iov_base));
+    };
+  }
+  run(flows, ctx.deadline(), ctx);
+}
+
+void DirectExchange::allgather(const void* in, size_t bytes, void* out, const OpContext& ctx) {
+  char* o = static_cast<char*>(out);
+  if (o + static_cast<size_t>(rank_) * bytes != in) {
+    std::memcpy(o + static_cast<size_t>(rank_) * bytes, in, bytes);
+  }
+  const Header mine{static_cast<uint32_t>(Kind::kAllgather), ctx.tag, bytes};
+  std::vector<Flow> flows;
+  for (int k = 1; k < world_size_; ++k) {
+    const int p = (rank_ + k) % world_size_;
+    flows.push_back(exchange_flow(p, mine, in, o + static_cast<size_t>(p) * bytes));
+    flows.back().header_alone = true;
+  }
+  run(flows, ctx.deadline(), ctx);
+}
+
+void DirectExchange::reduce(void* data, size_t bytes, size_t element_size, detail::ReduceFn fn,
+                            int root, bool by_ring, const OpContext& ctx) {
+  if (world_size_ == 1) return;
+  if (by_ring && world_size_ > 2) {
+    // The root's data is its output; the others' is input only: theirs goes round on a copy.
+    void* sum = data;
+    if (rank_ != root) {
+      std::vector<char>& copy = inbox_[rank_];
+      if (copy.size() < bytes) copy.resize(bytes);
+      std::memcpy(copy.data(), data, bytes);
+      sum = copy.data();
+    }
+    ring(sum, bytes, element_size, fn, static_cast<uint32_t>(Kind::kReduceRing), ctx);
+    return;
+  }
+  const Header mine{static_cast<uint32_t>(Kind::kReduce), ctx.tag, bytes};
+  const Header ack{static_cast<uint32_t>(Kind::kReduceAck), ctx.tag, bytes};
+  std::vector<Flow> flows;
+  if (rank_ != root) {
+    flows.push_back(send_flow(root, mine, data, ack));
+    run(flows, ctx.deadline(), ctx);
+    return;
+  }
+  for (int k = 1; k < world_size_; ++k) {
+    const int p = (rank_ + k) % world_size_;
+    if (inbox_[p].size() < bytes) inbox_[p].resize(bytes);
+    flows.push_back(receive_flow(p, mine, inbox_[p].data(), ack));
+  }
+  run(flows, ctx.deadline(), ctx);
+  fold_in_rank_order(data, data, rank_, bytes / element_size, fn);
+}
+
+void DirectExchange::reduce_scatter(const std::vector<const void*>& blocks, void* out, size_t bytes,
+                                    size_t element_size, detail::ReduceFn fn,
+                                    const OpContext& ctx) {
+  const Header mine{static_cast<uint32_t>(Kind::kReduceScatter), ctx.tag, bytes};
+  std::vector<Flow> flows;
+  for (int k = 1; k < world_size_; ++k) {
+    const int p = (rank_ + k) % world_size_;
+    if (inbox_[p].size() < bytes) inbox_[p].resize(bytes);
+    flows.push_back(exchange_flow(p, mine, blocks[p], inbox_[p].data()));
+  }
+  run(flows, ctx.deadline(), ctx);
+  fold_in_rank_order(out, blocks[rank_], rank_, bytes / element_size, fn);
+}
+
+DirectExchange::Flow DirectExchange::send_flow(int peer, const Header& mine, const void* data,
+                                               const Header& ack) {
+  Flow f;
+  f.peer = peer;
+  f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
+  f.out[1] = {const_cast<void*>(data), mine.bytes};
+  f.in[0] = {headers_.data() + sizeof(Header) * peer, sizeof(Header)};
+  f.magic = ack.magic;
+  f.total = ack.bytes;
+  return f;
+}
+
+DirectExchange::Flow DirectExchange::receive_flow(int peer, const Header& mine, void* into,
+                                                  const Header& ack) {
+  Flow f;
+  f.peer = peer;
+  f.out[0] = {const_cast<Header*>(&ack), sizeof(Header)};
+  f.in[0] = {headers_.data() + sizeof(Header) * peer, sizeof(Header)};
+  f.in[1] = {into, mine.bytes};
+  f.magic = mine.magic;
+  f.total = mine.bytes;
+  f.header_alone = true;
+  return f;
 }
 
 DirectExchange::Flow DirectExchange::exchange_flow(int peer, const Header& mine, const void* data,

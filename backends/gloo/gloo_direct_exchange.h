@@ -1,18 +1,19 @@
-// DirectExchange: allreduces and barriers over the sockets of a second Gloo context, read and
-// written by the calling thread (internal to the Gloo backend).
+// DirectExchange: the Gloo backend's collectives over the sockets of a second Gloo context,
+// read and written by the calling thread (internal to the Gloo backend).
 //
 // Why: Gloo's function API moves even 8 bytes through its event-loop thread (the loop reads the
 // socket, then wakes the waiting caller) and, for unbound buffers, a ready-to-receive handshake
 // per message, several steps per ring: ~150-200 us for an 8-byte allreduce on loopback, where one
 // TCP round trip costs ~15 us; and its ring moves each segment through the same loop, with a
-// wake-up per segment. Here a second Gloo context is connected beside the group's (Gloo makes
-// the connections, over the group's store), its pairs are switched to Gloo's synchronous mode
-// (which takes their sockets out of the event loop), and this class then reads and writes those
-// sockets itself, non-blocking: every transfer of a step (to every peer, both ways) advances
-// together in one loop, so no write waits for a reader and no step can deadlock, whatever the
-// sizes and the socket buffers.
+// wake-up per segment. And it never wakes a send its socket has taken part of when the peer dies:
+// such a rank waited out its op timeout. Here a second Gloo context is connected beside the
+// group's (Gloo makes the connections, over the group's store), its pairs are switched to Gloo's
+// synchronous mode (which takes their sockets out of the event loop), and this class then reads
+// and writes those sockets itself, non-blocking: every transfer of a step (to every peer, both
+// ways) advances together in one loop, so no write waits for a reader and no step can deadlock,
+// whatever the sizes and the socket buffers.
 //
-// Three algorithms:
+// The allreduce's three algorithms:
 // - direct: every rank sends its whole input, after a 16-byte header (the op's tag and size),
 //   to every other rank and reduces what it receives itself, in rank order, so every rank
 //   computes bit-identical results. One step; (n - 1) times a ring's bytes per rank. For small
@@ -23,9 +24,17 @@
 //   data each; every block is reduced once, along the ring, so every rank again ends with the
 //   same bits. A received block is folded into the output as it arrives (through a small staging
 //   buffer that stays in cache), not after the whole block is in.
+// The other collectives, one step each but broadcast's chain: broadcast (the root sends to every
+// rank; large messages down the chain of ranks, passed on as they come), reduce (every rank sends
+// to the root; large messages at 3 ranks or more by the ring), allgather and reduce_scatter
+// (every rank sends each peer its block: as many bytes as a ring, in one step). A rank that only
+// sends in an op (a broadcast's root, a reduce's non-roots) takes a header back from each peer
+// it sends to, so that ranks that disagree on the root fail instead of both returning.
 //
 // A peer whose header disagrees (another op, size or algorithm) fails the op with kRemoteError
-// naming it; the backend then aborts the group (the streams are out of step). A peer that closes
+// naming it; the backend then aborts the group (the streams are out of step). Where the data goes
+// straight into the caller's memory (broadcast, allgather), the header is read alone first, so a
+// peer in another op never writes there. A peer that closes
 // or resets its connection (it died, or aborted) fails the op at once with kIoError naming it.
 // Before it sleeps in poll(), a wait polls its sockets for a while (TUTTI_GLOO_SPIN_US, default
 // 200 us), giving the core away with sched_yield at each turn, because a sleeping thread's
@@ -95,6 +104,24 @@ class DirectExchange {
                       const OpContext& ctx);
   // Returns once every rank has entered the barrier.
   void barrier(const OpContext& ctx);
+  // data on every rank = data on `root`. `chain`: the bytes go down the ring of ranks from the
+  // root, each rank passing on what came as it comes (every link carries them once: for large
+  // messages); else the root sends them to every rank itself (one step: for small ones).
+  void broadcast(void* data, size_t bytes, int root, bool chain, const OpContext& ctx);
+  // out = every rank's `in` (`bytes` each), in rank order; `in` may be this rank's block of out.
+  // Every rank sends its block to every other rank in one step ((n - 1) blocks each way, as many
+  // as a ring moves).
+  void allgather(const void* in, size_t bytes, void* out, const OpContext& ctx);
+  // data on `root` = data_0 (fn) data_1 (fn) ... ; the others' data is left as it was. Every
+  // rank sends its data to the root, which reduces in rank order as the direct allreduce does;
+  // or, `by_ring` and 3 ranks or more (large messages: the root would take n - 1 of them), the
+  // ring's allreduce on a copy (the sum in ring order).
+  void reduce(void* data, size_t bytes, size_t element_size, detail::ReduceFn fn, int root,
+              bool by_ring, const OpContext& ctx);
+  // out = blocks[rank] of every rank, reduced in rank order. Each rank sends block p to rank p
+  // (one step; (n - 1) blocks each way, as many as a ring moves).
+  void reduce_scatter(const std::vector<const void*>& blocks, void* out, size_t bytes,
+                      size_t element_size, detail::ReduceFn fn, const OpContext& ctx);
 
   // Resets every connection (abort): a waiting exchange here and on the peers ends at once.
   void reset() { connections_.reset_all(); }
@@ -123,8 +150,14 @@ class DirectExchange {
     iovec in[2] = {};
     uint32_t magic = 0;
     uint64_t total = 0;
+    // The header is read alone, and checked, before any data: set where in[1] is the caller's
+    // memory, which a peer in another op must not write (one more receive call per message).
+    bool header_alone = false;
     std::function<void(Flow&, size_t)> arrived;
   };
+  // The ring's allreduce, its header's magic given (an allreduce's, or a reduce's).
+  void ring(void* data, size_t bytes, size_t element_size, detail::ReduceFn fn, uint32_t magic,
+            const OpContext& ctx);
   // Moves every flow's bytes, all at once, until none is left; throws naming the peer on a
   // closed connection, kRemoteError on a header that is not this op's, and kTimeout at
   // `deadline` naming the peers still waited for.
@@ -133,6 +166,15 @@ class DirectExchange {
   // A flow that sends `mine` and then its `bytes` from `data` to `peer`, and receives the peer's
   // header (checked by run()) and as many bytes into `into`.
   Flow exchange_flow(int peer, const Header& mine, const void* data, void* into);
+  // The data one way: `mine` and its bytes from `data` to `peer`, whose `ack` (a header alone)
+  // comes back; or `ack` to `peer`, whose header (checked, alone) and `mine.bytes` bytes come
+  // into `into`.
+  Flow send_flow(int peer, const Header& mine, const void* data, const Header& ack);
+  Flow receive_flow(int peer, const Header& mine, void* into, const Header& ack);
+  // out = input(0) (fn) input(1) (fn) ... in rank order, where input(me) is `mine` and input(r)
+  // inbox_[r] for the others; `out` may be `mine`. Every rank that folds the same inputs gets the
+  // same bits. inbox_[0] is the accumulator where `me` is not rank 0.
+  void fold_in_rank_order(void* out, const void* mine, int me, size_t count, detail::ReduceFn fn);
   // Throws kRemoteError when a peer's header is not this op's.
   void check_header(int peer, const char* header, uint32_t magic, uint64_t total,
                     const OpContext& ctx) const;
