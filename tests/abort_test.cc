@@ -55,16 +55,18 @@ TEST_P(Abort, QueuedOpsEndWithTheAbort) {
 }
 
 // A peer waiting on the aborted rank ends too: shm through the abort word (naming the rank and
-// the reason), gloo because the aborted rank resets its connections (naming the rank). Rank 0
-// waits in a receive and rank 1 in an allreduce, so neither op could ever complete.
+// the reason), gloo because the aborted rank resets its connections (naming the rank). Each rank
+// waits in a receive from the other, so neither op could ever complete. (Not an allreduce
+// against a receive: on gloo both travel the same connection, and the receive would fail at once
+// on the allreduce's header.)
 TEST_P(Abort, APeerWaitingOnTheAbortedRankLearnsOfIt) {
   auto groups = create_groups(2, GetParam(), unique_name("abort-peer"), milliseconds(30000));
   std::thread rank1([&] {
     std::vector<float> v(1 << 16, 1.0f);
     const auto start = Clock::now();
     try {
-      groups[1]->allreduce(v);
-      ADD_FAILURE() << "rank 1's allreduce succeeded without rank 0";
+      groups[1]->recv(v, 0);
+      ADD_FAILURE() << "rank 1's receive succeeded without a send";
     } catch (const Error& e) {
       const std::string what = e.what();
       if (GetParam() == "shm") {

@@ -256,7 +256,8 @@ TEST_P(CrashInEveryOp, SurvivorsFailFast) {
 INSTANTIATE_TEST_SUITE_P(Backends, CrashInEveryOp,
                          ::testing::Combine(::testing::Values("gloo", "shm"),
                                             ::testing::Values("broadcast", "reduce", "allgather",
-                                                              "reduce_scatter"),
+                                                              "reduce_scatter",
+                                                              "batch_isend_irecv"),
                                             ::testing::Values("1024", "65536", "1048576")),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" +

@@ -361,11 +361,12 @@ void scenario_crash(const Args& a) {
   auto store = open_store(a.store_url, milliseconds(30000));
   init_collective_group(3, a.rank, a.backend(), name, crash_options(a));
   auto group = get_group(name);
-  // The op in the loop (`op=`): allreduce (default), broadcast, reduce (root 0), allgather or
-  // reduce_scatter, each checked against the sums and values it must give.
+  // The op in the loop (`op=`): allreduce (default), broadcast, reduce (root 0), allgather,
+  // reduce_scatter, or batch_isend_irecv round the ring (send to the right, receive from the
+  // left), each checked against the sums and values it must give.
   const std::string op = a.get("op", "allreduce");
   require(op == "allreduce" || op == "broadcast" || op == "reduce" || op == "allgather" ||
-              op == "reduce_scatter",
+              op == "reduce_scatter" || op == "batch_isend_irecv",
           "op=" + op + " is not one the crash scenario runs");
   if (a.rank == 2) {
     std::thread([&a, how] {
@@ -393,6 +394,14 @@ void scenario_crash(const Args& a) {
       group->reduce(v, with_timeout(ReduceOptions{}));
     } else if (op == "allgather") {
       group->allgather(all, v, with_timeout(AllgatherOptions{}));
+    } else if (op == "batch_isend_irecv") {
+      // all's first block receives from the left.
+      TensorView from_left(all.data(), DType::kInt32, {static_cast<int64_t>(v.size())});
+      group
+          ->batch_isend_irecv(
+              {P2POp::send(v, (a.rank + 1) % 3), P2POp::recv(from_left, (a.rank + 2) % 3)},
+              with_timeout(BatchP2POptions{}))
+          ->wait();
     } else {
       group->reduce_scatter(v, all, with_timeout(ReduceScatterOptions{}));
     }
@@ -405,6 +414,12 @@ void scenario_crash(const Args& a) {
         const auto [first, last] = ends(all.data() + r * n, n);
         require(first == r + 1 && last == r + 1, "allgather block " + std::to_string(r));
       }
+      return;
+    }
+    if (op == "batch_isend_irecv") {
+      const auto [first, last] = ends(all.data(), n);
+      const int32_t left = (a.rank + 2) % 3 + 1;
+      require(first == left && last == left, "received " + std::to_string(first));
       return;
     }
     const int32_t want = op == "broadcast" ? 1 : op == "reduce" && a.rank != 0 ? a.rank + 1 : 6;
@@ -523,9 +538,11 @@ void scenario_cycles(const Args& a) {
     destroy_collective_group(name);
   }
   // A store host keeps serving a destroyed group's slower ranks for a moment (the last few
-  // cycles' connections, polled every 20 ms): the count settles within a second.
+  // cycles' connections, polled every 20 ms): the count settles within a second. So may a thread
+  // of the last cycle still be ending, at the end or when the baseline was read (then the end has
+  // one thread fewer: seen once in a run of five, rank 1 of gloo through tcp://, 2 -> 1).
   Usage end = usage();
-  for (int i = 0; i < 50 && end.fds > base.fds + 2; ++i) {
+  for (int i = 0; i < 50 && (end.fds > base.fds + 2 || end.threads > base.threads); ++i) {
     std::this_thread::sleep_for(milliseconds(20));
     end = usage();
   }
@@ -538,7 +555,7 @@ void scenario_cycles(const Args& a) {
   // The store server closes its side of a departed client's connection on its own thread, so
   // the count at one instant may be off by a socket or two; a leak grows with the cycles.
   require(end.fds <= base.fds + 2, "open fds stay flat");
-  require(end.threads == base.threads, "threads stay flat");
+  require(end.threads <= base.threads, "threads stay flat");
   // Under AddressSanitizer its quarantine grows RSS; LeakSanitizer fails this process at exit
   // for any leak instead.
   if (!tutti::testing::kAddressSanitizer) {

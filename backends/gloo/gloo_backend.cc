@@ -575,7 +575,8 @@ Backend::WorkPtr GlooBackend::recv(const std::vector<TensorView>& tensors, int s
   return batch_p2p({r}, BatchP2POptions{}, ctx);
 }
 
-// Every message is posted before any is waited for; Gloo's pairs move them all at once.
+// Every message is posted before any is waited for: the direct exchange moves them all at once
+// over its sockets (each peer's in order, per direction), or Gloo's pairs do.
 Backend::WorkPtr GlooBackend::batch_p2p(const std::vector<P2PRequest>& requests,
                                         const BatchP2POptions&, const OpContext& ctx) {
   if (world_size_ == 1 || requests.empty()) return nullptr;
@@ -584,6 +585,19 @@ Backend::WorkPtr GlooBackend::batch_p2p(const std::vector<P2PRequest>& requests,
   for (const auto& r : requests) {
     peers += (peers.empty() ? "rank " : ", rank ") + std::to_string(r.peer) +
              (r.kind == P2POp::Kind::kSend ? " to receive" : " to send");
+  }
+  if (direct_) {
+    std::vector<DirectExchange::Message> messages(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const P2PRequest& r = requests[i];
+      messages[i].send = r.kind == P2POp::Kind::kSend;
+      messages[i].peer = r.peer;
+      messages[i].data = r.tensor.data();
+      messages[i].bytes = r.tensor.nbytes();
+      messages[i].tag = r.tag;
+    }
+    guarded(ctx, peers, [&] { direct_->p2p(messages, ctx); });
+    return nullptr;
   }
   guarded(ctx, peers, [&] {
     std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers;

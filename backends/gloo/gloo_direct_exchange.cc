@@ -38,7 +38,8 @@ enum class Kind : uint32_t {
   // that sends only learns that its peers are in the same op (a peer that thinks itself the root
   // of a broadcast sends data instead, and both fail naming it).
   kBroadcastAck = 0x74757441,
-  kReduceAck = 0x74757461
+  kReduceAck = 0x74757461,
+  kP2P = 0x74757450
 };
 
 const char* kind_name(uint32_t magic) {
@@ -54,6 +55,7 @@ const char* kind_name(uint32_t magic) {
     case Kind::kReduceRing: return "a reduce by the ring";
     case Kind::kBroadcastAck: return "a broadcast's receiver";
     case Kind::kReduceAck: return "a reduce's root";
+    case Kind::kP2P: return "a send";
   }
   return "no tutti header";
 }
@@ -157,6 +159,7 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
         if (rv > 0) {
           advance(f.out, static_cast<size_t>(rv));
           moved = true;
+          if (f.queue >= 0 && left_in(f.out) == 0) next_send(f);
         } else if (rv < 0 && !would_block(errno)) {
           failed(f.peer, errno);
         }
@@ -172,9 +175,10 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
           moved = true;
           // The header first: a peer in another op is told apart before its data is waited for.
           if (header_was_due && f.in[0].iov_len == 0) {
-            check_header(f.peer, headers_.data() + sizeof(Header) * f.peer, f.magic, f.total, ctx);
+            check_header(f.peer, headers_.data() + sizeof(Header) * f.peer, f, ctx);
           }
           if (f.arrived) f.arrived(f, static_cast<size_t>(rv));
+          if (f.queue >= 0 && left_in(f.in) == 0) next_receive(f);
         } else if (rv == 0) {
           throw Error(ErrorCode::kIoError,
                       ctx.description() + ": rank " + std::to_string(f.peer) +
@@ -199,9 +203,12 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
         if (left_in(f.in) > 0) receiving.push_back(f.peer);
         if (left_in(f.out) > 0) sending.push_back(f.peer);
       }
-      const std::string who = !receiving.empty()
-                                  ? ranks_text(receiving)
-                                  : ranks_text(sending) + " to take this rank's data";
+      // Point-to-point flows name what each peer has yet to do.
+      const bool p2p = flows.front().queue >= 0;
+      const std::string who =
+          !receiving.empty()
+              ? ranks_text(receiving) + (p2p ? " to send" : "")
+              : ranks_text(sending) + (p2p ? " to receive" : " to take this rank's data");
       throw Error(ErrorCode::kTimeout, ctx.description() + ": timed out after " +
                                            std::to_string(ctx.timeout.count()) +
                                            " ms waiting for " + who);
@@ -224,17 +231,19 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
   }
 }
 
-void DirectExchange::check_header(int peer, const char* header, uint32_t magic, uint64_t total,
+void DirectExchange::check_header(int peer, const char* header, const Flow& f,
                                   const OpContext& ctx) const {
   Header theirs;
   std::memcpy(&theirs, header, sizeof(theirs));
-  if (theirs.magic != magic || theirs.tag != ctx.tag || theirs.bytes != total) {
+  const uint32_t magic = f.magic;
+  const uint64_t total = f.total;
+  if (theirs.magic != magic || theirs.tag != f.tag || theirs.bytes != total) {
     throw Error(ErrorCode::kRemoteError,
                 ctx.description() + ": rank " + std::to_string(peer) +
                     " called a different op or size (its message: " + std::to_string(theirs.bytes) +
                     " bytes, tag " + std::to_string(theirs.tag) + " by " + kind_name(theirs.magic) +
                     "; this rank's: " + std::to_string(total) + " bytes, tag " +
-                    std::to_string(ctx.tag) + " by " + kind_name(magic) +
+                    std::to_string(f.tag) + " by " + kind_name(magic) +
                     "); every rank must make the same calls in the same order, with the same "
                     "TUTTI_GLOO_ALLREDUCE and TUTTI_GLOO_DIRECT_BYTES");
   }
@@ -338,6 +347,7 @@ void DirectExchange::ring(void* data, size_t bytes, size_t element_size, detail:
       from.in[0] = {headers_.data() + sizeof(Header) * left, sizeof(Header)};
       from.magic = mine.magic;
       from.total = bytes;
+      from.tag = mine.tag;
     }
     from.in[1] =
         fold ? iovec{staging_.data(), std::min(kStagingBytes, in_len)} : iovec{dst, in_len};
@@ -370,6 +380,7 @@ void DirectExchange::ring(void* data, size_t bytes, size_t element_size, detail:
       to.in[1] = from.in[1];
       to.magic = from.magic;
       to.total = from.total;
+      to.tag = from.tag;
       to.arrived = std::move(from.arrived);
       flows.push_back(std::move(to));
     } else {
@@ -505,6 +516,56 @@ void DirectExchange::reduce_scatter(const std::vector<const void*>& blocks, void
   fold_in_rank_order(out, blocks[rank_], rank_, bytes / element_size, fn);
 }
 
+void DirectExchange::p2p(const std::vector<Message>& messages, const OpContext& ctx) {
+  std::vector<int> flow_of(world_size_, -1);
+  queues_.clear();
+  std::vector<Flow> flows;
+  for (const Message& m : messages) {
+    int& at = flow_of[m.peer];
+    if (at < 0) {
+      at = static_cast<int>(flows.size());
+      flows.emplace_back();
+      flows.back().peer = m.peer;
+      flows.back().queue = at;
+      queues_.emplace_back();
+    }
+    PeerQueue& q = queues_[at];
+    if (m.send) {
+      q.sends.push_back(&m);
+      q.headers.push_back(Header{static_cast<uint32_t>(Kind::kP2P), m.tag, m.bytes});
+    } else {
+      q.receives.push_back(&m);
+    }
+  }
+  for (Flow& f : flows) {
+    next_send(f);
+    next_receive(f);
+  }
+  run(flows, ctx.deadline(), ctx);
+}
+
+bool DirectExchange::next_send(Flow& f) {
+  PeerQueue& q = queues_[f.queue];
+  if (q.next_send == q.sends.size()) return false;
+  const size_t i = q.next_send++;
+  f.out[0] = {&q.headers[i], sizeof(Header)};
+  f.out[1] = {q.sends[i]->data, q.sends[i]->bytes};
+  return true;
+}
+
+bool DirectExchange::next_receive(Flow& f) {
+  PeerQueue& q = queues_[f.queue];
+  if (q.next_receive == q.receives.size()) return false;
+  const Message& m = *q.receives[q.next_receive++];
+  f.in[0] = {headers_.data() + sizeof(Header) * f.peer, sizeof(Header)};
+  f.in[1] = {m.data, m.bytes};
+  f.magic = static_cast<uint32_t>(Kind::kP2P);
+  f.total = m.bytes;
+  f.tag = m.tag;
+  f.header_alone = true;
+  return true;
+}
+
 DirectExchange::Flow DirectExchange::send_flow(int peer, const Header& mine, const void* data,
                                                const Header& ack) {
   Flow f;
@@ -514,6 +575,7 @@ DirectExchange::Flow DirectExchange::send_flow(int peer, const Header& mine, con
   f.in[0] = {headers_.data() + sizeof(Header) * peer, sizeof(Header)};
   f.magic = ack.magic;
   f.total = ack.bytes;
+  f.tag = ack.tag;
   return f;
 }
 
@@ -526,6 +588,7 @@ DirectExchange::Flow DirectExchange::receive_flow(int peer, const Header& mine, 
   f.in[1] = {into, mine.bytes};
   f.magic = mine.magic;
   f.total = mine.bytes;
+  f.tag = mine.tag;
   f.header_alone = true;
   return f;
 }
@@ -540,6 +603,7 @@ DirectExchange::Flow DirectExchange::exchange_flow(int peer, const Header& mine,
   f.in[1] = {into, mine.bytes};
   f.magic = mine.magic;
   f.total = mine.bytes;
+  f.tag = mine.tag;
   return f;
 }
 

@@ -30,6 +30,8 @@
 // (every rank sends each peer its block: as many bytes as a ring, in one step). A rank that only
 // sends in an op (a broadcast's root, a reduce's non-roots) takes a header back from each peer
 // it sends to, so that ranks that disagree on the root fail instead of both returning.
+// Point-to-point messages travel the same connections, each pair's in order per direction: the
+// group numbers them so, and each carries its tag in its header.
 //
 // A peer whose header disagrees (another op, size or algorithm) fails the op with kRemoteError
 // naming it; the backend then aborts the group (the streams are out of step). Where the data goes
@@ -123,6 +125,20 @@ class DirectExchange {
   void reduce_scatter(const std::vector<const void*>& blocks, void* out, size_t bytes,
                       size_t element_size, detail::ReduceFn fn, const OpContext& ctx);
 
+  // One point-to-point message of a batch.
+  struct Message {
+    bool send = false;
+    int peer = -1;
+    void* data = nullptr;
+    size_t bytes = 0;
+    uint32_t tag = 0;  // the group's tag for it (both ends compute the same)
+  };
+  // Every message at once, each peer's in the order given, per direction: the group numbers a
+  // pair's messages per direction, so the k-th send to a peer meets the peer's k-th receive from
+  // this rank, whatever batches either side made of them. A message's header (its tag and size)
+  // is read alone and checked before its data lands in the caller's memory.
+  void p2p(const std::vector<Message>& messages, const OpContext& ctx);
+
   // Resets every connection (abort): a waiting exchange here and on the peers ends at once.
   void reset() { connections_.reset_all(); }
   // The rank a Gloo error message names (an address of this context's pairs), or -1.
@@ -150,9 +166,13 @@ class DirectExchange {
     iovec in[2] = {};
     uint32_t magic = 0;
     uint64_t total = 0;
+    uint32_t tag = 0;  // the tag the peer's header must carry (the op's, or the message's)
     // The header is read alone, and checked, before any data: set where in[1] is the caller's
     // memory, which a peer in another op must not write (one more receive call per message).
     bool header_alone = false;
+    // Point-to-point: the peer's index in queues_, whose next message each direction takes up
+    // when its current one is done; -1 for the collectives.
+    int queue = -1;
     std::function<void(Flow&, size_t)> arrived;
   };
   // The ring's allreduce, its header's magic given (an allreduce's, or a reduce's).
@@ -176,8 +196,19 @@ class DirectExchange {
   // same bits. inbox_[0] is the accumulator where `me` is not rank 0.
   void fold_in_rank_order(void* out, const void* mine, int me, size_t count, detail::ReduceFn fn);
   // Throws kRemoteError when a peer's header is not this op's.
-  void check_header(int peer, const char* header, uint32_t magic, uint64_t total,
-                    const OpContext& ctx) const;
+  void check_header(int peer, const char* header, const Flow& f, const OpContext& ctx) const;
+  // A point-to-point flow's messages, per direction, in order; `headers` what each send sends
+  // first.
+  struct PeerQueue {
+    std::vector<const Message*> sends;
+    std::vector<Header> headers;
+    std::vector<const Message*> receives;
+    size_t next_send = 0;
+    size_t next_receive = 0;
+  };
+  // Gives the flow its queue's next send (or receive); false when there is none.
+  bool next_send(Flow& f);
+  bool next_receive(Flow& f);
 
   int rank_;
   int world_size_;
@@ -187,6 +218,7 @@ class DirectExchange {
   std::vector<std::vector<char>> inbox_;  // direct: per rank; doubling: this rank's
   std::vector<char> headers_;             // 16 bytes per rank: what each peer sent first
   std::vector<char> staging_;             // ring: kStagingBytes
+  std::vector<PeerQueue> queues_;         // p2p: one per flow of the op under way
 };
 
 }  // namespace tutti::gloo_backend
