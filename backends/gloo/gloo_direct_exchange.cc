@@ -437,12 +437,13 @@ void DirectExchange::broadcast(void* data, size_t bytes, int root, bool chain,
   }
   flows.reserve(2);
   flows.push_back(receive_flow(left, mine, data, ack));
+  // What the passing on below counts, alive until run() returns.
+  char* const base = static_cast<char*>(data);
+  size_t header_left = sizeof(Header);
+  size_t received = 0;
   if (position < n - 1) {
     flows.push_back(send_flow(right, mine, data, ack));
     flows[1].out[1].iov_len = 0;  // grows as the bytes come
-    char* const base = static_cast<char*>(data);
-    size_t header_left = sizeof(Header);
-    size_t received = 0;
     flows[0].arrived = [&flows, &header_left, &received, base](Flow&, size_t got) {
       const size_t h = std::min(got, header_left);
       header_left -= h;
