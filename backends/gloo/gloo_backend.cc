@@ -408,12 +408,8 @@ Backend::WorkPtr GlooBackend::broadcast(const std::vector<TensorView>& tensors,
   if (direct_) {
     // Small: the root sends to each rank; large: down the chain of ranks from the root.
     const bool chain = t.nbytes() > direct_limit_;
-    guarded(ctx,
-            rank_ == opts.root_rank ? everyone(world_size_)
-            : chain ? "rank " + std::to_string((rank_ - 1 + world_size_) % world_size_) +
-                          " (before this rank in the chain from root rank " +
-                          std::to_string(opts.root_rank) + ")"
-                    : "root rank " + std::to_string(opts.root_rank),
+    // (The direct exchange names the ranks it waits for itself.)
+    guarded(ctx, everyone(world_size_),
             [&] { direct_->broadcast(t.data(), t.nbytes(), opts.root_rank, chain, ctx); });
     return nullptr;
   }

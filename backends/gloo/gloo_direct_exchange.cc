@@ -36,7 +36,7 @@ enum class Kind : uint32_t {
   kReduceRing = 0x74757470,
   // What the receivers of a broadcast and the root of a reduce send back on entering it: a rank
   // that sends only learns that its peers are in the same op (a peer that thinks itself the root
-  // of a broadcast sends data instead, and both fail naming it).
+  // of a broadcast sends data instead: at 2 ranks both fail naming it; see the header).
   kBroadcastAck = 0x74757441,
   kReduceAck = 0x74757461,
   kP2P = 0x74757450
@@ -242,10 +242,12 @@ void DirectExchange::check_header(int peer, const char* header, const Flow& f,
                 ctx.description() + ": rank " + std::to_string(peer) +
                     " called a different op or size (its message: " + std::to_string(theirs.bytes) +
                     " bytes, tag " + std::to_string(theirs.tag) + " by " + kind_name(theirs.magic) +
-                    "; this rank's: " + std::to_string(total) + " bytes, tag " +
+                    "; expected here: " + std::to_string(total) + " bytes, tag " +
                     std::to_string(f.tag) + " by " + kind_name(magic) +
-                    "); every rank must make the same calls in the same order, with the same "
-                    "TUTTI_GLOO_ALLREDUCE and TUTTI_GLOO_DIRECT_BYTES");
+                    "); every rank must make the same calls in the same order" +
+                    (f.queue >= 0 ? std::string(" (sends and receives in the same order per pair)")
+                                  : std::string(", with the same TUTTI_GLOO_ALLREDUCE and "
+                                                "TUTTI_GLOO_DIRECT_BYTES")));
   }
 }
 
@@ -484,6 +486,7 @@ void DirectExchange::reduce(void* data, size_t bytes, size_t element_size, detai
       sum = copy.data();
     }
     ring(sum, bytes, element_size, fn, static_cast<uint32_t>(Kind::kReduceRing), ctx);
+    trim_inboxes();
     return;
   }
   const Header mine{static_cast<uint32_t>(Kind::kReduce), ctx.tag, bytes};
@@ -501,6 +504,7 @@ void DirectExchange::reduce(void* data, size_t bytes, size_t element_size, detai
   }
   run(flows, ctx.deadline(), ctx);
   fold_in_rank_order(data, data, rank_, bytes / element_size, fn);
+  trim_inboxes();
 }
 
 void DirectExchange::reduce_scatter(const std::vector<const void*>& blocks, void* out, size_t bytes,
@@ -515,6 +519,14 @@ void DirectExchange::reduce_scatter(const std::vector<const void*>& blocks, void
   }
   run(flows, ctx.deadline(), ctx);
   fold_in_rank_order(out, blocks[rank_], rank_, bytes / element_size, fn);
+  trim_inboxes();
+}
+
+void DirectExchange::trim_inboxes() {
+  size_t kept = 0;
+  for (const std::vector<char>& inbox : inbox_) kept += inbox.capacity();
+  if (kept <= kKeptInboxBytes) return;
+  for (std::vector<char>& inbox : inbox_) std::vector<char>().swap(inbox);
 }
 
 void DirectExchange::p2p(const std::vector<Message>& messages, const OpContext& ctx) {
