@@ -357,13 +357,17 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   BackendInfo info;
   if (!automatic) info = prefixed(ctx, [&] { return detail::find_backend(requested); });
 
-  // A rank other than 0 that cannot reach a TCP store rank 0 hosts: say who hosts it.
+  // A rank other than 0 that cannot reach a TCP store rank 0 hosts, or whose connection to it
+  // closed under a request (the host died while this rank waited): say who hosts it.
   const auto unreachable_host = [&](const Error& e, const std::string& where) {
     const std::string what = e.what();
-    if (rank == 0 || (what.find("could not connect") == std::string::npos &&
-                      what.find("could not be reached") == std::string::npos)) {
-      return;
-    }
+    const bool lost =
+        what.find("could not connect") != std::string::npos ||
+        what.find("could not be reached") != std::string::npos ||
+        (e.code() == ErrorCode::kIoError && (what.find("End of file") != std::string::npos ||
+                                             what.find("reset by peer") != std::string::npos ||
+                                             what.find("Broken pipe") != std::string::npos));
+    if (rank == 0 || !lost) return;
     throw Error(e.code(), what + "; rank 0 hosts this group's store (" + where +
                               "): it has not started, or it is gone (did its init fail?)");
   };
