@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "fuzz_socket.h"
 #include "store/tcp_store_protocol.h"
 #include "tutti/tcp_store.h"
 
@@ -49,7 +50,7 @@ int connect_to(uint16_t port) {
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) std::abort();
+  tutti_fuzz::connect_or_die(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return fd;
@@ -57,24 +58,16 @@ int connect_to(uint16_t port) {
 
 bool read_some(int fd, std::string& into, size_t want, int timeout_ms) {
   while (into.size() < want) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, timeout_ms) != 1) return false;
+    if (tutti_fuzz::poll_one(fd, POLLIN, timeout_ms) != 1) return false;
     char buf[4096];
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    const ssize_t n = tutti_fuzz::recv_some(fd, buf, sizeof(buf));
     if (n <= 0) return false;
     into.append(buf, static_cast<size_t>(n));
   }
   return true;
 }
 
-void send_all(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
-    if (n <= 0) return;  // the server closed it: fine
-    done += static_cast<size_t>(n);
-  }
-}
+using tutti_fuzz::send_all;  // stops when the server closed the connection: fine
 
 // Reads what the server says until it closes the connection or falls silent.
 void drain(int fd) {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_socket.h"
 #include "tutti/transfer_agent.h"
 
 namespace {
@@ -63,18 +64,11 @@ int connect_abstract(const std::string& name) {
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path + 1, name.data(), name.size());
   const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) std::abort();
+  tutti_fuzz::connect_or_die(fd, reinterpret_cast<sockaddr*>(&addr), len);
   return fd;
 }
 
-void send_all(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
+using tutti_fuzz::send_all;
 
 std::string frame(uint8_t type, const std::string& payload) {
   std::string f;
@@ -103,9 +97,8 @@ std::string hello() {
 void drain(int fd) {
   char buf[4096];
   while (true) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 200) != 1) return;
-    if (::recv(fd, buf, sizeof(buf), 0) <= 0) return;
+    if (tutti_fuzz::poll_one(fd, POLLIN, 200) != 1) return;
+    if (tutti_fuzz::recv_some(fd, buf, sizeof(buf)) <= 0) return;
   }
 }
 
