@@ -38,6 +38,7 @@ using CudaLayout = std::vector<std::pair<std::string, long long>>;
   X(ncclFloat64) X(ncclDouble) X(ncclBfloat16) X(ncclFloat8e4m3) X(ncclFloat8e5m2)              \
   X(ncclNumTypes) X(ncclSum) X(ncclProd) X(ncclMax) X(ncclMin) X(ncclAvg) X(ncclNumOps)         \
   X(ncclMaxRedOp) X(NCCL_SPLIT_NOCOLOR) X(NCCL_CONFIG_UNDEF_INT) X(NCCL_UNIQUE_ID_BYTES)        \
+  X(NCCL_SHRINK_DEFAULT) X(NCCL_SHRINK_ABORT) X(NCCL_REVOKE_DEFAULT)                            \
   X(sizeof(ncclUniqueId)) X(sizeof(ncclResult_t)) X(sizeof(ncclDataType_t))                     \
   X(sizeof(ncclRedOp_t)) X(sizeof(ncclComm_t)) X(NCCL_MAJOR) X(NCCL_MINOR)                      \
   X(NCCL_VERSION(2, 28, 0)) X(NCCL_VERSION(2, 8, 4)) X(sizeof(ncclConfig_t))                    \

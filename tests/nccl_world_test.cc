@@ -12,8 +12,10 @@
 //
 // Runs on real GPUs (label "gpu", skipping without world x devices of them) and on the stand-in
 // (label "standin"), where it also checks that nothing of the CUDA runtime or NCCL is leaked.
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <thread>
 
@@ -781,7 +783,9 @@ TEST(NcclSplitChild, FourRanksIntoPairs) {
 
 // Runs `child` (a test of this binary) as four ranks through one file store: each must exit 0
 // saying `ok`, and leave no stand-in segment behind.
-void four_ranks_say(const std::string& child, const std::string& ok) {
+// A rank listed in `killed` must instead have died of SIGKILL. `env` is added to each rank's.
+void four_ranks_say(const std::string& child, const std::string& ok,
+                    const std::vector<std::string>& env = {}, const std::vector<int>& killed = {}) {
   TempDir dir;
   const std::string tag = ok.substr(0, ok.find(' ')) + std::to_string(::getpid());
   std::vector<std::vector<std::string>> envs;
@@ -789,9 +793,14 @@ void four_ranks_say(const std::string& child, const std::string& ok) {
     envs.push_back({"TUTTI_NCCL_TEST_RANK=" + std::to_string(r),
                     "TUTTI_NCCL_TEST_STORE=file://" + dir.path() + "/store",
                     "TUTTI_STANDIN_TAG=" + tag});
+    envs.back().insert(envs.back().end(), env.begin(), env.end());
   }
   const auto results = run_children(child, envs, std::chrono::seconds(120));
   for (size_t r = 0; r < results.size(); ++r) {
+    if (std::find(killed.begin(), killed.end(), static_cast<int>(r)) != killed.end()) {
+      EXPECT_EQ(results[r].signal, SIGKILL) << "rank " << r << ":\n" << results[r].output;
+      continue;
+    }
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
     EXPECT_NE(results[r].output.find(ok), std::string::npos) << "rank " << r << ":\n"
                                                              << results[r].output;
@@ -804,9 +813,19 @@ TEST(NcclSplit, FourRanksIntoTwoPairs) {
   four_ranks_say("NcclSplitChild.FourRanksIntoPairs", "SPLIT OK");
 }
 
+// How many communicators the stand-in NCCL made with ncclCommShrink in this process (-1 on a real
+// NCCL, which does not count): TUTTI_NCCL_TEST_SHRINKS says how many a child expects.
+void expect_shrinks(const std::string& when) {
+  const int got = standin::count("tutti_standin_nccl_shrinks");
+  if (got < 0) return;
+  EXPECT_EQ(got, env_int("TUTTI_NCCL_TEST_SHRINKS", -1))
+      << when << ": communicators made by ncclCommShrink (TUTTI_NCCL_SHRINK=0: none)";
+}
+
 // Four ranks; rank 3 leaves (destroys its group). The other three shrink without it into an NCCL
-// group of three (a new communicator through the store), then grow back to four: rank 3's
-// process joins as the new rank. Each group's allreduce counts who took part.
+// group of three (by ncclCommShrink of the revoked communicator; with TUTTI_NCCL_SHRINK=0, a new
+// communicator through the store), then grow back to four: rank 3's process joins as the new
+// rank. Each group's allreduce counts who took part.
 TEST(NcclShrinkChild, ShrinkThenGrowBack) {
   if (env_str("TUTTI_NCCL_TEST_STORE").empty()) {
     GTEST_SKIP() << "runs only as a child of NcclShrink.ThreeShrinkAndGrowBackToFour";
@@ -839,6 +858,7 @@ TEST(NcclShrinkChild, ShrinkThenGrowBack) {
       EXPECT_EQ(small->backend_name(), "nccl");
       EXPECT_EQ(small->world_size(), 3);
       sum_of_ranks(*small, 6.0, "allreduce at world 3 after the shrink");
+      expect_shrinks("after the shrink");
       grown = small->grow();
       small->destroy();
     }
@@ -854,7 +874,75 @@ TEST(NcclShrinkChild, ShrinkThenGrowBack) {
 
 TEST(NcclShrink, ThreeShrinkAndGrowBackToFour) {
   SKIP_WITHOUT_GPUS(4);
-  four_ranks_say("NcclShrinkChild.ShrinkThenGrowBack", "SHRINK OK");
+  four_ranks_say("NcclShrinkChild.ShrinkThenGrowBack", "SHRINK OK", {"TUTTI_NCCL_TEST_SHRINKS=1"});
+}
+
+TEST(NcclShrink, ThreeShrinkThroughNewCommunicatorsWhereNcclCannot) {
+  SKIP_WITHOUT_GPUS(4);
+  four_ranks_say("NcclShrinkChild.ShrinkThenGrowBack", "SHRINK OK",
+                 {"TUTTI_NCCL_SHRINK=0", "TUTTI_NCCL_TEST_SHRINKS=0"});
+}
+
+// Four ranks run an allreduce loop; rank 2 is SIGKILLed in the middle of it. The other three
+// fail at the step it never reached (their allreduce times out: NCCL cannot tell them), shrink
+// naming no one (the dead process is seen by its pid), and finish the loop at world 3 with the
+// right sums, on communicators NCCL shrank from the revoked ones.
+TEST(NcclShrinkChild, KilledMidLoop) {
+  if (env_str("TUTTI_NCCL_TEST_STORE").empty()) {
+    GTEST_SKIP() << "runs only as a child of NcclShrink.SurvivorsOfAKillFinishTheLoop";
+  }
+  const int rank = env_int("TUTTI_NCCL_TEST_RANK", 0);
+  {
+    cudaSetDevice(rank);
+    GroupOptions o;
+    o.store_url = env_str("TUTTI_NCCL_TEST_STORE");
+    o.timeout = std::chrono::seconds(3);
+    auto g = CollectiveGroup::create(4, rank, "nccl", "world", o);
+    std::shared_ptr<CollectiveGroup> group = g;
+    const int64_t n = 4096;
+    DeviceBuffer buf(rank, n * 4);
+    int failures = 0;
+    for (int step = 0; step < 20; ++step) {
+      if (rank == 2 && step == 10) ::raise(SIGKILL);
+      // Each rank adds (its rank in the world of four) + step: the sum says who took part.
+      buf.fill(DType::kFloat32, n, [&](int64_t i) { return rank + step + (i % 7); });
+      try {
+        AllreduceOptions wait;
+        wait.blocking = true;  // a GPU op's failure shows here, not at the next call
+        group->allreduce(buf.view(DType::kFloat32, n), wait);
+      } catch (const Error& e) {
+        ++failures;
+        ASSERT_EQ(failures, 1) << "a second failure: " << e.what();
+        EXPECT_EQ(step, 10) << e.what();
+        group = g->shrink(ShrinkOptions());
+        EXPECT_EQ(group->backend_name(), "nccl");
+        ASSERT_EQ(group->world_size(), 3);
+        expect_shrinks("after the shrink");
+        --step;  // again, at world 3
+        continue;
+      }
+      const std::vector<int> members =
+          group == g ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0, 1, 3};
+      expect_values(
+          DType::kFloat32, buf.read(DType::kFloat32, n),
+          [&](int64_t i) {
+            double sum = 0;
+            for (int m : members) sum += m + step + (i % 7);
+            return sum;
+          },
+          "allreduce at step " + std::to_string(step));
+    }
+    EXPECT_EQ(failures, 1);
+    if (group != g) group->destroy();
+    g->destroy();
+  }
+  expect_standin_clean("after destroy");
+  if (!::testing::Test::HasFailure()) std::printf("KILL OK\n");
+}
+
+TEST(NcclShrink, SurvivorsOfAKillFinishTheLoop) {
+  SKIP_WITHOUT_GPUS(4);
+  four_ranks_say("NcclShrinkChild.KilledMidLoop", "KILL OK", {"TUTTI_NCCL_TEST_SHRINKS=1"}, {2});
 }
 
 }  // namespace

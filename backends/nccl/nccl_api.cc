@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "tutti/error.h"
 
@@ -43,6 +44,15 @@ NcclApi load() {
   resolve(api.CommFinalize, "ncclCommFinalize");
   resolve(api.CommDestroy, "ncclCommDestroy");
   resolve(api.CommAbort, "ncclCommAbort");
+  // Both or neither: a revoked communicator is kept for ncclCommShrink, and without shrink there
+  // is no reason to keep it.
+  auto revoke = reinterpret_cast<decltype(api.CommRevoke)>(::dlsym(handle, "ncclCommRevoke"));
+  auto shrink = reinterpret_cast<decltype(api.CommShrink)>(::dlsym(handle, "ncclCommShrink"));
+  const char* off = std::getenv("TUTTI_NCCL_SHRINK");
+  if (revoke != nullptr && shrink != nullptr && !(off != nullptr && std::string(off) == "0")) {
+    api.CommRevoke = revoke;
+    api.CommShrink = shrink;
+  }
   resolve(api.GetErrorString, "ncclGetErrorString");
   resolve(api.GetLastError, "ncclGetLastError");
   resolve(api.GroupStart, "ncclGroupStart");

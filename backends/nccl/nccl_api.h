@@ -25,6 +25,10 @@ struct NcclApi {
   ncclResult_t (*CommFinalize)(ncclComm_t) = nullptr;
   ncclResult_t (*CommDestroy)(ncclComm_t) = nullptr;
   ncclResult_t (*CommAbort)(ncclComm_t) = nullptr;
+  // Null where the loaded NCCL lacks them (before 2.27 and 2.28): a failure then aborts the
+  // communicators, and a shrink makes new ones through the store.
+  ncclResult_t (*CommRevoke)(ncclComm_t, int) = nullptr;
+  ncclResult_t (*CommShrink)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int) = nullptr;
   const char* (*GetErrorString)(ncclResult_t) = nullptr;
   const char* (*GetLastError)(ncclComm_t) = nullptr;
   ncclResult_t (*GroupStart)() = nullptr;

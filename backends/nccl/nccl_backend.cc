@@ -16,12 +16,6 @@
 namespace tutti::nccl_backend {
 namespace {
 
-// TUTTI_NCCL_BLOCKING=1: blocking communicators (see the init below).
-bool blocking_communicators() {
-  const char* v = std::getenv("TUTTI_NCCL_BLOCKING");
-  return v != nullptr && std::string(v) == "1";
-}
-
 using Clock = std::chrono::steady_clock;
 
 std::string pci_bus_id(int device) {
@@ -226,6 +220,18 @@ void NcclBackend::wait_enqueued(const std::vector<ncclComm_t>& comms, const OpCo
   }
 }
 
+void NcclBackend::make_streams(Comms& c) {
+  c.streams.assign(c.devices.size(), nullptr);
+  c.ready.assign(c.devices.size(), nullptr);
+  c.scratch.assign(c.devices.size(), nullptr);
+  c.scratch_bytes.assign(c.devices.size(), 0);
+  for (size_t i = 0; i < c.devices.size(); ++i) {
+    DeviceGuard guard(c.devices[i]);
+    cuda_check(cudaStreamCreateWithFlags(&c.streams[i], cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_check(cudaEventCreateWithFlags(&c.ready[i], cudaEventDisableTiming), "cudaEventCreate");
+  }
+}
+
 void NcclBackend::init_comms(const std::vector<Init>& inits, const OpContext& ctx) {
   // Every id this rank makes is published before it reads any: ranks that each make one id and
   // need another's (the pair communicators of a ring) never wait on each other.
@@ -254,16 +260,7 @@ void NcclBackend::init_comms(const std::vector<Init>& inits, const OpContext& ct
   }
   try {
     std::vector<ncclComm_t> all;
-    for (const Init& init : inits) {
-      Comms& c = *init.c;
-      for (size_t i = 0; i < c.devices.size(); ++i) {
-        DeviceGuard guard(c.devices[i]);
-        cuda_check(cudaStreamCreateWithFlags(&c.streams[i], cudaStreamNonBlocking),
-                   "cudaStreamCreate");
-        cuda_check(cudaEventCreateWithFlags(&c.ready[i], cudaEventDisableTiming),
-                   "cudaEventCreate");
-      }
-    }
+    for (const Init& init : inits) make_streams(*init.c);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     // Non-blocking by default: every host-side NCCL call (init, a first op's connection set-up,
     // a group end) then returns at once and is bounded by our deadline and abort. NCCL makes a
@@ -326,7 +323,8 @@ NcclBackend::Comms& NcclBackend::collective_comms(const std::vector<TensorView>&
   c->nranks = world_size_ * k;
   c->first_rank = nccl_rank(rank_, k, 0);
   // Every rank makes its collective communicators in the same order: the n-th meets as n.
-  const std::string prefix = "nccl/coll/" + std::to_string(collective_count_++);
+  c->index = collective_count_++;
+  const std::string prefix = "nccl/coll/" + std::to_string(c->index);
   std::string pcis;
   for (int d : c->devices) pcis += (pcis.empty() ? "" : ",") + pci_bus_id(d);
   const std::string host = detail::host_identity();
@@ -538,11 +536,37 @@ std::vector<ncclComm_t> NcclBackend::take_comms_locked() {
     for (auto& [key, c] : *map) {
       for (ncclComm_t& comm : c->comms) {
         if (comm != nullptr) taken.push_back(comm);
-        comm = nullptr;
+        // Revoked ones stay, for a shrink; the destructor aborts them.
+        if (api_.CommRevoke == nullptr) comm = nullptr;
       }
     }
   }
   return taken;
+}
+
+void NcclBackend::stop_comms(const std::vector<ncclComm_t>& comms) {
+  std::vector<ncclComm_t> aborted;
+  for (ncclComm_t comm : comms) {
+    const ncclResult_t r =
+        api_.CommRevoke != nullptr ? api_.CommRevoke(comm, NCCL_REVOKE_DEFAULT) : ncclInternalError;
+    if (r == ncclSuccess || r == ncclInProgress) continue;
+    if (api_.CommRevoke != nullptr) {
+      TUTTI_LOG_WARN("nccl: ncclCommRevoke failed ({}); aborting the communicator instead",
+                     api_.GetErrorString(r));
+    }
+    api_.CommAbort(comm);
+    aborted.push_back(comm);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto* map : {&collective_, &p2p_}) {
+    for (auto& [key, c] : *map) {
+      for (ncclComm_t& comm : c->comms) {
+        if (std::find(aborted.begin(), aborted.end(), comm) != aborted.end()) comm = nullptr;
+      }
+    }
+  }
+  stopped_ = true;
+  wake_.notify_all();
 }
 
 void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
@@ -554,7 +578,7 @@ void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
       if (!aborted_ && !in_nccl_) {
         const std::vector<ncclComm_t> comms = take_comms_locked();
         lock.unlock();
-        for (ncclComm_t comm : comms) api_.CommAbort(comm);
+        stop_comms(comms);
         lock.lock();
       } else {
         wake_.wait_for(lock, std::chrono::milliseconds(200));

@@ -16,8 +16,15 @@
 // (opts.blocking: the call waits on the host first). A watchdog thread checks every pending
 // op against its timeout and every communicator for NCCL's asynchronous errors; on either,
 // and on abort(), every pending Work ends with an error (kTimeout for the op that timed out,
-// kAborted for the others), the communicators are aborted (ncclCommAbort), and every later call
-// fails with kAborted naming the op that hung or failed.
+// kAborted for the others), the communicators are revoked (ncclCommRevoke, where NCCL has it and
+// ncclCommShrink: kept, stopped, until the group is destroyed, so that a shrink can make the
+// survivors' communicators from them) or aborted (ncclCommAbort), and every later call fails
+// with kAborted naming the op that hung or failed. A failed group's communicators are aborted
+// when it is destroyed, never destroyed: ncclCommDestroy may wait on a dead rank.
+//
+// Shrink: the survivors shrink each collective communicator they all have (ncclCommShrink of the
+// revoked one, without the NCCL ranks of the ranks left out); where any survivor cannot, they
+// all fall back to new communicators through the store (shrink()).
 //
 // Threads: the group calls one op at a time; the watchdog runs beside it, never calls into NCCL
 // while the op thread is inside it (communicators are not thread-safe), and aborts without
@@ -100,6 +107,9 @@ class NcclBackend : public Backend {
   // communicators (from any thread; the watchdog does the NCCL calls). split() keeps the
   // default: see the comment at its definition in nccl_backend.cc.
   void abort(const std::string& reason) override;
+  // The survivors' backend from this (failed) one's collective communicators, through
+  // ncclCommShrink; null (new communicators) where NCCL lacks it or any survivor failed.
+  std::unique_ptr<Backend> shrink(const BackendContext& ctx) override;
 
  private:
   // The communicators of one device list (or one pair of (rank, GPU)), with a stream, an event
@@ -113,6 +123,7 @@ class NcclBackend : public Backend {
     std::vector<size_t> scratch_bytes;
     int nranks = 0;
     int first_rank = 0;  // NCCL rank of devices[0]
+    int index = -1;      // the n-th collective communicators made (n), -1 for pairs
   };
   // One communicator and device of an op: what launch() orders, watches and groups.
   struct Lane {
@@ -151,6 +162,14 @@ class NcclBackend : public Backend {
   // Fills in every kPeerDevice of `pairs` (the peers are asked once, all at once).
   void resolve_peer_devices(std::vector<Pair>& pairs, const OpContext& ctx);
   void init_comms(const std::vector<Init>& inits, const OpContext& ctx);
+  static void make_streams(Comms& c);  // a stream and an event per device
+  // Shrinks each of `parents` (communicators all survivors have) without the NCCL ranks of the
+  // ranks left out; the shrunk ones, in order, or an Error.
+  std::vector<std::unique_ptr<Comms>> shrink_comms(const std::vector<Comms*>& parents,
+                                                   const BackendContext& sub,
+                                                   std::chrono::steady_clock::time_point deadline);
+  // The comms of `comms` that could not be revoked are aborted and forgotten (the watchdog).
+  void stop_comms(const std::vector<ncclComm_t>& comms);
   // Orders the lanes' streams after the caller's, runs issue(kBefore), issue(kNccl) inside one
   // NCCL group, issue(kAfter), then orders the caller's streams after the lanes' and hands the
   // op to the watchdog. Returns its Work, or null once it has finished (opts.blocking).
@@ -169,7 +188,9 @@ class NcclBackend : public Backend {
             ErrorCode code = ErrorCode::kAborted);
   // Fails with `why` when an op is still pending (the destructor, before it finalizes).
   void abort_if_pending(const std::string& why);
-  std::vector<ncclComm_t> take_comms_locked();  // marks them aborted; the caller aborts them
+  // Marks the communicators stopped and returns them: the caller revokes them (kept) or, where
+  // NCCL cannot revoke, aborts them (their handles are gone).
+  std::vector<ncclComm_t> take_comms_locked();
   void watchdog_loop(std::shared_ptr<std::atomic<bool>> gone);
   class InNccl;  // marks the op thread inside NCCL calls (the watchdog then defers the abort)
 
@@ -192,7 +213,8 @@ class NcclBackend : public Backend {
   std::condition_variable wake_;
   std::deque<Pending> pending_;
   std::string failure_;   // non-empty once failed
-  bool aborted_ = false;  // the communicators were aborted (their handles are gone)
+  bool aborted_ = false;  // the communicators are being stopped (revoked or aborted)
+  bool stopped_ = false;  // ... and have been (the watchdog's calls returned)
   bool in_nccl_ = false;  // the op thread is calling into NCCL: the watchdog's abort waits
   bool stop_ = false;
   // Set when this backend is destroyed on the watchdog's own thread (a completion hook let go

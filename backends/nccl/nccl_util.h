@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <new>
 #include <string>
 
@@ -11,6 +12,12 @@
 #include "tutti/error.h"
 
 namespace tutti::nccl_backend {
+
+// TUTTI_NCCL_BLOCKING=1: blocking communicators (see NcclBackend::init_comms).
+inline bool blocking_communicators() {
+  const char* v = std::getenv("TUTTI_NCCL_BLOCKING");
+  return v != nullptr && std::string(v) == "1";
+}
 
 inline void cuda_check(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) {

@@ -66,6 +66,11 @@ struct BackendContext {
   // When this group is split from another group of the same backend: that group's backend,
   // alive for the duration of the factory call (see Backend::split).
   Backend* parent = nullptr;
+  // When this group is the survivors of a shrink of `parent` (see Backend::shrink): the parent
+  // group's ranks left out, ascending. The survivors keep their order: parent rank r is rank
+  // r - (ranks left out below r) here.
+  bool from_shrink = false;
+  std::vector<int> shrunk_without;
 };
 
 // One message of a batch_p2p, as the group hands it to the backend: seq and tag follow the
@@ -158,6 +163,14 @@ class TUTTI_API Backend {
   // registered factory (the default). Non-members are not called, so a split that needs every
   // parent rank (NCCL's ncclCommSplit) cannot be made here; the NCCL backend keeps the default.
   virtual std::unique_ptr<Backend> split(const BackendContext& ctx);
+
+  // Called on every survivor of CollectiveGroup::shrink (never on the ranks left out), with the
+  // survivors' context (ctx.parent is this backend, already aborted; ctx.shrunk_without the
+  // ranks left out). Returns the survivors' backend when this one can derive it from its own
+  // connections (NCCL: ncclCommShrink), or null to have it made by the registered factory (the
+  // default). An implementation must return null on every survivor or on none: it agrees with
+  // the others through ctx.store before it returns.
+  virtual std::unique_ptr<Backend> shrink(const BackendContext& ctx);
 
   // Ends every op of this backend, running or future, with an error, promptly (well within
   // 100 ms), from any thread, more than once. Where the transport allows it, the peers learn of

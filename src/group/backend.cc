@@ -19,6 +19,10 @@ std::unique_ptr<Backend> Backend::split(const BackendContext&) {
   return nullptr;
 }
 
+std::unique_ptr<Backend> Backend::shrink(const BackendContext&) {
+  return nullptr;
+}
+
 namespace {
 
 [[noreturn]] void unsupported(const Backend& backend, OpType op, const OpContext& ctx) {

@@ -257,7 +257,9 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
     ~Disarm() { store.disarm(); }  // the backend keeps its store; the check is for its making
   } disarm{*watched};
   try {
-    if (bctx.parent != nullptr) backend = bctx.parent->split(bctx);
+    if (bctx.parent != nullptr) {
+      backend = bctx.from_shrink ? bctx.parent->shrink(bctx) : bctx.parent->split(bctx);
+    }
     if (!backend) backend = info.factory(bctx);
     if (!backend) throw Error(ErrorCode::kInternal, "the factory returned null");
   } catch (const Error& e) {
@@ -673,7 +675,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
       ctx + " into " + where(name, sub_rank, static_cast<int>(ranks.size()));
   TUTTI_LOG_INFO("{}: ranks {} go on without {}", ctx, decided, left_out);
   return form_subgroup(ranks, name, base + "/group", s.instance + ".k" + std::to_string(n),
-                       requested, info, options.backend.empty(), /*with_parent=*/false, timeout,
+                       requested, info, options.backend.empty(), /*with_parent=*/true, timeout,
                        sub_ctx, /*after_failure=*/true);
 }
 
@@ -751,7 +753,14 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
     }
   }
   BackendContext bctx = backend_context(*sub, stoppable);
-  if (with_parent && info.name == s.backend_name) bctx.parent = s.backend.get();
+  if (with_parent && info.name == s.backend_name) {
+    bctx.parent = s.backend.get();
+    // A shrink's survivors may derive their backend from the failed group's (Backend::shrink).
+    bctx.from_shrink = after_failure;
+    for (int r = 0; r < s.world_size && after_failure; ++r) {
+      if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) bctx.shrunk_without.push_back(r);
+    }
+  }
   attach_backend(*sub, info, std::move(bctx), sub_ctx, stoppable.get());
   stoppable->disarm();  // the subgroup's backend keeps its store: the parent's end is not its
   TUTTI_LOG_INFO("{} {} off {} with backend '{}'", after_failure ? "shrank" : "split",

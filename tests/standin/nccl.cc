@@ -15,6 +15,8 @@
 // thread-safe (a second thread calling into one while another is inside is reported on stderr
 // and counted); ncclCommAbort may come from any thread and wakes whatever waits (but, like
 // NCCL's, waits for work of a multi-rank communicator that is queued behind a stalled stream).
+// ncclCommRevoke stops what runs and keeps the communicator, in progress until quiescent, for
+// ncclCommShrink, which the remaining ranks call (NCCL_SHRINK_DEFAULT refuses work in flight).
 //
 // Environment:
 //   TUTTI_STANDIN_NCCL_DELAY_MS    how long non-blocking init and group ends answer
@@ -88,7 +90,8 @@ struct Comm {
   std::string segment;
   std::shared_ptr<Clique> clique;  // set by the init thread before the state leaves InProgress
 
-  std::atomic<bool> aborted{false};
+  std::atomic<bool> aborted{false};  // aborted or revoked: what runs or waits stops
+  std::atomic<bool> revoked{false};
   std::atomic<int> callers{0};  // threads inside an NCCL call on this communicator
   std::thread init;
 
@@ -100,6 +103,9 @@ struct Comm {
   int deferred = 0;     // launches a non-blocking group end left for later, not yet done
   uint64_t ops_run = 0;
   bool finalizing = false;
+  int shrinks = 0;  // names the n-th shrunk communicator's segment
+
+  bool quiescent() const { return outstanding == 0 && deferred == 0; }  // the caller holds m
 
   void fail(ncclResult_t r, const std::string& why) {
     std::lock_guard<std::mutex> lock(m);
@@ -115,6 +121,7 @@ struct Library {
   std::unordered_map<uintptr_t, std::shared_ptr<Comm>> comms;  // by handle, never reused
   uintptr_t next_handle = 0x1000;
   std::atomic<int> concurrent_calls{0};
+  std::atomic<int> shrinks{0};  // communicators made by ncclCommShrink
   int delay_ms = env_int("TUTTI_STANDIN_NCCL_DELAY_MS", 2);
   std::pair<int, int> async_error = env_op_rank("TUTTI_STANDIN_NCCL_ASYNC_ERROR");
   int init_error_rank = env_int("TUTTI_STANDIN_NCCL_INIT_ERROR", -1);
@@ -452,6 +459,9 @@ ncclResult_t check_and_enqueue(ncclComm_t handle, Op op, const char* call) {
                                          ": the communicator is still in progress (poll "
                                          "ncclCommGetAsyncError until ncclSuccess first)");
     }
+    if (c->revoked.load()) {
+      return error(ncclInvalidUsage, std::string(call) + ": the communicator was revoked");
+    }
     if (c->state != ncclSuccess) return error(c->state, std::string(call) + ": " + c->last_error);
   }
   if (op.type < 0 || tutti::standin::nccl_type_size(op.type) == 0) {
@@ -535,6 +545,21 @@ void init_thread(std::shared_ptr<Comm> c) {
   c->cv.notify_all();
 }
 
+// Gives a communicator whose init has started its handle; what the init call returns.
+ncclResult_t publish(const std::shared_ptr<Comm>& c, ncclComm_t* comm) {
+  {
+    std::lock_guard<std::mutex> lock(lib().m);
+    const uintptr_t handle = lib().next_handle += 0x10;
+    lib().comms[handle] = c;
+    *comm = reinterpret_cast<ncclComm_t>(handle);
+  }
+  if (t_group_depth > 0) {  // finished (blocking) or reported (non-blocking) at the group's end
+    t_group_inits.push_back(c);
+    return ncclSuccess;
+  }
+  return c->blocking ? wait_init(*c) : ncclInProgress;
+}
+
 }  // namespace
 
 // ---- The API ---------------------------------------------------------------------------------
@@ -602,17 +627,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   } else {
     c->init = std::thread(init_thread, c);
   }
-  {
-    std::lock_guard<std::mutex> lock(lib().m);
-    const uintptr_t handle = lib().next_handle += 0x10;
-    lib().comms[handle] = c;
-    *comm = reinterpret_cast<ncclComm_t>(handle);
-  }
-  if (t_group_depth > 0) {  // finished (blocking) or reported (non-blocking) at the group's end
-    t_group_inits.push_back(c);
-    return ncclSuccess;
-  }
-  return c->blocking ? wait_init(*c) : ncclInProgress;
+  return publish(c, comm);
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
@@ -626,6 +641,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* result) {
   }
   Entered entered(*c, "ncclCommGetAsyncError");
   std::lock_guard<std::mutex> lock(c->m);
+  if (c->revoked.load()) {  // in progress until what ran on it has stopped
+    *result = c->quiescent() ? ncclSuccess : ncclInProgress;
+    return ncclSuccess;
+  }
   *result = c->state;
   if (c->state == ncclSuccess && c->finalizing && c->outstanding > 0) *result = ncclInProgress;
   return ncclSuccess;
@@ -635,6 +654,9 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   auto c = find(comm);
   if (c == nullptr) return error(ncclInvalidArgument, "ncclCommFinalize: invalid communicator");
   Entered entered(*c, "ncclCommFinalize");
+  if (c->revoked.load()) {
+    return error(ncclInvalidUsage, "ncclCommFinalize: the communicator was revoked (abort it)");
+  }
   std::unique_lock<std::mutex> lock(c->m);
   c->finalizing = true;
   if (!c->blocking) return c->outstanding > 0 ? ncclInProgress : ncclSuccess;
@@ -703,6 +725,100 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     c->cv.wait(lock, [&] { return c->outstanding == 0; });
   }
   return ncclSuccess;
+}
+
+// Stops what runs on the communicator (as abort does) and keeps it, for ncclCommShrink.
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int flags) {
+  auto c = find(comm);
+  if (c == nullptr) return error(ncclInvalidArgument, "ncclCommRevoke: invalid communicator");
+  if (flags != NCCL_REVOKE_DEFAULT) {
+    return error(ncclInvalidArgument, "ncclCommRevoke: flags must be NCCL_REVOKE_DEFAULT");
+  }
+  Entered entered(*c, "ncclCommRevoke");
+  c->revoked.store(true);
+  c->aborted.store(true);
+  std::shared_ptr<Clique> clique;
+  {
+    std::lock_guard<std::mutex> lock(c->m);
+    clique = c->clique;
+    c->cv.notify_all();
+  }
+  if (clique != nullptr) clique->ring(c->rank);
+  return ncclSuccess;
+}
+
+// Only the ranks that stay call it: each attaches to a clique named after the parent's and the
+// number of shrinks of it so far, as rank (its rank - the excluded ranks below it).
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int count, ncclComm_t* newcomm,
+                            ncclConfig_t* config, int flags) {
+  if (newcomm == nullptr) return error(ncclInvalidArgument, "ncclCommShrink: null newcomm");
+  *newcomm = nullptr;
+  auto c = find(comm);
+  if (c == nullptr) return error(ncclInvalidArgument, "ncclCommShrink: invalid communicator");
+  Entered entered(*c, "ncclCommShrink");
+  if (count < 0 || (count > 0 && exclude == nullptr) || count >= c->nranks) {
+    return error(ncclInvalidArgument, "ncclCommShrink: " + std::to_string(count) +
+                                          " excluded ranks of " + std::to_string(c->nranks));
+  }
+  if ((flags & ~NCCL_SHRINK_ABORT) != 0) {
+    return error(ncclInvalidArgument, "ncclCommShrink: unknown flags " + std::to_string(flags));
+  }
+  if (config != nullptr && config->magic != 0xcafebeef) {
+    return error(ncclInvalidArgument,
+                 "ncclCommShrink: config not initialised with NCCL_CONFIG_INITIALIZER");
+  }
+  std::vector<bool> out(c->nranks, false);
+  int below = 0;
+  for (int i = 0; i < count; ++i) {
+    const int r = exclude[i];
+    if (r < 0 || r >= c->nranks || out[r]) {
+      return error(ncclInvalidArgument, "ncclCommShrink: excluded rank " + std::to_string(r) +
+                                            " is out of range or listed twice");
+    }
+    if (r == c->rank) {
+      return error(ncclInvalidUsage, "ncclCommShrink: rank " + std::to_string(r) +
+                                         " is excluded and must not call it");
+    }
+    out[r] = true;
+    if (r < c->rank) ++below;
+  }
+  const bool abort_first = (flags & NCCL_SHRINK_ABORT) != 0;
+  std::string segment;
+  {
+    std::unique_lock<std::mutex> lock(c->m);
+    if (!abort_first && !c->quiescent()) {
+      return error(ncclInvalidUsage,
+                   "ncclCommShrink: NCCL_SHRINK_DEFAULT with operations in flight (revoke the "
+                   "communicator and wait for ncclSuccess, or pass NCCL_SHRINK_ABORT)");
+    }
+    if (!abort_first && !c->revoked.load() && c->state != ncclSuccess) {
+      return error(c->state, "ncclCommShrink: " + c->last_error);
+    }
+    segment = c->segment + ".s" + std::to_string(c->shrinks++);
+  }
+  if (abort_first) {
+    c->aborted.store(true);
+    std::shared_ptr<Clique> clique;
+    {
+      std::lock_guard<std::mutex> lock(c->m);
+      clique = c->clique;
+    }
+    if (clique != nullptr) clique->ring(c->rank);
+    std::unique_lock<std::mutex> lock(c->m);
+    c->cv.wait(lock, [&] { return c->quiescent(); });
+  }
+  auto n = std::make_shared<Comm>();
+  n->rank = c->rank - below;
+  n->nranks = c->nranks - count;
+  n->device = c->device;
+  n->bus = c->bus;
+  n->blocking = config == nullptr || config->blocking == NCCL_CONFIG_UNDEF_INT
+                    ? c->blocking
+                    : config->blocking != 0;
+  n->segment = segment;
+  n->init = std::thread(init_thread, n);
+  lib().shrinks.fetch_add(1);
+  return publish(n, newcomm);
 }
 
 const char* ncclGetErrorString(ncclResult_t r) {
@@ -794,6 +910,10 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, n
 int tutti_standin_nccl_live_comms(void) {
   std::lock_guard<std::mutex> lock(lib().m);
   return static_cast<int>(lib().comms.size());
+}
+
+int tutti_standin_nccl_shrinks(void) {
+  return lib().shrinks.load();
 }
 
 int tutti_standin_nccl_concurrent_calls(void) {

@@ -16,6 +16,7 @@ int tutti_standin_cuda_bad_handles(void);   // calls that named a destroyed or u
 int tutti_standin_cuda_ipc_opens(void);     // cudaIpcOpenMemHandle calls that succeeded
 // The stand-in NCCL (libnccl.so.2 in tests/standin/).
 int tutti_standin_nccl_live_comms(void);  // initialised or initialising, not destroyed or aborted
+int tutti_standin_nccl_shrinks(void);     // communicators made by ncclCommShrink
 int tutti_standin_nccl_concurrent_calls(void);  // a thread called into a communicator that
                                                 // another thread was inside (not thread-safe)
 }

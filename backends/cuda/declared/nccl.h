@@ -72,6 +72,10 @@ typedef enum {
 } ncclRedOp_t;
 
 #define NCCL_SPLIT_NOCOLOR (-1)
+// ncclCommShrink's flags (NCCL 2.27) and ncclCommRevoke's (2.28).
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
+#define NCCL_REVOKE_DEFAULT 0x00
 #define NCCL_CONFIG_UNDEF_INT (-2147483647 - 1)
 #define NCCL_CONFIG_UNDEF_PTR NULL
 
@@ -116,6 +120,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
+ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
 const char* ncclGetErrorString(ncclResult_t result);
 const char* ncclGetLastError(ncclComm_t comm);
 ncclResult_t ncclGroupStart(void);

@@ -1,0 +1,214 @@
+// The survivors' NCCL communicators after a failure, through ncclCommShrink (NcclBackend::shrink).
+//
+// CollectiveGroup::shrink has aborted the failed group, so its watchdog has revoked the
+// communicators (ncclCommRevoke: stopped, kept). Each survivor says through the survivors' store
+// which collective communicators it holds (by the order they were made in, which every rank
+// shares), and they shrink those that all hold, in that order, without the NCCL ranks of the
+// ranks left out: NCCL renumbers the rest to fill the gaps, as the group does. Then each says
+// whether its shrink worked; unless all did, every survivor aborts what it shrank and the factory
+// makes new communicators through the store (the fallback, as without ncclCommShrink). The
+// failed group's communicators stay with it and are aborted, never destroyed, with it.
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nccl_api.h"
+#include "nccl_backend.h"
+#include "nccl_types.h"
+#include "nccl_util.h"
+#include "tutti/error.h"
+#include "util/logging.h"
+
+namespace tutti::nccl_backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "n:k;" for each collective communicator n (over k devices) a rank holds.
+std::string encode(const std::map<int, int>& held) {
+  std::string out;
+  for (const auto& [n, k] : held) out += std::to_string(n) + ":" + std::to_string(k) + ";";
+  return out;
+}
+
+std::map<int, int> decode(const std::string& text) {
+  std::map<int, int> held;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t colon = text.find(':', at);
+    const size_t end = text.find(';', at);
+    if (colon == std::string::npos || end == std::string::npos || colon > end) break;
+    held[std::atoi(text.substr(at, colon - at).c_str())] =
+        std::atoi(text.substr(colon + 1, end - colon - 1).c_str());
+    at = end + 1;
+  }
+  return held;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> NcclBackend::shrink(const BackendContext& sub) {
+  const auto deadline = deadline_after(sub.timeout);
+  // This rank's collective communicators, once the watchdog has revoked them.
+  std::map<int, int> held;
+  std::map<int, Comms*> by_index;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    wake_.wait_until(lock, deadline, [&] { return stopped_; });
+    if (stopped_ && api_.CommShrink != nullptr) {
+      for (auto& [key, c] : collective_) {
+        if (std::find(c->comms.begin(), c->comms.end(), nullptr) != c->comms.end()) continue;
+        held[c->index] = static_cast<int>(c->devices.size());
+        by_index[c->index] = c.get();
+      }
+    }
+  }
+  // Said even when empty (this NCCL cannot shrink): the others then fall back too.
+  sub.store->set("nccl/shrink/held/" + std::to_string(sub.rank), encode(held));
+  std::map<int, int> common = held;
+  for (int r = 0; r < sub.world_size; ++r) {
+    if (r == sub.rank) continue;
+    const std::map<int, int> theirs =
+        decode(sub.store->get("nccl/shrink/held/" + std::to_string(r)));
+    for (auto it = common.begin(); it != common.end();) {
+      auto found = theirs.find(it->first);
+      it = found == theirs.end() || found->second != it->second ? common.erase(it) : std::next(it);
+    }
+  }
+  if (common.empty()) {
+    TUTTI_LOG_INFO("nccl: shrink makes new communicators ({})",
+                   api_.CommShrink == nullptr ? "this NCCL has no ncclCommShrink or ncclCommRevoke"
+                   : held.empty()             ? "this rank holds no collective communicator"
+                                              : "no collective communicator is held by every survivor");
+    return nullptr;
+  }
+  std::vector<Comms*> parents;
+  for (const auto& [n, k] : common) parents.push_back(by_index[n]);
+
+  auto shrunk = std::make_unique<NcclBackend>(sub);
+  std::string failed;
+  std::vector<std::unique_ptr<Comms>> made;
+  try {
+    made = shrink_comms(parents, sub, deadline);
+  } catch (const Error& e) {
+    failed = e.what();
+  }
+  sub.store->set("nccl/shrink/ok/" + std::to_string(sub.rank), failed.empty() ? "1" : failed);
+  std::string theirs;
+  for (int r = 0; r < sub.world_size && failed.empty(); ++r) {
+    if (r == sub.rank) continue;
+    const std::string ok = sub.store->get("nccl/shrink/ok/" + std::to_string(r));
+    if (ok != "1") theirs = "rank " + std::to_string(r) + ": " + ok;
+  }
+  if (!failed.empty() || !theirs.empty()) {
+    TUTTI_LOG_WARN("nccl: ncclCommShrink failed ({}); making new communicators instead",
+                   failed.empty() ? theirs : failed);
+    for (auto& c : made) {
+      for (size_t i = 0; i < c->devices.size(); ++i) {
+        DeviceGuard guard(c->devices[i], std::nothrow);
+        api_.CommAbort(c->comms[i]);
+        cudaStreamDestroy(c->streams[i]);
+        cudaEventDestroy(c->ready[i]);
+      }
+    }
+    return nullptr;
+  }
+  // The survivors' backend starts with the shrunk communicators as its first ones, in order.
+  for (auto& c : made) {
+    c->index = shrunk->collective_count_++;
+    std::string key;
+    for (int d : c->devices) key += (key.empty() ? "" : ",") + std::to_string(d);
+    shrunk->collective_.emplace(key, std::move(c));
+  }
+  std::string without;
+  for (int r : sub.shrunk_without) without += (without.empty() ? "" : ",") + std::to_string(r);
+  TUTTI_LOG_INFO("nccl: shrank {} communicator(s) without rank(s) {} (ncclCommShrink)",
+                 made.size(), without.empty() ? "none" : without);
+  return shrunk;
+}
+
+std::vector<std::unique_ptr<NcclBackend::Comms>> NcclBackend::shrink_comms(
+    const std::vector<Comms*>& parents, const BackendContext& sub,
+    std::chrono::steady_clock::time_point deadline) {
+  const auto ms_left = [&] {
+    return std::to_string(
+        std::chrono::duration_cast<std::chrono::milliseconds>(sub.timeout).count());
+  };
+  // Revoked communicators answer ncclInProgress until they are quiescent; NCCL_SHRINK_DEFAULT
+  // needs that, NCCL_SHRINK_ABORT stops what still runs first (for one that never settles).
+  int flags = NCCL_SHRINK_DEFAULT;
+  for (Comms* p : parents) {
+    for (ncclComm_t comm : p->comms) {
+      ncclResult_t state = ncclInProgress;
+      while (api_.CommGetAsyncError(comm, &state) == ncclSuccess && state == ncclInProgress &&
+             Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (state != ncclSuccess) flags = NCCL_SHRINK_ABORT;
+    }
+  }
+  std::vector<std::unique_ptr<Comms>> made;
+  std::vector<ncclComm_t> all;
+  auto check = [&](ncclResult_t r, ncclComm_t comm, const std::string& what) {
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    const char* last = api_.GetLastError(comm);
+    throw Error(ErrorCode::kInternal,
+                "nccl: " + what + " failed: " + api_.GetErrorString(r) +
+                    (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : ""));
+  };
+  try {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = blocking_communicators() ? 1 : 0;
+    NcclGroup group(api_);
+    check(group.start(), nullptr, "ncclGroupStart");
+    for (Comms* p : parents) {
+      const int k = static_cast<int>(p->devices.size());
+      std::vector<int> excluded;
+      for (int r : sub.shrunk_without) {
+        for (int i = 0; i < k; ++i) excluded.push_back(nccl_rank(r, k, i));
+      }
+      auto c = std::make_unique<Comms>();
+      c->devices = p->devices;
+      c->nranks = sub.world_size * k;
+      c->first_rank = nccl_rank(sub.rank, k, 0);
+      c->comms.assign(p->devices.size(), nullptr);
+      for (size_t i = 0; i < p->devices.size(); ++i) {
+        DeviceGuard guard(p->devices[i]);
+        check(api_.CommShrink(p->comms[i], excluded.data(), static_cast<int>(excluded.size()),
+                              &c->comms[i], &config, flags),
+              p->comms[i], "ncclCommShrink of collective communicator " + std::to_string(p->index));
+        all.push_back(c->comms[i]);
+      }
+      made.push_back(std::move(c));
+    }
+    check(group.end(), nullptr, "ncclGroupEnd after ncclCommShrink");
+    for (size_t i = 0; i < all.size(); ++i) {
+      ncclResult_t state = ncclInProgress;
+      while (api_.CommGetAsyncError(all[i], &state) == ncclSuccess && state == ncclInProgress) {
+        if (Clock::now() > deadline) {
+          throw Error(ErrorCode::kTimeout, "nccl: ncclCommShrink was still in progress after " +
+                                               ms_left() + " ms (waiting for the other survivors)");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      check(state, all[i], "ncclCommShrink");
+    }
+    for (auto& c : made) make_streams(*c);
+  } catch (...) {
+    for (auto& c : made) {
+      for (size_t i = 0; i < c->comms.size(); ++i) {
+        DeviceGuard guard(c->devices[i], std::nothrow);
+        if (c->comms[i] != nullptr) api_.CommAbort(c->comms[i]);
+        if (i < c->streams.size() && c->streams[i] != nullptr) cudaStreamDestroy(c->streams[i]);
+        if (i < c->ready.size() && c->ready[i] != nullptr) cudaEventDestroy(c->ready[i]);
+      }
+    }
+    throw;
+  }
+  return made;
+}
+
+}  // namespace tutti::nccl_backend
