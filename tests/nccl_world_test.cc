@@ -814,10 +814,11 @@ TEST(NcclSplit, FourRanksIntoTwoPairs) {
 }
 
 // How many communicators the stand-in NCCL made with ncclCommShrink in this process (-1 on a real
-// NCCL, which does not count): TUTTI_NCCL_TEST_SHRINKS says how many a child expects.
+// NCCL, which does not count): TUTTI_NCCL_TEST_SHRINKS says how many a child expects (unset: not
+// checked).
 void expect_shrinks(const std::string& when) {
   const int got = standin::count("tutti_standin_nccl_shrinks");
-  if (got < 0) return;
+  if (got < 0 || env_str("TUTTI_NCCL_TEST_SHRINKS").empty()) return;
   EXPECT_EQ(got, env_int("TUTTI_NCCL_TEST_SHRINKS", -1))
       << when << ": communicators made by ncclCommShrink (TUTTI_NCCL_SHRINK=0: none)";
 }
@@ -881,6 +882,18 @@ TEST(NcclShrink, ThreeShrinkThroughNewCommunicatorsWhereNcclCannot) {
   SKIP_WITHOUT_GPUS(4);
   four_ranks_say("NcclShrinkChild.ShrinkThenGrowBack", "SHRINK OK",
                  {"TUTTI_NCCL_SHRINK=0", "TUTTI_NCCL_TEST_SHRINKS=0"});
+}
+
+// ncclCommShrink fails on one survivor (rank 1): all three abort what they shrank and make new
+// communicators (nothing of the abandoned ones is left: expect_standin_clean), promptly (the
+// others stop waiting for rank 1's part once it says it failed, not at the shrink's deadline).
+TEST(NcclShrink, ASurvivorWhoseShrinkFailsMakesAllFallBack) {
+  SKIP_WITHOUT_STANDIN();
+  const auto start = std::chrono::steady_clock::now();
+  four_ranks_say("NcclShrinkChild.ShrinkThenGrowBack", "SHRINK OK",
+                 {"TUTTI_STANDIN_NCCL_SHRINK_ERROR=1"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30))
+      << "the group's timeout is 60 s: the survivors waited for the failed one's shrink";
 }
 
 // Four ranks run an allreduce loop; rank 2 is SIGKILLed in the middle of it. The other three

@@ -163,11 +163,11 @@ class NcclBackend : public Backend {
   void resolve_peer_devices(std::vector<Pair>& pairs, const OpContext& ctx);
   void init_comms(const std::vector<Init>& inits, const OpContext& ctx);
   static void make_streams(Comms& c);  // a stream and an event per device
-  // Shrinks each of `parents` (communicators all survivors have) without the NCCL ranks of the
-  // ranks left out; the shrunk ones, in order, or an Error.
-  std::vector<std::unique_ptr<Comms>> shrink_comms(const std::vector<Comms*>& parents,
-                                                   const BackendContext& sub,
-                                                   std::chrono::steady_clock::time_point deadline);
+  // Shrinks each of `parents` (revoked, quiescent, held by every survivor) without the NCCL
+  // ranks of the ranks left out, into `made` in order (also what was made when it throws).
+  void shrink_comms(const std::vector<Comms*>& parents, const BackendContext& sub,
+                    std::chrono::steady_clock::time_point deadline,
+                    std::vector<std::unique_ptr<Comms>>& made);
   // The comms of `comms` that could not be revoked are aborted and forgotten (the watchdog).
   void stop_comms(const std::vector<ncclComm_t>& comms);
   // Orders the lanes' streams after the caller's, runs issue(kBefore), issue(kNccl) inside one

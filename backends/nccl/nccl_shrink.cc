@@ -50,21 +50,47 @@ std::map<int, int> decode(const std::string& text) {
 
 }  // namespace
 
+namespace {
+
+std::string ok_key(int rank) {
+  return "nccl/shrink/ok/" + std::to_string(rank);
+}
+
+}  // namespace
+
 std::unique_ptr<Backend> NcclBackend::shrink(const BackendContext& sub) {
   const auto deadline = deadline_after(sub.timeout);
-  // This rank's collective communicators, once the watchdog has revoked them.
+  // The first quarter of the budget for this rank's own state: the watchdog's revokes, then each
+  // revoked communicator becoming quiescent. One that does not is left out (every survivor then
+  // leaves it out: the agreement below), so that ncclCommShrink never has to stop work itself
+  // (NCCL_SHRINK_ABORT would run NCCL's abort on this thread, which may wait on a stalled
+  // stream) and a survivor late here does not make the others' store waits time out.
+  const auto own_deadline = deadline_after(sub.timeout / 4);
   std::map<int, int> held;
   std::map<int, Comms*> by_index;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    wake_.wait_until(lock, deadline, [&] { return stopped_; });
+    wake_.wait_until(lock, own_deadline, [&] { return stopped_; });
     if (stopped_ && api_.CommShrink != nullptr) {
       for (auto& [key, c] : collective_) {
         if (std::find(c->comms.begin(), c->comms.end(), nullptr) != c->comms.end()) continue;
-        held[c->index] = static_cast<int>(c->devices.size());
         by_index[c->index] = c.get();
       }
     }
+  }
+  // Once stopped, the watchdog makes no NCCL call and no op enters (the group holds its op lock):
+  // the parent's communicators are this thread's.
+  for (auto& [n, c] : by_index) {
+    bool quiet = true;
+    for (ncclComm_t comm : c->comms) {
+      ncclResult_t state = ncclInProgress;
+      while (api_.CommGetAsyncError(comm, &state) == ncclSuccess && state == ncclInProgress &&
+             Clock::now() < own_deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      quiet = quiet && state == ncclSuccess;
+    }
+    if (quiet) held[n] = static_cast<int>(c->devices.size());
   }
   // Said even when empty (this NCCL cannot shrink): the others then fall back too.
   sub.store->set("nccl/shrink/held/" + std::to_string(sub.rank), encode(held));
@@ -81,77 +107,68 @@ std::unique_ptr<Backend> NcclBackend::shrink(const BackendContext& sub) {
   if (common.empty()) {
     TUTTI_LOG_INFO("nccl: shrink makes new communicators ({})",
                    api_.CommShrink == nullptr ? "this NCCL has no ncclCommShrink or ncclCommRevoke"
-                   : held.empty()             ? "this rank holds no collective communicator"
-                                              : "no collective communicator is held by every survivor");
+                   : held.empty()
+                       ? "this rank holds no quiescent collective communicator"
+                       : "no quiescent collective communicator is held by every survivor");
     return nullptr;
   }
   std::vector<Comms*> parents;
   for (const auto& [n, k] : common) parents.push_back(by_index[n]);
 
-  auto shrunk = std::make_unique<NcclBackend>(sub);
-  std::string failed;
-  std::vector<std::unique_ptr<Comms>> made;
-  try {
-    made = shrink_comms(parents, sub, deadline);
-  } catch (const Error& e) {
-    failed = e.what();
-  }
-  sub.store->set("nccl/shrink/ok/" + std::to_string(sub.rank), failed.empty() ? "1" : failed);
-  std::string theirs;
-  for (int r = 0; r < sub.world_size && failed.empty(); ++r) {
-    if (r == sub.rank) continue;
-    const std::string ok = sub.store->get("nccl/shrink/ok/" + std::to_string(r));
-    if (ok != "1") theirs = "rank " + std::to_string(r) + ": " + ok;
-  }
-  if (!failed.empty() || !theirs.empty()) {
-    TUTTI_LOG_WARN("nccl: ncclCommShrink failed ({}); making new communicators instead",
-                   failed.empty() ? theirs : failed);
-    for (auto& c : made) {
-      for (size_t i = 0; i < c->devices.size(); ++i) {
-        DeviceGuard guard(c->devices[i], std::nothrow);
-        api_.CommAbort(c->comms[i]);
-        cudaStreamDestroy(c->streams[i]);
-        cudaEventDestroy(c->ready[i]);
+  // What was shrunk is aborted on every way out but the one that hands it over.
+  struct Made {
+    const NcclApi& api;
+    std::vector<std::unique_ptr<Comms>> comms;
+    ~Made() {
+      for (auto& c : comms) {
+        for (size_t i = 0; i < c->comms.size(); ++i) {
+          DeviceGuard guard(c->devices[i], std::nothrow);
+          if (c->comms[i] != nullptr) api.CommAbort(c->comms[i]);
+          if (i < c->streams.size() && c->streams[i] != nullptr) cudaStreamDestroy(c->streams[i]);
+          if (i < c->ready.size() && c->ready[i] != nullptr) cudaEventDestroy(c->ready[i]);
+        }
       }
     }
-    return nullptr;
+  } made{api_, {}};
+  std::string failed;
+  try {
+    shrink_comms(parents, sub, deadline, made.comms);
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  sub.store->set(ok_key(sub.rank), failed.empty() ? "1" : failed);
+  for (int r = 0; r < sub.world_size && failed.empty(); ++r) {
+    if (r == sub.rank) continue;
+    const std::string ok = sub.store->get(ok_key(r));
+    if (ok != "1") failed = "rank " + std::to_string(r) + ": " + ok;
+  }
+  if (!failed.empty()) {
+    TUTTI_LOG_WARN("nccl: ncclCommShrink failed ({}); making new communicators instead", failed);
+    return nullptr;  // `made` aborts what this rank shrank
   }
   // The survivors' backend starts with the shrunk communicators as its first ones, in order.
-  for (auto& c : made) {
-    c->index = shrunk->collective_count_++;
-    std::string key;
-    for (int d : c->devices) key += (key.empty() ? "" : ",") + std::to_string(d);
-    shrunk->collective_.emplace(key, std::move(c));
+  auto shrunk = std::make_unique<NcclBackend>(sub);
+  const size_t count = made.comms.size();
+  {
+    std::lock_guard<std::mutex> lock(shrunk->mutex_);  // its watchdog reads the maps
+    for (auto& c : made.comms) {
+      c->index = shrunk->collective_count_++;
+      std::string key;
+      for (int d : c->devices) key += (key.empty() ? "" : ",") + std::to_string(d);
+      shrunk->collective_.emplace(key, std::move(c));
+    }
+    made.comms.clear();
   }
   std::string without;
   for (int r : sub.shrunk_without) without += (without.empty() ? "" : ",") + std::to_string(r);
-  TUTTI_LOG_INFO("nccl: shrank {} communicator(s) without rank(s) {} (ncclCommShrink)",
-                 made.size(), without.empty() ? "none" : without);
+  TUTTI_LOG_INFO("nccl: shrank {} communicator(s) without rank(s) {} (ncclCommShrink)", count,
+                 without.empty() ? "none" : without);
   return shrunk;
 }
 
-std::vector<std::unique_ptr<NcclBackend::Comms>> NcclBackend::shrink_comms(
-    const std::vector<Comms*>& parents, const BackendContext& sub,
-    std::chrono::steady_clock::time_point deadline) {
-  const auto ms_left = [&] {
-    return std::to_string(
-        std::chrono::duration_cast<std::chrono::milliseconds>(sub.timeout).count());
-  };
-  // Revoked communicators answer ncclInProgress until they are quiescent; NCCL_SHRINK_DEFAULT
-  // needs that, NCCL_SHRINK_ABORT stops what still runs first (for one that never settles).
-  int flags = NCCL_SHRINK_DEFAULT;
-  for (Comms* p : parents) {
-    for (ncclComm_t comm : p->comms) {
-      ncclResult_t state = ncclInProgress;
-      while (api_.CommGetAsyncError(comm, &state) == ncclSuccess && state == ncclInProgress &&
-             Clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      if (state != ncclSuccess) flags = NCCL_SHRINK_ABORT;
-    }
-  }
-  std::vector<std::unique_ptr<Comms>> made;
-  std::vector<ncclComm_t> all;
+void NcclBackend::shrink_comms(const std::vector<Comms*>& parents, const BackendContext& sub,
+                               std::chrono::steady_clock::time_point deadline,
+                               std::vector<std::unique_ptr<Comms>>& made) {
   auto check = [&](ncclResult_t r, ncclComm_t comm, const std::string& what) {
     if (r == ncclSuccess || r == ncclInProgress) return;
     const char* last = api_.GetLastError(comm);
@@ -159,9 +176,11 @@ std::vector<std::unique_ptr<NcclBackend::Comms>> NcclBackend::shrink_comms(
                 "nccl: " + what + " failed: " + api_.GetErrorString(r) +
                     (last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : ""));
   };
-  try {
+  std::vector<ncclComm_t> all;
+  {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = blocking_communicators() ? 1 : 0;
+    // One group: NCCL requires it when one thread makes communicators on several devices.
     NcclGroup group(api_);
     check(group.start(), nullptr, "ncclGroupStart");
     for (Comms* p : parents) {
@@ -170,45 +189,50 @@ std::vector<std::unique_ptr<NcclBackend::Comms>> NcclBackend::shrink_comms(
       for (int r : sub.shrunk_without) {
         for (int i = 0; i < k; ++i) excluded.push_back(nccl_rank(r, k, i));
       }
-      auto c = std::make_unique<Comms>();
-      c->devices = p->devices;
-      c->nranks = sub.world_size * k;
-      c->first_rank = nccl_rank(sub.rank, k, 0);
-      c->comms.assign(p->devices.size(), nullptr);
+      made.push_back(std::make_unique<Comms>());
+      Comms& c = *made.back();
+      c.devices = p->devices;
+      c.nranks = sub.world_size * k;
+      c.first_rank = nccl_rank(sub.rank, k, 0);
+      c.comms.assign(p->devices.size(), nullptr);
       for (size_t i = 0; i < p->devices.size(); ++i) {
         DeviceGuard guard(p->devices[i]);
+        // Every parent here is revoked and quiescent: NCCL_SHRINK_DEFAULT.
         check(api_.CommShrink(p->comms[i], excluded.data(), static_cast<int>(excluded.size()),
-                              &c->comms[i], &config, flags),
+                              &c.comms[i], &config, NCCL_SHRINK_DEFAULT),
               p->comms[i], "ncclCommShrink of collective communicator " + std::to_string(p->index));
-        all.push_back(c->comms[i]);
+        all.push_back(c.comms[i]);
       }
-      made.push_back(std::move(c));
     }
     check(group.end(), nullptr, "ncclGroupEnd after ncclCommShrink");
-    for (size_t i = 0; i < all.size(); ++i) {
-      ncclResult_t state = ncclInProgress;
-      while (api_.CommGetAsyncError(all[i], &state) == ncclSuccess && state == ncclInProgress) {
-        if (Clock::now() > deadline) {
-          throw Error(ErrorCode::kTimeout, "nccl: ncclCommShrink was still in progress after " +
-                                               ms_left() + " ms (waiting for the other survivors)");
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      check(state, all[i], "ncclCommShrink");
-    }
-    for (auto& c : made) make_streams(*c);
-  } catch (...) {
-    for (auto& c : made) {
-      for (size_t i = 0; i < c->comms.size(); ++i) {
-        DeviceGuard guard(c->devices[i], std::nothrow);
-        if (c->comms[i] != nullptr) api_.CommAbort(c->comms[i]);
-        if (i < c->streams.size() && c->streams[i] != nullptr) cudaStreamDestroy(c->streams[i]);
-        if (i < c->ready.size() && c->ready[i] != nullptr) cudaEventDestroy(c->ready[i]);
-      }
-    }
-    throw;
   }
-  return made;
+  // Until each new communicator is up; a survivor that failed says so under its ok key, and the
+  // others stop waiting for it then rather than at the deadline.
+  for (int polls = 0;; ++polls) {
+    bool up = true;
+    for (ncclComm_t comm : all) {
+      ncclResult_t state = ncclInProgress;
+      check(api_.CommGetAsyncError(comm, &state), comm, "ncclCommGetAsyncError");
+      check(state, comm, "ncclCommShrink");
+      up = up && state == ncclSuccess;
+    }
+    if (up) break;
+    if (Clock::now() > deadline) {
+      throw Error(
+          ErrorCode::kTimeout,
+          "nccl: ncclCommShrink was still in progress after " +
+              std::to_string(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(sub.timeout).count()) +
+              " ms (waiting for the other survivors)");
+    }
+    for (int r = 0; r < sub.world_size && polls % 16 == 15; ++r) {
+      if (r == sub.rank || !sub.store->check({ok_key(r)})) continue;
+      const std::string ok = sub.store->get(ok_key(r));
+      if (ok != "1") throw Error(ErrorCode::kAborted, "rank " + std::to_string(r) + ": " + ok);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (auto& c : made) make_streams(*c);
 }
 
 }  // namespace tutti::nccl_backend

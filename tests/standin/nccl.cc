@@ -28,6 +28,8 @@
 //                                  does; once per process
 //   TUTTI_STANDIN_NCCL_INIT_ERROR  "R": initialising NCCL rank R fails with ncclSystemError,
 //                                  once per process
+//   TUTTI_STANDIN_NCCL_SHRINK_ERROR "R": ncclCommShrink called by NCCL rank R (of the parent)
+//                                  fails with ncclSystemError, once per process
 //   TUTTI_STANDIN_TAG              names this job's shared-memory segments
 //                                  (/dev/shm/tutti-standin-<tag>-...; default: the pid of the
 //                                  process that made the unique id)
@@ -80,6 +82,7 @@ std::pair<int, int> env_op_rank(const char* name) {
 
 std::atomic<bool> g_async_error_fired{false};
 std::atomic<bool> g_init_error_fired{false};
+std::atomic<bool> g_shrink_error_fired{false};
 
 struct Comm {
   int rank = 0;
@@ -125,6 +128,7 @@ struct Library {
   int delay_ms = env_int("TUTTI_STANDIN_NCCL_DELAY_MS", 2);
   std::pair<int, int> async_error = env_op_rank("TUTTI_STANDIN_NCCL_ASYNC_ERROR");
   int init_error_rank = env_int("TUTTI_STANDIN_NCCL_INIT_ERROR", -1);
+  int shrink_error_rank = env_int("TUTTI_STANDIN_NCCL_SHRINK_ERROR", -1);
 
   // Launches that non-blocking group ends leave for later.
   std::condition_variable launch_cv;
@@ -782,6 +786,12 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int count, ncclComm_t
     out[r] = true;
     if (r < c->rank) ++below;
   }
+  if (c->rank == lib().shrink_error_rank && !g_shrink_error_fired.exchange(true)) {
+    return error(ncclSystemError,
+                 "injected shrink failure (TUTTI_STANDIN_NCCL_SHRINK_ERROR) on "
+                 "rank " +
+                     std::to_string(c->rank));
+  }
   const bool abort_first = (flags & NCCL_SHRINK_ABORT) != 0;
   std::string segment;
   {
@@ -797,6 +807,7 @@ ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int count, ncclComm_t
     segment = c->segment + ".s" + std::to_string(c->shrinks++);
   }
   if (abort_first) {
+    c->revoked.store(true);
     c->aborted.store(true);
     std::shared_ptr<Clique> clique;
     {
