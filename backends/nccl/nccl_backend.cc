@@ -163,7 +163,7 @@ NcclBackend::~NcclBackend() {
 }
 
 Error NcclBackend::aborted_locked(const OpContext& ctx) const {
-  return Error(ErrorCode::kAborted, ctx.description() + ": the NCCL communicators were aborted (" +
+  return Error(ErrorCode::kAborted, ctx.description() + ": the NCCL communicators were stopped (" +
                                         failure_ + "); destroy the group and initialise it again");
 }
 
@@ -514,17 +514,17 @@ void NcclBackend::fail(const std::string& why, const NcclWork* culprit, ErrorCod
       const cudaError_t state = p.work->settle(events_);
       std::exception_ptr error;
       if (p.work.get() == culprit) {
-        error = std::make_exception_ptr(Error(code, why + "; the NCCL communicators were aborted"));
+        error = std::make_exception_ptr(Error(code, why + "; the NCCL communicators were stopped"));
       } else if (state != cudaSuccess) {
         error = std::make_exception_ptr(Error(
-            ErrorCode::kAborted, p.work->description() + ": the NCCL communicators were aborted (" +
+            ErrorCode::kAborted, p.work->description() + ": the NCCL communicators were stopped (" +
                                      why + "); destroy the group and initialise it again"));
       }
       ends.emplace_back(std::move(p.work), std::move(error));
     }
     pending_.clear();
   }
-  TUTTI_LOG_ERROR("nccl: aborting communicators: {}", why);
+  TUTTI_LOG_ERROR("nccl: stopping the communicators (revoke or abort): {}", why);
   wake_.notify_all();  // the watchdog aborts the communicators
   for (auto& [work, error] : ends) work->finish(error);
 }
