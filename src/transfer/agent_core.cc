@@ -92,7 +92,15 @@ AgentCore::AgentCore(const TransferAgentOptions& opts)
   }
   identity.name = options.name;
   if (options.secret.empty()) {
-    if (const char* s = std::getenv("TUTTI_STORE_SECRET")) options.secret = s;
+    // The transport's own secret first (Ray's workers get one for the cluster's agents without
+    // touching the stores'), else the job's store secret.
+    for (const char* name : {"TUTTI_TRANSFER_SECRET", "TUTTI_STORE_SECRET"}) {
+      const char* s = std::getenv(name);
+      if (s != nullptr && *s != '\0') {
+        options.secret = s;
+        break;
+      }
+    }
   }
   fetch_timeout = options.fetch_timeout.count() > 0 ? options.fetch_timeout : env_timeout();
   if (!options.tls) options.tls = tls_from_env("TUTTI_TRANSFER_TLS");

@@ -2,7 +2,9 @@
 // transports' groups and the process-wide agent (transport_registry.cc: the transports).
 #include "tutti/transfer_agent.h"
 
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "transfer/agent_core.h"
 #include "transfer/group_transport.h"
@@ -319,7 +321,17 @@ std::shared_ptr<TransferAgent> default_agent() {
   // Never destroyed: its threads may outlive static destruction; the process's exit ends it.
   static auto* agent = new std::shared_ptr<TransferAgent>();
   std::lock_guard<std::mutex> lock(m);
-  if (!*agent) *agent = TransferAgent::create();
+  if (!*agent) {
+    // TUTTI_TRANSFER_LISTEN_TCP serves consumers on other hosts: "1" on the default address, or
+    // the address to listen on and publish.
+    TransferAgentOptions o;
+    const char* tcp = std::getenv("TUTTI_TRANSFER_LISTEN_TCP");
+    if (tcp != nullptr && *tcp != '\0' && std::string(tcp) != "0") {
+      o.listen_tcp = true;
+      if (std::string(tcp) != "1") o.tcp_host = tcp;
+    }
+    *agent = TransferAgent::create(o);
+  }
   return *agent;
 }
 

@@ -9,15 +9,18 @@ group_name=...)`` (or ``create_collective_group(actors, world, ranks, backend="t
 driver) makes every ``ray.util.collective`` call on that group run on tutti, and
 ``@ray.method(tensor_transport="tutti")`` (actors declared with
 ``@ray.remote(enable_tensor_transport=True)``, the consuming actors too: Ray runs the fetch on
-the system thread that option creates) moves CPU torch tensors through tutti's one-sided shm
-path. Ray needs the collective backend registered in every process that uses it (the setup
+the system thread that option creates) moves CPU torch tensors through tutti's one-sided
+transport: shm between actors on one node, and across nodes the socket transport over TCP (each
+worker's agent listens on its node's IP, its refs signed and its connections proven with a
+secret the cluster's workers share through Ray's internal KV; ``TUTTI_RAY_TRANSFER_TRANSPORT``
+names another transport for puts, e.g. "ucx" with ``TUTTI_PLUGINS=ucx``). Ray needs the collective backend registered in every process that uses it (the setup
 hook above does that); the tensor transport Ray registers on actors itself.
 """
 
 import warnings
 from typing import Optional
 
-from . import _group
+from . import _group, _transport
 from ._group import TuttiGroup
 from ._transport import TuttiTensorTransport, wait_tensor_freed
 
@@ -33,6 +36,8 @@ def register(timeout: Optional[float] = None, collective: bool = True,
     backend is registered (numpy is all it needs), with a warning saying so."""
     if timeout is not None:
         _group.DEFAULT_TIMEOUT_S = float(timeout)
+    if tensor_transport:
+        _transport.serve_other_nodes()
     if collective:
         from ray.util.collective.backend_registry import _global_registry, register_collective_backend
 

@@ -2,8 +2,10 @@
 
 One-sided: the source actor publishes the tensors in place with its process's
 tutti.transfer agent when Ray extracts the object's metadata (no copy; the reference travels in
-the metadata), and the destination actor reads them itself (shm on one host; the socket
-transport elsewhere). Ray frees the object with garbage_collect, which releases the handle;
+the metadata), and the destination actor reads them itself (shm on one node; on another node the
+socket transport, over TCP to the source's agent, which serve_other_nodes() set listening on its
+node's IP with the cluster's transfer secret). TUTTI_RAY_TRANSFER_TRANSPORT names the transport
+of puts (default "auto"; e.g. "ucx" with TUTTI_PLUGINS=ucx for one-sided gets across nodes). Ray frees the object with garbage_collect, which releases the handle;
 tutti then keeps the tensors until no read is in progress and no consumer maps them. Transfers
 can be aborted (a fetch in progress is cancelled), so Ray does not kill actors on a failed
 transfer; a source that died fails the fetch with tutti.IoError, which Ray hands to whoever uses
@@ -20,6 +22,8 @@ CPU torch tensors only: tutti's direct transport has no CUDA path through Ray ye
 non-contiguous tensor is made contiguous once at put (one copy); the rest travel in place.
 """
 
+import os
+import secrets
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -51,6 +55,34 @@ class TuttiFetchRequest(FetchRequest):
     fetch: Any = None
 
 
+_SECRET_KEY = b"tutti:rdt:secret"
+
+
+def serve_other_nodes() -> None:
+    """Before this process's transfer agent exists: lets it serve consumers on other nodes (TCP on
+    the node's IP) and sign refs with a secret all of the cluster's workers share (made once,
+    kept in Ray's internal KV). Needs a connected Ray process; elsewhere (a driver before
+    ray.init) it does nothing, and the transport calls it again when Ray first makes it. What
+    the environment already says is kept. A process whose agent already exists (it used
+    tutti.transfer before Ray did) keeps that agent's settings: its consumers and owners then
+    need the same secret (TUTTI_TRANSFER_SECRET set by the user for the whole job)."""
+    try:
+        if not ray.is_initialized():
+            return
+        import ray.experimental.internal_kv as kv
+
+        if "TUTTI_TRANSFER_SECRET" not in os.environ:
+            kv._internal_kv_put(_SECRET_KEY, secrets.token_hex(32).encode(), overwrite=False)
+            os.environ["TUTTI_TRANSFER_SECRET"] = kv._internal_kv_get(_SECRET_KEY).decode()
+        if "TUTTI_TRANSFER_LISTEN_TCP" not in os.environ:
+            os.environ["TUTTI_TRANSFER_LISTEN_TCP"] = ray.util.get_node_ip_address()
+    except Exception as e:  # noqa: BLE001 (one node keeps working without it)
+        import warnings
+
+        warnings.warn(f"tutti.ray: consumers on other nodes will not reach this worker's "
+                      f"tensors: {e}", RuntimeWarning, stacklevel=2)
+
+
 def _fetch_timeout_s() -> float:
     try:
         from ray._private import ray_constants
@@ -62,6 +94,9 @@ def _fetch_timeout_s() -> float:
 
 class TuttiTensorTransport(TensorTransportManager):
     def __init__(self):
+        # Ray makes this in each process that first moves an object through it (a driver that
+        # registered before ray.init gets its secret here), before the agent exists.
+        serve_other_nodes()
         self._lock = threading.Lock()
         self._handles: Dict[str, Any] = {}  # obj_id -> ObjectHandle (source side)
         self._fetches: Dict[str, Any] = {}  # obj_id -> Fetch in progress (destination side)
@@ -150,7 +185,8 @@ class TuttiTensorTransport(TensorTransportManager):
         tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         agent = transfer.default_agent()
         storages = [p for p in (self._register_shared(agent, t) for t in tensors) if p is not None]
-        handle = agent.put(tensors)
+        handle = agent.put(tensors, transport=os.environ.get("TUTTI_RAY_TRANSFER_TRANSPORT",
+                                                              "auto"))
         with self._lock:
             self._handles[obj_id] = handle
             if storages:
@@ -171,13 +207,14 @@ class TuttiTensorTransport(TensorTransportManager):
         agent = transfer.default_agent()
         if target_buffers:
             targets = list(target_buffers)
-            fetch = agent.get_async(meta.ref, targets=targets, timeout=_fetch_timeout_s())
+            fetch = agent.get_async(meta.ref, targets=targets, timeout=_fetch_timeout_s(),
+                                    allow_fallback=True)
         else:
             # New tensors: the source's shareable memory mapped copy-on-write (no copy), the
             # rest read into fresh tensors.
             targets = None
             fetch = agent.get_async(meta.ref, timeout=_fetch_timeout_s(), framework="torch",
-                                    copy_on_write=True)
+                                    copy_on_write=True, allow_fallback=True)
         with self._lock:
             self._fetches[obj_id] = fetch
         return TuttiFetchRequest(obj_id=obj_id, tensors=targets or [], fetch=fetch)
