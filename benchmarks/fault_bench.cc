@@ -301,24 +301,39 @@ double measure_cancel(size_t bytes) {
 }
 
 // A consumer process borrows; the owner waits for the object to be freed; the consumer is
-// SIGKILLed: time until the owner's wait returns.
+// SIGKILLed: time until the owner's wait returns. The tensor is in the agent's shareable memory
+// (allocate()): the borrow maps it, and so holds the object (a borrow of other memory is a copy,
+// which holds nothing: the owner's wait would return at once and measure nothing).
 double measure_consumer() {
   static std::shared_ptr<TransferAgent> owner = TransferAgent::create({"owner"});
-  std::vector<float> data(1 << 16, 1.0f);
-  TensorView view(data);
+  TensorView view = owner->allocate(size_t{1} << 18, DType::kFloat32);
+  struct Give {
+    TransferAgent& agent;
+    TensorView view;
+    ~Give() { agent.deallocate(view); }
+  } give{*owner, view};
+  std::fill_n(static_cast<float*>(view.data()), view.numel(), 1.0f);
   ObjectHandle obj = owner->put({view});
   Child consumer({"borrow", obj.ref().to_text()});
   if (consumer.line() != "borrowed") throw std::runtime_error("the consumer did not borrow");
   obj.release();
   Clock::time_point killed, freed;
+  std::atomic<bool> returned{false};
   std::thread waiter([&] {
     owner->wait_tensor_freed(view, std::chrono::seconds(30));
     freed = Clock::now();
+    returned = true;
   });
   std::this_thread::sleep_for(milliseconds(20));
+  const bool early = returned.load();
   killed = Clock::now();
   ::kill(consumer.pid(), SIGKILL);
   waiter.join();
+  if (early) {
+    throw std::runtime_error(
+        "the owner's wait_tensor_freed returned while the consumer still "
+        "held its borrow");
+  }
   return ms_between(killed, freed);
 }
 
