@@ -177,7 +177,8 @@ struct TransferAgentOptions {
   // The address to listen on and publish; default the host name when it resolves to other than
   // loopback, else the first IPv4 address of an interface that is up.
   std::string tcp_host;
-  // Refs are signed with this and only signed refs are accepted (default TUTTI_STORE_SECRET).
+  // Refs are signed with this and only signed refs are accepted (default TUTTI_TRANSFER_SECRET,
+  // else TUTTI_STORE_SECRET).
   std::string secret;
   // Connections between hosts (the socket transport, TCP) in TLS 1.3, keyed by `secret`
   // (required): its bytes are then private and authenticated on the network. Every agent of
@@ -253,8 +254,11 @@ class TUTTI_API TransferAgent {
   std::shared_ptr<detail::AgentCore> core_;
 };
 
-// Ray's names, over a process-wide agent made on first use (options from the environment).
+// Ray's names, over a process-wide agent made on first use (options from the environment:
+// TUTTI_TRANSFER_LISTEN_TCP, TUTTI_TRANSFER_SECRET or TUTTI_STORE_SECRET, TUTTI_TRANSFER_TLS).
 TUTTI_API std::shared_ptr<TransferAgent> default_agent();
+// Whether default_agent() has made it yet (its options can no longer change).
+TUTTI_API bool default_agent_made();
 TUTTI_API ObjectHandle put(const std::vector<TensorView>& tensors, const PutOptions& options = {});
 TUTTI_API Received get(const TensorRef& ref, const GetOptions& options = {});
 TUTTI_API void wait_tensor_freed(const TensorView& tensor, std::chrono::milliseconds timeout);

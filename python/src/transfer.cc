@@ -603,6 +603,9 @@ void bind_transfer(nb::module_& parent) {
           "Lets go of freed objects' tensors now; returns how many objects it still holds.");
 
   m.def("default_agent", &default_py_agent, "The process-wide agent (made on first use).");
+  m.def("default_agent_made", &default_agent_made,
+        "Whether the process-wide agent exists yet (its options, from the environment, are then "
+        "fixed).");
 }
 
 }  // namespace tutti::python

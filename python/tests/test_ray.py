@@ -417,35 +417,53 @@ UCX_PLUGIN_DIR = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__
 HAVE_UCX = os.path.exists(os.path.join(UCX_PLUGIN_DIR, "libtutti-plugin-ucx.so"))
 
 
-def test_rdt_across_nodes_over_tcp_and_ucx(cluster):
-    """Actors on different nodes (TUTTI_HOST_ID tells tutti so; one machine here): shm cannot
-    reach, so the consumer reads the producer's tensors over TCP from the producer's agent, which
-    listens on the node's IP and signs its refs with the secret the cluster's workers share. Then
-    with TUTTI_RAY_TRANSFER_TRANSPORT=ucx (the ucx plugin loaded in both, where it is built): the
-    producer publishes on ucx (a put on a transport not loaded would fail), the consumer pulls
-    with one-sided UCX gets."""
+@pytest.fixture(scope="module")
+def two_nodes(cluster):
+    """A producer and a consumer told they are on different nodes (TUTTI_HOST_ID; one machine
+    here), with the ucx plugin loaded where it is built."""
     def on(node):
         env = {"TUTTI_HOST_ID": node}
         if HAVE_UCX:
             env.update({"TUTTI_PLUGINS": "ucx", "TUTTI_PLUGIN_PATH": UCX_PLUGIN_DIR})
         return Worker.options(runtime_env={"env_vars": env}).remote()
 
-    producer, consumer = on("node-a"), on("node-b")
+    actors = on("node-a"), on("node-b")
+    yield actors
+    for a in actors:
+        ray.kill(a)
+
+
+def test_rdt_across_nodes_over_tcp_with_the_clusters_secret(two_nodes):
+    """shm cannot reach across nodes, so the consumer reads the producer's tensors over TCP from
+    the producer's agent, which listens on the node's IP and signs its refs with the secret the
+    cluster's workers share (before, the get failed: the owner did not listen on TCP)."""
+    producer, consumer = two_nodes
+    ref = producer.produce.remote(1000)
+    assert ray.get(consumer.consume.remote(ref), timeout=120) == (499500.0, 3, 10.0)
+    assert ray.get(producer.transfer_reach.remote()) == (True, True)
+
+
+@pytest.mark.skipif(not HAVE_UCX, reason="the ucx plugin is not built (build/plugins: Debian's "
+                                         "libucx-dev)")
+def test_rdt_across_nodes_over_ucx(two_nodes):
+    """TUTTI_RAY_TRANSFER_TRANSPORT=ucx: the producer publishes on ucx (a put on a transport not
+    loaded fails) and the consumer, its socket fallback off (TUTTI_RAY_TRANSFER_FALLBACK=0), can
+    only pull with one-sided UCX gets."""
+    producer, consumer = two_nodes
+    ray.get(producer.set_env.remote("TUTTI_RAY_TRANSFER_TRANSPORT", "ucx"))
+    ray.get(consumer.set_env.remote("TUTTI_RAY_TRANSFER_FALLBACK", "0"))
     try:
-        ref = producer.produce.remote(1000)
-        assert ray.get(consumer.consume.remote(ref), timeout=120) == (499500.0, 3, 10.0)
-        assert ray.get(producer.transfer_reach.remote()) == (True, True)
-        del ref
-        if not HAVE_UCX:
-            print("ucx part not run: the ucx plugin is not built (build/plugins: libucx-dev)")
-            return
-        ray.get(producer.set_env.remote("TUTTI_RAY_TRANSFER_TRANSPORT", "ucx"))
         ref = producer.produce.remote(2000)
         assert ray.get(consumer.consume.remote(ref), timeout=120) == (1999000.0, 3, 10.0)
-        del ref
+        # The fallback off is what makes this a test of ucx: an shm ref now fails, by name.
+        ray.get(producer.set_env.remote("TUTTI_RAY_TRANSFER_TRANSPORT", "auto"))
+        ref = producer.produce.remote(10)
+        with pytest.raises(Exception) as info:
+            ray.get(consumer.consume.remote(ref), timeout=120)
+        assert "another host" in str(info.value), str(info.value)
     finally:
-        ray.kill(producer)
-        ray.kill(consumer)
+        ray.get(producer.set_env.remote("TUTTI_RAY_TRANSFER_TRANSPORT", "auto"))
+        ray.get(consumer.set_env.remote("TUTTI_RAY_TRANSFER_FALLBACK", "1"))
 
 
 def test_register_without_torch_registers_the_collective_backend():

@@ -34,6 +34,7 @@ ObjectHandle = _native.ObjectHandle
 TensorRef = _native.TensorRef
 TransferAgent = _native.TransferAgent
 default_agent = _native.default_agent
+default_agent_made = _native.default_agent_made
 
 
 def put(tensors, **options):

@@ -109,7 +109,8 @@ AgentCore::AgentCore(const TransferAgentOptions& opts)
       throw Error(ErrorCode::kInvalidArgument,
                   who() +
                       ": TLS (TransferAgentOptions::tls, TUTTI_TRANSFER_TLS) needs a secret, "
-                      "which keys it: set TransferAgentOptions::secret or TUTTI_STORE_SECRET");
+                      "which keys it: set TransferAgentOptions::secret, TUTTI_TRANSFER_SECRET "
+                      "or TUTTI_STORE_SECRET");
     }
     tls_server = make_psk_context(/*server=*/true, options.secret, "tutti transfer");
     tls_client = make_psk_context(/*server=*/false, options.secret, "tutti transfer");

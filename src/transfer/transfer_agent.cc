@@ -316,11 +316,20 @@ std::shared_ptr<CollectiveGroup> TransferAgent::transport_group(std::string_view
 
 // ---- the process-wide agent ----
 
+namespace {
+std::mutex default_agent_mutex;
+// Never destroyed: its threads may outlive static destruction; the process's exit ends it.
+std::shared_ptr<TransferAgent>* const default_agent_slot = new std::shared_ptr<TransferAgent>();
+}  // namespace
+
+bool default_agent_made() {
+  std::lock_guard<std::mutex> lock(default_agent_mutex);
+  return *default_agent_slot != nullptr;
+}
+
 std::shared_ptr<TransferAgent> default_agent() {
-  static std::mutex m;
-  // Never destroyed: its threads may outlive static destruction; the process's exit ends it.
-  static auto* agent = new std::shared_ptr<TransferAgent>();
-  std::lock_guard<std::mutex> lock(m);
+  auto* agent = default_agent_slot;
+  std::lock_guard<std::mutex> lock(default_agent_mutex);
   if (!*agent) {
     // TUTTI_TRANSFER_LISTEN_TCP serves consumers on other hosts: "1" on the default address, or
     // the address to listen on and publish.

@@ -1,6 +1,7 @@
 #include "util/shared_memory.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,8 +9,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <mutex>
 #include <new>
 #include <string>
@@ -110,21 +113,33 @@ SharedMemory& SharedMemory::operator=(SharedMemory&& other) noexcept {
 namespace {
 
 // Large receive buffers given back wait here for the next one of the same length, up to
-// kKeptBytes in all (the oldest go first). A fresh mapping costs a fault per 2 MiB on its first
-// touch and, on a virtual machine, the hypervisor's own first touch of guest memory it never
-// backed: 90-760 ms for the first 8-64 MiB gets of a size here (8 ms per MiB), and in Ray, where
-// each step's objects are new, 66 and 192 ms for 8 and 16 MiB tensors against 7-10 ms with
-// warm memory. Repeated transfers of one shape (weights every step) then fault once.
+// TUTTI_TRANSFER_KEEP_MB (default 256; 0: none kept) in all, the oldest going first. A fresh
+// mapping costs a fault per 2 MiB on its first touch and, on a virtual machine, the hypervisor's
+// own first touch of guest memory it never backed: 90-760 ms for the first 8-64 MiB gets of a size
+// here (8 ms per MiB), and in Ray, where each step's objects are new, 66 and 192 ms for 8 and 16
+// MiB tensors against 7-10 ms with warm memory. Repeated transfers of one shape (weights every
+// step) then fault once.
+class KeptBuffers;
+KeptBuffers& kept_buffers();
+
 class KeptBuffers {
  public:
-  static constexpr size_t kKeptBytes = size_t{256} << 20;
+  KeptBuffers() {
+    const char* mb = std::getenv("TUTTI_TRANSFER_KEEP_MB");
+    if (mb != nullptr && *mb != '\0')
+      cap_ = static_cast<size_t>(std::strtoull(mb, nullptr, 10)) << 20;
+    // A child forked while another thread holds the lock would wait for it forever.
+    ::pthread_atfork([] { kept_buffers().mutex_.lock(); }, [] { kept_buffers().mutex_.unlock(); },
+                     [] { kept_buffers().mutex_.unlock(); });
+  }
 
+  // The one given back last (its pages the likeliest still in cache).
   void* take(size_t len) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+    for (auto it = kept_.rbegin(); it != kept_.rend(); ++it) {
       if (it->second == len) {
         void* p = it->first;
-        kept_.erase(it);
+        kept_.erase(std::next(it).base());
         total_ -= len;
         return p;
       }
@@ -136,12 +151,12 @@ class KeptBuffers {
     std::vector<std::pair<void*, size_t>> drop;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (len > kKeptBytes) {
+      if (len > cap_) {
         drop.emplace_back(p, len);
       } else {
         kept_.emplace_back(p, len);
         total_ += len;
-        while (total_ > kKeptBytes) {
+        while (total_ > cap_) {
           drop.push_back(kept_.front());
           total_ -= kept_.front().second;
           kept_.pop_front();
@@ -152,9 +167,11 @@ class KeptBuffers {
   }
 
  private:
+  friend KeptBuffers& kept_buffers();
   std::mutex mutex_;
   std::deque<std::pair<void*, size_t>> kept_;  // oldest first
   size_t total_ = 0;
+  size_t cap_ = size_t{256} << 20;
 };
 
 KeptBuffers& kept_buffers() {

@@ -57,8 +57,9 @@ size_t page_round(size_t bytes);
 // reference. From 4 MiB it is 2 MiB-aligned anonymous memory that asks for transparent huge
 // pages (Debian's kernels give them on request only), so a copy into its fresh pages faults once
 // per 2 MiB instead of once per 4 KiB: 16,384 faults were most of a 64 MiB get's time. Where the
-// kernel has none to give, the pages are ordinary ones. Such a buffer given back is kept (256 MiB
-// in all, process-wide) for the next of the same length, its pages already touched.
+// kernel has none to give, the pages are ordinary ones. Such a buffer given back is kept
+// (TUTTI_TRANSFER_KEEP_MB in all, default 256, process-wide) for the next of the same length,
+// its pages already touched.
 // kUnavailable when there is no memory.
 std::shared_ptr<void> receive_buffer(size_t bytes);
 

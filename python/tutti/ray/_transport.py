@@ -61,26 +61,39 @@ _SECRET_KEY = b"tutti:rdt:secret"
 def serve_other_nodes() -> None:
     """Before this process's transfer agent exists: lets it serve consumers on other nodes (TCP on
     the node's IP) and sign refs with a secret all of the cluster's workers share (made once,
-    kept in Ray's internal KV). Needs a connected Ray process; elsewhere (a driver before
-    ray.init) it does nothing, and the transport calls it again when Ray first makes it. What
-    the environment already says is kept. A process whose agent already exists (it used
-    tutti.transfer before Ray did) keeps that agent's settings: its consumers and owners then
-    need the same secret (TUTTI_TRANSFER_SECRET set by the user for the whole job)."""
-    try:
-        if not ray.is_initialized():
-            return
+    kept in Ray's internal KV: one per cluster, readable by whoever can reach its GCS).
+    Needs a connected Ray process; elsewhere (a driver before ray.init) it does nothing, and the
+    transport calls it again when Ray first makes it. What the environment already says is kept:
+    TUTTI_TRANSFER_SECRET or TUTTI_STORE_SECRET set by the user (for processes outside Ray that
+    exchange refs with the workers) is used as is. A process whose agent already exists (it used
+    tutti.transfer before Ray made the transport) cannot change it: it is left as it is, with a
+    warning, and exchanges tensors only with processes of the same secret."""
+    if not ray.is_initialized():
+        return
+    if transfer.default_agent_made():
+        if "TUTTI_TRANSFER_SECRET" not in os.environ and "TUTTI_STORE_SECRET" not in os.environ:
+            import warnings
+
+            warnings.warn("tutti.ray: this process used tutti.transfer before Ray made the "
+                          "tensor transport, so its agent has neither the cluster's secret nor a "
+                          "TCP listener: call tutti.ray.register() first (the worker setup hook "
+                          "does), or set TUTTI_TRANSFER_SECRET for the whole job",
+                          RuntimeWarning, stacklevel=2)
+        return
+    if "TUTTI_TRANSFER_SECRET" not in os.environ and "TUTTI_STORE_SECRET" not in os.environ:
         import ray.experimental.internal_kv as kv
 
-        if "TUTTI_TRANSFER_SECRET" not in os.environ:
-            kv._internal_kv_put(_SECRET_KEY, secrets.token_hex(32).encode(), overwrite=False)
-            os.environ["TUTTI_TRANSFER_SECRET"] = kv._internal_kv_get(_SECRET_KEY).decode()
-        if "TUTTI_TRANSFER_LISTEN_TCP" not in os.environ:
-            os.environ["TUTTI_TRANSFER_LISTEN_TCP"] = ray.util.get_node_ip_address()
-    except Exception as e:  # noqa: BLE001 (one node keeps working without it)
-        import warnings
+        # The first writer wins (the GCS puts atomically); everyone reads what won.
+        kv._internal_kv_put(_SECRET_KEY, secrets.token_hex(32).encode(), overwrite=False)
+        os.environ["TUTTI_TRANSFER_SECRET"] = kv._internal_kv_get(_SECRET_KEY).decode()
+    if "TUTTI_TRANSFER_LISTEN_TCP" not in os.environ:
+        os.environ["TUTTI_TRANSFER_LISTEN_TCP"] = ray.util.get_node_ip_address()
 
-        warnings.warn(f"tutti.ray: consumers on other nodes will not reach this worker's "
-                      f"tensors: {e}", RuntimeWarning, stacklevel=2)
+
+def _allow_fallback() -> bool:
+    """A one-host ref (shm) read from another node goes over the socket transport instead, unless
+    TUTTI_RAY_TRANSFER_FALLBACK=0 (then such a get fails, naming why)."""
+    return os.environ.get("TUTTI_RAY_TRANSFER_FALLBACK", "1") != "0"
 
 
 def _fetch_timeout_s() -> float:
@@ -208,13 +221,13 @@ class TuttiTensorTransport(TensorTransportManager):
         if target_buffers:
             targets = list(target_buffers)
             fetch = agent.get_async(meta.ref, targets=targets, timeout=_fetch_timeout_s(),
-                                    allow_fallback=True)
+                                    allow_fallback=_allow_fallback())
         else:
             # New tensors: the source's shareable memory mapped copy-on-write (no copy), the
             # rest read into fresh tensors.
             targets = None
             fetch = agent.get_async(meta.ref, timeout=_fetch_timeout_s(), framework="torch",
-                                    copy_on_write=True, allow_fallback=True)
+                                    copy_on_write=True, allow_fallback=_allow_fallback())
         with self._lock:
             self._fetches[obj_id] = fetch
         return TuttiFetchRequest(obj_id=obj_id, tensors=targets or [], fetch=fetch)
