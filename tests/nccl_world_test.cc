@@ -656,6 +656,14 @@ class Rank {
   int k_;
 };
 
+// The options of a child's group: the parent's store (TUTTI_NCCL_TEST_STORE) and `timeout`.
+GroupOptions child_options(std::chrono::milliseconds timeout) {
+  GroupOptions o;
+  o.store_url = env_str("TUTTI_NCCL_TEST_STORE");
+  o.timeout = timeout;
+  return o;
+}
+
 TEST(NcclWorldChild, EveryOpAndDtype) {
   if (env_str("TUTTI_NCCL_TEST_STORE").empty()) {
     GTEST_SKIP() << "runs only as a child of NcclWorld.EveryOpAndDtype";
@@ -664,9 +672,7 @@ TEST(NcclWorldChild, EveryOpAndDtype) {
   const int world = env_int("TUTTI_NCCL_TEST_WORLD", 1);
   const int devices = env_int("TUTTI_NCCL_TEST_DEVICES", 1);
   {
-    GroupOptions o;
-    o.store_url = env_str("TUTTI_NCCL_TEST_STORE");
-    o.timeout = std::chrono::seconds(60);
+    const GroupOptions o = child_options(std::chrono::seconds(60));
     auto g = CollectiveGroup::create(world, rank, "nccl", "world", o);
     Rank(g, rank, world, devices).run();
     g->destroy();
@@ -718,9 +724,7 @@ TEST(NcclSplitChild, FourRanksIntoPairs) {
   const int rank = env_int("TUTTI_NCCL_TEST_RANK", 0);
   {
     cudaSetDevice(rank);
-    GroupOptions o;
-    o.store_url = env_str("TUTTI_NCCL_TEST_STORE");
-    o.timeout = std::chrono::seconds(60);
+    const GroupOptions o = child_options(std::chrono::seconds(60));
     auto g = CollectiveGroup::create(4, rank, "nccl", "world", o);
     const int64_t n = 1000;
     DeviceBuffer buf(rank, n * 4);
@@ -834,9 +838,7 @@ TEST(NcclShrinkChild, ShrinkThenGrowBack) {
   const int rank = env_int("TUTTI_NCCL_TEST_RANK", 0);
   {
     cudaSetDevice(rank);
-    GroupOptions o;
-    o.store_url = env_str("TUTTI_NCCL_TEST_STORE");
-    o.timeout = std::chrono::seconds(60);
+    const GroupOptions o = child_options(std::chrono::seconds(60));
     auto g = CollectiveGroup::create(4, rank, "nccl", "world", o);
     const int64_t n = 1000;
     DeviceBuffer buf(rank, n * 4);
@@ -907,9 +909,7 @@ TEST(NcclShrinkChild, KilledMidLoop) {
   const int rank = env_int("TUTTI_NCCL_TEST_RANK", 0);
   {
     cudaSetDevice(rank);
-    GroupOptions o;
-    o.store_url = env_str("TUTTI_NCCL_TEST_STORE");
-    o.timeout = std::chrono::seconds(3);
+    const GroupOptions o = child_options(std::chrono::seconds(3));
     auto g = CollectiveGroup::create(4, rank, "nccl", "world", o);
     std::shared_ptr<CollectiveGroup> group = g;
     const int64_t n = 4096;

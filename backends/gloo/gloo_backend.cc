@@ -38,12 +38,17 @@ std::string everyone(int world_size) {
   return "the other " + std::to_string(world_size - 1) + " rank(s) of the group";
 }
 
-::gloo::AllreduceOptions::Func gloo_reduce_fn(DType dtype, ReduceOp op) {
-  detail::ReduceFn fn = detail::reduce_function(dtype, op);
+detail::ReduceFn checked_reduce_function(DType dtype, ReduceOp op) {
+  const detail::ReduceFn fn = detail::reduce_function(dtype, op);
   if (fn == nullptr) {
     throw Error(ErrorCode::kInternal,
                 std::string("gloo: no reduction for ") + to_string(dtype) + " " + to_string(op));
   }
+  return fn;
+}
+
+::gloo::AllreduceOptions::Func gloo_reduce_fn(DType dtype, ReduceOp op) {
+  const detail::ReduceFn fn = checked_reduce_function(dtype, op);
   return [fn](void* out, const void* a, const void* b, size_t n) { fn(out, a, b, n); };
 }
 
@@ -168,15 +173,6 @@ void agree_on_settings(Store& store, int rank, const std::string& mine) {
                     "': TUTTI_GLOO_ALLREDUCE and TUTTI_GLOO_DIRECT_BYTES must be the same on "
                     "every rank");
   }
-}
-
-detail::ReduceFn checked_reduce_function(DType dtype, ReduceOp op) {
-  const detail::ReduceFn fn = detail::reduce_function(dtype, op);
-  if (fn == nullptr) {
-    throw Error(ErrorCode::kInternal,
-                std::string("gloo: no reduction for ") + to_string(dtype) + " " + to_string(op));
-  }
-  return fn;
 }
 
 // The direct exchange and the ring send up to (n - 1) messages per rank and keep a socket per
@@ -507,7 +503,7 @@ Backend::WorkPtr GlooBackend::reduce_scatter(const std::vector<TensorView>& outp
     // and receives the left neighbour's running sum of block (rank - s - 2), adding its own
     // input. After w - 1 steps the block received is its own, fully reduced, written straight
     // into the output. Two accumulators alternate so the one being sent is never overwritten.
-    const detail::ReduceFn fn = detail::reduce_function(out.dtype(), opts.reduce_op);
+    const detail::ReduceFn fn = checked_reduce_function(out.dtype(), opts.reduce_op);
     char* incoming = scratch(0, bytes);
     char* acc[2] = {scratch(1, bytes), scratch(2, bytes)};
     const int right = (rank_ + 1) % w;
