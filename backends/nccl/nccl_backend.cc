@@ -232,6 +232,18 @@ void NcclBackend::make_streams(Comms& c) {
   }
 }
 
+void NcclBackend::abandon(Comms& c) const {
+  for (size_t i = 0; i < c.devices.size(); ++i) {
+    DeviceGuard guard(c.devices[i], std::nothrow);
+    if (i < c.comms.size() && c.comms[i] != nullptr) api_.CommAbort(c.comms[i]);
+    if (i < c.streams.size() && c.streams[i] != nullptr) cudaStreamDestroy(c.streams[i]);
+    if (i < c.ready.size() && c.ready[i] != nullptr) cudaEventDestroy(c.ready[i]);
+  }
+  c.comms.assign(c.devices.size(), nullptr);
+  c.streams.assign(c.devices.size(), nullptr);
+  c.ready.assign(c.devices.size(), nullptr);
+}
+
 void NcclBackend::init_comms(const std::vector<Init>& inits, const OpContext& ctx) {
   // Every id this rank makes is published before it reads any: ranks that each make one id and
   // need another's (the pair communicators of a ring) never wait on each other.
@@ -290,18 +302,7 @@ void NcclBackend::init_comms(const std::vector<Init>& inits, const OpContext& ct
     // Nothing of communicators that did not come up may stay: NCCL's init would go on, holding
     // sockets and memory (NCCL's docs abort a communicator whose init timed out). They are not
     // in the maps yet, so the watchdog never sees them.
-    for (const Init& init : inits) {
-      Comms& c = *init.c;
-      for (size_t i = 0; i < c.devices.size(); ++i) {
-        DeviceGuard guard(c.devices[i], std::nothrow);
-        if (c.comms[i] != nullptr) api_.CommAbort(c.comms[i]);
-        if (c.streams[i] != nullptr) cudaStreamDestroy(c.streams[i]);
-        if (c.ready[i] != nullptr) cudaEventDestroy(c.ready[i]);
-        c.comms[i] = nullptr;
-        c.streams[i] = nullptr;
-        c.ready[i] = nullptr;
-      }
-    }
+    for (const Init& init : inits) abandon(*init.c);
     throw;
   }
 }

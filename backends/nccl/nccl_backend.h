@@ -163,6 +163,9 @@ class NcclBackend : public Backend {
   void resolve_peer_devices(std::vector<Pair>& pairs, const OpContext& ctx);
   void init_comms(const std::vector<Init>& inits, const OpContext& ctx);
   static void make_streams(Comms& c);  // a stream and an event per device
+  // Aborts the communicators of `c` and destroys its streams and events (communicators that
+  // never reached the maps: an init or a shrink that failed); leaves its handles null.
+  void abandon(Comms& c) const;
   // Shrinks each of `parents` (revoked, quiescent, held by every survivor) without the NCCL
   // ranks of the ranks left out, into `made` in order (also what was made when it throws).
   void shrink_comms(const std::vector<Comms*>& parents, const BackendContext& sub,

@@ -48,10 +48,6 @@ std::map<int, int> decode(const std::string& text) {
   return held;
 }
 
-}  // namespace
-
-namespace {
-
 std::string ok_key(int rank) {
   return "nccl/shrink/ok/" + std::to_string(rank);
 }
@@ -115,21 +111,14 @@ std::unique_ptr<Backend> NcclBackend::shrink(const BackendContext& sub) {
   std::vector<Comms*> parents;
   for (const auto& [n, k] : common) parents.push_back(by_index[n]);
 
-  // What was shrunk is aborted on every way out but the one that hands it over.
+  // What was shrunk is abandoned on every way out but the one that hands it over.
   struct Made {
-    const NcclApi& api;
+    const NcclBackend& backend;
     std::vector<std::unique_ptr<Comms>> comms;
     ~Made() {
-      for (auto& c : comms) {
-        for (size_t i = 0; i < c->comms.size(); ++i) {
-          DeviceGuard guard(c->devices[i], std::nothrow);
-          if (c->comms[i] != nullptr) api.CommAbort(c->comms[i]);
-          if (i < c->streams.size() && c->streams[i] != nullptr) cudaStreamDestroy(c->streams[i]);
-          if (i < c->ready.size() && c->ready[i] != nullptr) cudaEventDestroy(c->ready[i]);
-        }
-      }
+      for (auto& c : comms) backend.abandon(*c);
     }
-  } made{api_, {}};
+  } made{*this, {}};
   std::string failed;
   try {
     shrink_comms(parents, sub, deadline, made.comms);
@@ -153,8 +142,7 @@ std::unique_ptr<Backend> NcclBackend::shrink(const BackendContext& sub) {
     std::lock_guard<std::mutex> lock(shrunk->mutex_);  // its watchdog reads the maps
     for (auto& c : made.comms) {
       c->index = shrunk->collective_count_++;
-      std::string key;
-      for (int d : c->devices) key += (key.empty() ? "" : ",") + std::to_string(d);
+      const std::string key = device_list_key(c->devices);
       shrunk->collective_.emplace(key, std::move(c));
     }
     made.comms.clear();

@@ -38,10 +38,16 @@ ncclRedOp_t to_nccl(ReduceOp op, DType dtype) {
               std::string("nccl: no NCCL reduction for ") + to_string(op));
 }
 
-std::string device_list_key(const std::vector<TensorView>& tensors) {
+std::string device_list_key(const std::vector<int>& devices) {
   std::string key;
-  for (const auto& t : tensors) key += (key.empty() ? "" : ",") + std::to_string(t.device().index);
+  for (int d : devices) key += (key.empty() ? "" : ",") + std::to_string(d);
   return key;
+}
+
+std::string device_list_key(const std::vector<TensorView>& tensors) {
+  std::vector<int> devices;
+  for (const auto& t : tensors) devices.push_back(t.device().index);
+  return device_list_key(devices);
 }
 
 }  // namespace tutti::nccl_backend

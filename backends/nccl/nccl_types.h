@@ -20,6 +20,7 @@ ncclDataType_t to_nccl(DType dtype);
 ncclRedOp_t to_nccl(ReduceOp op, DType dtype);
 
 // The communicator cache key of a device list: "0" or "0,1,3".
+std::string device_list_key(const std::vector<int>& devices);
 std::string device_list_key(const std::vector<TensorView>& tensors);
 
 // NCCL rank of a process's local device: rank x devices per process + local index (as Ray).

@@ -328,9 +328,9 @@ bool default_agent_made() {
 }
 
 std::shared_ptr<TransferAgent> default_agent() {
-  auto* agent = default_agent_slot;
   std::lock_guard<std::mutex> lock(default_agent_mutex);
-  if (!*agent) {
+  std::shared_ptr<TransferAgent>& agent = *default_agent_slot;
+  if (!agent) {
     // TUTTI_TRANSFER_LISTEN_TCP serves consumers on other hosts: "1" on the default address, or
     // the address to listen on and publish.
     TransferAgentOptions o;
@@ -339,9 +339,9 @@ std::shared_ptr<TransferAgent> default_agent() {
       o.listen_tcp = true;
       if (std::string(tcp) != "1") o.tcp_host = tcp;
     }
-    *agent = TransferAgent::create(o);
+    agent = TransferAgent::create(o);
   }
-  return *agent;
+  return agent;
 }
 
 ObjectHandle put(const std::vector<TensorView>& tensors, const PutOptions& options) {

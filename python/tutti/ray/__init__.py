@@ -13,7 +13,8 @@ the system thread that option creates) moves CPU torch tensors through tutti's o
 transport: shm between actors on one node, and across nodes the socket transport over TCP (each
 worker's agent listens on its node's IP, its refs signed and its connections proven with a
 secret the cluster's workers share through Ray's internal KV; ``TUTTI_RAY_TRANSFER_TRANSPORT``
-names another transport for puts, e.g. "ucx" with ``TUTTI_PLUGINS=ucx``). Ray needs the collective backend registered in every process that uses it (the setup
+names another transport for puts, e.g. "ucx" with ``TUTTI_PLUGINS=ucx``). Ray needs the
+collective backend registered in every process that uses it (the setup
 hook above does that); the tensor transport Ray registers on actors itself.
 """
 

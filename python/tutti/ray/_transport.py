@@ -5,7 +5,8 @@ tutti.transfer agent when Ray extracts the object's metadata (no copy; the refer
 the metadata), and the destination actor reads them itself (shm on one node; on another node the
 socket transport, over TCP to the source's agent, which serve_other_nodes() set listening on its
 node's IP with the cluster's transfer secret). TUTTI_RAY_TRANSFER_TRANSPORT names the transport
-of puts (default "auto"; e.g. "ucx" with TUTTI_PLUGINS=ucx for one-sided gets across nodes). Ray frees the object with garbage_collect, which releases the handle;
+of puts (default "auto"; e.g. "ucx" with TUTTI_PLUGINS=ucx for one-sided gets across nodes).
+Ray frees the object with garbage_collect, which releases the handle;
 tutti then keeps the tensors until no read is in progress and no consumer maps them. Transfers
 can be aborted (a fetch in progress is cancelled), so Ray does not kill actors on a failed
 transfer; a source that died fails the fetch with tutti.IoError, which Ray hands to whoever uses
@@ -34,6 +35,8 @@ from ray.experimental.rdt.tensor_transport_manager import FetchRequest
 
 import tutti
 from tutti import transfer
+
+from . import _group
 
 NAME = "TUTTI"
 
@@ -70,8 +73,9 @@ def serve_other_nodes() -> None:
     warning, and exchanges tensors only with processes of the same secret."""
     if not ray.is_initialized():
         return
+    has_secret = "TUTTI_TRANSFER_SECRET" in os.environ or "TUTTI_STORE_SECRET" in os.environ
     if transfer.default_agent_made():
-        if "TUTTI_TRANSFER_SECRET" not in os.environ and "TUTTI_STORE_SECRET" not in os.environ:
+        if not has_secret:
             import warnings
 
             warnings.warn("tutti.ray: this process used tutti.transfer before Ray made the "
@@ -80,9 +84,8 @@ def serve_other_nodes() -> None:
                           "does), or set TUTTI_TRANSFER_SECRET for the whole job",
                           RuntimeWarning, stacklevel=2)
         return
-    if "TUTTI_TRANSFER_SECRET" not in os.environ and "TUTTI_STORE_SECRET" not in os.environ:
-        import ray.experimental.internal_kv as kv
-
+    if not has_secret:
+        kv = _group._kv()
         # The first writer wins (the GCS puts atomically); everyone reads what won.
         kv._internal_kv_put(_SECRET_KEY, secrets.token_hex(32).encode(), overwrite=False)
         os.environ["TUTTI_TRANSFER_SECRET"] = kv._internal_kv_get(_SECRET_KEY).decode()
