@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -31,6 +32,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <tutti/plugin.h>
@@ -89,6 +91,8 @@ struct Reader {
   }
 };
 
+using RegionKey = std::pair<uintptr_t, uintptr_t>;  // [base, end)
+
 struct Region {
   uintptr_t base = 0;
   size_t size = 0;
@@ -140,13 +144,13 @@ class Ucx {
 
   std::string publish(uint64_t object, const tuttiTensor_v1_t* tensors, size_t count) {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<uintptr_t> used;
+    std::vector<RegionKey> used;
     std::vector<uint32_t> index_of(count);
-    std::vector<uintptr_t> region_list;
+    std::vector<RegionKey> region_list;
     try {
       for (size_t i = 0; i < count; ++i) {
         if (tensors[i].nbytes == 0) continue;
-        const uintptr_t base = region_for(tensors, count, i);
+        const RegionKey base = region_for(tensors, count, i);
         auto it = std::find(region_list.begin(), region_list.end(), base);
         index_of[i] = static_cast<uint32_t>(it - region_list.begin());
         if (it == region_list.end()) region_list.push_back(base);
@@ -161,7 +165,7 @@ class Ucx {
     Writer w;
     w.bytes(address_.data(), address_.size());
     w.u32(static_cast<uint32_t>(region_list.size()));
-    for (uintptr_t base : region_list)
+    for (const RegionKey& base : region_list)
       w.bytes(regions_.at(base).rkey.data(), regions_.at(base).rkey.size());
     w.u32(static_cast<uint32_t>(count));
     for (size_t i = 0; i < count; ++i) {
@@ -357,15 +361,16 @@ class Ucx {
 
   // The registered region holding tensors[i]: an existing one that covers it, or a new one over
   // the run of this object's tensors that touch or overlap it (one registration for slices of
-  // one buffer). With mutex_ held.
-  uintptr_t region_for(const tuttiTensor_v1_t* tensors, size_t count, size_t i) {
+  // one buffer; a buffer whose slices were registered before gets one of its own, beside theirs).
+  // With mutex_ held.
+  RegionKey region_for(const tuttiTensor_v1_t* tensors, size_t count, size_t i) {
     const uintptr_t lo = reinterpret_cast<uintptr_t>(tensors[i].data);
     const uintptr_t hi = lo + tensors[i].nbytes;
-    auto it = regions_.upper_bound(lo);
-    if (it != regions_.begin()) {
-      auto prev = std::prev(it);
-      if (prev->second.base <= lo && hi <= prev->second.base + prev->second.size)
-        return prev->first;
+    // The regions that begin at or below lo, the ones beginning highest (and among them the
+    // longest) first.
+    for (auto it = regions_.upper_bound(RegionKey{lo, UINTPTR_MAX}); it != regions_.begin();) {
+      --it;
+      if (hi <= it->first.second) return it->first;
     }
     // Grow [lo, hi) over this object's tensors that overlap or touch it, until it stops growing.
     uintptr_t a = lo, b = hi;
@@ -390,9 +395,6 @@ class Ucx {
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = reinterpret_cast<void*>(a);
     mp.length = r.size;
-    if (regions_.count(a) != 0) {
-      throw Failure(TUTTI_ERR_INTERNAL, "a region at that address is registered with another size");
-    }
     check(ucp_mem_map(context_, &mp, &r.memh), "registering " + std::to_string(r.size) + " bytes");
     void* packed = nullptr;
     size_t packed_size = 0;
@@ -403,13 +405,13 @@ class Ucx {
     }
     r.rkey.assign(static_cast<const char*>(packed), packed_size);
     ucp_rkey_buffer_release(packed);
-    regions_[a] = r;
+    regions_[RegionKey{a, b}] = r;
     ++registered_;
-    return a;
+    return RegionKey{a, b};
   }
 
-  void release_locked(const std::vector<uintptr_t>& bases) {
-    for (uintptr_t base : bases) {
+  void release_locked(const std::vector<RegionKey>& bases) {
+    for (const RegionKey& base : bases) {
       auto it = regions_.find(base);
       if (it == regions_.end() || --it->second.uses > 0) continue;
       ucp_mem_unmap(context_, it->second.memh);
@@ -440,8 +442,8 @@ class Ucx {
   int wake_ = -1;
   std::atomic<bool> stop_{false};
   std::thread progress_;
-  std::map<uintptr_t, Region> regions_;                   // by base address
-  std::map<uint64_t, std::vector<uintptr_t>> objects_;    // object -> the regions it uses
+  std::map<RegionKey, Region> regions_;                   // by (base, end) address
+  std::map<uint64_t, std::vector<RegionKey>> objects_;    // object -> the regions it uses
   std::map<std::string, std::unique_ptr<Endpoint>> eps_;  // by the owner's worker address
   size_t registered_ = 0;                                 // registrations made, for tests
 };
