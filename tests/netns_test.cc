@@ -167,7 +167,8 @@ TEST_F(TwoHosts, DirectTransportFallsBackToTheSocketAcrossHosts) {
   EXPECT_NE(fetch.output.find("transport 'shm' works on one host"), std::string::npos)
       << fetch.output;
   EXPECT_NE(fetch.output.find("allow_fallback"), std::string::npos) << fetch.output;
-  EXPECT_NE(fetch.output.find("fallback: ok"), std::string::npos) << fetch.output;
+  EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
+      << fetch.output;
   EXPECT_NE(fetch.output.find("socket: ok"), std::string::npos) << fetch.output;
   EXPECT_NE(fetch.output.find("gloo: ok"), std::string::npos) << fetch.output;
   // A warm get of a small object across the link takes network time (~40 us here), never a
@@ -256,6 +257,28 @@ TEST_F(TwoHostsUcx, TensorsAndViewsCrossTheLink) {
   EXPECT_NE(fetch.output.find("ucx: ok"), std::string::npos) << fetch.output;
   EXPECT_NE(fetch.output.find("ucx views: ok"), std::string::npos) << fetch.output;
   EXPECT_NE(fetch.output.find("socket: ok"), std::string::npos) << fetch.output;
+  // An shm ref from the other host: the owner published it on ucx when the consumer asked.
+  EXPECT_NE(fetch.output.find("fallback: ok (ucx, then ucx)"), std::string::npos) << fetch.output;
+}
+
+// "auto" across hosts where only the consumer has ucx: the owner cannot publish on it, and the
+// get takes the owner's stream (the consumer does not ask again).
+TEST_F(TwoHostsUcx, AnOwnerWithoutUcxServesTheSocketStream) {
+  ASSERT_TRUE(made_);
+  TempDir dir;
+  WorkerResult owner;
+  std::thread host_a([&] {
+    owner = run_command(
+        {"ip", "netns", "exec", ns_a_, TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_},
+        milliseconds(90000));
+  });
+  WorkerResult fetch = run_command(
+      with(env(ns_b_, addr_b_), {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}), milliseconds(60000));
+  host_a.join();
+  EXPECT_EQ(owner.exit_code, 0) << owner.output;
+  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
+  EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
+      << fetch.output;
 }
 
 TEST_F(TwoHostsUcx, AnOwnerKilledMidGetFailsTheGetByName) {

@@ -150,6 +150,24 @@ TEST(PluginUcx, CarriesTensorsAndViewsAndRefusesAFreedObject) {
   // A hang guard (the bench measures the time): the sanitizer build, -O0, took 27-58 ms for it
   // with the CPU shared, and a 50 ms bound failed there.
   EXPECT_LT(again, std::chrono::seconds(2));
+  {
+    // The first half of a buffer, then the whole of it: regions at the same address, each
+    // registered (the second was refused: "registered with another size").
+    std::vector<float> other(4096);
+    std::iota(other.begin(), other.end(), 1.0f);
+    ObjectHandle half = owner->put({TensorView(other.data(), other.size() / 2)}, ucx);
+    ObjectHandle whole = owner->put({TensorView(other)}, ucx);
+    const Received w = consumer->get(whole.ref());
+    EXPECT_EQ(w.transport(), "ucx");
+    EXPECT_TRUE(
+        std::equal(other.begin(), other.end(), static_cast<const float*>(w.tensors()[0].data())));
+    const Received h1 = consumer->get(half.ref());
+    EXPECT_TRUE(std::equal(other.begin(), other.begin() + other.size() / 2,
+                           static_cast<const float*>(h1.tensors()[0].data())));
+    half.release();
+    whole.release();
+    owner->wait_tensor_freed(TensorView(other), milliseconds(5000));
+  }
   const TensorRef ref = h.ref();
   h.release();
   h2.release();

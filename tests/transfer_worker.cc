@@ -5,7 +5,8 @@
 //   transfer_worker owner <dir> [tcp-host]   publish, write <dir>/ref.*, wait for <dir>/done
 //   transfer_worker borrow <dir>             borrow ref.arena, write <dir>/borrowed, sleep
 //   transfer_worker getloop <dir>            get ref.heap forever, write <dir>/getting
-//   transfer_worker fetch <dir>              from another host: shm refused, fallback, socket
+//   transfer_worker fetch <dir>              from another host: shm refused, fallback (says
+//                                            over which transport), socket
 //   transfer_worker threads <dir>           8 threads getting and borrowing ref.* at once
 //   transfer_worker gloo-owner <dir>         rank 0 of a gloo group (store <dir>/store): put,
 //                                            reset_transport when <dir>/reset appears
@@ -261,7 +262,16 @@ int fetch(const std::string& dir) {
   }
   GetOptions fallback;
   fallback.allow_fallback = true;
-  std::printf("fallback: %s\n", arena_ok(a->get(arena, fallback).tensors()[0]) ? "ok" : "WRONG");
+  {
+    // The owner's stream, or (both agents with ucx) the owner publishing it on ucx when asked;
+    // the second get takes the same publication, the borrow a copy of it.
+    const Received first = a->get(arena, fallback);
+    const Received again = a->get(arena, fallback);
+    const bool ok = arena_ok(first.tensors()[0]) && arena_ok(again.tensors()[0]) &&
+                    arena_ok(a->borrow(arena, fallback).tensors()[0]);
+    std::printf("fallback: %s (%s, then %s)\n", ok ? "ok" : "WRONG", first.transport().c_str(),
+                again.transport().c_str());
+  }
   std::printf("socket: %s\n",
               heap_ok(a->get(ref_from(dir, "socket")).tensors()[0]) ? "ok" : "WRONG");
   {

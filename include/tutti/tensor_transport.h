@@ -197,6 +197,11 @@ struct TransportInfo {
   // carries the tensors' device (built in: shm 20 and socket 10 for CPU tensors, cuda_ipc 20 for
   // CUDA ones). Negative: never "auto" (the two-sided gloo and nccl need a group first).
   int priority = 0;
+  // A one-sided transport that reaches agents on any host (the ucx plugin): for a consumer on
+  // another host, whose ref's transport works on one host only (shm), "auto" is the one of
+  // highest priority that both agents have: the consumer asks the owner to publish the object on
+  // it too (GetOptions::allow_fallback), before the socket stream (TUTTI_TRANSFER_ACROSS_HOSTS).
+  bool across_hosts = false;
 };
 
 // Throws Error(kInvalidUsage) for a name already registered or "auto", kInvalidArgument for an

@@ -74,8 +74,11 @@ struct GetOptions {
   std::vector<TensorView> targets;
   // 0: TUTTI_RDT_FETCH_TIMEOUT_MS, else 60000.
   std::chrono::milliseconds timeout{0};
-  // A one-host transport's ref used on another host (or network or pid namespace): fall back to
-  // "socket" instead of failing with kUnavailable.
+  // A one-host transport's ref used on another host (or network or pid namespace): instead of
+  // failing with kUnavailable, on another host the owner publishes the object on a one-sided
+  // transport for other hosts that both agents have (the ucx plugin loaded on both:
+  // TransportInfo::across_hosts, TUTTI_TRANSFER_ACROSS_HOSTS), else "socket": the owner's stream.
+  // Received::transport() says which carried the bytes.
   bool allow_fallback = false;
   // get() without targets: tensors the owner's transport can map (shm: memory from allocate(), or
   // registered with its file) come as private copy-on-write mappings of the owner's pages instead
@@ -119,11 +122,15 @@ class TUTTI_API Received {
  public:
   Received() = default;
   const std::vector<TensorView>& tensors() const { return views_; }
+  // The transport that carried the bytes: the ref's, or the one a fallback took ("socket", or
+  // on another host one both agents have, e.g. "ucx"; GetOptions::allow_fallback).
+  const std::string& transport() const { return transport_; }
 
  private:
   friend struct detail::AgentCore;
   std::vector<TensorView> views_;
   std::vector<std::shared_ptr<void>> storage_;
+  std::string transport_;
 };
 
 // borrow()'s result: read-only views of the owner's memory, valid until release() (or the

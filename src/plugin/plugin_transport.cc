@@ -147,6 +147,7 @@ TransportInfo plugin_transport_info(std::shared_ptr<PluginLibrary> lib,
   info.name = transport->name;
   info.priority = transport->priority;
   info.devices = devices_of(transport->devices);
+  info.across_hosts = transport->cross_host != 0;
   if (transport->available != nullptr) {
     info.available = [lib, transport] { return transport->available(lib->state) != 0; };
   }

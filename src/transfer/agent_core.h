@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "transfer/channel.h"
@@ -83,6 +84,9 @@ struct Object {
   std::string failure;             // fail()'s message
   bool check_writes = false;       // PutOptions::check_writes: crcs of the tensors at publication
   std::vector<uint32_t> crcs;
+  // Its publications on other transports, made when consumers on other hosts asked (kPublish),
+  // by transport name; unpublished as it goes.
+  std::map<std::string, std::pair<TensorTransport*, Publication>> also;
 };
 
 // An object the owner wrote to while it was published (PutOptions::check_writes).
@@ -109,6 +113,11 @@ struct Peer {
   std::unique_ptr<Lane> lane;
   std::unique_ptr<SlotView> slots;  // set once, under `mutex`
   int pidfd = -1;                   // one host: readable once the owner's process has exited
+  // Across hosts (kPublish, under `mutex`): the owner's publications of its objects on this
+  // agent's transport for other hosts, by (transport, id, generation), the newest kept; and the
+  // transports it could not publish on (not loaded there), asked no more.
+  std::map<std::tuple<std::string, uint64_t, uint32_t>, Publication> also;
+  std::set<std::string> declined;
   ~Peer();
   // The owner's slot page once a connection brought it (set once, under `mutex`), or null.
   SlotView* slot_view() {
@@ -129,6 +138,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   // ---- owner ----
   std::mutex mutex;                 // everything below up to `peers_mutex`
   std::condition_variable changed;  // an object changed state or went
+  std::mutex also_mutex;            // one publish_also at a time (outside `mutex`)
   SlotPage slots;
   std::vector<uint32_t> free_slots;
   uint32_t next_slot = 0;
@@ -222,6 +232,12 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   void check_writes_locked(const Object& o);
   std::string freed_text_locked(uint64_t id) const;
   std::string blockers_locked(const Object& o) const;
+  // A consumer on another host asks (kPublish): object `id` of `gen` published on transport
+  // `name` too, once it is live (waiting while it is reserved, up to `deadline`); the
+  // publication made for an earlier consumer where there is one. kUnavailable when the transport
+  // is not here or cannot publish it.
+  Publication publish_also(uint64_t id, uint32_t gen, const std::string& name,
+                           Clock::time_point deadline);
 
   // ---- the owner's server (owner_server.cc) ----
   void accept_loop(int listener, bool local);
@@ -256,6 +272,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   void verify_own(const TensorRef& ref, const char* op) const;
   // "get of object 3 of agent 'a' (shm) on agent 'b'": built only for a message.
   std::string context(const char* op, const TensorRef& ref) const;
+  // A ref resolved to a transport for other hosts (Resolved::republish): asks the owner to
+  // publish the object on it (kPublish; the answer kept per owner) and takes that publication;
+  // where the owner cannot, the socket stream, and that owner is not asked again.
+  void publish_across(Resolved& r, PeerLink& link, Clock::time_point deadline);
   Lease take_lease(Resolved& r, PeerLink& link, Clock::time_point deadline,
                    const std::atomic<bool>& cancelled);
   void end_lease(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease, bool completed);
@@ -297,6 +317,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 std::string transport_key(std::string_view name);
 // "auto"'s choice for tensors on `device` (transport_registry.cc); kUnavailable when none.
 std::string auto_transport(DeviceType device);
+// For a consumer on another host whose ref's transport cannot reach it: the available transport
+// (TransportInfo::across_hosts) of highest priority carrying `device`'s tensors, or "" for the
+// socket stream (none, or TUTTI_TRANSFER_ACROSS_HOSTS=socket; a name there picks that one).
+std::string across_hosts_transport(DeviceType device);
 
 // PutOptions::check_writes: a CRC32C per CPU tensor (0 for the others).
 std::vector<uint32_t> checksums(const std::vector<TensorView>& tensors);

@@ -51,6 +51,8 @@ enum class MsgType : uint8_t {
   kChallenge = 12,  // (11 was protocol 2's kFetch) owner -> consumer, after a hello when the owner
                     // has a secret: the owner's nonce
   kProof,           // consumer -> owner: its proof of the secret over both agents and both nonces
+  kPublish,  // consumer on another host -> owner: publish the object on this transport too (once
+             // live); reply: its publication there
 };
 
 struct Message {

@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "transfer/consumer.h"
+#include "transfer/publication_wire.h"
+#include "transfer/wire.h"
 #include "util/deadline.h"
 #include "util/logging.h"
 #include "util/shared_memory.h"
@@ -121,13 +123,22 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
         (!r.local && ref.owner().tcp_endpoint.empty())) {
       throw Error(reach.code, context(op, ref) + ": " + reach.why);
     }
-    TUTTI_LOG_DEBUG("direct transport: {}: falls back to the socket ({})", context(op, ref),
+    r.peer = peer_for(ref.owner(), r.local);
+    // Across hosts, a one-sided transport both agents have (ucx) before the owner's stream.
+    const std::string across = r.local ? "" : across_hosts_transport(DeviceType::kCPU);
+    bool declined = across.empty() || across == r.name;
+    if (!declined) {
+      std::lock_guard<std::mutex> lock(r.peer->mutex);
+      declined = r.peer->declined.count(across) > 0;
+    }
+    r.name = declined ? "socket" : across;
+    r.republish = !declined;
+    TUTTI_LOG_DEBUG("direct transport: {}: goes over '{}' ({})", context(op, ref), r.name,
                     reach.why);
-    r.name = "socket";
     t = &transport(r.name);
   }
   r.transport = t;
-  r.peer = peer_for(ref.owner(), r.local);
+  if (!r.peer) r.peer = peer_for(ref.owner(), r.local);
   if (r.local && (r.peer->owner.pid != ref.owner().pid ||
                   r.peer->owner.start_time != ref.owner().start_time)) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -135,6 +146,51 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
                     " for an agent that runs as " + owner_text(r.peer->owner));
   }
   return r;
+}
+
+void AgentCore::publish_across(Resolved& r, PeerLink& link, Clock::time_point deadline) {
+  if (!r.republish) return;
+  r.republish = false;
+  const ObjectId object = r.ref.object();
+  const auto key = std::make_tuple(r.name, object.id, object.generation);
+  Publication pub;
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(r.peer->mutex);
+    auto it = r.peer->also.find(key);
+    if ((known = it != r.peer->also.end())) pub = it->second;
+  }
+  if (!known) {
+    WireWriter w;
+    w.u64(object.id);
+    w.u32(object.generation);
+    w.str8(r.name);
+    w.u64(wire_timeout(deadline));
+    try {
+      Message m = link.request(MsgType::kPublish, w.out());
+      WireReader rd(m.payload, "a publish reply from " + owner_text(r.ref.owner()));
+      pub = read_publication(rd, r.ref.tensors().size());
+    } catch (const Error& e) {
+      // Not loaded at the owner (or an owner from before kPublish): the socket stream, and
+      // this owner is not asked again.
+      const bool old_owner = e.code() == ErrorCode::kInvalidArgument &&
+                             std::string(e.what()).find("of unknown type") != std::string::npos;
+      if (e.code() != ErrorCode::kUnavailable && !old_owner) throw;
+      TUTTI_LOG_DEBUG("direct transport: {} does not publish on '{}' ({}): the socket instead",
+                      owner_text(r.ref.owner()), r.name, e.what());
+      std::lock_guard<std::mutex> lock(r.peer->mutex);
+      r.peer->declined.insert(r.name);
+      r.name = "socket";
+      r.transport = &transport(r.name);
+      link.set_transport(r.name);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(r.peer->mutex);
+    if (r.peer->also.size() >= 256) r.peer->also.erase(r.peer->also.begin());
+    r.peer->also.emplace(key, pub);
+  }
+  r.ref = TensorRef(r.ref.owner(), object, r.name, r.ref.tensors(), pub.places, pub.blob,
+                    /*two_sided=*/false);
 }
 
 void AgentCore::copy_into(Resolved& r, PeerLink& link, const std::vector<TensorView>& targets,
@@ -177,9 +233,12 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
         Received out;
         const std::vector<TensorView> targets = allocate_targets(ref, out.storage_);
         out.views_ = get_own(ref, targets, false, deadline, *flag).first.views_;
+        out.transport_ = ref.transport();
         return out;
       }
-      return get_own(ref, opts.targets, false, deadline, *flag).first;
+      Received own = get_own(ref, opts.targets, false, deadline, *flag).first;
+      own.transport_ = ref.transport();
+      return own;
     }
     Resolved r = resolve(ref, opts, "get");
     Received out;
@@ -190,6 +249,8 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
     }
     PeerLink link(*this, r.peer, deadline, flag, ref.object());
     link.set_transport(r.name);
+    publish_across(r, link, deadline);
+    out.transport_ = r.name;
     if (targets.empty() && opts.copy_on_write && r.transport->traits().can_borrow) {
       // The owner's memory, mapped privately where the transport can: the Received holds the
       // object while its views may still show the owner's pages.
@@ -238,6 +299,7 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
     Resolved r = resolve(ref, opts, "borrow");
     PeerLink link(*this, r.peer, deadline, &flag, ref.object());
     link.set_transport(r.name);
+    publish_across(r, link, deadline);
     Lent lent = lend(r, link, /*writable=*/false, deadline, flag, opts.stream);
     out.views_ = std::move(lent.views);
     out.lease_ = std::move(lent.lease);

@@ -16,6 +16,7 @@ struct AgentCore::Resolved {
   TensorTransport* transport = nullptr;
   bool local = false;  // the owner is on this host (a lease lane)
   std::shared_ptr<Peer> peer;
+  bool republish = false;  // another host: the owner publishes the object on `name` first
 };
 
 // A lease taken for one get: a get that fails, is cancelled or times out gives it back on the way

@@ -1,6 +1,7 @@
 // The consumer's leases: a hold on the owner's object for the length of one get (a lane entry
 // on one host, else the owner's own hold through kLease), ended exactly once (consumer.h).
 #include "transfer/consumer.h"
+#include "transfer/publication_wire.h"
 #include "transfer/wire.h"
 #include "util/logging.h"
 
@@ -78,18 +79,7 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
       throw Error(ErrorCode::kInvalidUsage, "the object is being freed at its owner");
     }
     if (r.ref.is_pending()) {
-      Publication pub;
-      pub.blob = rd.str32("transport bytes", TensorRef::kMaxBlob);
-      const uint32_t n = rd.u32("tensors");
-      if (n != r.ref.tensors().size()) {
-        throw Error(ErrorCode::kInternal, "the owner describes " + std::to_string(n) +
-                                              " tensors, the ref " +
-                                              std::to_string(r.ref.tensors().size()));
-      }
-      for (uint32_t i = 0; i < n; ++i) {
-        const uint16_t region = rd.u16("region");
-        pub.places.emplace_back(region, rd.u64("offset"));
-      }
+      const Publication pub = read_publication(rd, r.ref.tensors().size());
       r.ref = TensorRef(r.ref.owner(), object, r.ref.transport(), r.ref.tensors(), pub.places,
                         pub.blob, r.ref.is_two_sided(), false);
     }

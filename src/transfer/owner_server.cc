@@ -11,6 +11,7 @@
 
 #include "transfer/agent_core.h"
 #include "transfer/handshake.h"
+#include "transfer/publication_wire.h"
 #include "transfer/wire.h"
 #include "util/deadline.h"
 #include "util/host_identity.h"
@@ -23,17 +24,6 @@ namespace {
 bool hung_up(int fd) {
   pollfd p{fd, POLLRDHUP, 0};
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-}
-
-// The publication of a live object, as a WAIT reply carries it.
-void write_publication(WireWriter& w, const Publication& p, size_t tensors) {
-  w.str32(p.blob);
-  w.u32(static_cast<uint32_t>(tensors));
-  for (size_t i = 0; i < tensors; ++i) {
-    const auto place = i < p.places.size() ? p.places[i] : std::pair<uint16_t, uint64_t>{0, 0};
-    w.u16(place.first);
-    w.u64(place.second);
-  }
 }
 
 // Settles object `id` (every object: kAll; nothing: kNone) when the scope ends, so after the
@@ -145,6 +135,7 @@ class Session {
         case MsgType::kLease: on_lease(r); break;
         case MsgType::kUnlease: on_unlease(r); break;
         case MsgType::kStream: on_stream(r); break;
+        case MsgType::kPublish: on_publish(r); break;
         default:
           throw Error(ErrorCode::kInvalidArgument, core_.who() + " got a message of unknown type " +
                                                        std::to_string(static_cast<int>(m.type)));
@@ -247,6 +238,21 @@ class Session {
       } else {
         write_publication(w, o.publication, o.metas.size());
       }
+    }
+    reply(w.out());
+  }
+
+  // A consumer on another host: the object on its transport too (publish_also).
+  void on_publish(WireReader& r) {
+    const uint64_t id = r.u64("id");
+    const uint32_t gen = r.u32("generation");
+    const std::string name = transport_key(r.str8("transport"));
+    const auto deadline = wire_deadline(r.u64("timeout"));
+    const Publication pub = core_.publish_also(id, gen, name, deadline);
+    WireWriter w;
+    {
+      std::lock_guard<std::mutex> lock(core_.mutex);
+      write_publication(w, pub, core_.find_locked(id, gen).metas.size());
     }
     reply(w.out());
   }

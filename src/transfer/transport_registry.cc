@@ -3,6 +3,7 @@
 // registry (tutti/tensor_transport.h).
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -199,6 +200,31 @@ std::string auto_transport(DeviceType device) {
                          : "CPU tensors here"));
   }
   return detail::transport_key(best->name);
+}
+
+std::string across_hosts_transport(DeviceType device) {
+  const char* env = std::getenv("TUTTI_TRANSFER_ACROSS_HOSTS");
+  const std::string wanted = transport_key(env != nullptr && *env != '\0' ? env : "auto");
+  if (wanted == "socket") return "";
+  register_builtins();
+  load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  const TransportInfo* best = nullptr;
+  for (const auto& [name, info] : registry()) {
+    const bool carries =
+        std::find(info.devices.begin(), info.devices.end(), device) != info.devices.end();
+    if (info.across_hosts && carries && (wanted == "auto" || wanted == name) &&
+        (!best || info.priority > best->priority) && is_available(info)) {
+      best = &info;
+    }
+  }
+  if (best == nullptr && wanted != "auto") {
+    throw Error(ErrorCode::kInvalidArgument,
+                "TUTTI_TRANSFER_ACROSS_HOSTS=" + std::string(env) +
+                    ": no available transport of that name reaches other hosts one-sidedly "
+                    "(give 'auto', 'socket' or a loaded one such as 'ucx')");
+  }
+  return best ? transport_key(best->name) : "";
 }
 
 }  // namespace detail
