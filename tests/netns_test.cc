@@ -2,12 +2,12 @@
 // meeting through the TCP store that rank 0 hosts on its own address. Skipped, saying why,
 // where namespaces cannot be made (not root, no `ip`).
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <unistd.h>
-#include <cstdlib>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -261,6 +261,54 @@ TEST_F(TwoHostsUcx, TensorsAndViewsCrossTheLink) {
   EXPECT_NE(fetch.output.find("fallback: ok (ucx, then ucx)"), std::string::npos) << fetch.output;
 }
 
+// "auto" across hosts where the owner publishes on ucx but its UCX cannot be reached from the
+// other host (its UCX_TLS without TCP): the first get fails over ucx and is made again over the
+// owner's socket stream, and the consumer asks that owner for ucx no more.
+TEST_F(TwoHostsUcx, AUcxThatCannotConnectFallsBackToTheSocketStream) {
+  ASSERT_TRUE(made_);
+  TempDir dir;
+  WorkerResult owner;
+  std::thread host_a([&] {
+    std::vector<std::string> a = env(ns_a_, addr_a_);
+    std::replace(a.begin(), a.end(), std::string("UCX_TLS=tcp"), std::string("UCX_TLS=posix,self"));
+    owner = run_command(with(a, {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
+                        milliseconds(90000));
+  });
+  WorkerResult fetch = run_command(
+      with(env(ns_b_, addr_b_), {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}), milliseconds(60000));
+  host_a.join();
+  EXPECT_EQ(owner.exit_code, 0) << owner.output;
+  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
+  EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
+      << fetch.output;
+  EXPECT_NE(fetch.output.find("take its socket stream, not 'ucx': a get over it failed"),
+            std::string::npos)
+      << fetch.output;
+}
+
+// With TUTTI_TRANSFER_TLS=1 the owner's stream is the private road: "auto" across hosts keeps it
+// (UCX's bytes would cross in the clear), while a ref put on ucx by name still goes over ucx.
+TEST_F(TwoHostsUcx, InTlsTheFallbackStaysOnTheSocketStream) {
+  ASSERT_TRUE(made_);
+  TempDir dir;
+  const std::vector<std::string> tls = {"TUTTI_TRANSFER_TLS=1", "TUTTI_STORE_SECRET=two-hosts"};
+  WorkerResult owner;
+  std::thread host_a([&] {
+    owner = run_command(
+        with(with(env(ns_a_, addr_a_), tls), {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
+        milliseconds(90000));
+  });
+  WorkerResult fetch = run_command(
+      with(with(env(ns_b_, addr_b_), tls), {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}),
+      milliseconds(60000));
+  host_a.join();
+  EXPECT_EQ(owner.exit_code, 0) << owner.output;
+  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
+  EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
+      << fetch.output;
+  EXPECT_NE(fetch.output.find("ucx: ok"), std::string::npos) << fetch.output;
+}
+
 // "auto" across hosts where only the consumer has ucx: the owner cannot publish on it, and the
 // get takes the owner's stream (the consumer does not ask again).
 TEST_F(TwoHostsUcx, AnOwnerWithoutUcxServesTheSocketStream) {
@@ -279,6 +327,7 @@ TEST_F(TwoHostsUcx, AnOwnerWithoutUcxServesTheSocketStream) {
   EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
   EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
       << fetch.output;
+  EXPECT_NE(fetch.output.find("not 'ucx': not at the owner"), std::string::npos) << fetch.output;
 }
 
 TEST_F(TwoHostsUcx, AnOwnerKilledMidGetFailsTheGetByName) {

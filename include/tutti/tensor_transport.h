@@ -197,10 +197,11 @@ struct TransportInfo {
   // carries the tensors' device (built in: shm 20 and socket 10 for CPU tensors, cuda_ipc 20 for
   // CUDA ones). Negative: never "auto" (the two-sided gloo and nccl need a group first).
   int priority = 0;
-  // A one-sided transport that reaches agents on any host (the ucx plugin): for a consumer on
-  // another host, whose ref's transport works on one host only (shm), "auto" is the one of
-  // highest priority that both agents have: the consumer asks the owner to publish the object on
-  // it too (GetOptions::allow_fallback), before the socket stream (TUTTI_TRANSFER_ACROSS_HOSTS).
+  // A one-sided transport that reaches agents on any host (the ucx plugin). A consumer on
+  // another host whose ref's transport works on one host only (shm) takes the one of highest
+  // priority it has (GetOptions::allow_fallback): it asks the owner to publish the object on it
+  // too, and uses the owner's socket stream where the owner cannot, or a get over it fails
+  // (TUTTI_TRANSFER_ACROSS_HOSTS; not in TLS unless named there).
   bool across_hosts = false;
 };
 

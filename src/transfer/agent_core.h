@@ -233,11 +233,26 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   std::string freed_text_locked(uint64_t id) const;
   std::string blockers_locked(const Object& o) const;
   // A consumer on another host asks (kPublish): object `id` of `gen` published on transport
-  // `name` too, once it is live (waiting while it is reserved, up to `deadline`); the
-  // publication made for an earlier consumer where there is one. kUnavailable when the transport
-  // is not here or cannot publish it.
-  Publication publish_also(uint64_t id, uint32_t gen, const std::string& name,
-                           Clock::time_point deadline);
+  // `name` too (the publication made for an earlier consumer where there is one); a hold waits
+  // while it is reserved, up to `deadline`. The object's state errors are thrown, as for a
+  // lease; the transport's are told in the answer. `each_slice` as for await_fulfilled_locked
+  // (across_hosts.cc).
+  struct AlsoPublished {
+    enum Status : uint8_t {
+      kPublished = 0,      // + the publication
+      kNotHere = 1,        // the transport is not loaded (or cannot start) here: ask no more
+      kNotThisObject = 2,  // it cannot publish this object (CUDA tensors, a failed registration)
+    };
+    Status status = kPublished;
+    Publication pub;
+    size_t tensors = 0;
+    std::string why;
+  };
+  AlsoPublished publish_also(uint64_t id, uint32_t gen, const std::string& name,
+                             Clock::time_point deadline, const std::function<void()>& each_slice);
+  // The owner's answer to kPublish (id, generation, transport, timeout): a status, then the
+  // publication or why not.
+  std::string answer_publish(WireReader& request, const std::function<void()>& each_slice);
 
   // ---- the owner's server (owner_server.cc) ----
   void accept_loop(int listener, bool local);
@@ -272,10 +287,22 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   void verify_own(const TensorRef& ref, const char* op) const;
   // "get of object 3 of agent 'a' (shm) on agent 'b'": built only for a message.
   std::string context(const char* op, const TensorRef& ref) const;
-  // A ref resolved to a transport for other hosts (Resolved::republish): asks the owner to
-  // publish the object on it (kPublish; the answer kept per owner) and takes that publication;
-  // where the owner cannot, the socket stream, and that owner is not asked again.
+  // ---- across hosts: the consumer (across_hosts.cc) ----
+  // A ref whose transport cannot reach this agent, with allow_fallback, resolved to the owner's
+  // socket stream, or, on another host, to a one-sided transport for other hosts this agent has
+  // (across_hosts_transport) that its owner was not found without.
+  void choose_across(Resolved& r);
+  // For such a transport (Resolved::republish): asks the owner to publish the object on it
+  // (kPublish; the answer kept per owner) and takes that publication; where the owner cannot,
+  // the socket stream (that owner asked no more where the transport is not there).
   void publish_across(Resolved& r, PeerLink& link, Clock::time_point deadline);
+  // After a get or borrow over such a transport failed with `e`: true when it should be made
+  // again over the socket stream (r now resolved to it; the owner asked no more), within the
+  // deadline and not cancelled.
+  bool retry_on_socket(Resolved& r, const Error& e, Clock::time_point deadline,
+                       const std::atomic<bool>& cancelled);
+  Received get_resolved(Resolved& r, const GetOptions& options, Clock::time_point deadline,
+                        std::atomic<bool>& cancelled);
   Lease take_lease(Resolved& r, PeerLink& link, Clock::time_point deadline,
                    const std::atomic<bool>& cancelled);
   void end_lease(Peer& peer, PeerLink& link, ObjectId object, const Lease& lease, bool completed);
@@ -317,10 +344,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 std::string transport_key(std::string_view name);
 // "auto"'s choice for tensors on `device` (transport_registry.cc); kUnavailable when none.
 std::string auto_transport(DeviceType device);
-// For a consumer on another host whose ref's transport cannot reach it: the available transport
-// (TransportInfo::across_hosts) of highest priority carrying `device`'s tensors, or "" for the
-// socket stream (none, or TUTTI_TRANSFER_ACROSS_HOSTS=socket; a name there picks that one).
-std::string across_hosts_transport(DeviceType device);
+// For a consumer on another host whose ref's transport cannot reach it: this process's available
+// transport (TransportInfo::across_hosts) of highest priority carrying `device`'s tensors, or ""
+// for the socket stream (none; TUTTI_TRANSFER_ACROSS_HOSTS=socket; or, unless that variable
+// names a transport, `tls`: the socket stream is the road in TLS).
+std::string across_hosts_transport(DeviceType device, bool tls);
+// Whether `name` is an available transport for other hosts carrying CPU tensors.
+bool is_across_hosts_transport(const std::string& name);
 
 // PutOptions::check_writes: a CRC32C per CPU tensor (0 for the others).
 std::vector<uint32_t> checksums(const std::vector<TensorView>& tensors);

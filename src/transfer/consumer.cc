@@ -6,8 +6,6 @@
 #include <thread>
 
 #include "transfer/consumer.h"
-#include "transfer/publication_wire.h"
-#include "transfer/wire.h"
 #include "util/deadline.h"
 #include "util/logging.h"
 #include "util/shared_memory.h"
@@ -111,6 +109,7 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
   Resolved r;
   verify_own(ref, op);
   r.ref = ref;
+  r.given = ref;
   r.name = ref.transport();
   r.local = ref.owner().same_host(identity);
   TensorTransport* t = &transport(r.name);  // kUnavailable when not registered
@@ -124,18 +123,11 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
       throw Error(reach.code, context(op, ref) + ": " + reach.why);
     }
     r.peer = peer_for(ref.owner(), r.local);
-    // Across hosts, a one-sided transport both agents have (ucx) before the owner's stream.
-    const std::string across = r.local ? "" : across_hosts_transport(DeviceType::kCPU);
-    bool declined = across.empty() || across == r.name;
-    if (!declined) {
-      std::lock_guard<std::mutex> lock(r.peer->mutex);
-      declined = r.peer->declined.count(across) > 0;
-    }
-    r.name = declined ? "socket" : across;
-    r.republish = !declined;
+    r.transport = t;
+    choose_across(r);  // the socket stream, or across hosts one both may have (ucx)
     TUTTI_LOG_DEBUG("direct transport: {}: goes over '{}' ({})", context(op, ref), r.name,
                     reach.why);
-    t = &transport(r.name);
+    t = r.transport;
   }
   r.transport = t;
   if (!r.peer) r.peer = peer_for(ref.owner(), r.local);
@@ -146,51 +138,6 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
                     " for an agent that runs as " + owner_text(r.peer->owner));
   }
   return r;
-}
-
-void AgentCore::publish_across(Resolved& r, PeerLink& link, Clock::time_point deadline) {
-  if (!r.republish) return;
-  r.republish = false;
-  const ObjectId object = r.ref.object();
-  const auto key = std::make_tuple(r.name, object.id, object.generation);
-  Publication pub;
-  bool known = false;
-  {
-    std::lock_guard<std::mutex> lock(r.peer->mutex);
-    auto it = r.peer->also.find(key);
-    if ((known = it != r.peer->also.end())) pub = it->second;
-  }
-  if (!known) {
-    WireWriter w;
-    w.u64(object.id);
-    w.u32(object.generation);
-    w.str8(r.name);
-    w.u64(wire_timeout(deadline));
-    try {
-      Message m = link.request(MsgType::kPublish, w.out());
-      WireReader rd(m.payload, "a publish reply from " + owner_text(r.ref.owner()));
-      pub = read_publication(rd, r.ref.tensors().size());
-    } catch (const Error& e) {
-      // Not loaded at the owner (or an owner from before kPublish): the socket stream, and
-      // this owner is not asked again.
-      const bool old_owner = e.code() == ErrorCode::kInvalidArgument &&
-                             std::string(e.what()).find("of unknown type") != std::string::npos;
-      if (e.code() != ErrorCode::kUnavailable && !old_owner) throw;
-      TUTTI_LOG_DEBUG("direct transport: {} does not publish on '{}' ({}): the socket instead",
-                      owner_text(r.ref.owner()), r.name, e.what());
-      std::lock_guard<std::mutex> lock(r.peer->mutex);
-      r.peer->declined.insert(r.name);
-      r.name = "socket";
-      r.transport = &transport(r.name);
-      link.set_transport(r.name);
-      return;
-    }
-    std::lock_guard<std::mutex> lock(r.peer->mutex);
-    if (r.peer->also.size() >= 256) r.peer->also.erase(r.peer->also.begin());
-    r.peer->also.emplace(key, pub);
-  }
-  r.ref = TensorRef(r.ref.owner(), object, r.name, r.ref.tensors(), pub.places, pub.blob,
-                    /*two_sided=*/false);
 }
 
 void AgentCore::copy_into(Resolved& r, PeerLink& link, const std::vector<TensorView>& targets,
@@ -241,28 +188,17 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
       return own;
     }
     Resolved r = resolve(ref, opts, "get");
-    Received out;
-    std::vector<TensorView> targets = opts.targets;
-    if (targets.empty() && r.transport->traits().cuda) {
+    if (opts.targets.empty() && r.transport->traits().cuda) {
       throw Error(ErrorCode::kInvalidArgument,
                   "transport '" + r.name + "' receives into CUDA memory: give targets");
     }
-    PeerLink link(*this, r.peer, deadline, flag, ref.object());
-    link.set_transport(r.name);
-    publish_across(r, link, deadline);
-    out.transport_ = r.name;
-    if (targets.empty() && opts.copy_on_write && r.transport->traits().can_borrow) {
-      // The owner's memory, mapped privately where the transport can: the Received holds the
-      // object while its views may still show the owner's pages.
-      Lent lent = lend(r, link, /*writable=*/true, deadline, *flag, opts.stream);
-      out.views_ = std::move(lent.views);
-      out.storage_.emplace_back(std::shared_ptr<HeldLease>(std::move(lent.lease)));
-      return out;
+    while (true) {
+      try {
+        return get_resolved(r, opts, deadline, *flag);
+      } catch (const Error& e) {
+        if (!retry_on_socket(r, e, deadline, *flag)) throw;
+      }
     }
-    if (targets.empty()) targets = allocate_targets(ref, out.storage_);
-    copy_into(r, link, targets, deadline, *flag, opts.stream);
-    out.views_ = std::move(targets);
-    return out;
   } catch (const Error& e) {
     const std::string context = this->context("get", ref);
     if (flag->load() && e.code() != ErrorCode::kInvalidArgument) {
@@ -277,6 +213,28 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
     }
     rethrow_io(context, ref.owner(), identity, e);
   }
+}
+
+Received AgentCore::get_resolved(Resolved& r, const GetOptions& opts, Clock::time_point deadline,
+                                 std::atomic<bool>& flag) {
+  Received out;
+  std::vector<TensorView> targets = opts.targets;
+  PeerLink link(*this, r.peer, deadline, &flag, r.ref.object());
+  link.set_transport(r.name);
+  publish_across(r, link, deadline);
+  out.transport_ = r.name;
+  if (targets.empty() && opts.copy_on_write && r.transport->traits().can_borrow) {
+    // The owner's memory, mapped privately where the transport can: the Received holds the
+    // object while its views may still show the owner's pages.
+    Lent lent = lend(r, link, /*writable=*/true, deadline, flag, opts.stream);
+    out.views_ = std::move(lent.views);
+    out.storage_.emplace_back(std::shared_ptr<HeldLease>(std::move(lent.lease)));
+    return out;
+  }
+  if (targets.empty()) targets = allocate_targets(r.ref, out.storage_);
+  copy_into(r, link, targets, deadline, flag, opts.stream);
+  out.views_ = std::move(targets);
+  return out;
 }
 
 Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
@@ -297,13 +255,19 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
       return out;
     }
     Resolved r = resolve(ref, opts, "borrow");
-    PeerLink link(*this, r.peer, deadline, &flag, ref.object());
-    link.set_transport(r.name);
-    publish_across(r, link, deadline);
-    Lent lent = lend(r, link, /*writable=*/false, deadline, flag, opts.stream);
-    out.views_ = std::move(lent.views);
-    out.lease_ = std::move(lent.lease);
-    return out;
+    while (true) {
+      try {
+        PeerLink link(*this, r.peer, deadline, &flag, ref.object());
+        link.set_transport(r.name);
+        publish_across(r, link, deadline);
+        Lent lent = lend(r, link, /*writable=*/false, deadline, flag, opts.stream);
+        out.views_ = std::move(lent.views);
+        out.lease_ = std::move(lent.lease);
+        return out;
+      } catch (const Error& e) {
+        if (!retry_on_socket(r, e, deadline, flag)) throw;
+      }
+    }
   } catch (const Error& e) {
     const std::string context = this->context("borrow", ref);
     if (flag.load()) throw Error(ErrorCode::kAborted, context + ": cancelled (" + e.what() + ")");

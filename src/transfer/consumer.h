@@ -16,7 +16,9 @@ struct AgentCore::Resolved {
   TensorTransport* transport = nullptr;
   bool local = false;  // the owner is on this host (a lease lane)
   std::shared_ptr<Peer> peer;
-  bool republish = false;  // another host: the owner publishes the object on `name` first
+  TensorRef given;         // the ref as given (ref: as the transport used reads it)
+  bool republish = false;  // another host: the owner is asked to publish it on `name` first
+  bool across = false;     // it was: a failure there may still take the socket stream
 };
 
 // A lease taken for one get: a get that fails, is cancelled or times out gives it back on the way

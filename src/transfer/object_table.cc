@@ -377,53 +377,6 @@ HeldObject AgentCore::hold_for(const TensorTransport& t, ObjectId object,
   return held;
 }
 
-Publication AgentCore::publish_also(uint64_t id, uint32_t gen, const std::string& name,
-                                    Clock::time_point deadline) {
-  TensorTransport& t = transport(name);  // kUnavailable where it is not loaded
-  const TransportTraits traits = t.traits();
-  if (!traits.one_sided || !traits.cross_host || traits.cuda) {
-    throw Error(ErrorCode::kUnavailable, "transport '" + name +
-                                             "' is no one-sided transport for CPU tensors "
-                                             "across hosts: the object is not published on it");
-  }
-  // One at a time: a second consumer asking for the same object takes the first's publication.
-  std::lock_guard<std::mutex> serial(also_mutex);
-  const std::vector<TensorView> tensors = hold(id, gen, deadline);  // live until released
-  struct Unhold {
-    AgentCore& core;
-    uint64_t id;
-    ~Unhold() { core.release_hold(id, false); }
-  } unhold{*this, id};
-  uint32_t slot = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    Object& o = objects.at(id);
-    if (o.t == &t) return o.publication;
-    if (auto it = o.also.find(name); it != o.also.end()) return it->second.second;
-    if (!o.metas.empty() && o.metas[0].device.type != DeviceType::kCPU) {
-      throw Error(ErrorCode::kUnavailable, "object " + std::to_string(id) + " holds " +
-                                               o.metas[0].device.str() + " tensors");
-    }
-    slot = o.slot;
-  }
-  Publication pub;
-  try {
-    pub = t.publish(PublishRequest{ObjectId{id, gen, slot}, tensors});
-  } catch (const Error& e) {
-    throw Error(ErrorCode::kUnavailable,
-                "publishing object " + std::to_string(id) + " on '" + name + "': " + e.what());
-  }
-  if (pub.blob.size() > TensorRef::kMaxBlob) {
-    t.unpublish(ObjectId{id, gen, slot});
-    throw Error(ErrorCode::kUnavailable, "transport '" + name + "' describes object " +
-                                             std::to_string(id) + " in " +
-                                             std::to_string(pub.blob.size()) + " bytes");
-  }
-  std::lock_guard<std::mutex> lock(mutex);
-  objects.at(id).also.emplace(name, std::make_pair(&t, pub));  // held: it is still there
-  return pub;
-}
-
 void AgentCore::count_get_locked(Object& o) {
   if (o.expected_gets > 0 && --o.expected_gets == 0) slots.slot(o.slot).flags.store(0);
 }

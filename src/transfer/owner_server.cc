@@ -11,7 +11,7 @@
 
 #include "transfer/agent_core.h"
 #include "transfer/handshake.h"
-#include "transfer/publication_wire.h"
+#include "transfer/publication_wire.h"  // kWait
 #include "transfer/wire.h"
 #include "util/deadline.h"
 #include "util/host_identity.h"
@@ -242,19 +242,12 @@ class Session {
     reply(w.out());
   }
 
-  // A consumer on another host: the object on its transport too (publish_also).
+  // A consumer on another host: the object on its transport too (across_hosts.cc). A consumer
+  // that dies while it waits must not keep its holds.
   void on_publish(WireReader& r) {
-    const uint64_t id = r.u64("id");
-    const uint32_t gen = r.u32("generation");
-    const std::string name = transport_key(r.str8("transport"));
-    const auto deadline = wire_deadline(r.u64("timeout"));
-    const Publication pub = core_.publish_also(id, gen, name, deadline);
-    WireWriter w;
-    {
-      std::lock_guard<std::mutex> lock(core_.mutex);
-      write_publication(w, pub, core_.find_locked(id, gen).metas.size());
-    }
-    reply(w.out());
+    reply(core_.answer_publish(r, [&] {
+      if (hung_up(fd_)) throw Error(ErrorCode::kIoError, "the consumer hung up while waiting");
+    }));
   }
 
   // kGot, kReleased and kUnlease are answered before the settling they lead to (SettleAfter):

@@ -88,7 +88,7 @@ Reach TensorTransport::reach(const TensorRef& ref, const AgentIdentity& me) cons
   r.why = std::string("transport '") + name() + "' works on one host, and agent '" + o.name +
           "' (pid " + std::to_string(o.pid) + ") is on another host, network or pid namespace" +
           (o.tcp_endpoint.empty() ? " (and does not listen on TCP for the socket transport)"
-                                  : " (GetOptions::allow_fallback uses the socket transport)");
+                                  : " (GetOptions::allow_fallback takes another transport)");
   return r;
 }
 void TensorTransport::stop() noexcept {}
@@ -202,10 +202,10 @@ std::string auto_transport(DeviceType device) {
   return detail::transport_key(best->name);
 }
 
-std::string across_hosts_transport(DeviceType device) {
+std::string across_hosts_transport(DeviceType device, bool tls) {
   const char* env = std::getenv("TUTTI_TRANSFER_ACROSS_HOSTS");
   const std::string wanted = transport_key(env != nullptr && *env != '\0' ? env : "auto");
-  if (wanted == "socket") return "";
+  if (wanted == "socket" || (tls && wanted == "auto")) return "";
   register_builtins();
   load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
   std::lock_guard<std::mutex> lock(registry_mutex());
@@ -225,6 +225,18 @@ std::string across_hosts_transport(DeviceType device) {
                     "(give 'auto', 'socket' or a loaded one such as 'ucx')");
   }
   return best ? transport_key(best->name) : "";
+}
+
+bool is_across_hosts_transport(const std::string& name) {
+  register_builtins();
+  load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(transport_key(name));
+  if (it == registry().end()) return false;
+  const auto& devices = it->second.devices;
+  return it->second.across_hosts &&
+         std::find(devices.begin(), devices.end(), DeviceType::kCPU) != devices.end() &&
+         is_available(it->second);
 }
 
 }  // namespace detail
