@@ -287,26 +287,38 @@ TEST_F(TwoHostsUcx, AUcxThatCannotConnectFallsBackToTheSocketStream) {
 }
 
 // With TUTTI_TRANSFER_TLS=1 the owner's stream is the private road: "auto" across hosts keeps it
-// (UCX's bytes would cross in the clear), while a ref put on ucx by name still goes over ucx.
+// (UCX's bytes would cross in the clear), while a ref put on ucx by name still goes over ucx; a
+// consumer that names ucx (TUTTI_TRANSFER_ACROSS_HOSTS=ucx) asks, and an owner in TLS that does
+// not name it refuses.
 TEST_F(TwoHostsUcx, InTlsTheFallbackStaysOnTheSocketStream) {
   ASSERT_TRUE(made_);
-  TempDir dir;
   const std::vector<std::string> tls = {"TUTTI_TRANSFER_TLS=1", "TUTTI_STORE_SECRET=two-hosts"};
-  WorkerResult owner;
-  std::thread host_a([&] {
-    owner = run_command(
-        with(with(env(ns_a_, addr_a_), tls), {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
-        milliseconds(90000));
-  });
-  WorkerResult fetch = run_command(
-      with(with(env(ns_b_, addr_b_), tls), {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}),
-      milliseconds(60000));
-  host_a.join();
-  EXPECT_EQ(owner.exit_code, 0) << owner.output;
-  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
-  EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
-      << fetch.output;
-  EXPECT_NE(fetch.output.find("ucx: ok"), std::string::npos) << fetch.output;
+  for (const char* consumer_setting :
+       {"TUTTI_TRANSFER_ACROSS_HOSTS=auto", "TUTTI_TRANSFER_ACROSS_HOSTS=ucx"}) {
+    TempDir dir;
+    WorkerResult owner;
+    std::thread host_a([&] {
+      owner = run_command(with(with(env(ns_a_, addr_a_), tls),
+                               {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
+                          milliseconds(90000));
+    });
+    WorkerResult fetch =
+        run_command(with(with(env(ns_b_, addr_b_), tls),
+                         {consumer_setting, TUTTI_TRANSFER_WORKER, "fetch", dir.path()}),
+                    milliseconds(60000));
+    host_a.join();
+    EXPECT_EQ(owner.exit_code, 0) << owner.output;
+    EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
+    EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
+        << consumer_setting << "\n"
+        << fetch.output;
+    EXPECT_NE(fetch.output.find("ucx: ok"), std::string::npos) << fetch.output;
+    // Asked only where named, and refused by the owner in TLS.
+    EXPECT_EQ(fetch.output.find("takes TLS connections") != std::string::npos,
+              std::string(consumer_setting).find("=ucx") != std::string::npos)
+        << consumer_setting << "\n"
+        << fetch.output;
+  }
 }
 
 // "auto" across hosts where only the consumer has ucx: the owner cannot publish on it, and the

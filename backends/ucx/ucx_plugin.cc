@@ -138,7 +138,7 @@ class Ucx {
     (void)!::write(wake_, &one, sizeof(one));
     progress_.join();
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [address, ep] : eps_) close_ep(ep);
+    for (auto& [address, ep] : eps_) close_ep(*ep);
     for (auto& [base, r] : regions_) ucp_mem_unmap(context_, r.memh);
     ucp_worker_destroy(worker_);
     ucp_cleanup(context_);
@@ -242,7 +242,9 @@ class Ucx {
         if (--u.fetching_ == 0) u.idle_.notify_all();
       }
     } fetching(*this);
-    Endpoint& ep = endpoint(address);
+    // Kept by this fetch: another one may drop the endpoint from eps_ while this one sleeps.
+    const std::shared_ptr<Endpoint> held = endpoint(address);
+    Endpoint& ep = *held;
     std::vector<ucp_rkey_h> keys(nregions, nullptr);
     std::vector<void*> requests;
     // Ends the get's operations: those still running are cancelled, and on a failed endpoint
@@ -255,7 +257,7 @@ class Ucx {
           ucp_request_cancel(worker_, q);
         }
       }
-      if (failed) drop(address);
+      if (failed) drop(address, held.get());
       const auto until = Clock::now() + std::chrono::milliseconds(500);
       for (void* q : requests) {
         if (!UCS_PTR_IS_PTR(q)) continue;
@@ -340,11 +342,11 @@ class Ucx {
     e->why = ucs_status_string(status);
   }
 
-  Endpoint& endpoint(const std::string& address) {
+  std::shared_ptr<Endpoint> endpoint(const std::string& address) {
     auto it = eps_.find(address);
-    if (it != eps_.end() && !it->second->failed) return *it->second;
-    if (it != eps_.end()) drop(address);
-    auto e = std::make_unique<Endpoint>();
+    if (it != eps_.end() && !it->second->failed) return it->second;
+    if (it != eps_.end()) drop(address, it->second.get());
+    auto e = std::make_shared<Endpoint>();
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -353,16 +355,20 @@ class Ucx {
     params.err_handler.cb = &Ucx::on_error;
     params.err_handler.arg = e.get();
     check(ucp_ep_create(worker_, &params, &e->ep), "connecting to the owner");
-    auto& slot = eps_[address];
-    slot = std::move(e);
-    return *slot;
+    eps_[address] = e;
+    return e;
   }
 
-  void close_ep(std::unique_ptr<Endpoint>& e) {
+  // Closes it at once; a fetch still holding it sees it failed.
+  void close_ep(Endpoint& e) {
+    if (!e.failed) {
+      e.failed = true;
+      e.why = "closed after another get over it failed";
+    }
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* q = ucp_ep_close_nbx(e->ep, &param);
+    void* q = ucp_ep_close_nbx(e.ep, &param);
     if (UCS_PTR_IS_PTR(q)) {
       // Forced: it ends what the endpoint had in flight at once; over a cut link its own
       // completion may never come, so it is waited for a moment only.
@@ -374,10 +380,12 @@ class Ucx {
     }
   }
 
-  void drop(const std::string& address) {
+  // Closes and forgets the endpoint to `address` if it is still `which` (a fetch that failed on
+  // an endpoint another one has replaced since leaves the new one alone).
+  void drop(const std::string& address, const Endpoint* which) {
     auto it = eps_.find(address);
-    if (it == eps_.end()) return;
-    close_ep(it->second);
+    if (it == eps_.end() || it->second.get() != which) return;
+    close_ep(*it->second);
     eps_.erase(it);
   }
 
@@ -470,7 +478,7 @@ class Ucx {
   std::thread progress_;
   std::map<RegionKey, Region> regions_;                   // by (base, end) address
   std::map<uint64_t, std::vector<RegionKey>> objects_;    // object -> the regions it uses
-  std::map<std::string, std::unique_ptr<Endpoint>> eps_;  // by the owner's worker address
+  std::map<std::string, std::shared_ptr<Endpoint>> eps_;  // by the owner's worker address
   size_t registered_ = 0;                                 // registrations made, for tests
 };
 

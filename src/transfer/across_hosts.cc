@@ -31,7 +31,12 @@ AgentCore::AlsoPublished AgentCore::publish_also(uint64_t id, uint32_t gen, cons
   // Only a transport the registry says reaches other hosts one-sidedly is made here: the name
   // comes from the consumer.
   TensorTransport* t = nullptr;
-  if (is_across_hosts_transport(name)) {
+  if (tls_server && !across_hosts_named(name)) {
+    // An owner in TLS sends its objects' bytes in TLS only, unless its own setting names the
+    // transport.
+    out.why = "this owner takes TLS connections (TUTTI_TRANSFER_TLS=1) and does not name '" + name +
+              "' in TUTTI_TRANSFER_ACROSS_HOSTS";
+  } else if (is_across_hosts_transport(name)) {
     try {
       t = &transport(name);
     } catch (const Error& e) {

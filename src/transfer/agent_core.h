@@ -351,6 +351,8 @@ std::string auto_transport(DeviceType device);
 std::string across_hosts_transport(DeviceType device, bool tls);
 // Whether `name` is an available transport for other hosts carrying CPU tensors.
 bool is_across_hosts_transport(const std::string& name);
+// Whether TUTTI_TRANSFER_ACROSS_HOSTS names `name`.
+bool across_hosts_named(const std::string& name);
 
 // PutOptions::check_writes: a CRC32C per CPU tensor (0 for the others).
 std::vector<uint32_t> checksums(const std::vector<TensorView>& tensors);

@@ -153,6 +153,7 @@ void AgentCore::copy_into(Resolved& r, PeerLink& link, const std::vector<TensorV
   }
   LeaseGuard lease(*this, r, take_lease(r, link, deadline, cancelled));
   r.transport->fetch(request);
+  r.across = false;  // the bytes are here: a failure ending the lease is not the transport's
   lease.complete(link);
 }
 
@@ -297,6 +298,7 @@ AgentCore::Lent AgentCore::lend(Resolved& r, PeerLink& link, bool writable,
   static const std::vector<TensorView> kNone;
   FetchResult fetched = r.transport->fetch(
       FetchRequest{ref, link, kNone, true, deadline, cancelled, stream, writable});
+  r.across = false;  // lent: a later failure is not the transport's
   if (fetched.views.size() != ref.tensors().size()) {
     throw Error(ErrorCode::kInternal, "transport '" + r.name + "' lent " +
                                           std::to_string(fetched.views.size()) + " views for " +

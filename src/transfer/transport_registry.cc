@@ -227,6 +227,11 @@ std::string across_hosts_transport(DeviceType device, bool tls) {
   return best ? transport_key(best->name) : "";
 }
 
+bool across_hosts_named(const std::string& name) {
+  const char* env = std::getenv("TUTTI_TRANSFER_ACROSS_HOSTS");
+  return env != nullptr && transport_key(env) == transport_key(name);
+}
+
 bool is_across_hosts_transport(const std::string& name) {
   register_builtins();
   load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
