@@ -201,6 +201,23 @@ class TwoHostsUcx : public TwoHosts {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   }
+  // The owner worker on host a under `owner_env` (a command prefix: env(), or one of its own),
+  // and the fetch worker on host b under `fetch_env`; both must exit 0. The fetch's output.
+  std::string owner_and_fetch(const std::vector<std::string>& owner_env,
+                              const std::vector<std::string>& fetch_env) {
+    TempDir dir;
+    WorkerResult owner;
+    std::thread host_a([&] {
+      owner = run_command(with(owner_env, {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
+                          milliseconds(90000));
+    });
+    WorkerResult fetch = run_command(with(fetch_env, {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}),
+                                     milliseconds(60000));
+    host_a.join();
+    EXPECT_EQ(owner.exit_code, 0) << owner.output;
+    EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
+    return fetch.output;
+  }
   // An owner on host a, and a consumer on host b getting from it over ucx in a loop (each get
   // with this timeout, ms); once a get has succeeded, `fault` strikes (given the exchange
   // directory). Returns the consumer's output, which must say how long its failing get took.
@@ -242,23 +259,12 @@ class TwoHostsUcx : public TwoHosts {
 
 TEST_F(TwoHostsUcx, TensorsAndViewsCrossTheLink) {
   ASSERT_TRUE(made_);
-  TempDir dir;
-  WorkerResult owner;
-  std::thread host_a([&] {
-    owner = run_command(
-        with(env(ns_a_, addr_a_), {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
-        milliseconds(90000));
-  });
-  WorkerResult fetch = run_command(
-      with(env(ns_b_, addr_b_), {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}), milliseconds(60000));
-  host_a.join();
-  EXPECT_EQ(owner.exit_code, 0) << owner.output;
-  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
-  EXPECT_NE(fetch.output.find("ucx: ok"), std::string::npos) << fetch.output;
-  EXPECT_NE(fetch.output.find("ucx views: ok"), std::string::npos) << fetch.output;
-  EXPECT_NE(fetch.output.find("socket: ok"), std::string::npos) << fetch.output;
+  const std::string out = owner_and_fetch(env(ns_a_, addr_a_), env(ns_b_, addr_b_));
+  EXPECT_NE(out.find("ucx: ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("ucx views: ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("socket: ok"), std::string::npos) << out;
   // An shm ref from the other host: the owner published it on ucx when the consumer asked.
-  EXPECT_NE(fetch.output.find("fallback: ok (ucx, then ucx)"), std::string::npos) << fetch.output;
+  EXPECT_NE(out.find("fallback: ok (ucx, then ucx)"), std::string::npos) << out;
 }
 
 // "auto" across hosts where the owner publishes on ucx but its UCX cannot be reached from the
@@ -266,24 +272,13 @@ TEST_F(TwoHostsUcx, TensorsAndViewsCrossTheLink) {
 // owner's socket stream, and the consumer asks that owner for ucx no more.
 TEST_F(TwoHostsUcx, AUcxThatCannotConnectFallsBackToTheSocketStream) {
   ASSERT_TRUE(made_);
-  TempDir dir;
-  WorkerResult owner;
-  std::thread host_a([&] {
-    std::vector<std::string> a = env(ns_a_, addr_a_);
-    std::replace(a.begin(), a.end(), std::string("UCX_TLS=tcp"), std::string("UCX_TLS=posix,self"));
-    owner = run_command(with(a, {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
-                        milliseconds(90000));
-  });
-  WorkerResult fetch = run_command(
-      with(env(ns_b_, addr_b_), {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}), milliseconds(60000));
-  host_a.join();
-  EXPECT_EQ(owner.exit_code, 0) << owner.output;
-  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
-  EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
-      << fetch.output;
-  EXPECT_NE(fetch.output.find("take its socket stream, not 'ucx': a get over it failed"),
-            std::string::npos)
-      << fetch.output;
+  std::vector<std::string> owner_env = env(ns_a_, addr_a_);
+  std::replace(owner_env.begin(), owner_env.end(), std::string("UCX_TLS=tcp"),
+               std::string("UCX_TLS=posix,self"));
+  const std::string out = owner_and_fetch(owner_env, env(ns_b_, addr_b_));
+  EXPECT_NE(out.find("fallback: ok (socket, then socket)"), std::string::npos) << out;
+  EXPECT_NE(out.find("take its socket stream, not 'ucx': a get over it failed"), std::string::npos)
+      << out;
 }
 
 // With TUTTI_TRANSFER_TLS=1 the owner's stream is the private road: "auto" across hosts keeps it
@@ -295,29 +290,17 @@ TEST_F(TwoHostsUcx, InTlsTheFallbackStaysOnTheSocketStream) {
   const std::vector<std::string> tls = {"TUTTI_TRANSFER_TLS=1", "TUTTI_STORE_SECRET=two-hosts"};
   for (const char* consumer_setting :
        {"TUTTI_TRANSFER_ACROSS_HOSTS=auto", "TUTTI_TRANSFER_ACROSS_HOSTS=ucx"}) {
-    TempDir dir;
-    WorkerResult owner;
-    std::thread host_a([&] {
-      owner = run_command(with(with(env(ns_a_, addr_a_), tls),
-                               {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
-                          milliseconds(90000));
-    });
-    WorkerResult fetch =
-        run_command(with(with(env(ns_b_, addr_b_), tls),
-                         {consumer_setting, TUTTI_TRANSFER_WORKER, "fetch", dir.path()}),
-                    milliseconds(60000));
-    host_a.join();
-    EXPECT_EQ(owner.exit_code, 0) << owner.output;
-    EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
-    EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
+    const std::string out = owner_and_fetch(
+        with(env(ns_a_, addr_a_), tls), with(with(env(ns_b_, addr_b_), tls), {consumer_setting}));
+    EXPECT_NE(out.find("fallback: ok (socket, then socket)"), std::string::npos)
         << consumer_setting << "\n"
-        << fetch.output;
-    EXPECT_NE(fetch.output.find("ucx: ok"), std::string::npos) << fetch.output;
+        << out;
+    EXPECT_NE(out.find("ucx: ok"), std::string::npos) << out;
     // Asked only where named, and refused by the owner in TLS.
-    EXPECT_EQ(fetch.output.find("takes TLS connections") != std::string::npos,
+    EXPECT_EQ(out.find("takes TLS connections") != std::string::npos,
               std::string(consumer_setting).find("=ucx") != std::string::npos)
         << consumer_setting << "\n"
-        << fetch.output;
+        << out;
   }
 }
 
@@ -325,21 +308,9 @@ TEST_F(TwoHostsUcx, InTlsTheFallbackStaysOnTheSocketStream) {
 // get takes the owner's stream (the consumer does not ask again).
 TEST_F(TwoHostsUcx, AnOwnerWithoutUcxServesTheSocketStream) {
   ASSERT_TRUE(made_);
-  TempDir dir;
-  WorkerResult owner;
-  std::thread host_a([&] {
-    owner = run_command(
-        {"ip", "netns", "exec", ns_a_, TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_},
-        milliseconds(90000));
-  });
-  WorkerResult fetch = run_command(
-      with(env(ns_b_, addr_b_), {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}), milliseconds(60000));
-  host_a.join();
-  EXPECT_EQ(owner.exit_code, 0) << owner.output;
-  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
-  EXPECT_NE(fetch.output.find("fallback: ok (socket, then socket)"), std::string::npos)
-      << fetch.output;
-  EXPECT_NE(fetch.output.find("not 'ucx': not at the owner"), std::string::npos) << fetch.output;
+  const std::string out = owner_and_fetch({"ip", "netns", "exec", ns_a_}, env(ns_b_, addr_b_));
+  EXPECT_NE(out.find("fallback: ok (socket, then socket)"), std::string::npos) << out;
+  EXPECT_NE(out.find("not 'ucx': not at the owner"), std::string::npos) << out;
 }
 
 TEST_F(TwoHostsUcx, AnOwnerKilledMidGetFailsTheGetByName) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -178,19 +179,32 @@ std::string transport_key(std::string_view name) {
   return out;
 }
 
-std::string auto_transport(DeviceType device) {
-  register_builtins();
-  load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
-  std::lock_guard<std::mutex> lock(registry_mutex());
+namespace {
+
+// Under the registry's lock: the available transport of highest priority that carries `device`'s
+// tensors and that `eligible` takes, or null.
+const TransportInfo* best_locked(DeviceType device,
+                                 const std::function<bool(const TransportInfo&)>& eligible) {
   const TransportInfo* best = nullptr;
   for (const auto& [name, info] : registry()) {
     const bool carries =
         std::find(info.devices.begin(), info.devices.end(), device) != info.devices.end();
-    if (carries && info.priority >= 0 && (!best || info.priority > best->priority) &&
+    if (carries && eligible(info) && (!best || info.priority > best->priority) &&
         is_available(info)) {
       best = &info;
     }
   }
+  return best;
+}
+
+}  // namespace
+
+std::string auto_transport(DeviceType device) {
+  register_builtins();
+  load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  const TransportInfo* best =
+      best_locked(device, [](const TransportInfo& info) { return info.priority >= 0; });
   if (best == nullptr) {
     throw Error(ErrorCode::kUnavailable,
                 std::string("transport 'auto': no available transport carries ") +
@@ -209,15 +223,9 @@ std::string across_hosts_transport(DeviceType device, bool tls) {
   register_builtins();
   load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
   std::lock_guard<std::mutex> lock(registry_mutex());
-  const TransportInfo* best = nullptr;
-  for (const auto& [name, info] : registry()) {
-    const bool carries =
-        std::find(info.devices.begin(), info.devices.end(), device) != info.devices.end();
-    if (info.across_hosts && carries && (wanted == "auto" || wanted == name) &&
-        (!best || info.priority > best->priority) && is_available(info)) {
-      best = &info;
-    }
-  }
+  const TransportInfo* best = best_locked(device, [&](const TransportInfo& info) {
+    return info.across_hosts && (wanted == "auto" || wanted == transport_key(info.name));
+  });
   if (best == nullptr && wanted != "auto") {
     throw Error(ErrorCode::kInvalidArgument,
                 "TUTTI_TRANSFER_ACROSS_HOSTS=" + std::string(env) +
