@@ -20,6 +20,12 @@ void decline(Peer& peer, const std::string& name, const std::string& why) {
                  owner_text(peer.owner), name, why);
 }
 
+// The owner's socket stream for this get.
+void to_socket(AgentCore& core, AgentCore::Resolved& r) {
+  r.name = "socket";
+  r.transport = &core.transport(r.name);
+}
+
 }  // namespace
 
 // ---- the owner ----
@@ -31,7 +37,7 @@ AgentCore::AlsoPublished AgentCore::publish_also(uint64_t id, uint32_t gen, cons
   // Only a transport the registry says reaches other hosts one-sidedly is made here: the name
   // comes from the consumer.
   TensorTransport* t = nullptr;
-  if (tls_server && !across_hosts_named(name)) {
+  if (tls_server && across_hosts_setting() != name) {
     // An owner in TLS sends its objects' bytes in TLS only, unless its own setting names the
     // transport.
     out.why = "this owner takes TLS connections (TUTTI_TRANSFER_TLS=1) and does not name '" + name +
@@ -49,11 +55,8 @@ AgentCore::AlsoPublished AgentCore::publish_also(uint64_t id, uint32_t gen, cons
     out.status = AlsoPublished::kNotHere;
     return out;
   }
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    await_fulfilled_locked(lock, id, gen, deadline, each_slice);
-  }
-  const std::vector<TensorView> tensors = hold(id, gen, deadline);  // live until released
+  // Live until released; waits while it is reserved.
+  const std::vector<TensorView> tensors = hold(id, gen, deadline, nullptr, each_slice);
   struct Unhold {
     AgentCore& core;
     uint64_t id;
@@ -139,8 +142,7 @@ void AgentCore::choose_across(Resolved& r) {
       decline(*r.peer, across, std::string("it cannot start here: ") + e.what());
     }
   }
-  r.name = "socket";
-  r.transport = &transport(r.name);
+  to_socket(*this, r);
 }
 
 void AgentCore::publish_across(Resolved& r, PeerLink& link, Clock::time_point deadline) {
@@ -188,8 +190,7 @@ void AgentCore::publish_across(Resolved& r, PeerLink& link, Clock::time_point de
         TUTTI_LOG_DEBUG("direct transport: {} cannot publish object {} on '{}' ({}): the socket",
                         owner_text(r.ref.owner()), object.id, r.name, why);
       }
-      r.name = "socket";
-      r.transport = &transport(r.name);
+      to_socket(*this, r);
       link.set_transport(r.name);
       return;
     }
@@ -212,8 +213,7 @@ bool AgentCore::retry_on_socket(Resolved& r, const Error& e, Clock::time_point d
   decline(*r.peer, r.name, std::string("a get over it failed: ") + e.what());
   r.ref = r.given;
   r.across = false;
-  r.name = "socket";
-  r.transport = &transport(r.name);
+  to_socket(*this, r);
   return true;
 }
 

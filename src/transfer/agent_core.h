@@ -216,8 +216,10 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   // A transfer's hold at the owner: waits (up to `deadline`) while the object is reserved, then
   // keeps it live until release_hold; throws unless it can be served (still reserved, failed,
   // being freed, gone, or published on another transport than `on` where one is given).
+  // `each_slice` as for await_fulfilled_locked.
   std::vector<TensorView> hold(uint64_t id, uint32_t gen, Clock::time_point deadline,
-                               const TensorTransport* on = nullptr);
+                               const TensorTransport* on = nullptr,
+                               const std::function<void()>& each_slice = nullptr);
   // Ends a hold; `counted`: the transfer completed one of the object's expected gets.
   void release_hold(uint64_t id, bool counted);
   // Under `mutex`: one of the object's expected gets completed.
@@ -351,8 +353,8 @@ std::string auto_transport(DeviceType device);
 std::string across_hosts_transport(DeviceType device, bool tls);
 // Whether `name` is an available transport for other hosts carrying CPU tensors.
 bool is_across_hosts_transport(const std::string& name);
-// Whether TUTTI_TRANSFER_ACROSS_HOSTS names `name`.
-bool across_hosts_named(const std::string& name);
+// TUTTI_TRANSFER_ACROSS_HOSTS as a registry key: "auto" where unset or empty.
+std::string across_hosts_setting();
 
 // PutOptions::check_writes: a CRC32C per CPU tensor (0 for the others).
 std::vector<uint32_t> checksums(const std::vector<TensorView>& tensors);

@@ -342,9 +342,10 @@ void AgentCore::await_fulfilled_locked(std::unique_lock<std::mutex>& lock, uint6
 }
 
 std::vector<TensorView> AgentCore::hold(uint64_t id, uint32_t gen, Clock::time_point deadline,
-                                        const TensorTransport* on) {
+                                        const TensorTransport* on,
+                                        const std::function<void()>& each_slice) {
   std::unique_lock<std::mutex> lock(mutex);
-  await_fulfilled_locked(lock, id, gen, deadline);
+  await_fulfilled_locked(lock, id, gen, deadline, each_slice);
   Object& o = find_locked(id, gen);
   require_live(o);
   if (on != nullptr && o.t != on) {

@@ -216,9 +216,13 @@ std::string auto_transport(DeviceType device) {
   return detail::transport_key(best->name);
 }
 
-std::string across_hosts_transport(DeviceType device, bool tls) {
+std::string across_hosts_setting() {
   const char* env = std::getenv("TUTTI_TRANSFER_ACROSS_HOSTS");
-  const std::string wanted = transport_key(env != nullptr && *env != '\0' ? env : "auto");
+  return transport_key(env != nullptr && *env != '\0' ? env : "auto");
+}
+
+std::string across_hosts_transport(DeviceType device, bool tls) {
+  const std::string wanted = across_hosts_setting();
   if (wanted == "socket" || (tls && wanted == "auto")) return "";
   register_builtins();
   load_plugins_from_env();  // TUTTI_PLUGINS, at the first lookup
@@ -227,17 +231,13 @@ std::string across_hosts_transport(DeviceType device, bool tls) {
     return info.across_hosts && (wanted == "auto" || wanted == transport_key(info.name));
   });
   if (best == nullptr && wanted != "auto") {
-    throw Error(ErrorCode::kInvalidArgument,
-                "TUTTI_TRANSFER_ACROSS_HOSTS=" + std::string(env) +
-                    ": no available transport of that name reaches other hosts one-sidedly "
-                    "(give 'auto', 'socket' or a loaded one such as 'ucx')");
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "TUTTI_TRANSFER_ACROSS_HOSTS=" + std::string(std::getenv("TUTTI_TRANSFER_ACROSS_HOSTS")) +
+            ": no available transport of that name reaches other hosts one-sidedly "
+            "(give 'auto', 'socket' or a loaded one such as 'ucx')");
   }
   return best ? transport_key(best->name) : "";
-}
-
-bool across_hosts_named(const std::string& name) {
-  const char* env = std::getenv("TUTTI_TRANSFER_ACROSS_HOSTS");
-  return env != nullptr && transport_key(env) == transport_key(name);
 }
 
 bool is_across_hosts_transport(const std::string& name) {
