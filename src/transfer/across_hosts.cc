@@ -198,6 +198,7 @@ void AgentCore::publish_across(Resolved& r, PeerLink& link, Clock::time_point de
     if (r.peer->also.size() >= 256) r.peer->also.erase(r.peer->also.begin());
     r.peer->also.emplace(key, pub);
   }
+  r.given = r.ref;  // for a retry over the socket stream
   r.ref = TensorRef(r.ref.owner(), object, r.name, r.ref.tensors(), pub.places, pub.blob,
                     /*two_sided=*/false);
   r.across = true;

@@ -109,7 +109,6 @@ AgentCore::Resolved AgentCore::resolve(const TensorRef& ref, const GetOptions& o
   Resolved r;
   verify_own(ref, op);
   r.ref = ref;
-  r.given = ref;
   r.name = ref.transport();
   r.local = ref.owner().same_host(identity);
   TensorTransport* t = &transport(r.name);  // kUnavailable when not registered

@@ -16,7 +16,7 @@ struct AgentCore::Resolved {
   TensorTransport* transport = nullptr;
   bool local = false;  // the owner is on this host (a lease lane)
   std::shared_ptr<Peer> peer;
-  TensorRef given;         // the ref as given (ref: as the transport used reads it)
+  TensorRef given;         // across: the ref as given (ref: as the transport used reads it)
   bool republish = false;  // another host: the owner is asked to publish it on `name` first
   bool across = false;     // it was: a failure there may still take the socket stream
 };
