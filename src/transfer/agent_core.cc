@@ -182,8 +182,17 @@ void AgentCore::stop() {
     std::unique_lock<std::mutex> lock(mutex);
     for (int fd : serving_fds) ::shutdown(fd, SHUT_RDWR);
     changed.notify_all();
-    serving_done.wait_for(lock, std::chrono::seconds(5), [&] { return serving_threads == 0; });
+    if (!serving_done.wait_for(lock, std::chrono::seconds(5),
+                               [&] { return serving_threads.empty(); })) {
+      TUTTI_LOG_WARN(
+          "direct transport: {}: {} connection(s) still served 5 s after the agent was stopped; "
+          "left to end on their own",
+          who(), serving_threads.size());
+      for (auto& [id, t] : serving_threads) t.detach();
+      serving_threads.clear();
+    }
   }
+  join_ended_serving();
   if (housekeeper.joinable()) housekeeper.join();
   {
     // The transports' threads (the two-sided ones' groups) end now, not whenever the last
@@ -203,6 +212,39 @@ void AgentCore::stop() {
   }
   std::lock_guard<std::mutex> lock(peers_mutex);
   peers.clear();
+}
+
+void AgentCore::serving_thread_ends_locked() {
+  // Not there: stop() gave up waiting for it and left it detached.
+  auto it = serving_threads.find(std::this_thread::get_id());
+  if (it == serving_threads.end()) return;
+  ended_serving.push_back(std::move(it->second));
+  serving_threads.erase(it);
+  if (serving_threads.empty()) serving_done.notify_all();
+}
+
+void AgentCore::join_ended_serving() {
+  std::vector<std::thread> ended;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ended.swap(ended_serving);
+  }
+  for (std::thread& t : ended) {
+    if (t.get_id() == std::this_thread::get_id()) {
+      t.detach();  // stop() from a serving thread's own end (it held the last reference)
+    } else {
+      t.join();  // past its end: a moment
+    }
+  }
+}
+
+AgentCore::~AgentCore() {
+  // Where the last reference went with a serving thread's end, that thread's own handle.
+  for (auto* list : {&ended_serving, &ended_workers}) {
+    for (std::thread& t : *list) {
+      if (t.joinable()) t.detach();
+    }
+  }
 }
 
 std::string AgentCore::resolve_transport(const std::string& requested, DeviceType device) const {

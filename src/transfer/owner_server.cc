@@ -355,7 +355,7 @@ class Session {
     }
     core_.serving_fds.erase(fd_);
     conn_.reset();
-    if (--core_.serving_threads == 0) core_.serving_done.notify_all();
+    core_.serving_thread_ends_locked();
   }
 
   AgentCore& core_;
@@ -444,13 +444,16 @@ void AgentCore::accept_loop(int listener, bool local) {
       }
       continue;
     }
+    join_ended_serving();
     std::lock_guard<std::mutex> lock(mutex);
     if (stopping) return;
     serving_fds.insert(fd);
-    ++serving_threads;
-    std::thread([self = shared_from_this(), c = std::move(conn), local]() mutable {
+    // Inserted under the lock the thread's end takes: it finds itself there.
+    std::thread t([self = shared_from_this(), c = std::move(conn), local]() mutable {
       self->serve(std::move(c), local);
-    }).detach();
+    });
+    const std::thread::id id = t.get_id();
+    serving_threads.emplace(id, std::move(t));
   }
 }
 

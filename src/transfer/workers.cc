@@ -23,6 +23,9 @@ void AgentCore::run_async(std::function<std::function<void()>()> job) {
     work_ready.notify_one();
     return;
   }
+  // Workers that left are past the lock they left under: joining them here takes a moment.
+  for (std::thread& t : ended_workers) t.join();
+  ended_workers.clear();
   // Every queued job has a worker of its own: a get never waits for another to end. The worker
   // holds the agent's state: one that outlives stop() (see stop_workers) stays memory-safe.
   try {
@@ -73,13 +76,13 @@ void AgentCore::worker_loop() {
     if (workers_stop || !woken) break;
   }
   --idle_workers;
-  // Leaves: nobody joins a worker, it detaches itself (under the lock, so stop_workers sees it
-  // either here or gone).
+  // Leaves: its handle goes to ended_workers (under the lock, so stop_workers sees it either
+  // here or gone), for whoever reaps next; not there, stop_workers left it detached.
   const auto me = std::this_thread::get_id();
   auto it = std::find_if(workers.begin(), workers.end(),
                          [&](const std::thread& t) { return t.get_id() == me; });
   if (it != workers.end()) {
-    it->detach();
+    ended_workers.push_back(std::move(*it));
     workers.erase(it);
   }
   workers_gone.notify_all();
@@ -96,6 +99,16 @@ void AgentCore::stop_workers(std::chrono::milliseconds grace) {
         who(), workers.size(), grace.count());
     for (std::thread& t : workers) t.detach();
     workers.clear();
+  }
+  std::vector<std::thread> ended;
+  ended.swap(ended_workers);
+  lock.unlock();
+  for (std::thread& t : ended) {
+    if (t.get_id() == std::this_thread::get_id()) {
+      t.detach();  // stop() from this worker's own end
+    } else {
+      t.join();
+    }
   }
 }
 
