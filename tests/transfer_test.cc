@@ -1346,6 +1346,11 @@ TEST(TransferCustom, AnAgentsTransportsGoWithItsDestructor) {
       });
     });
   }
+  {
+    std::lock_guard<std::mutex> lock(mutex);  // a second run in this process counts from 0
+    destroyed = 0;
+    destroyed_on.clear();
+  }
   std::vector<int32_t> a = {7, 8, 9};
   for (int round = 0; round < 10; ++round) {
     auto owner = TransferAgent::create({"owner"});

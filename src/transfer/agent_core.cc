@@ -166,6 +166,9 @@ void AgentCore::stop() {
     new std::vector<std::thread>(std::move(acceptors));  // never joined, never destroyed here
     new std::thread(std::move(housekeeper));
     new std::vector<std::thread>(std::move(workers));
+    new std::vector<std::thread>(std::move(ended_workers));
+    new std::map<std::thread::id, std::thread>(std::move(serving_threads));
+    new std::vector<std::thread>(std::move(ended_serving));
     return;
   }
   abort_gets();
@@ -231,7 +234,7 @@ void AgentCore::join_ended_serving() {
   }
   for (std::thread& t : ended) {
     if (t.get_id() == std::this_thread::get_id()) {
-      t.detach();  // stop() from a serving thread's own end (it held the last reference)
+      t.detach();  // not expected (stop() runs from ~TransferAgent), but never a self-join
     } else {
       t.join();  // past its end: a moment
     }

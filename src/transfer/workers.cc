@@ -105,7 +105,7 @@ void AgentCore::stop_workers(std::chrono::milliseconds grace) {
   lock.unlock();
   for (std::thread& t : ended) {
     if (t.get_id() == std::this_thread::get_id()) {
-      t.detach();  // stop() from this worker's own end
+      t.detach();  // not expected (a worker ends before its handle is here); never a self-join
     } else {
       t.join();
     }
