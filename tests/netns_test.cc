@@ -12,6 +12,7 @@
 #include <functional>
 #include <regex>
 #include <thread>
+#include <tuple>
 
 #include "test_util.h"
 
@@ -203,16 +204,19 @@ class TwoHostsUcx : public TwoHosts {
   }
   // The owner worker on host a under `owner_env` (a command prefix: env(), or one of its own),
   // and the fetch worker on host b under `fetch_env`; both must exit 0. The fetch's output.
+  // The fetch's gets take `get_timeout_ms` where given.
   std::string owner_and_fetch(const std::vector<std::string>& owner_env,
-                              const std::vector<std::string>& fetch_env) {
+                              const std::vector<std::string>& fetch_env,
+                              const std::string& get_timeout_ms = "0") {
     TempDir dir;
     WorkerResult owner;
     std::thread host_a([&] {
       owner = run_command(with(owner_env, {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
                           milliseconds(90000));
     });
-    WorkerResult fetch = run_command(with(fetch_env, {TUTTI_TRANSFER_WORKER, "fetch", dir.path()}),
-                                     milliseconds(60000));
+    WorkerResult fetch =
+        run_command(with(fetch_env, {TUTTI_TRANSFER_WORKER, "fetch", dir.path(), get_timeout_ms}),
+                    milliseconds(60000));
     host_a.join();
     EXPECT_EQ(owner.exit_code, 0) << owner.output;
     EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
@@ -279,6 +283,43 @@ TEST_F(TwoHostsUcx, AUcxThatCannotConnectFallsBackToTheSocketStream) {
   EXPECT_NE(out.find("fallback: ok (socket, then socket)"), std::string::npos) << out;
   EXPECT_NE(out.find("take its socket stream, not 'ucx': a get over it failed"), std::string::npos)
       << out;
+}
+
+// "auto" across hosts where the owner's UCX listens on ports whose packets host a drops (a
+// firewall that drops, not refuses: UCX's connection neither succeeds nor fails): the first get
+// over ucx from that owner has half the get's timeout, and the get is made again over the
+// socket stream in the other half, not failed at its timeout.
+TEST_F(TwoHostsUcx, AUcxWhosePacketsAreDroppedFallsBackHalfwayThroughTheTimeout) {
+  ASSERT_TRUE(made_);
+  // Host a's UCX listens on ports 40960-41023 (none of its other listeners takes one), and host
+  // b's packets to them (0xa000, mask 0xffc0) go to a class whose queue drops everything.
+  auto [rc, said] =
+      sh("ip netns exec " + ns_a_ + " sysctl -qw net.ipv4.ip_local_reserved_ports=40960-41023");
+  ASSERT_EQ(rc, 0) << said;
+  const std::string tc = "tc -n " + ns_b_ + " ";
+  const std::string dev = " dev " + veth_b_ + " ";
+  std::tie(rc, said) =
+      sh(tc + "qdisc add" + dev + "root handle 1: htb default 1 && " + tc + "class add" + dev +
+         "parent 1: classid 1:1 htb rate 10gbit && " + tc + "class add" + dev +
+         "parent 1: classid 1:2 htb rate 10gbit && " + tc + "qdisc add" + dev +
+         "parent 1:2 handle 20: blackhole && " + tc + "filter add" + dev +
+         "parent 1: protocol ip prio 1 u32 match ip protocol 6 0xff match ip dport 40960 0xffc0 "
+         "flowid 1:2");
+  if (rc != 0) GTEST_SKIP() << "this kernel cannot drop packets by port with tc: " << said;
+  std::vector<std::string> owner_env = env(ns_a_, addr_a_);
+  owner_env.push_back("UCX_TCP_PORT_RANGE=40960-41023");
+  const std::string out = owner_and_fetch(owner_env, env(ns_b_, addr_b_), "4000");
+  EXPECT_NE(out.find("fallback: ok (socket, then socket)"), std::string::npos) << out;
+  EXPECT_NE(out.find("not 'ucx': a first get over it did not finish within half"),
+            std::string::npos)
+      << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("fallback first get: ([0-9]+) ms"))) << out;
+  EXPECT_GE(std::stol(m[1]), 1900) << out;  // ucx had its half (2 s)
+  EXPECT_LT(std::stol(m[1]), 4000) << out;  // and the socket stream the rest
+  // A ref put on ucx by name goes over ucx: that get fails at its timeout, by name.
+  EXPECT_NE(out.find("ucx: failed, code"), std::string::npos) << out;
+  std::printf("%s", out.c_str());
 }
 
 // With TUTTI_TRANSFER_TLS=1 the owner's stream is the private road: "auto" across hosts keeps it

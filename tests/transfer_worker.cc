@@ -5,8 +5,9 @@
 //   transfer_worker owner <dir> [tcp-host]   publish, write <dir>/ref.*, wait for <dir>/done
 //   transfer_worker borrow <dir>             borrow ref.arena, write <dir>/borrowed, sleep
 //   transfer_worker getloop <dir>            get ref.heap forever, write <dir>/getting
-//   transfer_worker fetch <dir>              from another host: shm refused, fallback (says
-//                                            over which transport), socket
+//   transfer_worker fetch <dir> [ms]         from another host: shm refused, fallback (says
+//                                            over which transport, and how long the first
+//                                            took), socket; gets with timeout <ms> if given
 //   transfer_worker threads <dir>           8 threads getting and borrowing ref.* at once
 //   transfer_worker gloo-owner <dir>         rank 0 of a gloo group (store <dir>/store): put,
 //                                            reset_transport when <dir>/reset appears
@@ -247,8 +248,10 @@ int threads(const std::string& dir) {
   return wrong.load() == 0 ? 0 : 3;
 }
 
-int fetch(const std::string& dir) {
+int fetch(const std::string& dir, std::chrono::milliseconds timeout) {
   auto a = agent("remote");
+  GetOptions timed;
+  timed.timeout = timeout;
   const char* group_store = std::getenv("TUTTI_RDT_GROUP_STORE");
   if (group_store != nullptr) a->join_group("gloo", 2, 1, group_options(group_store));
   const TensorRef arena = ref_from(dir, "arena");
@@ -260,12 +263,17 @@ int fetch(const std::string& dir) {
   } catch (const Error& e) {
     std::printf("shm: code %d: %s\n", static_cast<int>(e.code()), e.what());
   }
-  GetOptions fallback;
+  GetOptions fallback = timed;
   fallback.allow_fallback = true;
   {
     // The owner's stream, or (both agents with ucx) the owner publishing it on ucx when asked;
     // the second get takes the same publication, the borrow a copy of it.
+    const auto start = std::chrono::steady_clock::now();
     const Received first = a->get(arena, fallback);
+    std::printf("fallback first get: %lld ms\n",
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - start)
+                                           .count()));
     const Received again = a->get(arena, fallback);
     const bool ok = arena_ok(first.tensors()[0]) && arena_ok(again.tensors()[0]) &&
                     arena_ok(a->borrow(arena, fallback).tensors()[0]);
@@ -295,8 +303,9 @@ int fetch(const std::string& dir) {
   }
   if (::access((dir + "/ref.ucx").c_str(), F_OK) == 0) {
     try {
-      std::printf("ucx: %s\n", heap_ok(a->get(ref_from(dir, "ucx")).tensors()[0]) ? "ok" : "WRONG");
-      const Received views = a->get(ref_from(dir, "ucx_views"));
+      std::printf("ucx: %s\n",
+                  heap_ok(a->get(ref_from(dir, "ucx"), timed).tensors()[0]) ? "ok" : "WRONG");
+      const Received views = a->get(ref_from(dir, "ucx_views"), timed);
       bool ok = views.tensors().size() == 1000;
       for (size_t i = 0; ok && i < views.tensors().size(); ++i) {
         const float* p = static_cast<const float*>(views.tensors()[i].data());
@@ -353,7 +362,9 @@ int main(int argc, char** argv) {
     if (mode == "owner") return owner(dir, argc > 3 ? argv[3] : "");
     if (mode == "borrow") return borrow(dir);
     if (mode == "getloop") return getloop(dir);
-    if (mode == "fetch") return fetch(dir);
+    if (mode == "fetch") {
+      return fetch(dir, std::chrono::milliseconds(argc > 3 ? std::atol(argv[3]) : 0));
+    }
     if (mode == "gloo-owner") return gloo_owner(dir);
     if (mode == "owner-exits") return owner_exits(dir);
     if (mode == "threads") return threads(dir);

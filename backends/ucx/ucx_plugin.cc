@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -105,6 +106,12 @@ struct Region {
 class Ucx {
  public:
   explicit Ucx(std::string agent) : agent_(std::move(agent)) {
+    // UCX's TCP connects blocking by default: to a host whose firewall drops the packets,
+    // ucp_ep_create waited out the kernel's SYN retries (about 2 minutes) under mutex_, past any
+    // get's deadline. Non-blocking, the get's own wait bounds it. UCX reads its transports'
+    // settings from the environment when the context is made (ucp_config_modify does not reach
+    // them in UCX 1.13), so it goes there; a UCX_TCP_CONN_NB the user set wins.
+    ::setenv("UCX_TCP_CONN_NB", "y", /*overwrite=*/0);
     ucp_config_t* config = nullptr;
     check(ucp_config_read(nullptr, nullptr, &config), "reading UCX's configuration",
           TUTTI_ERR_UNAVAILABLE);

@@ -152,7 +152,7 @@ void AgentCore::copy_into(Resolved& r, PeerLink& link, const std::vector<TensorV
   }
   LeaseGuard lease(*this, r, take_lease(r, link, deadline, cancelled));
   r.transport->fetch(request);
-  r.across = false;  // the bytes are here: a failure ending the lease is not the transport's
+  arrived(r);  // a failure ending the lease is not the transport's
   lease.complete(link);
 }
 
@@ -222,17 +222,19 @@ Received AgentCore::get_resolved(Resolved& r, const GetOptions& opts, Clock::tim
   PeerLink link(*this, r.peer, deadline, &flag, r.ref.object());
   link.set_transport(r.name);
   publish_across(r, link, deadline);
+  const Clock::time_point until = trial_until(r, deadline);
+  link.shorten(until);
   out.transport_ = r.name;
   if (targets.empty() && opts.copy_on_write && r.transport->traits().can_borrow) {
     // The owner's memory, mapped privately where the transport can: the Received holds the
     // object while its views may still show the owner's pages.
-    Lent lent = lend(r, link, /*writable=*/true, deadline, flag, opts.stream);
+    Lent lent = lend(r, link, /*writable=*/true, until, flag, opts.stream);
     out.views_ = std::move(lent.views);
     out.storage_.emplace_back(std::shared_ptr<HeldLease>(std::move(lent.lease)));
     return out;
   }
   if (targets.empty()) targets = allocate_targets(r.ref, out.storage_);
-  copy_into(r, link, targets, deadline, flag, opts.stream);
+  copy_into(r, link, targets, until, flag, opts.stream);
   out.views_ = std::move(targets);
   return out;
 }
@@ -260,7 +262,9 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
         PeerLink link(*this, r.peer, deadline, &flag, ref.object());
         link.set_transport(r.name);
         publish_across(r, link, deadline);
-        Lent lent = lend(r, link, /*writable=*/false, deadline, flag, opts.stream);
+        const Clock::time_point until = trial_until(r, deadline);
+        link.shorten(until);
+        Lent lent = lend(r, link, /*writable=*/false, until, flag, opts.stream);
         out.views_ = std::move(lent.views);
         out.lease_ = std::move(lent.lease);
         return out;
@@ -297,7 +301,7 @@ AgentCore::Lent AgentCore::lend(Resolved& r, PeerLink& link, bool writable,
   static const std::vector<TensorView> kNone;
   FetchResult fetched = r.transport->fetch(
       FetchRequest{ref, link, kNone, true, deadline, cancelled, stream, writable});
-  r.across = false;  // lent: a later failure is not the transport's
+  arrived(r);  // lent: a later failure is not the transport's
   if (fetched.views.size() != ref.tensors().size()) {
     throw Error(ErrorCode::kInternal, "transport '" + r.name + "' lent " +
                                           std::to_string(fetched.views.size()) + " views for " +

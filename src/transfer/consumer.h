@@ -19,6 +19,9 @@ struct AgentCore::Resolved {
   TensorRef given;         // across: the ref as given (ref: as the transport used reads it)
   bool republish = false;  // another host: the owner is asked to publish it on `name` first
   bool across = false;     // it was: a failure there may still take the socket stream
+  // Across, the first get over `name` from this owner (none has arrived over it yet): it has
+  // half the time left (trial_until), the rest is the socket stream's where it does not finish.
+  bool trial = false;
 };
 
 // A lease taken for one get: a get that fails, is cancelled or times out gives it back on the way
