@@ -12,9 +12,10 @@
 //   transfer_worker gloo-owner <dir>         rank 0 of a gloo group (store <dir>/store): put,
 //                                            reset_transport when <dir>/reset appears
 //   transfer_worker owner-exits <dir>        publish ref.heap for one get, exit once it is freed
+//   transfer_worker ucx-threads <dir>        4 threads getting ref.ucx at once: their latency
 //   transfer_worker ucx-loop <dir> <ms>      get ref.ucx_big over and over (timeout <ms> each)
-//   until
-//                                            one fails; print how, and how long after the last good
+//                                            until one fails; print how, and how long after
+//                                            the last good one
 // With TUTTI_RDT_GROUP_STORE set, owner (rank 0) and fetch (rank 1) also join a gloo group
 // through that store and move ref.gloo over it. Where the ucx plugin is loaded (TUTTI_PLUGINS),
 // the owner also publishes over "ucx": ref.ucx (the heap), ref.ucx_views (1000 views of the
@@ -349,6 +350,43 @@ int ucx_loop(const std::string& dir, long timeout_ms) {
   }
 }
 
+// 4 threads, each getting ref.ucx (256 KiB) 100 times into its own buffer, at once: the
+// latency of a get beside others (the ucx plugin's fetches share one worker: one asleep on its
+// events must not wait out its sleep while another's progress completes its gets).
+int ucx_threads(const std::string& dir) {
+  auto a = agent("ucx-threads");
+  const TensorRef ref = ref_from(dir, "ucx");
+  a->get(ref);  // the endpoint, the remote key
+  constexpr int kThreads = 4, kGets = 100;
+  std::vector<std::vector<double>> us(kThreads);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t) {
+    pool.emplace_back([&, t] {
+      std::vector<int32_t> into(kHeap);
+      GetOptions g;
+      g.targets = {TensorView(into)};
+      for (int i = 0; i < kGets; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        a->get(ref, g);
+        us[t].push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count());
+        if (!heap_ok(g.targets[0])) ++wrong;
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  std::vector<double> all;
+  for (const auto& v : us) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  std::printf("ucx threads: %zu gets, median %.0f us, p90 %.0f us, max %.0f us, %d wrong\n",
+              all.size(), all[all.size() / 2], all[all.size() * 9 / 10], all.back(), wrong.load());
+  std::fflush(stdout);
+  write_file(dir + "/done", "1");
+  return wrong.load() == 0 ? 0 : 3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -368,6 +406,7 @@ int main(int argc, char** argv) {
     if (mode == "gloo-owner") return gloo_owner(dir);
     if (mode == "owner-exits") return owner_exits(dir);
     if (mode == "threads") return threads(dir);
+    if (mode == "ucx-threads") return ucx_threads(dir);
     if (mode == "ucx-loop") return ucx_loop(dir, argc > 3 ? std::atol(argv[3]) : 10000);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "transfer_worker %s: %s\n", mode.c_str(), e.what());

@@ -106,15 +106,19 @@ struct Region {
 class Ucx {
  public:
   explicit Ucx(std::string agent) : agent_(std::move(agent)) {
-    // UCX's TCP connects blocking by default: to a host whose firewall drops the packets,
-    // ucp_ep_create waited out the kernel's SYN retries (about 2 minutes) under mutex_, past any
-    // get's deadline. Non-blocking, the get's own wait bounds it. UCX reads its transports'
-    // settings from the environment when the context is made (ucp_config_modify does not reach
-    // them in UCX 1.13), so it goes there; a UCX_TCP_CONN_NB the user set wins.
-    ::setenv("UCX_TCP_CONN_NB", "y", /*overwrite=*/0);
     ucp_config_t* config = nullptr;
     check(ucp_config_read(nullptr, nullptr, &config), "reading UCX's configuration",
           TUTTI_ERR_UNAVAILABLE);
+    // UCX's TCP connects blocking by default: to a host whose firewall drops the packets,
+    // ucp_ep_create waited out the kernel's SYN retries (about 2 minutes) under mutex_, past any
+    // get's deadline. Non-blocking, the get's own wait bounds it. This context's only (a name
+    // UCP does not know goes to its transports; UCX 1.13 matches it without the TCP_ prefix); a
+    // UCX_TCP_CONN_NB the user set wins.
+    if (std::getenv("UCX_TCP_CONN_NB") == nullptr) {
+      const ucs_status_t m = ucp_config_modify(config, "CONN_NB", "y");
+      if (m != UCS_OK) ucp_config_release(config);
+      check(m, "setting UCX's CONN_NB", TUTTI_ERR_UNAVAILABLE);
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;

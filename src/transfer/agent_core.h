@@ -315,10 +315,13 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   // deadline and not cancelled.
   bool retry_on_socket(Resolved& r, const Error& e, Clock::time_point deadline,
                        const std::atomic<bool>& cancelled);
-  // The deadline of the attempt over such a transport: the get's, or, for the first get over it
-  // from this owner (Resolved::trial), half the time left, so that a transport that cannot
-  // reach the owner and fails slowly (a firewall dropping its packets) leaves the socket stream
-  // the other half.
+  // The deadline of the transfer over such a transport (the lease and the fetch; the agents'
+  // requests keep the get's): the get's, or, for the first get over it from this owner
+  // (Resolved::trial), half the time left once the owner published it, so that a transport that
+  // cannot reach the owner and fails slowly (a firewall dropping its packets) leaves the socket
+  // stream the other half. A first get that legitimately needs more than half (a large object
+  // on a slow link, a short timeout) is made over the stream too, and that owner is not asked
+  // for the transport again.
   Clock::time_point trial_until(Resolved& r, Clock::time_point deadline);
   // The bytes of a get over it are here: a later failure is not the transport's, which is now
   // proven with this owner.

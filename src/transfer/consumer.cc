@@ -222,8 +222,9 @@ Received AgentCore::get_resolved(Resolved& r, const GetOptions& opts, Clock::tim
   PeerLink link(*this, r.peer, deadline, &flag, r.ref.object());
   link.set_transport(r.name);
   publish_across(r, link, deadline);
+  // The transfer's deadline (the link's requests keep the get's: ending a lease after the bytes
+  // arrived must not fail for the trial's half).
   const Clock::time_point until = trial_until(r, deadline);
-  link.shorten(until);
   out.transport_ = r.name;
   if (targets.empty() && opts.copy_on_write && r.transport->traits().can_borrow) {
     // The owner's memory, mapped privately where the transport can: the Received holds the
@@ -263,7 +264,6 @@ Borrowed AgentCore::borrow(const TensorRef& ref, const GetOptions& opts) {
         link.set_transport(r.name);
         publish_across(r, link, deadline);
         const Clock::time_point until = trial_until(r, deadline);
-        link.shorten(until);
         Lent lent = lend(r, link, /*writable=*/false, until, flag, opts.stream);
         out.views_ = std::move(lent.views);
         out.lease_ = std::move(lent.lease);

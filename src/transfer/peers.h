@@ -36,8 +36,6 @@ class PeerLink final : public TransportPeer {
         object_(object) {}
 
   const AgentIdentity& owner() const override { return peer_->owner; }
-  // Its requests end by `deadline` if that is earlier (an attempt with part of the get's time).
-  void shorten(Clock::time_point deadline) { deadline_ = std::min(deadline_, deadline); }
 
   // One request, one reply: kError replies are rethrown with the owner's code.
   Message request(MsgType type, const std::string& payload, const std::vector<int>& fds = {});
