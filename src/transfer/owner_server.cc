@@ -448,12 +448,25 @@ void AgentCore::accept_loop(int listener, bool local) {
     std::lock_guard<std::mutex> lock(mutex);
     if (stopping) return;
     serving_fds.insert(fd);
-    // Inserted under the lock the thread's end takes: it finds itself there.
-    std::thread t([self = shared_from_this(), c = std::move(conn), local]() mutable {
-      self->serve(std::move(c), local);
-    });
-    const std::thread::id id = t.get_id();
-    serving_threads.emplace(id, std::move(t));
+    // Inserted under the lock the thread's end takes: it finds itself there. No thread to be had
+    // (the process's limit) drops this connection, not the acceptor (an exception out of it
+    // ended the process): the consumer sees it closed.
+    bool started = false;
+    try {
+      std::thread t([self = shared_from_this(), c = std::move(conn), local]() mutable {
+        self->serve(std::move(c), local);
+      });
+      started = true;
+      try {
+        serving_threads.emplace(t.get_id(), std::move(t));
+      } catch (...) {
+        t.detach();  // served all the same; at its end it finds itself absent
+        throw;
+      }
+    } catch (const std::exception& e) {
+      if (!started) serving_fds.erase(fd);  // closed with the connection the thread did not take
+      TUTTI_LOG_ERROR("direct transport: {}: serving a connection: {}", who(), e.what());
+    }
   }
 }
 
