@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "sanitizers.h"
 #include "test_util.h"
 
 namespace tutti::testing {
@@ -403,6 +404,7 @@ TEST(GlooDirect, BadSettingsAreRefusedNamingThem) {
       {"TUTTI_GLOO_DIRECT_BYTES", "lots",
        "TUTTI_GLOO_DIRECT_BYTES must be a byte count, not 'lots'"},
       {"TUTTI_GLOO_SNDBUF", "big", "TUTTI_GLOO_SNDBUF must be a byte count, not 'big'"},
+      {"TUTTI_GLOO_KEEP_BYTES", "1G", "TUTTI_GLOO_KEEP_BYTES must be a byte count, not '1G'"},
   };
   for (const auto& c : cases) {
     const auto errors = init_errors_with(c.variable, c.value);
@@ -425,6 +427,38 @@ TEST(GlooDirect, AnySendBufferGivesTheSameSums) {
         EXPECT_EQ(v.back(), 6) << "TUTTI_GLOO_SNDBUF=" << bytes << ", " << n << " elements";
       }
     });
+  }
+}
+
+// The direct exchange's receive buffers are kept for the next op up to TUTTI_GLOO_KEEP_BYTES in
+// all (default 256 MiB), else freed after their op: a 64 MiB reduce at 2 ranks leaves the root's
+// 64 MiB inbox resident by default, and none of it with the bound at 1 MiB.
+TEST(GlooDirect, ReceiveBuffersAreKeptUpToTheirBound) {
+  if (kAddressSanitizer) {
+    GTEST_SKIP() << "AddressSanitizer's quarantine keeps freed memory resident (LeakSanitizer "
+                    "checks that nothing leaks there)";
+  }
+  constexpr int64_t n = 16 << 20;  // floats: 64 MiB, above malloc's largest mmap threshold
+  for (const char* keep : {"", "1048576"}) {
+    auto groups = groups_with("TUTTI_GLOO_KEEP_BYTES", keep, 2, unique_name("direct-keep"));
+    std::vector<std::vector<float>> v(2);
+    for (int r = 0; r < 2; ++r) v[r].assign(n, static_cast<float>(r + 1));
+    const size_t before = rss_bytes();
+    run_ranks(2, [&](int r) {
+      ReduceOptions o;
+      o.root_rank = 0;
+      auto w = groups[r]->reduce(TensorView(v[r]), o);
+      if (w) w->wait();
+    });
+    const double grew_mib = (static_cast<double>(rss_bytes()) - static_cast<double>(before)) /
+                            static_cast<double>(1 << 20);
+    EXPECT_EQ(v[0][0], 3.0f);
+    EXPECT_EQ(v[0][n - 1], 3.0f);
+    if (*keep == '\0') {
+      EXPECT_GT(grew_mib, 48.0) << "the root's 64 MiB inbox was not kept";
+    } else {
+      EXPECT_LT(grew_mib, 16.0) << "the root's 64 MiB inbox was kept past a 1 MiB bound";
+    }
   }
 }
 

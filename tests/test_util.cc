@@ -313,6 +313,13 @@ int listen_loopback(uint16_t& port) {
   return fd;
 }
 
+size_t rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
 std::vector<std::string> shm_entries(const std::string& needle) {
   std::vector<std::string> found;
   if (DIR* d = ::opendir("/dev/shm")) {

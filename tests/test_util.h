@@ -77,6 +77,9 @@ std::vector<WorkerResult> run_processes(const std::vector<std::string>& argv,
 // A TCP port that was free a moment ago (for tests of launchers that take a fixed port).
 uint16_t free_port();
 
+// This process's resident memory, bytes (/proc/self/statm).
+size_t rss_bytes();
+
 // Entries of /dev/shm whose name contains `needle`.
 std::vector<std::string> shm_entries(const std::string& needle);
 

@@ -58,13 +58,6 @@ std::vector<std::string> mappings() {
   return out;
 }
 
-size_t rss_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  size_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-}
-
 std::string added(const std::vector<std::string>& before, const std::vector<std::string>& after) {
   std::string out;
   for (const auto& line : after) {
@@ -83,6 +76,7 @@ size_t open_fds() {
 }
 
 using tutti::testing::expect_error;
+using tutti::testing::rss_bytes;
 
 // A child's exit status, or -1 if it has not exited within `limit` (then it is killed).
 int exit_status_within(pid_t child, std::chrono::milliseconds limit) {

@@ -224,6 +224,7 @@ GlooBackend::GlooBackend(const BackendContext& ctx) : rank_(ctx.rank), world_siz
   algorithm_ = allreduce_choice();
   // Every setting is read before anything connects: a bad one fails every rank alike, at once.
   const std::vector<size_t> send_buffers = send_buffer_sizes(ctx);
+  const size_t keep = env_bytes("TUTTI_GLOO_KEEP_BYTES").value_or(DirectExchange::kKeptInboxBytes);
   agree_on_settings(*ctx.store, rank_, allreduce_setting(algorithm_, direct_limit_));
   // After the comparison, so that every rank fails alike (ranks that disagree fail on that).
   if (algorithm_ == GlooAllreduce::kDoubling && !is_power_of_two(world_size_)) {
@@ -245,6 +246,7 @@ GlooBackend::GlooBackend(const BackendContext& ctx) : rank_(ctx.rank), world_siz
     if (algorithm_ != GlooAllreduce::kGloo && world_size_ <= kMaxDirectRanks) {
       direct_ = std::make_unique<DirectExchange>(rank_, world_size_, ctx.store, device_,
                                                  capped(ctx.timeout), send_buffers);
+      direct_->keep_inboxes_up_to(keep);
     }
   } catch (const ::gloo::IoException& e) {
     const std::string msg = e.what();

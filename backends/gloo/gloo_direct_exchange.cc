@@ -525,7 +525,7 @@ void DirectExchange::reduce_scatter(const std::vector<const void*>& blocks, void
 void DirectExchange::trim_inboxes() {
   size_t kept = 0;
   for (const std::vector<char>& inbox : inbox_) kept += inbox.capacity();
-  if (kept <= kKeptInboxBytes) return;
+  if (kept <= kept_inbox_bytes_) return;
   for (std::vector<char>& inbox : inbox_) std::vector<char>().swap(inbox);
 }
 

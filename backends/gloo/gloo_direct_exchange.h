@@ -88,7 +88,8 @@ class DirectExchange {
   // The receive buffers (a reduce's or reduce_scatter's, one per peer; a reduce's copy) are
   // kept for the next op up to this much in all, else freed after their op. Kept, they spare
   // each op its page faults (2 ranks, 64 MiB reduce_scatter: 25.6 ms kept, 48.5 freed); freed,
-  // a 1 GiB reduce_scatter at 8 ranks does not hold 896 MiB for the group's life.
+  // a 1 GiB reduce_scatter at 8 ranks does not hold 896 MiB for the group's life. The default;
+  // TUTTI_GLOO_KEEP_BYTES sets another (keep_inboxes_up_to).
   static constexpr size_t kKeptInboxBytes = size_t{256} << 20;
 
   // Connects a second Gloo context of the group over `store` (keys under "direct/"); every rank
@@ -99,6 +100,8 @@ class DirectExchange {
                  const std::shared_ptr<::gloo::transport::Device>& device,
                  std::chrono::milliseconds timeout, const std::vector<size_t>& send_buffers);
   ~DirectExchange();
+  // The receive buffers kept between ops, in all (kKeptInboxBytes unless set).
+  void keep_inboxes_up_to(size_t bytes) { kept_inbox_bytes_ = bytes; }
 
   // data = data_0 (fn) data_1 (fn) ... over the ranks, element-wise, in rank order.
   void allreduce_direct(void* data, size_t bytes, size_t element_size, detail::ReduceFn fn,
@@ -213,7 +216,7 @@ class DirectExchange {
     size_t next_send = 0;
     size_t next_receive = 0;
   };
-  // Frees the inboxes when they hold more than kKeptInboxBytes in all.
+  // Frees the inboxes when they hold more than kept_inbox_bytes_ in all.
   void trim_inboxes();
   // Gives the flow its queue's next send (or receive); false when there is none.
   bool next_send(Flow& f);
@@ -225,9 +228,10 @@ class DirectExchange {
   GlooConnections connections_;
   std::vector<int> fds_;                  // per rank: the socket to it (this rank's: -1)
   std::vector<std::vector<char>> inbox_;  // direct: per rank; doubling: this rank's
-  std::vector<char> headers_;             // 16 bytes per rank: what each peer sent first
-  std::vector<char> staging_;             // ring: kStagingBytes
-  std::vector<PeerQueue> queues_;         // p2p: one per flow of the op under way
+  size_t kept_inbox_bytes_ = kKeptInboxBytes;
+  std::vector<char> headers_;      // 16 bytes per rank: what each peer sent first
+  std::vector<char> staging_;      // ring: kStagingBytes
+  std::vector<PeerQueue> queues_;  // p2p: one per flow of the op under way
 };
 
 }  // namespace tutti::gloo_backend
