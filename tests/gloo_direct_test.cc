@@ -430,36 +430,61 @@ TEST(GlooDirect, AnySendBufferGivesTheSameSums) {
   }
 }
 
+// How much this process's resident memory grew, MiB, over `op` on each rank of `groups` (2
+// ranks, 64 MiB of floats each: rank r's are r + 1), and the first rank's first and last element.
+struct Grown {
+  double mib = 0;
+  float first = 0, last = 0;
+};
+Grown grown_over(const std::vector<std::shared_ptr<CollectiveGroup>>& groups,
+                 const std::function<CollectiveGroup::WorkPtr(CollectiveGroup&, TensorView)>& op) {
+  constexpr int64_t n = 16 << 20;  // floats: 64 MiB, above malloc's largest mmap threshold
+  std::vector<std::vector<float>> v(2);
+  for (int r = 0; r < 2; ++r) v[r].assign(n, static_cast<float>(r + 1));
+  const size_t before = rss_bytes();
+  run_ranks(2, [&](int r) {
+    if (CollectiveGroup::WorkPtr w = op(*groups[r], TensorView(v[r]))) w->wait();
+  });
+  Grown g;
+  g.mib = (static_cast<double>(rss_bytes()) - static_cast<double>(before)) / (1 << 20);
+  g.first = v[0][0];
+  g.last = v[0][n - 1];
+  return g;
+}
+
 // The direct exchange's receive buffers are kept for the next op up to TUTTI_GLOO_KEEP_BYTES in
 // all (default 256 MiB), else freed after their op: a 64 MiB reduce at 2 ranks leaves the root's
-// 64 MiB inbox resident by default, and none of it with the bound at 1 MiB.
+// 64 MiB inbox resident by default, and none of it with the bound at 1 MiB; nor does a 64 MiB
+// allreduce by the direct exchange (TUTTI_GLOO_ALLREDUCE=direct takes any size: 2 x 64 MiB).
 TEST(GlooDirect, ReceiveBuffersAreKeptUpToTheirBound) {
   if (kAddressSanitizer) {
     GTEST_SKIP() << "AddressSanitizer's quarantine keeps freed memory resident (LeakSanitizer "
                     "checks that nothing leaks there)";
   }
-  constexpr int64_t n = 16 << 20;  // floats: 64 MiB, above malloc's largest mmap threshold
+  auto reduce = [](CollectiveGroup& g, TensorView t) {
+    ReduceOptions o;
+    o.root_rank = 0;
+    return g.reduce(t, o);
+  };
   for (const char* keep : {"", "1048576"}) {
-    auto groups = groups_with("TUTTI_GLOO_KEEP_BYTES", keep, 2, unique_name("direct-keep"));
-    std::vector<std::vector<float>> v(2);
-    for (int r = 0; r < 2; ++r) v[r].assign(n, static_cast<float>(r + 1));
-    const size_t before = rss_bytes();
-    run_ranks(2, [&](int r) {
-      ReduceOptions o;
-      o.root_rank = 0;
-      auto w = groups[r]->reduce(TensorView(v[r]), o);
-      if (w) w->wait();
-    });
-    const double grew_mib = (static_cast<double>(rss_bytes()) - static_cast<double>(before)) /
-                            static_cast<double>(1 << 20);
-    EXPECT_EQ(v[0][0], 3.0f);
-    EXPECT_EQ(v[0][n - 1], 3.0f);
+    const Grown g = grown_over(
+        groups_with("TUTTI_GLOO_KEEP_BYTES", keep, 2, unique_name("direct-keep")), reduce);
+    EXPECT_EQ(g.first, 3.0f);
+    EXPECT_EQ(g.last, 3.0f);
     if (*keep == '\0') {
-      EXPECT_GT(grew_mib, 48.0) << "the root's 64 MiB inbox was not kept";
+      EXPECT_GT(g.mib, 48.0) << "the root's 64 MiB inbox was not kept";
     } else {
-      EXPECT_LT(grew_mib, 16.0) << "the root's 64 MiB inbox was kept past a 1 MiB bound";
+      EXPECT_LT(g.mib, 16.0) << "the root's 64 MiB inbox was kept past a 1 MiB bound";
     }
   }
+  ::setenv("TUTTI_GLOO_ALLREDUCE", "direct", 1);
+  auto groups = groups_with("TUTTI_GLOO_KEEP_BYTES", "1048576", 2, unique_name("direct-keep"));
+  ::unsetenv("TUTTI_GLOO_ALLREDUCE");
+  const Grown g =
+      grown_over(groups, [](CollectiveGroup& c, TensorView t) { return c.allreduce(t); });
+  EXPECT_EQ(g.first, 3.0f);
+  EXPECT_EQ(g.last, 3.0f);
+  EXPECT_LT(g.mib, 16.0) << "a direct allreduce's 2 x 64 MiB inboxes were kept past a 1 MiB bound";
 }
 
 }  // namespace
