@@ -203,24 +203,30 @@ class TwoHostsUcx : public TwoHosts {
     return a;
   }
   // The owner worker on host a under `owner_env` (a command prefix: env(), or one of its own),
-  // and the fetch worker on host b under `fetch_env`; both must exit 0. The fetch's output.
-  // The fetch's gets take `get_timeout_ms` where given.
-  std::string owner_and_fetch(const std::vector<std::string>& owner_env,
-                              const std::vector<std::string>& fetch_env,
-                              const std::string& get_timeout_ms = "0") {
+  // and the worker `mode` (then `args`) on host b under `consumer_env`; both must exit 0. The
+  // consumer's output.
+  std::string owner_and(const std::vector<std::string>& owner_env,
+                        const std::vector<std::string>& consumer_env, const std::string& mode,
+                        const std::vector<std::string>& args = {}) {
     TempDir dir;
     WorkerResult owner;
     std::thread host_a([&] {
       owner = run_command(with(owner_env, {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
                           milliseconds(90000));
     });
-    WorkerResult fetch =
-        run_command(with(fetch_env, {TUTTI_TRANSFER_WORKER, "fetch", dir.path(), get_timeout_ms}),
+    WorkerResult consumer =
+        run_command(with(consumer_env, with({TUTTI_TRANSFER_WORKER, mode, dir.path()}, args)),
                     milliseconds(60000));
     host_a.join();
     EXPECT_EQ(owner.exit_code, 0) << owner.output;
-    EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
-    return fetch.output;
+    EXPECT_EQ(consumer.exit_code, 0) << consumer.output;
+    return consumer.output;
+  }
+  // The fetch worker's output (its gets take `get_timeout_ms` where given).
+  std::string owner_and_fetch(const std::vector<std::string>& owner_env,
+                              const std::vector<std::string>& fetch_env,
+                              const std::string& get_timeout_ms = "0") {
+    return owner_and(owner_env, fetch_env, "fetch", {get_timeout_ms});
   }
   // An owner on host a, and a consumer on host b getting from it over ucx in a loop (each get
   // with this timeout, ms); once a get has succeeded, `fault` strikes (given the exchange
@@ -358,23 +364,12 @@ TEST_F(TwoHostsUcx, AnOwnerWithoutUcxServesTheSocketStream) {
 // others (1.1-1.9 ms here, 2.8 under ASan), not a sleep slice's 10 ms as a rule.
 TEST_F(TwoHostsUcx, ConcurrentGetsArriveRightAndInNetworkTime) {
   ASSERT_TRUE(made_);
-  TempDir dir;
-  WorkerResult owner;
-  std::thread host_a([&] {
-    owner = run_command(
-        with(env(ns_a_, addr_a_), {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
-        milliseconds(90000));
-  });
-  WorkerResult got =
-      run_command(with(env(ns_b_, addr_b_), {TUTTI_TRANSFER_WORKER, "ucx-threads", dir.path()}),
-                  milliseconds(60000));
-  host_a.join();
-  EXPECT_EQ(owner.exit_code, 0) << owner.output;
-  ASSERT_EQ(got.exit_code, 0) << got.output;
+  const std::string out = owner_and(env(ns_a_, addr_a_), env(ns_b_, addr_b_), "ucx-threads");
+  ASSERT_NE(out.find(", 0 wrong"), std::string::npos) << out;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(got.output, m, std::regex("median ([0-9]+) us"))) << got.output;
-  EXPECT_LT(std::stol(m[1]), 10000) << got.output;
-  std::printf("%s", got.output.c_str());
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("median ([0-9]+) us"))) << out;
+  EXPECT_LT(std::stol(m[1]), 10000) << out;
+  std::printf("%s", out.c_str());
 }
 
 TEST_F(TwoHostsUcx, AnOwnerKilledMidGetFailsTheGetByName) {

@@ -226,19 +226,24 @@ void AgentCore::serving_thread_ends_locked() {
   if (serving_threads.empty()) serving_done.notify_all();
 }
 
+void join_ended(std::vector<std::thread>& ended) {
+  for (std::thread& t : ended) {
+    if (t.get_id() == std::this_thread::get_id()) {
+      t.detach();  // never a self-join
+    } else {
+      t.join();  // past its end: a moment
+    }
+  }
+  ended.clear();
+}
+
 void AgentCore::join_ended_serving() {
   std::vector<std::thread> ended;
   {
     std::lock_guard<std::mutex> lock(mutex);
     ended.swap(ended_serving);
   }
-  for (std::thread& t : ended) {
-    if (t.get_id() == std::this_thread::get_id()) {
-      t.detach();  // not expected (stop() runs from ~TransferAgent), but never a self-join
-    } else {
-      t.join();  // past its end: a moment
-    }
-  }
+  join_ended(ended);
 }
 
 AgentCore::~AgentCore() {

@@ -379,6 +379,10 @@ bool is_across_hosts_transport(const std::string& name);
 // TUTTI_TRANSFER_ACROSS_HOSTS as a registry key: "auto" where unset or empty.
 std::string across_hosts_setting();
 
+// Joins threads that have ended (serving threads, get_async's workers: past their last lock),
+// emptying `ended`; the calling thread's own handle, never expected there, is detached.
+void join_ended(std::vector<std::thread>& ended);
+
 // PutOptions::check_writes: a CRC32C per CPU tensor (0 for the others).
 std::vector<uint32_t> checksums(const std::vector<TensorView>& tensors);
 // PutOptions::snapshot: copies of `tensors`, in the transport's shareable memory where it has any.

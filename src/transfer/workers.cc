@@ -24,8 +24,7 @@ void AgentCore::run_async(std::function<std::function<void()>()> job) {
     return;
   }
   // Workers that left are past the lock they left under: joining them here takes a moment.
-  for (std::thread& t : ended_workers) t.join();
-  ended_workers.clear();
+  join_ended(ended_workers);
   // Every queued job has a worker of its own: a get never waits for another to end. The worker
   // holds the agent's state: one that outlives stop() (see stop_workers) stays memory-safe.
   try {
@@ -103,13 +102,7 @@ void AgentCore::stop_workers(std::chrono::milliseconds grace) {
   std::vector<std::thread> ended;
   ended.swap(ended_workers);
   lock.unlock();
-  for (std::thread& t : ended) {
-    if (t.get_id() == std::this_thread::get_id()) {
-      t.detach();  // not expected (a worker ends before its handle is here); never a self-join
-    } else {
-      t.join();
-    }
-  }
+  join_ended(ended);
 }
 
 }  // namespace tutti::detail
