@@ -41,6 +41,25 @@ TEST(Crypto, HmacSha256MatchesRfc4231) {
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
 }
 
+// Keys used before are kept keyed (a few of them): a key's second use, and keys past those kept,
+// give the same MACs as the first. The expected values are RFC 4231's; the other keys' MACs
+// come out different from theirs and from each other.
+TEST(Crypto, HmacSha256IsTheSameForKeysSeenBeforeAndPastThoseKept) {
+  using tutti::detail::hmac_sha256;
+  const std::string case1 = "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7";
+  const std::string case2 = "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
+  std::set<std::string> others;
+  for (int round = 0; round < 2; ++round) {
+    for (int k = 0; k < 12; ++k) {
+      others.insert(hex(hmac_sha256("key " + std::to_string(k), "Hi There")));
+    }
+    EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")), case1) << round;
+    EXPECT_EQ(hex(hmac_sha256("Jefe", "what do ya want for nothing?")), case2) << round;
+  }
+  EXPECT_EQ(others.size(), 12u);  // the second round's MACs were the first's
+  EXPECT_EQ(others.count(case1), 0u);
+}
+
 TEST(Crypto, SameSecretComparesEveryByteAndTheLength) {
   using tutti::detail::same_secret;
   EXPECT_TRUE(same_secret("", ""));
