@@ -2,6 +2,7 @@
 
 #include <openssl/err.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -131,7 +132,16 @@ size_t Connection::tls_io(bool write, void* data, size_t bytes, Clock::time_poin
 }
 
 void Connection::wait_for(short events, Clock::time_point deadline,
-                          const std::atomic<bool>* cancelled, const char* doing) {
+                          const std::atomic<bool>* cancelled, const char* doing,
+                          std::chrono::microseconds spin) {
+  if (spin.count() > 0) {
+    const auto until = std::min(deadline, Clock::now() + spin);
+    do {
+      pollfd p{fd_, events, 0};
+      if (::poll(&p, 1, 0) > 0) return;
+      sched_yield();  // a thread that would answer on this core goes first
+    } while (Clock::now() < until);
+  }
   while (true) {
     if (cancelled != nullptr && cancelled->load()) {
       throw Error(ErrorCode::kAborted, std::string(doing) + " " + peer_ + ": cancelled");
@@ -252,15 +262,16 @@ void Connection::receive_raw(void* data, size_t bytes, Clock::time_point deadlin
 }
 
 void Connection::await_readable(ssize_t n, Clock::time_point deadline,
-                                const std::atomic<bool>* cancelled) {
+                                const std::atomic<bool>* cancelled,
+                                std::chrono::microseconds spin) {
   if (n == 0)
     throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
   if (errno != EAGAIN && errno != EINTR) io_error("receiving from " + peer_);
-  wait_for(POLLIN, deadline, cancelled, "waiting for");
+  wait_for(POLLIN, deadline, cancelled, "waiting for", spin);
 }
 
 char Connection::receive_first(std::vector<int>& fds, Clock::time_point deadline,
-                               const std::atomic<bool>* cancelled) {
+                               const std::atomic<bool>* cancelled, std::chrono::microseconds spin) {
   char first = 0;
   char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
   while (true) {
@@ -284,19 +295,21 @@ char Connection::receive_first(std::vector<int>& fds, Clock::time_point deadline
       }
       break;
     }
-    await_readable(n, deadline, cancelled);
+    await_readable(n, deadline, cancelled, spin);
+    spin = std::chrono::microseconds(0);  // spent
   }
   return first;
 }
 
-Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>* cancelled) {
+Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>* cancelled,
+                            std::chrono::microseconds spin) {
   Message m;
   // The first byte with any descriptors sent along.
   char first = 0;
   if (ssl_ != nullptr) {
     receive_raw(&first, 1, deadline, cancelled);
   } else {
-    first = receive_first(m.fds, deadline, cancelled);
+    first = receive_first(m.fds, deadline, cancelled, spin);
   }
   try {
     char rest[4];

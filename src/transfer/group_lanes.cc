@@ -9,12 +9,17 @@
 namespace tutti::detail {
 namespace {
 
-// How long an aborted receive may take to give its targets back before the get returns anyway.
-constexpr std::chrono::seconds kDrain{5};
+// How often a lane's thread looks for work and at the cancel of a receive a consumer's thread
+// runs (a cancel is seen within two of these); after a second without work, how often it looks
+// while it dozes (woken by a consumer that takes the lane).
+constexpr std::chrono::milliseconds kWatchSlice{20};
+constexpr int kWatchfulSlices = 50;
+constexpr std::chrono::milliseconds kDozeSlice{100};
 
+// Rounded up: a group's timeout must not end an op before the deadline it stands for.
 std::chrono::milliseconds ms_until(Clock::time_point t) {
   return std::max(std::chrono::milliseconds(1),
-                  std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()));
+                  std::chrono::ceil<std::chrono::milliseconds>(t - Clock::now()));
 }
 
 }  // namespace
@@ -108,33 +113,46 @@ void GroupTransport::skip(int peer, const std::string& peer_agent, uint64_t seq,
   work_.notify_all();
 }
 
-std::shared_ptr<GroupJob> GroupTransport::enqueue(GroupJob::Kind kind, int peer,
-                                                  const std::string& peer_agent, uint64_t seq,
-                                                  uint64_t incarnation,
-                                                  std::vector<TensorView> tensors,
-                                                  Clock::time_point deadline,
-                                                  std::function<void(bool)> on_done) {
+std::shared_ptr<GroupJob> GroupTransport::make_job(GroupJob::Kind kind, int peer,
+                                                   std::vector<TensorView> tensors,
+                                                   Clock::time_point deadline,
+                                                   std::function<void(bool)> on_done) {
   auto job = std::make_shared<GroupJob>();
   job->kind = kind;
   job->peer = peer;
   job->tensors = std::move(tensors);
   job->deadline = deadline;
   job->on_done = std::move(on_done);
+  return job;
+}
+
+GroupTransport::Lane& GroupTransport::number_locked(GroupJob& job, const std::string& peer_agent,
+                                                    uint64_t seq, uint64_t incarnation) {
+  if (!aborted_.empty()) throw Error(ErrorCode::kAborted, aborted_text_locked());
+  if (incarnation != incarnation_) {
+    throw Error(ErrorCode::kAborted, "transport '" + name_ + "' of agent '" + agent_ +
+                                         "': its group was reset during the transfer");
+  }
+  Lane& pair = lane_locked(job.peer, peer_agent);
+  job.seq = seq > 0 ? seq : pair.next_assign++;
+  if (job.seq < pair.next_post || pair.waiting.count(job.seq) != 0) {
+    throw Error(ErrorCode::kInternal, "transport '" + name_ + "': transfer #" +
+                                          std::to_string(job.seq) + " with rank " +
+                                          std::to_string(job.peer) + " was queued twice");
+  }
+  return pair;
+}
+
+std::shared_ptr<GroupJob> GroupTransport::enqueue(GroupJob::Kind kind, int peer,
+                                                  const std::string& peer_agent, uint64_t seq,
+                                                  uint64_t incarnation,
+                                                  std::vector<TensorView> tensors,
+                                                  Clock::time_point deadline,
+                                                  std::function<void(bool)> on_done) {
+  auto job = make_job(kind, peer, std::move(tensors), deadline, std::move(on_done));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!aborted_.empty()) throw Error(ErrorCode::kAborted, aborted_text_locked());
-    if (incarnation != incarnation_) {
-      throw Error(ErrorCode::kAborted, "transport '" + name_ + "' of agent '" + agent_ +
-                                           "': its group was reset during the transfer");
-    }
-    Lane& pair = lane_locked(peer, peer_agent);
-    job->seq = seq > 0 ? seq : pair.next_assign++;
-    if (job->seq < pair.next_post || pair.waiting.count(job->seq) != 0) {
-      throw Error(ErrorCode::kInternal, "transport '" + name_ + "': transfer #" +
-                                            std::to_string(job->seq) + " with rank " +
-                                            std::to_string(peer) + " was queued twice");
-    }
-    pair.waiting[job->seq] = job;
+    number_locked(*job, peer_agent, seq, incarnation).waiting[job->seq] = job;
   }
   work_.notify_all();
   return job;
@@ -184,42 +202,6 @@ void GroupTransport::end_failed(const std::vector<std::shared_ptr<GroupJob>>& do
   }
 }
 
-void GroupTransport::wait(GroupJob& job, Clock::time_point deadline,
-                          const std::atomic<bool>& cancelled, const std::string& waiting_for) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  std::string why;
-  ErrorCode code = ErrorCode::kTimeout;
-  while (!job.finished) {
-    if (cancelled.load()) {
-      why = "cancelled while receiving from " + waiting_for;
-      code = ErrorCode::kAborted;
-      break;
-    }
-    if (Clock::now() >= deadline) {
-      why = "timed out receiving from " + waiting_for;
-      break;
-    }
-    done_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)));
-  }
-  if (job.finished) {
-    if (job.error) std::rethrow_exception(job.error);
-    return;
-  }
-  lock.unlock();
-  abort(why);
-  lock.lock();
-  // The receive may be writing the targets: wait until the aborted batch let go of them.
-  done_.wait_until(lock, Clock::now() + kDrain, [&] { return job.finished; });
-  if (!job.finished) {
-    TUTTI_LOG_WARN(
-        "direct transport: agent '{}': the aborted receive from {} did not end within "
-        "{} s; its targets may still change",
-        agent_, waiting_for, kDrain.count());
-  }
-  throw Error(code, why + " over transport '" + name_ + "' (its group '" + set_ +
-                        "' is aborted: call reset_transport('" + name_ + "') on every member)");
-}
-
 std::shared_ptr<CollectiveGroup> GroupTransport::make_pair_group(
     Lane& l, const std::shared_ptr<CollectiveGroup>& base, const std::string& set, int me,
     Clock::time_point deadline) {
@@ -251,32 +233,111 @@ std::shared_ptr<CollectiveGroup> GroupTransport::make_pair_group(
   return pair;
 }
 
+std::vector<std::shared_ptr<GroupJob>> GroupTransport::take_ready_locked(Lane& l,
+                                                                         std::string* broken) {
+  std::vector<std::shared_ptr<GroupJob>> batch;
+  const auto now = Clock::now();
+  for (auto it = l.waiting.find(l.next_post); it != l.waiting.end();
+       it = l.waiting.find(l.next_post)) {
+    batch.push_back(it->second);
+    l.waiting.erase(it);
+    ++l.next_post;
+  }
+  // A number that never comes (a fetch lost on the way) holds everything behind it.
+  for (const auto& [seq, job] : l.waiting) {
+    if (now >= job->deadline) {
+      *broken = "transfer #" + std::to_string(l.next_post) + " with rank " +
+                std::to_string(l.peer) + " never came, and #" + std::to_string(seq) +
+                " behind it ran past its deadline";
+    }
+  }
+  return batch;
+}
+
+std::exception_ptr GroupTransport::run_batch_unlocked(Lane& l,
+                                                      std::vector<std::shared_ptr<GroupJob>>& batch,
+                                                      const Posting& at) {
+  std::vector<P2POp> ops;
+  Clock::time_point latest = Clock::now();
+  // In the pair's group the lower rank is 0.
+  const int peer_in_pair = l.peer < at.me ? 0 : 1;
+  for (auto& job : batch) {
+    if (job->kind == GroupJob::Kind::kSkip) continue;  // its deadline is nobody's
+    latest = std::max(latest, job->deadline);
+    for (const TensorView& t : job->tensors) {
+      if (t.nbytes() == 0) continue;
+      ops.push_back(job->kind == GroupJob::Kind::kSend ? P2POp::send(t, peer_in_pair)
+                                                       : P2POp::recv(t, peer_in_pair));
+    }
+  }
+  if (ops.empty()) return nullptr;
+  try {
+    std::shared_ptr<CollectiveGroup> pair = at.pair;
+    if (!pair) pair = make_pair_group(l, at.base, at.set, at.me, latest);
+    // The lane's thread and a consumer's (receive) take turns on the pair's group: `busy`, under
+    // the transport's lock, gives it to one at a time.
+    pair->issue_from_this_thread();
+    BatchP2POptions opts;
+    opts.timeout = ms_until(latest);
+    auto w = pair->batch_isend_irecv(ops, opts);
+    if (w) w->wait();
+    return nullptr;
+  } catch (const Error& e) {
+    abort_for_lane(l, at.base, e.what());
+    return std::make_exception_ptr(
+        Error(e.code() == ErrorCode::kInvalidUsage ? ErrorCode::kAborted : e.code(),
+              "transport '" + name_ + "' of agent '" + agent_ + "': " + e.what()));
+  } catch (...) {
+    abort_for_lane(l, at.base, "an unexpected error in a batch");
+    return std::current_exception();
+  }
+}
+
+GroupTransport::Posting GroupTransport::posting_locked(const Lane& l) const {
+  Posting at;
+  at.base = group_;
+  at.pair = l.group;
+  at.set = at.pair ? std::string() : set_;  // names the pair's group, once
+  at.me = group_ ? group_->rank() : 0;
+  return at;
+}
+
 void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
   Lane& l = *lane;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!l.stopping) {
-    // What is ready: the pair's next numbers, in order.
-    std::vector<std::shared_ptr<GroupJob>> batch;
-    std::string broken;
-    const auto now = Clock::now();
-    for (auto it = l.waiting.find(l.next_post); it != l.waiting.end();
-         it = l.waiting.find(l.next_post)) {
-      batch.push_back(it->second);
-      l.waiting.erase(it);
-      ++l.next_post;
-    }
-    // A number that never comes (a fetch lost on the way) holds everything behind it.
-    for (const auto& [seq, job] : l.waiting) {
-      if (now >= job->deadline) {
-        broken = "transfer #" + std::to_string(l.next_post) + " with rank " +
-                 std::to_string(l.peer) + " never came, and #" + std::to_string(seq) +
-                 " behind it ran past its deadline";
+    if (l.busy) {
+      // A consumer's thread runs the pair's receive (receive): this thread watches its cancel,
+      // which a receive blocked in the group cannot see, and (should the group's own timeout
+      // not end it) its deadline.
+      l.idle = 0;
+      const bool cancel = l.watch != nullptr && l.watch->load();
+      if (cancel || (l.watch != nullptr && Clock::now() >= l.watch_until)) {
+        const std::string why = std::string(cancel ? "cancelled while" : "timed out") +
+                                " receiving from " + l.watch_for;
+        l.watch = nullptr;
+        lock.unlock();
+        abort(why);
+        if (l.orphaned) return;  // the transport went from inside the abort (see stop_lanes)
+        lock.lock();
+        continue;
       }
-    }
-    if (batch.empty() && broken.empty()) {
-      work_.wait_for(lock, std::chrono::milliseconds(100));
+      work_.wait_for(lock, kWatchSlice);
       continue;
     }
+    std::string broken;
+    std::vector<std::shared_ptr<GroupJob>> batch = take_ready_locked(l, &broken);
+    if (batch.empty() && broken.empty()) {
+      // A consumer's thread that takes the lane does not wake this one (that would cost the
+      // receive a hand-off it saves) unless it dozes: a slice bounds how late it starts watching.
+      // Past kWatchfulSlices idle ones it dozes, in longer slices, and is woken.
+      l.dozing = l.idle >= kWatchfulSlices;
+      if (!l.dozing) ++l.idle;
+      work_.wait_for(lock, l.dozing ? kDozeSlice : kWatchSlice);
+      l.dozing = false;
+      continue;
+    }
+    l.idle = 0;
     if (!broken.empty() && batch.empty()) {
       lock.unlock();
       abort(broken);
@@ -284,44 +345,11 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
       lock.lock();
       continue;
     }
-    std::vector<P2POp> ops;
-    Clock::time_point latest = now;
-    // In the pair's group the lower rank is 0.
-    const int me = group_ ? group_->rank() : 0;
-    const int peer_in_pair = l.peer < me ? 0 : 1;
-    for (auto& job : batch) {
-      job->posted = true;
-      if (job->kind == GroupJob::Kind::kSkip) continue;  // its deadline is nobody's
-      latest = std::max(latest, job->deadline);
-      for (const TensorView& t : job->tensors) {
-        if (t.nbytes() == 0) continue;
-        ops.push_back(job->kind == GroupJob::Kind::kSend ? P2POp::send(t, peer_in_pair)
-                                                         : P2POp::recv(t, peer_in_pair));
-      }
-    }
-    std::shared_ptr<CollectiveGroup> base = group_;
-    std::shared_ptr<CollectiveGroup> pair = l.group;
-    const std::string set = pair ? std::string() : set_;  // names the pair's group, once
+    for (auto& job : batch) job->posted = true;
+    const Posting at = posting_locked(l);
     l.busy = true;
     lock.unlock();
-    std::exception_ptr error;
-    if (!ops.empty()) {
-      try {
-        if (!pair) pair = make_pair_group(l, base, set, me, latest);
-        BatchP2POptions opts;
-        opts.timeout = ms_until(latest);
-        auto w = pair->batch_isend_irecv(ops, opts);
-        if (w) w->wait();
-      } catch (const Error& e) {
-        error = std::make_exception_ptr(
-            Error(e.code() == ErrorCode::kInvalidUsage ? ErrorCode::kAborted : e.code(),
-                  "transport '" + name_ + "' of agent '" + agent_ + "': " + e.what()));
-        abort_for_lane(l, base, e.what());
-      } catch (...) {
-        error = std::current_exception();
-        abort_for_lane(l, base, "an unexpected error in a batch");
-      }
-    }
+    std::exception_ptr error = run_batch_unlocked(l, batch, at);
     for (auto& job : batch) {
       if (job->on_done) job->on_done(!error);
     }

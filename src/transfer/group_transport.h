@@ -4,7 +4,9 @@
 // The transport's group (join_group's, or the application's from attach_group) carries no
 // transfers itself: for each member this agent transfers with, a "lane" splits a group of the
 // two off it (a local split, made by the lane's own thread on the pair's first transfer) and
-// issues every op of the pair on it, as batches (batch_isend_irecv) of whatever is ready. The
+// issues every op of the pair on it, as batches (batch_isend_irecv) of whatever is ready; a
+// consumer's receive that is the pair's next op while the lane is idle runs on the consumer's own
+// thread instead (two thread hand-offs fewer), the lane's thread watching its cancel. The
 // messages between two agents follow one order, which the lower-ranked of the two assigns (the
 // "pair sequence"): its own fetches get a number before they are sent, the other's when it
 // grants them. Both sides post a pair's transfers in that order, so the k-th message of one
@@ -121,6 +123,12 @@ class GroupTransport final : public TensorTransport {
   // kAborted; the batch's own error otherwise.
   void wait(GroupJob& job, Clock::time_point deadline, const std::atomic<bool>& cancelled,
             const std::string& waiting_for);
+  // Consumer: queues a receive as `enqueue` does and waits for it as `wait` does; when it is the
+  // pair's next transfer and the lane is idle, this thread runs it (saving the lane's two thread
+  // hand-offs) while the lane's thread watches its cancel.
+  void receive(int peer, const std::string& peer_agent, uint64_t seq, uint64_t incarnation,
+               std::vector<TensorView> targets, Clock::time_point deadline,
+               const std::atomic<bool>& cancelled, const std::string& waiting_for);
   // Aborts the group (idempotent: the first reason stays).
   void abort(const std::string& reason) noexcept;
 
@@ -134,8 +142,17 @@ class GroupTransport final : public TensorTransport {
     uint64_t next_assign = 1;      // the next number to assign (the leader's)
     std::map<uint64_t, std::shared_ptr<GroupJob>> waiting;
     std::shared_ptr<CollectiveGroup> group;  // the pair's, made on its first transfer
-    bool busy = false;                       // making the pair's group, or running a batch on it
-    bool stopping = false;                   // reset, replaced or going: the thread ends
+    bool busy = false;  // making the pair's group or running a batch on it (this thread or
+                        // a consumer's: receive)
+    // While a consumer's thread runs the receive: its cancel, which the lane's thread watches
+    // (and nulls once it aborted the transport for it), the peer as its errors name it, and when
+    // the lane gives up on it should the group's own timeout not end it.
+    const std::atomic<bool>* watch = nullptr;
+    std::string watch_for;
+    Clock::time_point watch_until;
+    int idle = 0;           // the lane thread's looks since it last had work
+    bool dozing = false;    // it waits in longer slices: a consumer that takes the lane wakes it
+    bool stopping = false;  // reset, replaced or going: the thread ends
     // The transport went from this lane's own thread (a send's completion callback, called by
     // the lane or by an abort it started, dropped the agent's last reference): the thread was
     // detached and must not touch the transport again.
@@ -149,6 +166,34 @@ class GroupTransport final : public TensorTransport {
   void abort_for_lane(const Lane& lane, const std::shared_ptr<CollectiveGroup>& base,
                       const std::string& reason);
   void run_lane(const std::shared_ptr<Lane>& lane);
+  // What a batch needs from the transport, read under the lock.
+  struct Posting {
+    std::shared_ptr<CollectiveGroup> base;  // the transport's group
+    std::shared_ptr<CollectiveGroup> pair;  // the pair's, null before its first transfer
+    std::string set;                        // names the pair's group when it is made
+    int me = 0;
+  };
+  Posting posting_locked(const Lane& l) const;
+  // The pair's next numbers that are queued, in order, out of the lane; `broken` says so when a
+  // number that never came holds back one past its deadline.
+  std::vector<std::shared_ptr<GroupJob>> take_ready_locked(Lane& l, std::string* broken);
+  // Posts a batch on the pair's group (made first, when it has none) and waits for it; its
+  // error, after aborting the transport for it.
+  std::exception_ptr run_batch_unlocked(Lane& l, std::vector<std::shared_ptr<GroupJob>>& batch,
+                                        const Posting& at);
+  // The receive a consumer's thread took from its lane (receive), run, and the lane given back.
+  void receive_here(Lane& l, const std::shared_ptr<GroupJob>& job, const Posting& at,
+                    const std::atomic<bool>& cancelled, const std::string& waiting_for);
+  // "<what> receiving from <peer> over transport ... call reset_transport ...".
+  std::string receive_failed_text(const char* what, const std::string& waiting_for,
+                                  const std::string& set) const;
+  static std::shared_ptr<GroupJob> make_job(GroupJob::Kind kind, int peer,
+                                            std::vector<TensorView> tensors,
+                                            Clock::time_point deadline,
+                                            std::function<void(bool)> on_done);
+  // The job's number in its pair (`seq`, or the next when 0), checked; its lane.
+  Lane& number_locked(GroupJob& job, const std::string& peer_agent, uint64_t seq,
+                      uint64_t incarnation);
   // The pair's group, split off `base` (a local split: only the two meet) on the pair's first
   // transfer, within `deadline`; kAborted when the lane was stopped or the transport aborted
   // meanwhile (the group is then aborted at once).

@@ -64,7 +64,7 @@ Message PeerLink::round_trip(MsgType type, const std::function<std::string()>& m
                              const std::vector<int>& fds, bool* replied) {
   auto conn = core_.checkout(*peer_, deadline_, cancelled_);
   conn->send(type, make(), fds, deadline_, cancelled_);
-  Message m = conn->receive(deadline_, cancelled_);
+  Message m = conn->receive(deadline_, cancelled_, kReplySpin);
   if (replied != nullptr) *replied = true;
   core_.checkin(*peer_, std::move(conn));
   if (m.type == MsgType::kError) {

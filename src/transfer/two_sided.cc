@@ -82,9 +82,8 @@ FetchResult GroupTransport::fetch(const FetchRequest& request) {
     throw_error_payload(error);
   }
   const uint64_t granted = rd.u64("number");
-  auto job = enqueue(GroupJob::Kind::kRecv, owner_rank, owner_id, granted, incarnation,
-                     request.targets, request.deadline, nullptr);
-  wait(*job, request.deadline, request.cancelled, owner);
+  receive(owner_rank, owner_id, granted, incarnation, request.targets, request.deadline,
+          request.cancelled, owner);
   return {};
 }
 
