@@ -1,6 +1,7 @@
 // The two-sided direct transport ("gloo"): agents in one process, each rank of a dedicated Gloo
 // group (joined over a shared HashStore), the owner sending and the consumer receiving. The
 // process-level faults (an owner stopped mid-get) are in transfer_process_test.cc.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -317,6 +318,15 @@ TEST(TransferGroup, ACancelWhileTheBytesArriveEndsTheGet) {
   // The pair's first transfer: its lane makes the pair's group.
   EXPECT_EQ(static_cast<const float*>(agents[1]->get(warm.ref()).tensors()[0].data())[2], 3.0f);
   ObjectHandle big = agents[0]->put({TensorView(source)}, on_gloo());
+  {
+    // Whole, without a timeout (an unbounded deadline: the lane's watch must not take it for a
+    // passed one), on the get's thread.
+    GetOptions g;
+    g.targets = {TensorView(target)};
+    g.timeout = std::chrono::milliseconds::max();
+    agents[1]->get(big.ref(), g);
+    EXPECT_EQ(std::memcmp(target.data(), source.data(), kBytes), 0);
+  }
   std::string what;
   int tries = 0;
   for (; tries < 3 && what.empty(); ++tries) {

@@ -316,9 +316,12 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
         const std::string why = std::string(cancel ? "cancelled while" : "timed out") +
                                 " receiving from " + l.watch_for;
         l.watch = nullptr;
+        std::shared_ptr<CollectiveGroup> base = std::move(l.watch_base);
         lock.unlock();
-        abort(why);
+        // Not a group attached or made since (abort_for_lane looks).
+        abort_for_lane(l, base, why);
         if (l.orphaned) return;  // the transport went from inside the abort (see stop_lanes)
+        base.reset();            // not under the lock: it may be the group's last reference
         lock.lock();
         continue;
       }

@@ -29,15 +29,19 @@ void GroupTransport::receive(int peer, const std::string& peer_agent, uint64_t s
     // in its order; and not once cancelled (wait() says so at once).
     if (!cancelled.load() && !l.busy && !l.stopping && l.group && l.next_post == job->seq &&
         l.waiting.empty()) {
+      // What may throw first (copies), then what claims the lane.
+      at = posting_locked(l);
+      l.watch_for = waiting_for;
+      l.watch_base = at.base;
+      here = lanes_.at(peer);
       ++l.next_post;
       job->posted = true;
       l.busy = true;
       l.watch = &cancelled;
-      l.watch_for = waiting_for;
-      l.watch_until = deadline + kDrain;
+      // An unbounded deadline (time_point::max()) stays unbounded.
+      l.watch_until = deadline > Clock::time_point::max() - kDrain ? Clock::time_point::max()
+                                                                   : deadline + kDrain;
       wake = l.dozing;
-      at = posting_locked(l);
-      here = lanes_.at(peer);
     } else {
       l.waiting[job->seq] = job;
     }
@@ -64,12 +68,14 @@ void GroupTransport::receive_here(Lane& l, const std::shared_ptr<GroupJob>& job,
       Lane& l;
       bool& watched;
       ~GiveBack() {
-        bool more = false;  // queued meanwhile: the lane's turn
+        bool more = false;                      // queued meanwhile: the lane's turn
+        std::shared_ptr<CollectiveGroup> base;  // released after the lock
         {
           std::lock_guard<std::mutex> lock(t.mutex_);
           watched = l.watch == nullptr;
           l.busy = false;
           l.watch = nullptr;
+          base = std::move(l.watch_base);
           more = !l.waiting.empty();
         }
         if (more) t.work_.notify_all();

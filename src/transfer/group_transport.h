@@ -150,7 +150,8 @@ class GroupTransport final : public TensorTransport {
     const std::atomic<bool>* watch = nullptr;
     std::string watch_for;
     Clock::time_point watch_until;
-    int idle = 0;           // the lane thread's looks since it last had work
+    std::shared_ptr<CollectiveGroup> watch_base;  // the transport's group the receive is on
+    int idle = 0;                                 // the lane thread's looks since it last had work
     bool dozing = false;    // it waits in longer slices: a consumer that takes the lane wakes it
     bool stopping = false;  // reset, replaced or going: the thread ends
     // The transport went from this lane's own thread (a send's completion callback, called by
