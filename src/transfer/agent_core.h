@@ -2,7 +2,8 @@
 // - agent_core.cc: the agent's identity, start and stop;
 // - object_table.cc: the owner's objects (publish, fulfil, fail, holds, settling, freeing);
 // - object_wait.cc: wait_tensor_freed, what holds an object, the write checks;
-// - owner_server.cc: the owner's listeners and the connections it serves (handshake.h: the hello);
+// - owner_accept.cc: the owner's listeners and housekeeping (accepting, dropping consumers);
+// - owner_server.cc: the connections it serves (handshake.h: the hello);
 // - peers.h/.cc: the consumer's owners and its connection pool;
 // - consumer.cc / consumer_lease.cc: get and borrow, and the leases they take;
 #pragma once
@@ -270,6 +271,9 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
   // ---- the owner's server (owner_server.cc) ----
   void accept_loop(int listener, bool local);
+  // One accepted connection: refused (another uid) or handed to a serving thread of its own;
+  // false once the agent stops.
+  bool take_connection(int fd, bool local);
   void serve(std::unique_ptr<Connection> connection, bool local);
   void housekeeping_loop();
   // Under `mutex`: forgets a consumer, and the holds it had (its process is gone, or it is

@@ -1,7 +1,5 @@
-// The owner's server: its listeners, one thread per consumer connection answering the agents'
-// messages, the consumers it knows, and its housekeeping (agent_core.h; the hello: handshake.h).
-#include <netinet/in.h>
-#include <netinet/tcp.h>
+// The owner's server: one thread per consumer connection answering the agents' messages
+// (agent_core.h; the hello: handshake.h; its listeners and housekeeping: owner_accept.cc).
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -369,105 +367,6 @@ class Session {
 
 void AgentCore::serve(std::unique_ptr<Connection> connection, bool local) {
   Session(*this, std::move(connection), local).run();
-}
-
-void AgentCore::housekeeping_loop() {
-  std::unique_lock<std::mutex> lock(mutex);
-  while (!stopping) {
-    auto wake = Clock::now() + std::chrono::milliseconds(200);
-    for (const auto& [id, o] : objects) {
-      if (o.handles == 0 && o.state != kSlotRetiring && o.keep_until > Clock::now()) {
-        wake = std::min(wake, o.keep_until);
-      }
-    }
-    changed.wait_until(lock, wake);
-    reap_consumers_locked();
-    settle_all_locked();
-    lock.unlock();
-    reap_peers();
-    lock.lock();
-  }
-}
-
-void AgentCore::drop_consumer_locked(const std::string& uuid) {
-  auto c = consumers.find(uuid);
-  if (c == consumers.end()) return;
-  for (const auto& [id, count] : c->second->leases) {
-    auto it = objects.find(id);
-    if (it != objects.end()) it->second.local_leases -= count;
-  }
-  if (c->second->pidfd >= 0) ::close(c->second->pidfd);
-  consumers.erase(c);
-  settle_all_locked();
-}
-
-void AgentCore::reap_consumers_locked() {
-  std::vector<std::string> gone;
-  for (const auto& [uuid, c] : consumers) {
-    if (c->connections > 0 || c->pidfd < 0) continue;
-    pollfd p{c->pidfd, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) gone.push_back(uuid);
-  }
-  for (const std::string& uuid : gone) drop_consumer_locked(uuid);
-}
-
-void AgentCore::accept_loop(int listener, bool local) {
-  while (!stopping) {
-    const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (stopping || errno == EINVAL || errno == EBADF) return;
-      if (errno == EMFILE || errno == ENFILE) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      continue;
-    }
-    if (!local) {
-      // The answer goes out as a header and a payload: with Nagle's algorithm the payload waited
-      // for the consumer's delayed ACK of the header (40 ms for every small get across hosts).
-      const int on = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-    }
-    auto conn =
-        std::make_unique<Connection>(fd, local ? "a consumer on this host" : "a remote consumer");
-    if (local && conn->peer_uid() != static_cast<long>(::getuid())) {
-      TUTTI_LOG_WARN("direct transport: {} refused a connection from uid {}", who(),
-                     conn->peer_uid());
-      try {
-        const Error e(
-            ErrorCode::kUnavailable,
-            who() + " runs as uid " + std::to_string(::getuid()) +
-                " and serves no other user on its host (uid " + std::to_string(conn->peer_uid()) +
-                "): the owner's TCP listener (TransferAgentOptions::listen_tcp) is the way");
-        conn->send(MsgType::kError, error_payload(e), {},
-                   Clock::now() + std::chrono::milliseconds(100));
-      } catch (const Error&) {
-      }
-      continue;
-    }
-    join_ended_serving();
-    std::lock_guard<std::mutex> lock(mutex);
-    if (stopping) return;
-    serving_fds.insert(fd);
-    // Inserted under the lock the thread's end takes: it finds itself there. No thread to be had
-    // (the process's limit) drops this connection, not the acceptor (an exception out of it
-    // ended the process): the consumer sees it closed.
-    bool started = false;
-    try {
-      std::thread t([self = shared_from_this(), c = std::move(conn), local]() mutable {
-        self->serve(std::move(c), local);
-      });
-      started = true;
-      try {
-        serving_threads.emplace(t.get_id(), std::move(t));
-      } catch (...) {
-        t.detach();  // served all the same; at its end it finds itself absent
-        throw;
-      }
-    } catch (const std::exception& e) {
-      if (!started) serving_fds.erase(fd);  // closed with the connection the thread did not take
-      TUTTI_LOG_ERROR("direct transport: {}: serving a connection: {}", who(), e.what());
-    }
-  }
 }
 
 }  // namespace tutti::detail
