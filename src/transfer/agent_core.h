@@ -269,7 +269,7 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
   // publication or why not.
   std::string answer_publish(WireReader& request, const std::function<void()>& each_slice);
 
-  // ---- the owner's server (owner_server.cc) ----
+  // ---- the owner's server (owner_server.cc; its listeners and housekeeping: owner_accept.cc) ----
   void accept_loop(int listener, bool local);
   // One accepted connection: refused (another uid) or handed to a serving thread of its own;
   // false once the agent stops.

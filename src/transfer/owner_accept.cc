@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <thread>
 
 #include "transfer/agent_core.h"
@@ -61,7 +62,8 @@ void AgentCore::accept_loop(int listener, bool local) {
     const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (stopping || errno == EINVAL || errno == EBADF) return;
-      if (errno == EMFILE || errno == ENFILE) {
+      // Out of descriptors or kernel memory: the next accept would fail the same way at once.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
       continue;
