@@ -9,10 +9,9 @@
 namespace tutti::detail {
 namespace {
 
-// How often a lane's thread looks for work and at the cancel of a receive a consumer's thread
-// runs (a cancel is seen within two of these); after a second without work, how often it looks
-// while it dozes (woken by a consumer that takes the lane).
-constexpr std::chrono::milliseconds kWatchSlice{20};
+// A lane's thread looks for work every kWatchSlice (a cancel of a receive a consumer's thread
+// runs is seen within two); after a second without work, it dozes in longer slices (woken by a
+// consumer that takes the lane).
 constexpr int kWatchfulSlices = 50;
 constexpr std::chrono::milliseconds kDozeSlice{100};
 
@@ -313,8 +312,8 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
       l.idle = 0;
       const bool cancel = l.watch != nullptr && l.watch->load();
       if (cancel || (l.watch != nullptr && Clock::now() >= l.watch_until)) {
-        const std::string why = std::string(cancel ? "cancelled while" : "timed out") +
-                                " receiving from " + l.watch_for;
+        const std::string why =
+            receiving_from(cancel ? "cancelled while" : "timed out", l.watch_for);
         l.watch = nullptr;
         std::shared_ptr<CollectiveGroup> base = std::move(l.watch_base);
         lock.unlock();

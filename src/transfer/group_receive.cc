@@ -98,11 +98,14 @@ void GroupTransport::receive_here(Lane& l, const std::shared_ptr<GroupJob>& job,
   std::rethrow_exception(error);
 }
 
+std::string GroupTransport::receiving_from(const char* what, const std::string& waiting_for) {
+  return std::string(what) + " receiving from " + waiting_for;
+}
+
 std::string GroupTransport::receive_failed_text(const char* what, const std::string& waiting_for,
                                                 const std::string& set) const {
-  return std::string(what) + " receiving from " + waiting_for + " over transport '" + name_ +
-         "' (its group '" + set + "' is aborted: call reset_transport('" + name_ +
-         "') on every member)";
+  return receiving_from(what, waiting_for) + " over transport '" + name_ + "' (its group '" + set +
+         "' is aborted: call reset_transport('" + name_ + "') on every member)";
 }
 
 void GroupTransport::wait(GroupJob& job, Clock::time_point deadline,
@@ -120,14 +123,14 @@ void GroupTransport::wait(GroupJob& job, Clock::time_point deadline,
       what = "timed out";
       break;
     }
-    done_.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)));
+    done_.wait_until(lock, std::min(deadline, Clock::now() + kWatchSlice));
   }
   if (job.finished) {
     if (job.error) std::rethrow_exception(job.error);
     return;
   }
   lock.unlock();
-  abort(std::string(what) + " receiving from " + waiting_for);
+  abort(receiving_from(what, waiting_for));
   lock.lock();
   // The receive may be writing the targets: wait until the aborted batch let go of them.
   done_.wait_until(lock, Clock::now() + kDrain, [&] { return job.finished; });

@@ -118,11 +118,6 @@ class GroupTransport final : public TensorTransport {
                                     uint64_t seq, uint64_t incarnation,
                                     std::vector<TensorView> tensors, Clock::time_point deadline,
                                     std::function<void(bool)> on_done);
-  // Consumer: waits for a receive. At the deadline or on cancel it aborts the group, waits (a
-  // bounded time) until the receive no longer touches the targets, and throws kTimeout /
-  // kAborted; the batch's own error otherwise.
-  void wait(GroupJob& job, Clock::time_point deadline, const std::atomic<bool>& cancelled,
-            const std::string& waiting_for);
   // Consumer: queues a receive as `enqueue` does and waits for it as `wait` does; when it is the
   // pair's next transfer and the lane is idle, this thread runs it (saving the lane's two thread
   // hand-offs) while the lane's thread watches its cancel.
@@ -182,10 +177,20 @@ class GroupTransport final : public TensorTransport {
   // error, after aborting the transport for it.
   std::exception_ptr run_batch_unlocked(Lane& l, std::vector<std::shared_ptr<GroupJob>>& batch,
                                         const Posting& at);
+  // How often a waiting consumer (wait) or a lane's thread (watching a receive a consumer's
+  // thread runs) looks at a cancel.
+  static constexpr std::chrono::milliseconds kWatchSlice{20};
+  // receive's queued path: waits for the lane to run the receive. At the deadline or on cancel it
+  // aborts the group, waits (a bounded time) until the receive no longer touches the targets,
+  // and throws kTimeout / kAborted; the batch's own error otherwise.
+  void wait(GroupJob& job, Clock::time_point deadline, const std::atomic<bool>& cancelled,
+            const std::string& waiting_for);
   // The receive a consumer's thread took from its lane (receive), run, and the lane given back.
   void receive_here(Lane& l, const std::shared_ptr<GroupJob>& job, const Posting& at,
                     const std::atomic<bool>& cancelled, const std::string& waiting_for);
-  // "<what> receiving from <peer> over transport ... call reset_transport ...".
+  // "<what> receiving from <peer>": why a receive's transport is aborted.
+  static std::string receiving_from(const char* what, const std::string& waiting_for);
+  // That, "over transport ... call reset_transport ...": the error the get throws.
   std::string receive_failed_text(const char* what, const std::string& waiting_for,
                                   const std::string& set) const;
   static std::shared_ptr<GroupJob> make_job(GroupJob::Kind kind, int peer,
