@@ -171,6 +171,37 @@ TEST_F(OwnerHere, AConsumerKilledMidCopyLeaksNothing) {
   std::printf("freed %.1f ms after the getter's death\n", ms_since(killed));
 }
 
+// The worker gets the arena over the agents' gloo group (rank 1; this process owns, rank 0, and
+// sends: on its serving thread, after its reply, once the pair has its group) and is killed
+// amid its gets, at any point of one: before its request, between the owner's reply and its
+// send, or while the bytes move. The owner's hold ends however (a send to a process that died
+// fails as its connection goes), so the object is freed within seconds, not at the get's
+// timeout, and the agent then ends at once.
+TEST_F(OwnerHere, AConsumerKilledMidTwoSidedGetLetsTheObjectGo) {
+  Worker w("gloo-getloop", dir.path());
+  ASSERT_GT(w.pid(), 0);
+  GroupOptions go;
+  go.store_url = "file://" + dir.path() + "/store";
+  go.timeout = 30s;
+  go.job_id = "rdt-worker";  // as the worker's
+  agent->join_group("gloo", 2, 0, go);
+  PutOptions gloo;
+  gloo.transport = "gloo";
+  ObjectHandle g = agent->put({arena}, gloo);
+  write_file(dir.path() + "/ref.gloo", g.ref().to_text());
+  write_file(dir.path() + "/ready", "1");
+  ASSERT_TRUE(wait_file(dir.path() + "/getting", 30s)) << "the getter never got";
+  std::this_thread::sleep_for(20ms);  // some 10 gets of 4 MiB later
+  const auto killed = Clock::now();
+  w.kill();
+  g.release();
+  agent->wait_tensor_freed(arena, 10s);  // kTimeout while the owner's send still holds it
+  std::printf("freed %.1f ms after the getter's death\n", ms_since(killed));
+  const auto ending = Clock::now();
+  agent.reset();
+  EXPECT_LT(ms_since(ending), 5000.0);  // its serving threads were joined, none stuck in a send
+}
+
 // ---- a worker owns and dies; the test process consumes ----
 
 class OwnerThere : public ::testing::Test {

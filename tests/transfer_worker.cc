@@ -5,6 +5,8 @@
 //   transfer_worker owner <dir> [tcp-host]   publish, write <dir>/ref.*, wait for <dir>/done
 //   transfer_worker borrow <dir>             borrow ref.arena, write <dir>/borrowed, sleep
 //   transfer_worker getloop <dir>            get ref.heap forever, write <dir>/getting
+//   transfer_worker gloo-getloop <dir>       rank 1 of a gloo group (store <dir>/store): get
+//                                            ref.gloo (the arena) forever, write <dir>/getting
 //   transfer_worker fetch <dir> [ms]         from another host: shm refused, fallback (says
 //                                            over which transport, and how long the first
 //                                            took), socket; gets with timeout <ms> if given
@@ -171,6 +173,17 @@ int getloop(const std::string& dir) {
   for (long i = 0;; ++i) {
     Received r = a->get(ref);
     if (!heap_ok(r.tensors()[0])) return 3;
+    if (i == 0) write_file(dir + "/getting", "1");
+  }
+}
+
+int gloo_getloop(const std::string& dir) {
+  auto a = agent("gloo-getter");
+  a->join_group("gloo", 2, 1, group_options("file://" + dir + "/store"));
+  const TensorRef ref = ref_from(dir, "gloo");
+  for (long i = 0;; ++i) {
+    Received r = a->get(ref);
+    if (!arena_ok(r.tensors()[0])) return 3;
     if (i == 0) write_file(dir + "/getting", "1");
   }
 }
@@ -391,7 +404,9 @@ int ucx_threads(const std::string& dir) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: transfer_worker owner|borrow|getloop|fetch <dir> [tcp-host]\n");
+    std::fprintf(
+        stderr,
+        "usage: transfer_worker owner|borrow|getloop|gloo-getloop|fetch <dir> [tcp-host]\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -400,6 +415,7 @@ int main(int argc, char** argv) {
     if (mode == "owner") return owner(dir, argc > 3 ? argv[3] : "");
     if (mode == "borrow") return borrow(dir);
     if (mode == "getloop") return getloop(dir);
+    if (mode == "gloo-getloop") return gloo_getloop(dir);
     if (mode == "fetch") {
       return fetch(dir, std::chrono::milliseconds(argc > 3 ? std::atol(argv[3]) : 0));
     }

@@ -116,6 +116,12 @@ struct AnswerRequest {
   std::vector<int>*
       fds;  // descriptors to send with the reply (on one host; the caller closes them)
   TransportOwner& owner;
+  // Work the transport leaves for the answering thread (it sets the function; null: none):
+  // the owner's serving thread runs it once the reply is sent, or failed to be, before it reads
+  // the consumer's next request. For a transfer that follows the reply (a two-sided send), so
+  // that it starts on the thread that is awake anyway. Must not throw. Null where the caller
+  // runs nothing after the reply: the transport then does the work elsewhere.
+  std::function<void()>* then = nullptr;
 };
 
 // The consumer's side of get and borrow.

@@ -26,10 +26,11 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kProtocolVersion = 3;
 constexpr size_t kHelloNonceBytes = 16;  // each side's fresh nonce in a hello with a secret
 
-// How long a consumer polls for its reply before it sleeps: an owner answers most calls within
-// tens of microseconds, and a thread woken from poll(2) takes 20-90 us more on a VM (measured:
-// a Unix socket's round trip took 8-96 us sleeping, 4 us polling). Bounded, and it yields the
-// core to any thread that wants it meanwhile.
+// How long a consumer polls for its reply before it sleeps, and an owner's serving thread for
+// the consumer's next request after an answer: an owner answers most calls within tens of
+// microseconds, and a thread woken from poll(2) takes 20-90 us more on a VM (measured: a Unix
+// socket's round trip took 8-96 us sleeping, 4 us polling). Bounded, and it yields the core to
+// any thread that wants it meanwhile.
 constexpr std::chrono::microseconds kReplySpin{200};
 
 // A wait a request asks for travels as milliseconds: the consumer sends what is left until its

@@ -142,21 +142,6 @@ GroupTransport::Lane& GroupTransport::number_locked(GroupJob& job, const std::st
   return pair;
 }
 
-std::shared_ptr<GroupJob> GroupTransport::enqueue(GroupJob::Kind kind, int peer,
-                                                  const std::string& peer_agent, uint64_t seq,
-                                                  uint64_t incarnation,
-                                                  std::vector<TensorView> tensors,
-                                                  Clock::time_point deadline,
-                                                  std::function<void(bool)> on_done) {
-  auto job = make_job(kind, peer, std::move(tensors), deadline, std::move(on_done));
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    number_locked(*job, peer_agent, seq, incarnation).waiting[job->seq] = job;
-  }
-  work_.notify_all();
-  return job;
-}
-
 void GroupTransport::fail_waiting_locked(const std::string& why,
                                          std::vector<std::shared_ptr<GroupJob>>& done) {
   for (auto& [peer, lane] : lanes_) {

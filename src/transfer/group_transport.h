@@ -112,13 +112,15 @@ class GroupTransport final : public TensorTransport {
   uint64_t lead(int peer, const std::string& peer_agent, uint64_t* incarnation);
   // A number the other side assigned and then gave up (the fetch was refused).
   void skip(int peer, const std::string& peer_agent, uint64_t seq, uint64_t incarnation);
-  // Queues a transfer as number `seq` of the pair (0: the next, this rank leads the pair) of the
-  // group's `incarnation`; throws kAborted once the group is aborted or was reset since.
-  std::shared_ptr<GroupJob> enqueue(GroupJob::Kind kind, int peer, const std::string& peer_agent,
-                                    uint64_t seq, uint64_t incarnation,
-                                    std::vector<TensorView> tensors, Clock::time_point deadline,
-                                    std::function<void(bool)> on_done);
-  // Consumer: queues a receive as `enqueue` does and waits for it as `wait` does; when it is the
+  // Owner: queues a send as number `seq` of the pair (0: the next, this rank leads the pair) of
+  // the group's `incarnation`, and returns its number; throws kAborted once the group is aborted
+  // or was reset since. `on_done` ends the owner's hold (called once, no lock held). With `then`
+  // (AnswerRequest::then), a send that is the pair's next transfer while the lane is idle is left
+  // in it for the answering thread to run after its reply, instead of to the lane's thread.
+  uint64_t send(int peer, const std::string& peer_agent, uint64_t seq, uint64_t incarnation,
+                std::vector<TensorView> tensors, Clock::time_point deadline,
+                std::function<void(bool)> on_done, std::function<void()>* then);
+  // Consumer: queues a receive as `send` does and waits for it as `wait` does; when it is the
   // pair's next transfer and the lane is idle, this thread runs it (saving the lane's two thread
   // hand-offs) while the lane's thread watches its cancel.
   void receive(int peer, const std::string& peer_agent, uint64_t seq, uint64_t incarnation,
@@ -137,8 +139,8 @@ class GroupTransport final : public TensorTransport {
     uint64_t next_assign = 1;      // the next number to assign (the leader's)
     std::map<uint64_t, std::shared_ptr<GroupJob>> waiting;
     std::shared_ptr<CollectiveGroup> group;  // the pair's, made on its first transfer
-    bool busy = false;  // making the pair's group or running a batch on it (this thread or
-                        // a consumer's: receive)
+    bool busy = false;  // making the pair's group or running a batch on it (this thread, a
+                        // consumer's running its receive, or an owner's serving thread its send)
     // While a consumer's thread runs the receive: its cancel, which the lane's thread watches
     // (and nulls once it aborted the transport for it), the peer as its errors name it, and when
     // the lane gives up on it should the group's own timeout not end it.
@@ -185,7 +187,17 @@ class GroupTransport final : public TensorTransport {
   // and throws kTimeout / kAborted; the batch's own error otherwise.
   void wait(GroupJob& job, Clock::time_point deadline, const std::atomic<bool>& cancelled,
             const std::string& waiting_for);
-  // The receive a consumer's thread took from its lane (receive), run, and the lane given back.
+  // Whether numbered `job` may run on the caller's thread: the pair's next transfer, nothing
+  // queued, on an idle lane that has its group.
+  static bool can_run_here_locked(const Lane& l, const GroupJob& job);
+  // Takes the lane for the caller's thread to run `job` (after can_run_here_locked): what the
+  // batch needs.
+  Posting claim_locked(Lane& l, GroupJob& job);
+  // Runs `job` on the lane the caller's thread claimed and gives the lane back, however the batch
+  // ends; its error. `watched` (a receive's): the lane's thread aborted the transport for it.
+  std::exception_ptr run_here(Lane& l, const std::shared_ptr<GroupJob>& job, const Posting& at,
+                              bool* watched);
+  // The receive a consumer's thread took from its lane (receive), run.
   void receive_here(Lane& l, const std::shared_ptr<GroupJob>& job, const Posting& at,
                     const std::atomic<bool>& cancelled, const std::string& waiting_for);
   // "<what> receiving from <peer>": why a receive's transport is aborted.

@@ -69,15 +69,20 @@ class Session {
   void run() {
     try {
       if (!local_) start_tls();
+      // After an answer the consumer's next request often follows at once (a get's next step,
+      // or its next get): polled for a while, it is read without a wake-up (kReplySpin).
+      std::chrono::microseconds spin{0};
       while (!core_.stopping) {
         Message m;
         try {
-          m = conn_->receive(Clock::now() + std::chrono::seconds(1));
+          m = conn_->receive(Clock::now() + std::chrono::seconds(1), nullptr, spin);
         } catch (const Error& e) {
+          spin = std::chrono::microseconds(0);
           if (e.code() == ErrorCode::kTimeout) continue;
           break;  // the consumer went
         }
         if (!answer(m)) break;
+        spin = kReplySpin;
       }
     } catch (const std::exception& e) {
       TUTTI_LOG_DEBUG("direct transport: {} stops serving {}: {}", core_.who(), conn_->peer(),
@@ -207,7 +212,16 @@ class Session {
     } fds;
     TensorTransport& t = core_.transport(name);
     Holds holds(core_, t);
-    reply(t.answer_with(AnswerRequest{request, consumer_->identity, &fds.list, holds}), fds.list);
+    // What the transport leaves for this thread after the reply (AnswerRequest::then): run
+    // however the reply ends, since the transport counts on it.
+    struct Then {
+      std::function<void()> work;
+      ~Then() {
+        if (work) work();
+      }
+    } then;
+    AnswerRequest request_for{request, consumer_->identity, &fds.list, holds, &then.work};
+    reply(t.answer_with(request_for), fds.list);
   }
 
   void on_wait(WireReader& r) {

@@ -1,8 +1,9 @@
 // GroupTransport's own protocol: both halves of a two-sided fetch (gloo, nccl), over the agents'
 // TransportPeer::call and TensorTransport::answer like any transport's. The consumer numbers the
 // transfer in its pair's sequence when it leads the pair and asks the owner; the owner holds the
-// object (TransportOwner), queues its send on the transport's group and grants the number; the
-// consumer queues the matching receive and waits (group_transport.h).
+// object (TransportOwner), queues its send on the transport's group (or leaves it for its serving
+// thread to run after the reply: AnswerRequest::then) and grants the number; the consumer queues
+// the matching receive and waits (group_transport.h).
 #include "transfer/group_transport.h"
 #include "transfer/handshake.h"
 #include "transfer/wire.h"
@@ -111,16 +112,16 @@ std::string GroupTransport::answer_with(const AnswerRequest& request) {
     seen = true;
     HeldObject held = request.owner.hold(ObjectId{id, gen, 0}, wait_deadline);
     // The hold lasts until the send is done (or failed).
-    std::shared_ptr<GroupJob> job;
+    uint64_t number = 0;
     try {
-      job = enqueue(GroupJob::Kind::kSend, rank, consumer_id, seq, incarnation,
-                    std::move(held.tensors), deadline, held.release);
+      number = send(rank, consumer_id, seq, incarnation, std::move(held.tensors), deadline,
+                    held.release, request.then);
     } catch (...) {
       held.release(false);
       throw;
     }
     w.u8(kGranted);
-    w.u64(job->seq);
+    w.u64(number);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kIoError) throw;
     if (seen && seq > 0) skip(rank, consumer_id, seq, incarnation);

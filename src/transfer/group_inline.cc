@@ -1,6 +1,7 @@
-// The consumer's receive of a two-sided fetch (group_transport.h): on its own thread when its
-// pair's lane is idle and the receive is the pair's next op, else queued for the lane and waited
-// for; both end a cancel or a timeout the same way.
+// A two-sided transfer's two entries (group_transport.h): the owner's send and the consumer's
+// receive. Each runs on the caller's own thread when its pair's lane is idle and it is the pair's
+// next op (a send after the owner's reply, a receive at once), else is queued for the lane (a
+// receive then waited for); a receive ends a cancel or a timeout the same way on both paths.
 #include "transfer/group_transport.h"
 #include "util/logging.h"
 
@@ -13,6 +14,50 @@ constexpr std::chrono::seconds kDrain{5};
 
 }  // namespace
 
+bool GroupTransport::can_run_here_locked(const Lane& l, const GroupJob& job) {
+  // Anything else (the pair's first transfer, one queued before it) is the lane's, in its order.
+  return !l.busy && !l.stopping && l.group && l.next_post == job.seq && l.waiting.empty();
+}
+
+GroupTransport::Posting GroupTransport::claim_locked(Lane& l, GroupJob& job) {
+  Posting at = posting_locked(l);  // what may throw (copies) before what claims the lane
+  ++l.next_post;
+  job.posted = true;
+  l.busy = true;
+  return at;
+}
+
+uint64_t GroupTransport::send(int peer, const std::string& peer_agent, uint64_t seq,
+                              uint64_t incarnation, std::vector<TensorView> tensors,
+                              Clock::time_point deadline, std::function<void(bool)> on_done,
+                              std::function<void()>* then) {
+  auto job =
+      make_job(GroupJob::Kind::kSend, peer, std::move(tensors), deadline, std::move(on_done));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Lane& l = number_locked(*job, peer_agent, seq, incarnation);
+    if (then != nullptr && can_run_here_locked(l, *job)) {
+      const Posting at = claim_locked(l, *job);
+      // The answering thread sends once its reply is out: the consumer posts its receive on
+      // the reply, and the send starts on a thread that is awake (no hand-off to the lane's).
+      *then = [this, lane = lanes_.at(peer), job, at]() noexcept {
+        std::exception_ptr error;
+        try {
+          error = run_here(*lane, job, at, nullptr);
+        } catch (...) {  // out of memory before the send was posted: the pair is out of step
+          error = std::current_exception();
+          abort_for_lane(*lane, at.base, "a send could not start");
+        }
+        if (job->on_done) job->on_done(!error);  // last, as the lane's thread does
+      };
+      return job->seq;
+    }
+    l.waiting[job->seq] = job;
+  }
+  work_.notify_all();
+  return job->seq;
+}
+
 void GroupTransport::receive(int peer, const std::string& peer_agent, uint64_t seq,
                              uint64_t incarnation, std::vector<TensorView> targets,
                              Clock::time_point deadline, const std::atomic<bool>& cancelled,
@@ -24,19 +69,12 @@ void GroupTransport::receive(int peer, const std::string& peer_agent, uint64_t s
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Lane& l = number_locked(*job, peer_agent, seq, incarnation);
-    // Only the pair's next number, with nothing else queued, on a lane that is idle and has its
-    // group: anything else (the pair's first transfer, a send queued before it) is the lane's,
-    // in its order; and not once cancelled (wait() says so at once).
-    if (!cancelled.load() && !l.busy && !l.stopping && l.group && l.next_post == job->seq &&
-        l.waiting.empty()) {
-      // What may throw first (copies), then what claims the lane.
-      at = posting_locked(l);
+    // Not once cancelled: wait() says so at once.
+    if (!cancelled.load() && can_run_here_locked(l, *job)) {
+      at = claim_locked(l, *job);
+      here = lanes_.at(peer);
       l.watch_for = waiting_for;
       l.watch_base = at.base;
-      here = lanes_.at(peer);
-      ++l.next_post;
-      job->posted = true;
-      l.busy = true;
       l.watch = &cancelled;
       // An unbounded deadline (time_point::max()) stays unbounded.
       l.watch_until = deadline > Clock::time_point::max() - kDrain ? Clock::time_point::max()
@@ -55,35 +93,37 @@ void GroupTransport::receive(int peer, const std::string& peer_agent, uint64_t s
   receive_here(*here, job, at, cancelled, waiting_for);
 }
 
+std::exception_ptr GroupTransport::run_here(Lane& l, const std::shared_ptr<GroupJob>& job,
+                                            const Posting& at, bool* watched) {
+  // The lane goes back to its thread however this ends, an exception included (a receive's
+  // `watch` points at its caller's flag).
+  struct GiveBack {
+    GroupTransport& t;
+    Lane& l;
+    bool* watched;
+    ~GiveBack() {
+      bool more = false;                      // queued meanwhile: the lane's turn
+      std::shared_ptr<CollectiveGroup> base;  // released after the lock
+      {
+        std::lock_guard<std::mutex> lock(t.mutex_);
+        if (watched != nullptr) *watched = l.watch == nullptr;
+        l.busy = false;
+        l.watch = nullptr;
+        base = std::move(l.watch_base);
+        more = !l.waiting.empty();
+      }
+      if (more) t.work_.notify_all();
+    }
+  } give_back{*this, l, watched};
+  std::vector<std::shared_ptr<GroupJob>> batch{job};
+  return run_batch_unlocked(l, batch, at);
+}
+
 void GroupTransport::receive_here(Lane& l, const std::shared_ptr<GroupJob>& job, const Posting& at,
                                   const std::atomic<bool>& cancelled,
                                   const std::string& waiting_for) {
   bool watched = false;  // the lane's thread aborted the transport for this receive
-  std::exception_ptr error;
-  {
-    // The lane goes back to its thread however this ends, an exception included (`watch`
-    // points at the caller's flag).
-    struct GiveBack {
-      GroupTransport& t;
-      Lane& l;
-      bool& watched;
-      ~GiveBack() {
-        bool more = false;                      // queued meanwhile: the lane's turn
-        std::shared_ptr<CollectiveGroup> base;  // released after the lock
-        {
-          std::lock_guard<std::mutex> lock(t.mutex_);
-          watched = l.watch == nullptr;
-          l.busy = false;
-          l.watch = nullptr;
-          base = std::move(l.watch_base);
-          more = !l.waiting.empty();
-        }
-        if (more) t.work_.notify_all();
-      }
-    } give_back{*this, l, watched};
-    std::vector<std::shared_ptr<GroupJob>> batch{job};
-    error = run_batch_unlocked(l, batch, at);
-  }
+  const std::exception_ptr error = run_here(l, job, at, &watched);
   // As wait() says it: a cancel (or the watch's deadline) seen by the lane's thread aborted the
   // transport, even where the bytes came meanwhile; the batch's own timeout at the deadline.
   if (watched || (error && cancelled.load())) {
