@@ -41,6 +41,23 @@ TEST(Crypto, HmacSha256MatchesRfc4231) {
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
 }
 
+// The edges of the key's block (values from Python's hmac module): an empty key, a key of exactly
+// one block (used as it is), one byte past it (hashed first). Each key twice: the second use is
+// the key kept keyed.
+TEST(Crypto, HmacSha256AtTheKeysBlockEdges) {
+  using tutti::detail::hmac_sha256;
+  std::string block;
+  for (int i = 0; i < 65; ++i) block.push_back(static_cast<char>(i));
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(hex(hmac_sha256("", "")),
+              "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
+    EXPECT_EQ(hex(hmac_sha256(block.substr(0, 64), "a key of exactly one block")),
+              "4160934932697efcd68b6416b5ef5d5f636b1117cf3e740649df906895cd9186");
+    EXPECT_EQ(hex(hmac_sha256(block, "a key one byte past the block")),
+              "49d8a8029b0ac782654a976e6f3c942956281b2742b67b1598db62590da3807e");
+  }
+}
+
 // Keys used before are kept keyed (a few of them): a key's second use, and keys past those kept,
 // give the same MACs as the first. The expected values are RFC 4231's; the other keys' MACs
 // come out different from theirs and from each other.
@@ -48,6 +65,7 @@ TEST(Crypto, HmacSha256IsTheSameForKeysSeenBeforeAndPastThoseKept) {
   using tutti::detail::hmac_sha256;
   const std::string case1 = "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7";
   const std::string case2 = "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
+  const std::string case6 = "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54";
   std::set<std::string> others;
   for (int round = 0; round < 2; ++round) {
     for (int k = 0; k < 12; ++k) {
@@ -55,6 +73,10 @@ TEST(Crypto, HmacSha256IsTheSameForKeysSeenBeforeAndPastThoseKept) {
     }
     EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")), case1) << round;
     EXPECT_EQ(hex(hmac_sha256("Jefe", "what do ya want for nothing?")), case2) << round;
+    EXPECT_EQ(hex(hmac_sha256(std::string(131, '\xaa'),
+                              "Test Using Larger Than Block-Size Key - Hash Key First")),
+              case6)
+        << round;
   }
   EXPECT_EQ(others.size(), 12u);  // the second round's MACs were the first's
   EXPECT_EQ(others.count(case1), 0u);
