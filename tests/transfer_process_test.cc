@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "sanitizers.h"
 #include "test_util.h"
 #include "tutti/transfer_agent.h"
 
@@ -200,6 +201,38 @@ TEST_F(OwnerHere, AConsumerKilledMidTwoSidedGetLetsTheObjectGo) {
   const auto ending = Clock::now();
   agent.reset();
   EXPECT_LT(ms_since(ending), 5000.0);  // its serving threads were joined, none stuck in a send
+}
+
+// The worker, getting 256 MiB over the agents' gloo group (128 in the sanitizer runs), is stopped
+// (SIGSTOP) early in its second get: the owner's send, on its serving thread, waits for a
+// receiver that reads nothing (the sockets' buffers take some 36 MiB here: the object is larger
+// by far, and the receive's fresh pages pace it). The owner's agent still ends at once: its stop
+// ends the transports' transfers before it waits for its serving threads (it waited 5 s for
+// them, then left the sending one running past its end: checked).
+TEST_F(OwnerHere, AConsumerStoppedMidTwoSidedGetDoesNotHoldUpTheOwnersEnd) {
+  Worker w("gloo-getloop", dir.path());
+  ASSERT_GT(w.pid(), 0);
+  GroupOptions go;
+  go.store_url = "file://" + dir.path() + "/store";
+  go.timeout = 30s;
+  go.job_id = "rdt-worker";  // as the worker's
+  agent->join_group("gloo", 2, 0, go);
+  std::vector<float> big((testing::light_test_run() ? 32 : 64) << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f;
+  PutOptions gloo;
+  gloo.transport = "gloo";
+  ObjectHandle g = agent->put({TensorView(big)}, gloo);
+  write_file(dir.path() + "/ref.gloo", g.ref().to_text());
+  write_file(dir.path() + "/ready", "1");
+  ASSERT_TRUE(wait_file(dir.path() + "/getting", 30s)) << "the getter never got";
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(testing::stop_process(w.pid())) << "the getter did not stop";
+  g.release();
+  const auto ending = Clock::now();
+  agent.reset();
+  const double ms = ms_since(ending);
+  std::printf("the owner's agent ended %.1f ms after its destruction began\n", ms);
+  EXPECT_LT(ms, 2500.0);
 }
 
 // ---- a worker owns and dies; the test process consumes ----

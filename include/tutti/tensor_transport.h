@@ -119,8 +119,10 @@ struct AnswerRequest {
   // Work the transport leaves for the answering thread (it sets the function; null: none):
   // the owner's serving thread runs it once the reply is sent, or failed to be, before it reads
   // the consumer's next request. For a transfer that follows the reply (a two-sided send), so
-  // that it starts on the thread that is awake anyway. Must not throw. Null where the caller
-  // runs nothing after the reply: the transport then does the work elsewhere.
+  // that it starts on the thread that is awake anyway. It holds up that connection (tutti's
+  // consumer keeps it to itself for the get) and the agent's stop until it ends: stop() must
+  // end it. Must not throw. Null where the caller runs nothing after the reply: the transport then
+  // does the work elsewhere.
   std::function<void()>* then = nullptr;
 };
 
@@ -162,7 +164,9 @@ class TUTTI_API TensorTransport {
   // where the transport works across hosts or the owner is on this host (same host key).
   virtual Reach reach(const TensorRef& ref, const AgentIdentity& me) const;
   // The agent stops: end the transport's threads and what waits on them (before the agent's
-  // objects go). Default: nothing. Must not throw.
+  // objects go). Called once the agent takes no more connections and has told its serving
+  // threads to end, before it waits for them: an answer (or its AnswerRequest::then) may still
+  // be running, and should end soon after with an error. Default: nothing. Must not throw.
   virtual void stop() noexcept;
   // Owner: answers a consumer's TransportPeer::call. Default: kUnavailable.
   virtual std::string answer(const std::string& request, const AgentIdentity& consumer,

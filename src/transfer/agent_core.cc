@@ -182,9 +182,25 @@ void AgentCore::stop() {
     if (fd >= 0) ::close(fd);
   }
   {
-    std::unique_lock<std::mutex> lock(mutex);
+    std::lock_guard<std::mutex> lock(mutex);
     for (int fd : serving_fds) ::shutdown(fd, SHUT_RDWR);
     changed.notify_all();
+  }
+  {
+    // The transports' threads (the two-sided ones' groups) end now, not whenever the last
+    // reference to the agent goes (a completion callback may hold one a moment longer), and
+    // before the serving threads are waited for: one may be running a two-sided send, which
+    // only this ends while its consumer is alive but not receiving (stopped, or slow).
+    // Transports live as long as the agent: the pointers stay good outside the lock.
+    std::vector<TensorTransport*> all;
+    {
+      std::lock_guard<std::mutex> lock(transports_mutex);
+      for (auto& [name, t] : transports) all.push_back(t.get());
+    }
+    for (TensorTransport* t : all) t->stop();
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex);
     if (!serving_done.wait_for(lock, std::chrono::seconds(5),
                                [&] { return serving_threads.empty(); })) {
       TUTTI_LOG_WARN(
@@ -197,17 +213,6 @@ void AgentCore::stop() {
   }
   join_ended_serving();
   if (housekeeper.joinable()) housekeeper.join();
-  {
-    // The transports' threads (the two-sided ones' groups) end now, not whenever the last
-    // reference to the agent goes (a completion callback may hold one a moment longer).
-    // Transports live as long as the agent: the pointers stay good outside the lock.
-    std::vector<TensorTransport*> all;
-    {
-      std::lock_guard<std::mutex> lock(transports_mutex);
-      for (auto& [name, t] : transports) all.push_back(t.get());
-    }
-    for (TensorTransport* t : all) t->stop();
-  }
   {
     // Whatever is still published goes with the agent (consumers' mappings stay readable).
     std::lock_guard<std::mutex> lock(mutex);

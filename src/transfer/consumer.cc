@@ -145,8 +145,10 @@ void AgentCore::copy_into(Resolved& r, PeerLink& link, const std::vector<TensorV
   const FetchRequest request{r.ref, link, targets, false, deadline, cancelled, stream};
   if (r.transport->traits().holds_itself) {
     // The owner holds the object for the fetch (the socket stream, a two-sided send) and counts
-    // the completed get: no lease.
+    // the completed get: no lease. A two-sided owner sends on the thread that serves the call's
+    // connection: kept for this get (PeerLink::keep_connection).
     link.set_stream_counts(true);
+    link.keep_connection();
     r.transport->fetch(request);
     return;
   }

@@ -36,20 +36,25 @@ uint64_t GroupTransport::send(int peer, const std::string& peer_agent, uint64_t 
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Lane& l = number_locked(*job, peer_agent, seq, incarnation);
-    if (then != nullptr && can_run_here_locked(l, *job)) {
-      const Posting at = claim_locked(l, *job);
+    // CPU sends only: a CPU consumer that dies fails the send at once as its connections go,
+    // where NCCL may not tell, and meanwhile the send holds up the serving thread.
+    if (then != nullptr && !*then && !cuda_ && can_run_here_locked(l, *job)) {
       // The answering thread sends once its reply is out: the consumer posts its receive on
       // the reply, and the send starts on a thread that is awake (no hand-off to the lane's).
-      *then = [this, lane = lanes_.at(peer), job, at]() noexcept {
+      // What may throw (allocations) comes before the claim.
+      auto at = std::make_shared<Posting>();
+      std::function<void()> work = [this, lane = lanes_.at(peer), job, at]() noexcept {
         std::exception_ptr error;
         try {
-          error = run_here(*lane, job, at, nullptr);
+          error = run_here(*lane, job, *at, nullptr);
         } catch (...) {  // out of memory before the send was posted: the pair is out of step
           error = std::current_exception();
-          abort_for_lane(*lane, at.base, "a send could not start");
+          abort_for_lane(*lane, at->base, "a send could not start");
         }
         if (job->on_done) job->on_done(!error);  // last, as the lane's thread does
       };
+      *at = claim_locked(l, *job);  // copies no string: the pair has its group
+      *then = std::move(work);
       return job->seq;
     }
     l.waiting[job->seq] = job;

@@ -258,8 +258,8 @@ std::exception_ptr GroupTransport::run_batch_unlocked(Lane& l,
   try {
     std::shared_ptr<CollectiveGroup> pair = at.pair;
     if (!pair) pair = make_pair_group(l, at.base, at.set, at.me, latest);
-    // The lane's thread and a consumer's (receive) take turns on the pair's group: `busy`, under
-    // the transport's lock, gives it to one at a time.
+    // The lane's thread and a caller's (a consumer's receive, an owner's send) take turns on the
+    // pair's group: `busy`, under the transport's lock, gives it to one at a time.
     pair->issue_from_this_thread();
     BatchP2POptions opts;
     opts.timeout = ms_until(latest);
@@ -291,9 +291,10 @@ void GroupTransport::run_lane(const std::shared_ptr<Lane>& lane) {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!l.stopping) {
     if (l.busy) {
-      // A consumer's thread runs the pair's receive (receive): this thread watches its cancel,
-      // which a receive blocked in the group cannot see, and (should the group's own timeout
-      // not end it) its deadline.
+      // A caller's thread runs the pair's next op (receive, send). A consumer's receive: this
+      // thread watches its cancel, which a receive blocked in the group cannot see, and (should
+      // the group's own timeout not end it) its deadline; an owner's send has neither (`watch`
+      // is null).
       l.idle = 0;
       const bool cancel = l.watch != nullptr && l.watch->load();
       if (cancel || (l.watch != nullptr && Clock::now() >= l.watch_until)) {

@@ -4,9 +4,11 @@
 // The transport's group (join_group's, or the application's from attach_group) carries no
 // transfers itself: for each member this agent transfers with, a "lane" splits a group of the
 // two off it (a local split, made by the lane's own thread on the pair's first transfer) and
-// issues every op of the pair on it, as batches (batch_isend_irecv) of whatever is ready; a
-// consumer's receive that is the pair's next op while the lane is idle runs on the consumer's own
-// thread instead (two thread hand-offs fewer), the lane's thread watching its cancel. The
+// issues every op of the pair on it, as batches (batch_isend_irecv) of whatever is ready; an op
+// that is the pair's next while the lane is idle runs on its caller's thread instead (two thread
+// hand-offs fewer): a consumer's receive on the get's thread, the lane's thread watching its
+// cancel, and an owner's CPU send on the thread that serves the consumer's connection, after its
+// reply (AnswerRequest::then). The
 // messages between two agents follow one order, which the lower-ranked of the two assigns (the
 // "pair sequence"): its own fetches get a number before they are sent, the other's when it
 // grants them. Both sides post a pair's transfers in that order, so the k-th message of one
@@ -76,8 +78,8 @@ class GroupTransport final : public TensorTransport {
   Publication publish(const PublishRequest& request) override;
   // The consumer's half of a fetch, and the owner's (two_sided.cc): the consumer numbers the
   // transfer when it leads the pair and asks the owner (TransportPeer::call_with); the owner
-  // holds the object (TransportOwner), queues its send and grants the number; the consumer
-  // queues the matching receive and waits.
+  // holds the object (TransportOwner), queues its send (or leaves it to its serving thread:
+  // send) and grants the number; the consumer queues the matching receive and waits.
   FetchResult fetch(const FetchRequest& request) override;
   std::string answer_with(const AnswerRequest& request) override;
   // Direct for a member of the ref's group (kAborted while the group is aborted); else not,

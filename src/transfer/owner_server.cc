@@ -70,19 +70,23 @@ class Session {
     try {
       if (!local_) start_tls();
       // After an answer the consumer's next request often follows at once (a get's next step,
-      // or its next get): polled for a while, it is read without a wake-up (kReplySpin).
-      std::chrono::microseconds spin{0};
+      // or its next get): polled for a while (kReplySpin), it is read without a wake-up. Only
+      // while the consumer's last request came within that while: one that keeps a slower pace
+      // costs no polling.
+      bool spin = true;
       while (!core_.stopping) {
         Message m;
+        const auto answered = Clock::now();
         try {
-          m = conn_->receive(Clock::now() + std::chrono::seconds(1), nullptr, spin);
+          m = conn_->receive(answered + std::chrono::seconds(1), nullptr,
+                             spin ? kReplySpin : std::chrono::microseconds(0));
         } catch (const Error& e) {
-          spin = std::chrono::microseconds(0);
+          spin = false;
           if (e.code() == ErrorCode::kTimeout) continue;
           break;  // the consumer went
         }
+        spin = Clock::now() - answered < kReplySpin;
         if (!answer(m)) break;
-        spin = kReplySpin;
       }
     } catch (const std::exception& e) {
       TUTTI_LOG_DEBUG("direct transport: {} stops serving {}: {}", core_.who(), conn_->peer(),

@@ -60,13 +60,21 @@ void rethrow_io(const std::string& context, const AgentIdentity& owner, const Ag
   rethrow_with(context, e);
 }
 
+PeerLink::~PeerLink() {
+  if (kept_) core_.checkin(*peer_, std::move(kept_));
+}
+
 Message PeerLink::round_trip(MsgType type, const std::function<std::string()>& make,
                              const std::vector<int>& fds, bool* replied) {
-  auto conn = core_.checkout(*peer_, deadline_, cancelled_);
+  auto conn = kept_ ? std::move(kept_) : core_.checkout(*peer_, deadline_, cancelled_);
   conn->send(type, make(), fds, deadline_, cancelled_);
   Message m = conn->receive(deadline_, cancelled_, kReplySpin);
   if (replied != nullptr) *replied = true;
-  core_.checkin(*peer_, std::move(conn));
+  if (keep_) {
+    kept_ = std::move(conn);
+  } else {
+    core_.checkin(*peer_, std::move(conn));
+  }
   if (m.type == MsgType::kError) {
     for (int f : m.fds) ::close(f);
     throw_error_payload(m.payload);

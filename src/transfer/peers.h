@@ -35,6 +35,11 @@ class PeerLink final : public TransportPeer {
         cancelled_(cancelled),
         object_(object) {}
 
+  // A kept connection goes back to the pool with the link.
+  ~PeerLink() override;
+  PeerLink(const PeerLink&) = delete;
+  PeerLink& operator=(const PeerLink&) = delete;
+
   const AgentIdentity& owner() const override { return peer_->owner; }
 
   // One request, one reply: kError replies are rethrown with the owner's code.
@@ -49,6 +54,10 @@ class PeerLink final : public TransportPeer {
   // Whether the owner counts a completed stream as one of the object's expected gets: the
   // socket path does; a transport streaming inside a lease does not (ending the lease counts).
   void set_stream_counts(bool counts) { stream_counts_ = counts; }
+  // Calls keep their connection until the link goes, not only until the reply: for a transport
+  // whose owner goes on serving the get after its reply (a two-sided send runs on the thread
+  // that serves the connection), so that no other request of this agent's waits behind it.
+  void keep_connection() { keep_ = true; }
 
  private:
   // As request(), the payload made once a pooled or new connection is up.
@@ -63,6 +72,8 @@ class PeerLink final : public TransportPeer {
   ObjectId object_;
   std::string transport_name_;
   bool stream_counts_ = false;
+  bool keep_ = false;
+  std::unique_ptr<Connection> kept_;
 };
 
 }  // namespace tutti::detail
