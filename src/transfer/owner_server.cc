@@ -89,10 +89,14 @@ class Session {
         if (!answer(m)) break;
       }
     } catch (const std::exception& e) {
-      TUTTI_LOG_DEBUG("direct transport: {} stops serving {}: {}", core_.who(), conn_->peer(),
-                      e.what());
+      try {
+        TUTTI_LOG_DEBUG("direct transport: {} stops serving {}: {}", core_.who(), conn_->peer(),
+                        e.what());
+      } catch (...) {  // out of memory for the message: the connection ends all the same
+      }
+    } catch (...) {
     }
-    finish();
+    finish();  // whatever ended the loop: an exception out of this thread ends the process
   }
 
  private:
@@ -367,7 +371,10 @@ class Session {
     }
     std::lock_guard<std::mutex> lock(core_.mutex);
     if (consumer_ && --consumer_->connections == 0 && (consumer_->pidfd < 0 || exited)) {
-      core_.drop_consumer_locked(consumer_->identity.uuid_text());
+      try {
+        core_.drop_consumer_locked(consumer_->identity.uuid_text());
+      } catch (...) {  // out of memory: its leases stay (a local one's go when its process exits)
+      }
     }
     core_.serving_fds.erase(fd_);
     conn_.reset();
