@@ -78,7 +78,7 @@ bool arena_ok(const TensorView& t) {
   return p[kArena - 1] == static_cast<float>(kArena - 1) * 0.5f;
 }
 
-// Floats of value i * 0.5, of any length (exact to 2^24 of them).
+// Floats of value i * 0.5, of any length (past 2^24 of them rounded, the same way on both sides).
 bool halves_ok(const TensorView& t) {
   const float* p = static_cast<const float*>(t.data());
   for (int64_t i = 0; i < t.numel(); i += 997) {

@@ -226,7 +226,11 @@ void AgentCore::serving_thread_ends_locked() {
   // Not there: stop() gave up waiting for it and left it detached.
   auto it = serving_threads.find(std::this_thread::get_id());
   if (it == serving_threads.end()) return;
-  ended_serving.push_back(std::move(it->second));
+  try {
+    ended_serving.push_back(std::move(it->second));
+  } catch (...) {  // out of memory: not joined, then (it ends in a moment)
+    it->second.detach();
+  }
   serving_threads.erase(it);
   if (serving_threads.empty()) serving_done.notify_all();
 }

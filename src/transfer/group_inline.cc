@@ -76,9 +76,9 @@ void GroupTransport::receive(int peer, const std::string& peer_agent, uint64_t s
     Lane& l = number_locked(*job, peer_agent, seq, incarnation);
     // Not once cancelled: wait() says so at once.
     if (!cancelled.load() && can_run_here_locked(l, *job)) {
+      l.watch_for = waiting_for;  // what may throw (a copy) before what claims the lane
       at = claim_locked(l, *job);
       here = lanes_.at(peer);
-      l.watch_for = waiting_for;
       l.watch_base = at.base;
       l.watch = &cancelled;
       // An unbounded deadline (time_point::max()) stays unbounded.

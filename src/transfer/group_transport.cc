@@ -35,7 +35,8 @@ void GroupTransport::shutdown() noexcept {
     shut_ = true;
     g = group_;
     own = remake_ != nullptr;
-    for (const auto& [peer, lane] : lanes_) busy = busy || lane->busy;
+    // A lane busy splitting its pair's group (it has none yet), not one running a transfer.
+    for (const auto& [peer, lane] : lanes_) busy = busy || (lane->busy && !lane->group);
     fail_waiting_locked("the agent is going", done);
     lanes = take_lanes_locked();
   }

@@ -61,7 +61,13 @@ void rethrow_io(const std::string& context, const AgentIdentity& owner, const Ag
 }
 
 PeerLink::~PeerLink() {
-  if (kept_) core_.checkin(*peer_, std::move(kept_));
+  // Gone by an exception (the get failed after its reply): the owner may still be serving it on
+  // that connection, which is closed rather than pooled.
+  if (!kept_ || std::uncaught_exceptions() > unwinding_) return;
+  try {
+    core_.checkin(*peer_, std::move(kept_));
+  } catch (...) {  // out of memory: closed instead
+  }
 }
 
 Message PeerLink::round_trip(MsgType type, const std::function<std::string()>& make,

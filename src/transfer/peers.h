@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -56,7 +57,10 @@ class PeerLink final : public TransportPeer {
   void set_stream_counts(bool counts) { stream_counts_ = counts; }
   // Calls keep their connection until the link goes, not only until the reply: for a transport
   // whose owner goes on serving the get after its reply (a two-sided send runs on the thread
-  // that serves the connection), so that no other request of this agent's waits behind it.
+  // that serves the connection), so that no other request of this agent's waits behind it. A
+  // link that goes by an exception closes it (the owner may still be sending). The cost: each
+  // concurrent get of such a transport holds a connection (past the pool's cap, a new one is
+  // made and closed after). Calls of one link from one thread at a time (one fetch's).
   void keep_connection() { keep_ = true; }
 
  private:
@@ -74,6 +78,7 @@ class PeerLink final : public TransportPeer {
   bool stream_counts_ = false;
   bool keep_ = false;
   std::unique_ptr<Connection> kept_;
+  const int unwinding_ = std::uncaught_exceptions();  // at the link's making
 };
 
 }  // namespace tutti::detail
