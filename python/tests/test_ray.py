@@ -168,6 +168,9 @@ class Worker:
     def set_env(self, name, value):
         os.environ[name] = value
 
+    def env(self, name):
+        return os.environ.get(name)
+
     def transfer_reach(self):
         """Whether this worker's agent signs its refs and puts its TCP address in them."""
         from tutti import transfer
@@ -441,6 +444,22 @@ def test_rdt_across_nodes_over_tcp_with_the_clusters_secret(two_nodes):
     ref = producer.produce.remote(1000)
     assert ray.get(consumer.consume.remote(ref), timeout=120) == (499500.0, 3, 10.0)
     assert ray.get(producer.transfer_reach.remote()) == (True, True)
+
+
+def test_rdt_across_nodes_from_a_node_that_names_its_own_address(two_nodes):
+    """TUTTI_RAY_NODE_ADDRESS: the node's address for tutti's listeners, the transfer agent's as
+    well as a group's store (the agent took Ray's node IP whatever it said): here 127.0.0.2, a
+    loopback address Ray does not use, on which the consumer on the other "node" reaches it."""
+    _, consumer = two_nodes
+    producer = Worker.options(runtime_env={"env_vars": {
+        "TUTTI_HOST_ID": "node-c", "TUTTI_RAY_NODE_ADDRESS": "127.0.0.2"}}).remote()
+    try:
+        ref = producer.produce.remote(300)
+        assert ray.get(consumer.consume.remote(ref), timeout=120) == (44850.0, 3, 10.0)
+        assert ray.get(producer.env.remote("TUTTI_TRANSFER_LISTEN_TCP")) == "127.0.0.2"
+        assert ray.get(producer.transfer_reach.remote()) == (True, True)
+    finally:
+        ray.kill(producer)
 
 
 @pytest.mark.skipif(not HAVE_UCX, reason="the ucx plugin is not built (build/plugins: Debian's "

@@ -66,7 +66,10 @@ def _node_id() -> str:
 
 
 def _node_address() -> str:
-    override = os.environ.get("TUTTI_RAY_STORE_HOST")
+    """This node's address for tutti's own listeners: a group's store (hosted by its rank 0) and the
+    transfer agent's TCP listener. Ray's node IP unless TUTTI_RAY_NODE_ADDRESS names another
+    (a node whose Ray address is not the one its peers reach it on for bulk traffic)."""
+    override = os.environ.get("TUTTI_RAY_NODE_ADDRESS") or os.environ.get("TUTTI_RAY_STORE_HOST")
     if override:
         return override
     return ray.util.get_node_ip_address()

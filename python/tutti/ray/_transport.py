@@ -90,7 +90,9 @@ def serve_other_nodes() -> None:
         kv._internal_kv_put(_SECRET_KEY, secrets.token_hex(32).encode(), overwrite=False)
         os.environ["TUTTI_TRANSFER_SECRET"] = kv._internal_kv_get(_SECRET_KEY).decode()
     if "TUTTI_TRANSFER_LISTEN_TCP" not in os.environ:
-        os.environ["TUTTI_TRANSFER_LISTEN_TCP"] = ray.util.get_node_ip_address()
+        # The node's address as the collective groups give it to their store (one override,
+        # TUTTI_RAY_NODE_ADDRESS, for both).
+        os.environ["TUTTI_TRANSFER_LISTEN_TCP"] = _group._node_address()
 
 
 def _allow_fallback() -> bool:
