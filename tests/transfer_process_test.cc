@@ -112,6 +112,24 @@ class OwnerHere : public ::testing::Test {
     write_file(dir.path() + "/ref.reserved", h.ref().to_text());
     write_file(dir.path() + "/ready", "1");
   }
+  // A worker that gets `t` over the agents' gloo group (rank 1; this agent owns, rank 0) until it
+  // is killed, once it has got it once; `h` holds the object.
+  std::unique_ptr<Worker> gloo_getter(const TensorView& t, ObjectHandle& h) {
+    auto w = std::make_unique<Worker>("gloo-getloop", dir.path());
+    if (w->pid() <= 0) return nullptr;
+    GroupOptions go;
+    go.store_url = "file://" + dir.path() + "/store";
+    go.timeout = 30s;
+    go.job_id = "rdt-worker";  // as the worker's
+    agent->join_group("gloo", 2, 0, go);
+    PutOptions gloo;
+    gloo.transport = "gloo";
+    h = agent->put({t}, gloo);
+    write_file(dir.path() + "/ref.gloo", h.ref().to_text());
+    write_file(dir.path() + "/ready", "1");
+    if (!wait_file(dir.path() + "/getting", 30s)) return nullptr;
+    return w;
+  }
   testing::TempDir dir;
   std::shared_ptr<TransferAgent> agent;
   TensorView arena;
@@ -178,22 +196,12 @@ TEST_F(OwnerHere, AConsumerKilledMidCopyLeaksNothing) {
 // fails as its connection goes), so the object is freed within seconds, not at the get's
 // timeout, and the agent then ends at once.
 TEST_F(OwnerHere, AConsumerKilledMidTwoSidedGetLetsTheObjectGo) {
-  Worker w("gloo-getloop", dir.path());
-  ASSERT_GT(w.pid(), 0);
-  GroupOptions go;
-  go.store_url = "file://" + dir.path() + "/store";
-  go.timeout = 30s;
-  go.job_id = "rdt-worker";  // as the worker's
-  agent->join_group("gloo", 2, 0, go);
-  PutOptions gloo;
-  gloo.transport = "gloo";
-  ObjectHandle g = agent->put({arena}, gloo);
-  write_file(dir.path() + "/ref.gloo", g.ref().to_text());
-  write_file(dir.path() + "/ready", "1");
-  ASSERT_TRUE(wait_file(dir.path() + "/getting", 30s)) << "the getter never got";
+  ObjectHandle g;
+  auto w = gloo_getter(arena, g);
+  ASSERT_TRUE(w) << "the getter did not start or never got";
   std::this_thread::sleep_for(20ms);  // some 10 gets of 4 MiB later
   const auto killed = Clock::now();
-  w.kill();
+  w->kill();
   g.release();
   agent->wait_tensor_freed(arena, 10s);  // kTimeout while the owner's send still holds it
   std::printf("freed %.1f ms after the getter's death\n", ms_since(killed));
@@ -210,23 +218,13 @@ TEST_F(OwnerHere, AConsumerKilledMidTwoSidedGetLetsTheObjectGo) {
 // once: its stop ends the transports' transfers before it waits for its serving threads (it waited
 // 5 s for them, then left the sending one running past its end: checked).
 TEST_F(OwnerHere, AConsumerStoppedMidTwoSidedGetDoesNotHoldUpTheOwnersEnd) {
-  Worker w("gloo-getloop", dir.path());
-  ASSERT_GT(w.pid(), 0);
-  GroupOptions go;
-  go.store_url = "file://" + dir.path() + "/store";
-  go.timeout = 30s;
-  go.job_id = "rdt-worker";  // as the worker's
-  agent->join_group("gloo", 2, 0, go);
   std::vector<float> big(size_t{64} << 20);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f;
-  PutOptions gloo;
-  gloo.transport = "gloo";
-  ObjectHandle g = agent->put({TensorView(big)}, gloo);
-  write_file(dir.path() + "/ref.gloo", g.ref().to_text());
-  write_file(dir.path() + "/ready", "1");
-  ASSERT_TRUE(wait_file(dir.path() + "/getting", 30s)) << "the getter never got";
+  ObjectHandle g;
+  auto w = gloo_getter(TensorView(big), g);
+  ASSERT_TRUE(w) << "the getter did not start or never got";
   std::this_thread::sleep_for(50ms);
-  ASSERT_TRUE(testing::stop_process(w.pid())) << "the getter did not stop";
+  ASSERT_TRUE(testing::stop_process(w->pid())) << "the getter did not stop";
   g.release();
   bool held = false;
   try {
