@@ -45,6 +45,7 @@ size_t align_up(size_t n, size_t a) {
 ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_(ctx.world_size) {
   if (world_size_ == 1) return;  // every op is local
   inputs_.resize(static_cast<size_t>(world_size_));
+  block_inputs_.resize(static_cast<size_t>(world_size_));
   pidfds_.assign(static_cast<size_t>(world_size_), -1);
 
   // Shared memory needs one host: the group compared every rank's host identity at join.

@@ -133,6 +133,7 @@ class ShmBackend : public Backend {
   uint64_t ops_ = 0;    // collectives begun so far
   std::atomic<uint64_t> completed_ops_{0};  // collectives completed so far
   std::vector<const void*> inputs_;         // one pointer per rank, for reductions (sized once)
+  std::vector<const void*> block_inputs_;   // the same, advanced to one block of a slice
   std::vector<int> pidfds_;                 // by rank: a handle on each peer's process, or -1
 
   std::atomic<bool> aborted_{false};  // abort() was called in this process

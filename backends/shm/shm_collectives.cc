@@ -58,6 +58,11 @@ Backend::WorkPtr ShmBackend::reduce(const std::vector<TensorView>& tensors,
   return nullptr;
 }
 
+namespace {
+// A slice's reduction goes block by block: reduce_many's own block (L1-sized).
+constexpr size_t kReduceBlockBytes = 16384;
+}  // namespace
+
 // allreduce (root < 0) or reduce to root, in place on t.
 void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op) {
   const detail::ReduceFn fn = detail::reduce_function(t.dtype(), reduce_op);
@@ -105,9 +110,18 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       }
       char* published = stage(rank_, half) + b * es;
       char* target = to_me ? data + (first + b) * es : published;
-      detail::reduce_many(fn, target, inputs.data(), world_size_, e - b, es);
-      if (avg) detail::scale_average(target, t.dtype(), e - b, world_size_);
-      if (target != published) std::memcpy(published, target, (e - b) * es);
+      // Block by block, each copied to the staging area while it is still in L1.
+      const size_t block = std::max<size_t>(1, kReduceBlockBytes / es);
+      for (size_t s = 0; s < e - b; s += block) {
+        const size_t len_s = std::min(block, e - b - s);
+        for (int k = 0; k < world_size_; ++k) {
+          block_inputs_[k] = static_cast<const char*>(inputs[k]) + s * es;
+        }
+        char* out = target + s * es;
+        detail::reduce_many(fn, out, block_inputs_.data(), world_size_, len_s, es);
+        if (avg) detail::scale_average(out, t.dtype(), len_s, world_size_);
+        if (target != published) std::memcpy(published + s * es, out, len_s * es);
+      }
     }
     sync(op);
     if (!to_me) continue;
