@@ -58,11 +58,6 @@ Backend::WorkPtr ShmBackend::reduce(const std::vector<TensorView>& tensors,
   return nullptr;
 }
 
-namespace {
-// A slice's reduction goes block by block: reduce_many's own block (L1-sized).
-constexpr size_t kReduceBlockBytes = 16384;
-}  // namespace
-
 // allreduce (root < 0) or reduce to root, in place on t.
 void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op) {
   const detail::ReduceFn fn = detail::reduce_function(t.dtype(), reduce_op);
@@ -110,8 +105,8 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       }
       char* published = stage(rank_, half) + b * es;
       char* target = to_me ? data + (first + b) * es : published;
-      // Block by block, each copied to the staging area while it is still in L1.
-      const size_t block = std::max<size_t>(1, kReduceBlockBytes / es);
+      // Block by block (reduce_many's own), each copied to the staging area while in L1.
+      const size_t block = std::max<size_t>(1, detail::kReduceBlockBytes / es);
       for (size_t s = 0; s < e - b; s += block) {
         const size_t len_s = std::min(block, e - b - s);
         for (int k = 0; k < world_size_; ++k) {

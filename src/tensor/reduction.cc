@@ -174,8 +174,7 @@ void reduce_many(ReduceFn fn, void* out, const void* const* inputs, int count, s
     if (out != inputs[0]) std::memmove(out, inputs[0], n * element_size);
     return;
   }
-  // Blocks small enough to stay in L1 while every input is folded in.
-  const size_t block = std::max<size_t>(1, 16384 / element_size);
+  const size_t block = std::max<size_t>(1, kReduceBlockBytes / element_size);
   auto* o = static_cast<char*>(out);
   for (size_t start = 0; start < n; start += block) {
     const size_t len = std::min(block, n - start);

@@ -17,7 +17,11 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 // Never null for a valid (dtype, op) pair; kAvg on a non-floating dtype returns null.
 ReduceFn reduce_function(DType dtype, ReduceOp op) noexcept;
 
-// out = inputs[0] (op) inputs[1] (op) ... (op) inputs[count-1], element-wise, in L1-sized blocks.
+// The bytes of one reduce_many block: small enough to stay in L1 while every input is folded in.
+constexpr size_t kReduceBlockBytes = 16384;
+
+// out = inputs[0] (op) inputs[1] (op) ... (op) inputs[count-1], element-wise, in blocks of
+// kReduceBlockBytes.
 // out may be one of the inputs only if it is inputs[0].
 void reduce_many(ReduceFn fn, void* out, const void* const* inputs, int count, size_t n,
                  size_t element_size) noexcept;
