@@ -15,6 +15,7 @@
 #include "group/group_util.h"
 #include "util/host_identity.h"
 #include "util/logging.h"
+#include "util/op_clock.h"
 
 namespace tutti::detail {
 namespace {
@@ -183,7 +184,7 @@ int64_t FlightRecorder::wall_us(std::chrono::steady_clock::time_point t) const {
 }
 
 int64_t FlightRecorder::now_us() const {
-  return wall_us(std::chrono::steady_clock::now());
+  return wall_us(detail::op_now());
 }
 
 namespace {

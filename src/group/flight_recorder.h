@@ -30,7 +30,8 @@
 // op lock claims the entry's state with one compare-and-swap, so that an entry reused by an op
 // issued `capacity` ops later is never marked with the old op's end. Errors, on the failure path
 // only, are kept under a mutex. Nor is there a clock read at issue: the op's start time comes
-// with its context.
+// with its context; its end is read from the ops' clock (util/op_clock.h, the time stamp counter
+// where the kernel trusts it).
 #pragma once
 
 #include <atomic>
@@ -106,7 +107,7 @@ class FlightRecorder {
   int64_t wall_us(std::chrono::steady_clock::time_point t) const;
 
   const Identity identity_;
-  // Wall-clock time at a steady-clock instant: entries read only the (cheap) steady clock.
+  // Wall-clock time at a steady-clock instant: entries read only the ops' (cheap) steady time.
   const std::chrono::steady_clock::time_point steady_base_;
   const int64_t wall_base_us_;
   const size_t capacity_;

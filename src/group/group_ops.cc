@@ -10,6 +10,7 @@
 #include "group/op_check.h"
 #include "tutti/collective_group.h"
 #include "util/logging.h"
+#include "util/op_clock.h"
 
 namespace tutti {
 namespace {
@@ -209,7 +210,7 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
   call.ctx.group_name = s.name;
   call.ctx.rank = s.rank;
   call.ctx.world_size = s.world_size;
-  call.ctx.started = std::chrono::steady_clock::now();  // an inline op's deadline counts from here
+  call.ctx.started = detail::op_now();  // an inline op's deadline counts from here
   call.peer = peer;
   if (s.check_ops && !call.p2p && s.runs_inline && s.world_size > 1) {
     call.fingerprint = detail::fingerprint(seq, sig, shape);
