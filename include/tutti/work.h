@@ -34,6 +34,7 @@ class TUTTI_API Work {
   virtual ~Work();
   // A Work that has already finished successfully (what a blocking call returns).
   static std::shared_ptr<Work> completed(const OpContext& ctx);
+  static std::shared_ptr<Work> completed(OpContext&& ctx);  // takes ctx's references over
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 

@@ -66,7 +66,11 @@ Work::~Work() {
 }
 
 std::shared_ptr<Work> Work::completed(const OpContext& ctx) {
-  auto work = std::allocate_shared<Work>(CachingAllocator<Work>(), ctx);
+  return completed(OpContext(ctx));
+}
+
+std::shared_ptr<Work> Work::completed(OpContext&& ctx) {
+  auto work = std::allocate_shared<Work>(CachingAllocator<Work>(), std::move(ctx));
   work->done_.store(true, std::memory_order_release);
   return work;
 }
