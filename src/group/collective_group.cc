@@ -28,6 +28,7 @@
 #include "util/host_identity.h"
 #include "util/local_processes.h"
 #include "util/logging.h"
+#include "util/op_clock.h"
 
 namespace tutti {
 namespace {
@@ -434,6 +435,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   s->instance = detail::escape_name(choice.job_id.empty() ? "nojob" : choice.job_id) + "." +
                 detail::escape_name(name) + "." + std::to_string(m.incarnation);
   s->recorder = detail::FlightRecorder::create({name, s->instance, rank, world_size, info.name});
+  detail::op_now();  // the ops' clock measures its rate here (once a process), not in an op
   if (auto* tcp = dynamic_cast<TCPStore*>(s->store.get()); tcp != nullptr && s->owns_store) {
     // The host learns of this rank's departure even if the process dies (see leave_store).
     try {
@@ -802,6 +804,7 @@ std::shared_ptr<CollectiveGroup::State> grown_state(
   g->take_thread();
   g->instance = a.instance;
   g->recorder = detail::FlightRecorder::create({a.name, a.instance, rank, world, info.name});
+  detail::op_now();  // (as in create)
   if (auto* tcp = dynamic_cast<TCPStore*>(g->store.get()); tcp != nullptr && g->owns_store) {
     try {
       tcp->set_on_close(g->scope + "/left/" + std::to_string(rank), "closed");

@@ -4,12 +4,13 @@
 // from there) and when it ends (the flight recorder's entry). clock_gettime() costs ~30 ns on
 // the VMs this runs on and orders the pipeline around it; at world size 1 the two reads were
 // half of an 8-byte allreduce's ~220 ns in the core. op_now() reads the time stamp counter
-// instead (~12 ns, not serialising) and converts it with the rate each thread measured against
-// the steady clock: a thread takes a fresh (counter, steady) anchor every millisecond, and the
-// rate from its last interval, so what op_now() returns stays within about a microsecond of
-// steady_clock::now() (typically tens of nanoseconds) and every error is limited to one
-// interval. Where the counter cannot be trusted (not x86-64, or the kernel does not keep its own
-// clock on it, e.g. an unstable TSC), op_now() is steady_clock::now().
+// instead (~12 ns, not serialising) and converts it with a rate measured against the steady
+// clock: once per process over 200 us (the first call: a group's creation makes it, off any
+// op's path), then by each thread over each interval between its anchors. A thread takes a
+// fresh (counter, steady) anchor every millisecond, so what op_now() returns stays within about
+// a microsecond of steady_clock::now() (typically tens of nanoseconds) and every error is
+// limited to one interval. Where the counter cannot be trusted (not x86-64, or the kernel does not
+// keep its own clock on it, e.g. an unstable TSC), op_now() is steady_clock::now().
 #pragma once
 
 #include <chrono>
