@@ -23,6 +23,12 @@ namespace {
 constexpr size_t kDefaultCapacity = 64;
 constexpr size_t kLoggedEntries = 8;  // without a directory, the log gets the last few ops
 
+uint64_t power_of_two_at_least(size_t n) {
+  uint64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
 size_t capacity_from_env() {
   const char* v = std::getenv("TUTTI_FLIGHT_RECORDER_SIZE");
   if (v == nullptr || *v == '\0') return kDefaultCapacity;
@@ -173,8 +179,9 @@ FlightRecorder::FlightRecorder(Identity identity, size_t capacity)
                         std::chrono::system_clock::now().time_since_epoch())
                         .count()),
       capacity_(std::max<size_t>(capacity, 1)),
-      ring_(new Entry[capacity_]),
-      errors_(capacity_) {}
+      mask_(power_of_two_at_least(capacity_) - 1),
+      ring_(new Entry[mask_ + 1]),
+      errors_(mask_ + 1) {}
 
 FlightRecorder::~FlightRecorder() = default;
 
@@ -224,7 +231,7 @@ uint64_t FlightRecorder::issue(const OpContext& ctx, int peer, bool running) {
       ctx.started == std::chrono::steady_clock::time_point{} ? now_us() : wall_us(ctx.started);
   const uint64_t id = next_id_.load(kRelaxed);
   next_id_.store(id + 1, kRelaxed);  // one issuer at a time (the op lock)
-  Entry& e = ring_[id % capacity_];
+  Entry& e = ring_[slot(id)];
   const uint64_t v = e.version.load(kRelaxed);
   e.version.store(v + 1, kRelaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -259,16 +266,16 @@ bool FlightRecorder::claim(Entry& e, uint64_t id, State to, bool exclusive) {
 }
 
 void FlightRecorder::start(uint64_t id, std::chrono::steady_clock::time_point when) {
-  Entry& e = ring_[id % capacity_];
+  Entry& e = ring_[slot(id)];
   if (claim(e, id, State::kStarted, false)) e.started_us.store(wall_us(when), kRelaxed);
 }
 
 void FlightRecorder::finish(uint64_t id, const std::string* error, bool exclusive) {
   const int64_t now = now_us();
-  Entry& e = ring_[id % capacity_];
+  Entry& e = ring_[slot(id)];
   if (error != nullptr) {
     std::lock_guard<std::mutex> lock(errors_mutex_);
-    errors_[id % capacity_] = {id, error->substr(0, 400)};
+    errors_[slot(id)] = {id, error->substr(0, 400)};
   }
   if (!claim(e, id, error == nullptr ? State::kCompleted : State::kFailed, exclusive)) return;
   if (e.started_us.load(kRelaxed) == 0) e.started_us.store(now, kRelaxed);
@@ -276,7 +283,7 @@ void FlightRecorder::finish(uint64_t id, const std::string* error, bool exclusiv
 }
 
 FlightRecorder::Copy FlightRecorder::read(uint64_t id) const {
-  const Entry& e = ring_[id % capacity_];
+  const Entry& e = ring_[slot(id)];
   Copy c;
   for (int attempt = 0; attempt < 100; ++attempt) {
     const uint64_t v = e.version.load(std::memory_order_acquire);
@@ -295,7 +302,7 @@ FlightRecorder::Copy FlightRecorder::read(uint64_t id) const {
   }
   if (c.state == State::kFailed) {
     std::lock_guard<std::mutex> lock(errors_mutex_);
-    const auto& err = errors_[id % capacity_];
+    const auto& err = errors_[slot(id)];
     if (err.first == c.id) c.error = err.second;
   }
   return c;

@@ -100,6 +100,7 @@ class FlightRecorder {
   static uint64_t tag_of(uint64_t id, State state) {
     return id << 2 | static_cast<uint64_t>(state);
   }
+  size_t slot(uint64_t id) const { return static_cast<size_t>(id & mask_); }
   // Moves op `id`'s entry from a running state to `to`; false where another op took the entry.
   bool claim(Entry& e, uint64_t id, State to, bool exclusive);
   Copy read(uint64_t id) const;
@@ -110,7 +111,10 @@ class FlightRecorder {
   // Wall-clock time at a steady-clock instant: entries read only the ops' (cheap) steady time.
   const std::chrono::steady_clock::time_point steady_base_;
   const int64_t wall_base_us_;
-  const size_t capacity_;
+  const size_t capacity_;  // the ops a dump shows
+  // The ring holds the next power of two (an entry's index is a mask, not a division: the
+  // division was ~40% of issue()'s time).
+  const uint64_t mask_;
   const std::unique_ptr<Entry[]> ring_;
   std::atomic<uint64_t> next_id_{1};  // written only by issue(), under the op lock
   mutable std::mutex errors_mutex_;

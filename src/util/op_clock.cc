@@ -83,15 +83,17 @@ struct Process {
   double ns_per_tick = 0;
 };
 
-const Process& process() {
-  static const Process p = [] {
-    Process q;
-    q.counter = counter_trusted();
+[[gnu::noinline]] Process make_process() {
+  Process q;
+  q.counter = counter_trusted();
 #if defined(__x86_64__)
-    if (q.counter) q.ns_per_tick = measure_process_rate();
+  if (q.counter) q.ns_per_tick = measure_process_rate();
 #endif
-    return q;
-  }();
+  return q;
+}
+
+const Process& process() {
+  static const Process p = make_process();
   return p;
 }
 
@@ -113,9 +115,8 @@ void trust(Anchor& a, double ns_per_tick) {
 }
 
 // A real clock read, and a new anchor (with the rate over the interval since the last one) when
-// the read was not preempted.
-Clock::time_point reanchor() {
-  Anchor& a = anchor;
+// the read was not preempted. Out of line: op_now()'s common path stays a few instructions.
+[[gnu::noinline]] Clock::time_point reanchor(Anchor& a) {
   const Reading now = read_both();
   if (now.spread > kMaxReadTicks) return now.real;
   const Reading last{a.counter, a.ns, {}, 0};
@@ -146,13 +147,15 @@ bool op_clock_uses_counter() {
 Clock::time_point op_now() {
 #if defined(__x86_64__)
   if (process().counter) {
-    const Anchor& a = anchor;
-    const uint64_t ticks = __rdtsc() - a.counter;
-    if (ticks < a.trust_ticks) {
+    Anchor& a = anchor;
+    const Anchor now = a;  // (one thread-local lookup)
+    const uint64_t ticks = __rdtsc() - now.counter;
+    if (ticks < now.trust_ticks) {  // (so ticks fits an int64_t)
+      const double ns = static_cast<double>(static_cast<int64_t>(ticks)) * now.ns_per_tick;
       return Clock::time_point(std::chrono::duration_cast<Clock::duration>(
-          nanoseconds(a.ns + static_cast<int64_t>(static_cast<double>(ticks) * a.ns_per_tick))));
+          nanoseconds(now.ns + static_cast<int64_t>(ns))));
     }
-    return reanchor();
+    return reanchor(a);
   }
 #endif
   return Clock::now();
