@@ -22,7 +22,8 @@ constexpr size_t kReduceBlockBytes = 16384;
 
 // out = inputs[0] (op) inputs[1] (op) ... (op) inputs[count-1], element-wise, in blocks of
 // kReduceBlockBytes.
-// out may be one of the inputs only if it is inputs[0].
+// out may be one of the inputs only if it is inputs[0] or inputs[1] (the first step reads both
+// before it writes; later steps read only inputs[2...]).
 void reduce_many(ReduceFn fn, void* out, const void* const* inputs, int count, size_t n,
                  size_t element_size) noexcept;
 
