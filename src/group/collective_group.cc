@@ -747,6 +747,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   sub->instance = instance;
   sub->recorder =
       detail::FlightRecorder::create({name, sub->instance, sub_rank, sub_world, info.name});
+  detail::op_now();  // (as in create)
   if (auto* tcp = dynamic_cast<TCPStore*>(sub->store.get()); tcp != nullptr && sub->owns_store) {
     try {
       tcp->set_on_close(sub->scope + "/left/" + std::to_string(sub_rank), "closed");

@@ -267,7 +267,9 @@ bool FlightRecorder::claim(Entry& e, uint64_t id, State to, bool exclusive) {
 
 void FlightRecorder::start(uint64_t id, std::chrono::steady_clock::time_point when) {
   Entry& e = ring_[slot(id)];
-  if (claim(e, id, State::kStarted, false)) e.started_us.store(wall_us(when), kRelaxed);
+  if (claim(e, id, State::kStarted, false)) {
+    e.started_us.store(std::max(wall_us(when), e.issued_us.load(kRelaxed)), kRelaxed);
+  }
 }
 
 void FlightRecorder::finish(uint64_t id, const std::string* error, bool exclusive) {
@@ -278,8 +280,11 @@ void FlightRecorder::finish(uint64_t id, const std::string* error, bool exclusiv
     errors_[slot(id)] = {id, error->substr(0, 400)};
   }
   if (!claim(e, id, error == nullptr ? State::kCompleted : State::kFailed, exclusive)) return;
-  if (e.started_us.load(kRelaxed) == 0) e.started_us.store(now, kRelaxed);
-  e.ended_us.store(now, kRelaxed);
+  // (The ops' clock may read a little before a time it gave on another thread: never an end
+  // before the start.)
+  const int64_t started = e.started_us.load(kRelaxed);
+  if (started == 0) e.started_us.store(now, kRelaxed);
+  e.ended_us.store(std::max(now, started), kRelaxed);
 }
 
 FlightRecorder::Copy FlightRecorder::read(uint64_t id) const {

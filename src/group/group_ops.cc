@@ -258,7 +258,7 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
         work->finish(error);
       } else {
         // Its deadline counts from when it starts, not from when it was queued.
-        ctx.started = std::chrono::steady_clock::now();
+        ctx.started = detail::op_now();
         note_start(*state, record, ctx.started);
         try {
           if (fingerprint) detail::check_fingerprints(*state->backend, ctx, *fingerprint);

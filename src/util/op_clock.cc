@@ -1,5 +1,6 @@
 #include "util/op_clock.h"
 
+#include <atomic>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -17,8 +18,12 @@ using std::chrono::nanoseconds;
 // How long a thread extrapolates from one anchor; the rate is measured over the same interval.
 constexpr int64_t kAnchorEveryNs = 1000000;
 // An anchor's clock read must sit between two counter reads this close (a read preempted in
-// between would misplace it by the preemption): about 1-4 us at 1-4 GHz.
-constexpr uint64_t kMaxReadTicks = 4096;
+// between would misplace it by the preemption): about 0.25-1 us at 1-4 GHz.
+constexpr uint64_t kMaxReadTicks = 1024;
+// A thread's rate is refused (and the clock read until the next interval) when it strays this
+// far from the process's: a suspend (the steady clock stops, the counter does not), a slewed
+// clock's step, a counter whose rate changed.
+constexpr double kRateTolerance = 0.01;
 
 bool counter_trusted() {
 #if defined(__x86_64__)
@@ -78,23 +83,30 @@ double measure_process_rate() {
 }
 #endif
 
-struct Process {
-  bool counter = false;
-  double ns_per_tick = 0;
-};
+// What the process uses, decided once: 0 not yet, 1 the counter (at g_rate, 0 where it could
+// not be measured: each thread measures its own), 2 the steady clock. No guarded static: a
+// fork() while another thread measured would leave the child's next group waiting on the guard
+// forever. Threads that race here each measure; either answer serves.
+std::atomic<int> g_mode{0};
+std::atomic<double> g_rate{0};
 
-[[gnu::noinline]] Process make_process() {
-  Process q;
-  q.counter = counter_trusted();
+[[gnu::noinline]] int decide() {
+  int mode = 2;
+  double rate = 0;
+  if (counter_trusted()) {
+    mode = 1;
 #if defined(__x86_64__)
-  if (q.counter) q.ns_per_tick = measure_process_rate();
+    rate = measure_process_rate();
 #endif
-  return q;
+  }
+  g_rate.store(rate, std::memory_order_relaxed);
+  g_mode.store(mode, std::memory_order_release);
+  return mode;
 }
 
-const Process& process() {
-  static const Process p = make_process();
-  return p;
+inline bool counter_mode() {
+  const int mode = g_mode.load(std::memory_order_acquire);
+  return (mode != 0 ? mode : decide()) == 1;
 }
 
 #if defined(__x86_64__)
@@ -121,10 +133,14 @@ void trust(Anchor& a, double ns_per_tick) {
   if (now.spread > kMaxReadTicks) return now.real;
   const Reading last{a.counter, a.ns, {}, 0};
   const bool forward = a.counter != 0 && now.counter > a.counter && now.ns > a.ns;
+  const double process_rate = g_rate.load(std::memory_order_relaxed);
   if (a.counter == 0) {
-    trust(a, process().ns_per_tick);  // a thread's first anchor: the process's rate
+    trust(a, process_rate);  // a thread's first anchor: the process's rate
   } else if (forward && now.ns - a.ns >= kAnchorEveryNs / 2) {
-    trust(a, rate_between(last, now));
+    const double rate = rate_between(last, now);
+    const bool near = process_rate <= 0 || (rate > process_rate * (1 - kRateTolerance) &&
+                                            rate < process_rate * (1 + kRateTolerance));
+    trust(a, near ? rate : 0);
   } else if (forward && a.trust_ticks == 0) {
     return now.real;  // keep the anchor until the interval is long enough to measure the rate
   } else {
@@ -141,12 +157,20 @@ void trust(Anchor& a, double ns_per_tick) {
 }  // namespace
 
 bool op_clock_uses_counter() {
-  return process().counter;
+  return counter_mode();
+}
+
+bool op_clock_extrapolates() {
+#if defined(__x86_64__)
+  return counter_mode() && anchor.trust_ticks != 0;
+#else
+  return false;
+#endif
 }
 
 Clock::time_point op_now() {
 #if defined(__x86_64__)
-  if (process().counter) {
+  if (counter_mode()) {
     Anchor& a = anchor;
     const Anchor now = a;  // (one thread-local lookup)
     const uint64_t ticks = __rdtsc() - now.counter;

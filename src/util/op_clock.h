@@ -9,8 +9,11 @@
 // op's path), then by each thread over each interval between its anchors. A thread takes a
 // fresh (counter, steady) anchor every millisecond, so what op_now() returns stays within about
 // a microsecond of steady_clock::now() (typically tens of nanoseconds) and every error is
-// limited to one interval. Where the counter cannot be trusted (not x86-64, or the kernel does not
-// keep its own clock on it, e.g. an unstable TSC), op_now() is steady_clock::now().
+// limited to one interval. It is not monotonic: a fresh anchor may read a little before the last
+// extrapolated time (by that error). A thread's rate more than 1% from the process's is refused
+// (a suspend, a slewed clock's step); the clock is read until the next interval measures it. Where
+// the counter cannot be trusted (not x86-64, or the kernel does not keep its own clock on it, e.g.
+// an unstable TSC), op_now() is steady_clock::now().
 #pragma once
 
 #include <chrono>
@@ -23,5 +26,7 @@ std::chrono::steady_clock::time_point op_now();
 
 // Whether op_now() reads the time stamp counter here (else it is steady_clock::now()).
 bool op_clock_uses_counter();
+// Whether this thread's op_now() now extrapolates from its anchor (its common path), for tests.
+bool op_clock_extrapolates();
 
 }  // namespace tutti::detail
