@@ -378,6 +378,7 @@ void* NcclBackend::scratch(Comms& c, size_t i, size_t bytes) {
 Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOptions& opts,
                                      const OpContext& ctx, const Issue& issue) {
   auto work = std::make_shared<NcclWork>(ctx);
+  bool watchdog_idle = false;
   {
     InNccl section(*this, ctx);
     if (opts.stream != nullptr) {
@@ -413,20 +414,26 @@ Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOpt
     }
     wait_enqueued(comms, ctx, "enqueue");
     issue(Phase::kAfter);  // copies that follow the op
-    // The caller's stream waits for the op; the watchdog watches it against the timeout.
+    // The caller's stream waits for the op, unless the host waits for it here (blocking: once
+    // this returns, what the caller queues next comes after the op anyway; 0.3-0.9 us of an
+    // 8-byte op on an H200); the watchdog watches it against the timeout.
     for (const Lane& l : lanes) {
       DeviceGuard guard(l.device());
       cudaEvent_t done = events_.take(l.device());
       work->add_event(l.device(), done);  // the Work holds it from here, also if a call throws
       cuda_check(cudaEventRecord(done, l.stream()), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(caller, done, 0), "cudaStreamWaitEvent");
+      if (!opts.blocking) cuda_check(cudaStreamWaitEvent(caller, done, 0), "cudaStreamWaitEvent");
     }
     std::lock_guard<std::mutex> lock(mutex_);
     // A failure that came meanwhile has ended every listed Work: this one would be forgotten.
     if (!failure_.empty()) throw aborted_locked(ctx);
+    watchdog_idle = pending_.empty();
     pending_.push_back({work, ctx.deadline(), ctx.timeout});
   }
-  wake_.notify_all();
+  // The watchdog is woken only out of its idle sleep: with ops pending it looks every 2 ms
+  // anyway. Waking it for every op cost 1.5-2 us of an 8-byte op on an H200 (the futex wake,
+  // and its event queries and lock beside the op thread's calls).
+  if (watchdog_idle) wake_.notify_all();
   if (!opts.blocking) return work;
   // Blocking: out of NCCL (so that the watchdog keeps checking its asynchronous errors
   // meanwhile), never past the deadline (the watchdog ends the Work at it).

@@ -34,7 +34,10 @@ constexpr std::chrono::milliseconds kUseGroupTimeout{-1};
 //   per-thread default streams): correct for callers on the per-thread stream too, since the
 //   legacy stream synchronises with every blocking stream, but it serialises them; such callers
 //   pass cudaStreamPerThread explicitly. CPU backends ignore it.
-// - `blocking`: a GPU op also waits on the host until it has finished. CPU backends ignore it.
+// - `blocking`: a GPU op also waits on the host until it has finished, and then leaves the
+//   caller's stream alone (what is queued there next runs after the op anyway). One that fails
+//   (a timeout, an abort) does not order the caller's stream after it: the group is aborted and
+//   the op's buffers hold no defined values. CPU backends ignore it.
 struct OpOptions {
   std::chrono::milliseconds timeout = kUseGroupTimeout;
   void* stream = nullptr;
