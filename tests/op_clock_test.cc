@@ -58,6 +58,30 @@ TEST(OpClock, ANewThreadExtrapolatesSoon) {
   EXPECT_TRUE(extrapolates);
 }
 
+TEST(OpClock, AMisjudgedProcessRateIsReplaced) {
+  SKIP_WITHOUT_THE_COUNTER();
+  const double good = op_clock_process_rate();
+  if (good <= 0) GTEST_SKIP() << "the process's rate could not be measured here";
+  // 3% off: every thread's measured rate is refused against it. Eight refused intervals in a row
+  // that agree (0.5-1 ms each) replace it, and threads extrapolate again.
+  op_clock_set_process_rate(good * 1.03);
+  bool extrapolates = false;
+  int64_t worst = 0;
+  std::thread([&] {
+    const auto until = Clock::now() + std::chrono::milliseconds(100);
+    while (Clock::now() < until && op_clock_process_rate() > good * 1.01) op_now();
+    worst_outside(1000, std::chrono::milliseconds(3));  // a fresh anchor at the new rate
+    worst = worst_outside(20000, std::chrono::milliseconds(5));
+    extrapolates = op_clock_extrapolates();
+  }).join();
+  const double now = op_clock_process_rate();
+  op_clock_set_process_rate(good);
+  EXPECT_GT(now, good * 0.99);
+  EXPECT_LT(now, good * 1.01);
+  EXPECT_TRUE(extrapolates);
+  EXPECT_LE(worst, nanoseconds(kSlack).count());
+}
+
 TEST(OpClock, StaysWithTheSteadyClockInATightLoop) {
   SKIP_WITHOUT_THE_COUNTER();
   // 30 ms of reads: some thirty anchors and rates, each extrapolated across its window.

@@ -98,9 +98,10 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       std::memcpy(stage(rank_, half) + b * es, data + (first + b) * es, (e - b) * es);
     }
     sync(op);
-    // Our slice: our own input first (the output may alias only the first input), then the
-    // others' in rank order. The result goes to our staging area for the others, and to our
-    // tensor unless this is a reduce to another rank (whose non-roots keep their tensors).
+    // Our slice: our own input first (the output, our tensor, may alias it; reduce_many allows
+    // the first or the second input), then the others' in rank order. The result goes to our
+    // staging area for the others, and to our tensor unless this is a reduce to another rank (whose
+    // non-roots keep their tensors).
     const size_t b = slice_begin(rank_), e = slice_begin(rank_ + 1);
     if (e > b) {
       inputs[0] = data + (first + b) * es;

@@ -282,8 +282,11 @@ void FlightRecorder::finish(uint64_t id, const std::string* error, bool exclusiv
   if (!claim(e, id, error == nullptr ? State::kCompleted : State::kFailed, exclusive)) return;
   // (The ops' clock may read a little before a time it gave on another thread: never an end
   // before the start.)
-  const int64_t started = e.started_us.load(kRelaxed);
-  if (started == 0) e.started_us.store(now, kRelaxed);
+  int64_t started = e.started_us.load(kRelaxed);
+  if (started == 0) {  // ended before it started (a queued op aborted): it starts as it ends
+    started = std::max(now, e.issued_us.load(kRelaxed));
+    e.started_us.store(started, kRelaxed);
+  }
   e.ended_us.store(std::max(now, started), kRelaxed);
 }
 

@@ -28,10 +28,10 @@
 // every field is a relaxed atomic (plain stores on x86), issue() brackets its writes with a
 // version the dump reads before and after (retrying a torn read), and a finish from outside the
 // op lock claims the entry's state with one compare-and-swap, so that an entry reused by an op
-// issued `capacity` ops later is never marked with the old op's end. Errors, on the failure path
-// only, are kept under a mutex. Nor is there a clock read at issue: the op's start time comes
-// with its context; its end is read from the ops' clock (util/op_clock.h, the time stamp counter
-// where the kernel trusts it).
+// issued a ring's length later (the capacity rounded up to a power of two) is never marked with
+// the old op's end. Errors, on the failure path only, are kept under a mutex. Nor is there a clock
+// read at issue: the op's start time comes with its context; its end is read from the ops' clock
+// (util/op_clock.h, the time stamp counter where the kernel trusts it).
 #pragma once
 
 #include <atomic>

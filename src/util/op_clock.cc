@@ -24,6 +24,10 @@ constexpr uint64_t kMaxReadTicks = 1024;
 // far from the process's: a suspend (the steady clock stops, the counter does not), a slewed
 // clock's step, a counter whose rate changed.
 constexpr double kRateTolerance = 0.01;
+// Refused this many intervals in a row, each within the tolerance of the one before, a thread's
+// rate replaces the process's: that one was misjudged (a 200 us measurement gone wrong), not
+// the intervals. Without it every thread would read the clock on every op from then on.
+constexpr int kRefusalsToAdopt = 8;
 
 bool counter_trusted() {
 #if defined(__x86_64__)
@@ -99,7 +103,9 @@ std::atomic<double> g_rate{0};
     rate = measure_process_rate();
 #endif
   }
-  g_rate.store(rate, std::memory_order_relaxed);
+  // A racer whose measurement failed (0) never overwrites one that succeeded.
+  double none = 0;
+  if (rate > 0) g_rate.compare_exchange_strong(none, rate, std::memory_order_relaxed);
   g_mode.store(mode, std::memory_order_release);
   return mode;
 }
@@ -115,7 +121,13 @@ struct Anchor {
   int64_t ns = 0;            // the steady clock at `counter`, in ns since its epoch
   double ns_per_tick = 0;    // the rate over the last interval
   uint64_t trust_ticks = 0;  // extrapolate this far past the anchor (0: no rate to trust)
+  double refused_rate = 0;   // the last rate refused, and how many in a row agreed with it
+  int refusals = 0;
 };
+
+bool within_tolerance(double rate, double of) {
+  return rate > of * (1 - kRateTolerance) && rate < of * (1 + kRateTolerance);
+}
 
 thread_local Anchor anchor;
 
@@ -138,9 +150,20 @@ void trust(Anchor& a, double ns_per_tick) {
     trust(a, process_rate);  // a thread's first anchor: the process's rate
   } else if (forward && now.ns - a.ns >= kAnchorEveryNs / 2) {
     const double rate = rate_between(last, now);
-    const bool near = process_rate <= 0 || (rate > process_rate * (1 - kRateTolerance) &&
-                                            rate < process_rate * (1 + kRateTolerance));
-    trust(a, near ? rate : 0);
+    if (process_rate <= 0 || within_tolerance(rate, process_rate)) {
+      a.refusals = 0;
+      trust(a, rate);
+    } else if (rate > 0 && a.refusals > 0 && within_tolerance(rate, a.refused_rate) &&
+               a.refusals + 1 >= kRefusalsToAdopt) {
+      g_rate.store(rate, std::memory_order_relaxed);
+      a.refusals = 0;
+      trust(a, rate);
+    } else {
+      const bool again = rate > 0 && a.refusals > 0 && within_tolerance(rate, a.refused_rate);
+      a.refusals = rate > 0 ? (again ? a.refusals + 1 : 1) : 0;
+      a.refused_rate = rate;
+      trust(a, 0);
+    }
   } else if (forward && a.trust_ticks == 0) {
     return now.real;  // keep the anchor until the interval is long enough to measure the rate
   } else {
@@ -158,6 +181,16 @@ void trust(Anchor& a, double ns_per_tick) {
 
 bool op_clock_uses_counter() {
   return counter_mode();
+}
+
+double op_clock_process_rate() {
+  counter_mode();
+  return g_rate.load(std::memory_order_relaxed);
+}
+
+void op_clock_set_process_rate(double ns_per_tick) {
+  counter_mode();
+  g_rate.store(ns_per_tick, std::memory_order_relaxed);
 }
 
 bool op_clock_extrapolates() {

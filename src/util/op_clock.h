@@ -11,7 +11,8 @@
 // a microsecond of steady_clock::now() (typically tens of nanoseconds) and every error is
 // limited to one interval. It is not monotonic: a fresh anchor may read a little before the last
 // extrapolated time (by that error). A thread's rate more than 1% from the process's is refused
-// (a suspend, a slewed clock's step); the clock is read until the next interval measures it. Where
+// (a suspend, a slewed clock's step); the clock is read until the next interval measures it,
+// and eight such rates in a row that agree replace the process's (which was misjudged). Where
 // the counter cannot be trusted (not x86-64, or the kernel does not keep its own clock on it, e.g.
 // an unstable TSC), op_now() is steady_clock::now().
 #pragma once
@@ -28,5 +29,9 @@ std::chrono::steady_clock::time_point op_now();
 bool op_clock_uses_counter();
 // Whether this thread's op_now() now extrapolates from its anchor (its common path), for tests.
 bool op_clock_extrapolates();
+// The rate every thread's first anchor trusts (ns per counter tick; 0: none), and, for tests,
+// setting it.
+double op_clock_process_rate();
+void op_clock_set_process_rate(double ns_per_tick);
 
 }  // namespace tutti::detail
