@@ -38,7 +38,7 @@ run() {  # run OUT_DIR [VAR=value...]: run.sh with the fake layout; prints its e
   mkdir -p "$out"
   env OUT="$out" PATH="$tmp/fakebin:$PATH" PYTHONPATH="$tmp/site" \
     TUTTI_DEVICE_BUNDLE="$tmp/bundle" TUTTI_DEVICE_BENCH_MAX=64K TUTTI_DEVICE_IPC_MIN=4K \
-    TUTTI_DEVICE_IPC_MAX=64K LD_LIBRARY_PATH= "$@" \
+    TUTTI_DEVICE_IPC_MAX=64K TUTTI_DEVICE_PYTHON_TESTS=0 LD_LIBRARY_PATH= "$@" \
     bash "$repo/scripts/device/run.sh" >"$out.stdout" 2>&1
   echo $?
 }

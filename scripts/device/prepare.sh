@@ -2,8 +2,9 @@
 # Builds the GPU checks here and packs what run.sh needs into .device/ (in .gitignore: it travels
 # when the device tool's `carry` names it; under 60 MiB, since a call carries at most 64 MiB,
 # the working tree included): the NCCL test binaries, the cuda_ipc test and its worker,
-# tutti-bench, tutti-run, the two GPU examples, tutti's libraries, and the shared libraries they load that the device image lacks
-# (Gloo, fmt, spdlog, hiredis, ibverbs, libnl, the CUDA runtime).
+# tutti-bench, tutti-run, the two GPU examples, tutti's libraries, the shared libraries they load
+# that the device image lacks (Gloo, fmt, spdlog, hiredis, ibverbs, libnl, the CUDA runtime), and
+# DLPack's header (for the Python modules scripts/device/python.sh builds there).
 #
 # Not bundled: the C library and the loader (the binaries need GLIBC_2.34); libstdc++ and
 # libgcc_s (review #6: Debian 12's libstdc++ itself needs GLIBC_2.36; the binaries need
@@ -34,6 +35,9 @@ for f in .device/bin/* .device/lib/*.so.*; do
 done | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libnccl|libstdc\+\+|libgcc_s)\.so' |
   while read -r lib; do cp -L "$lib" .device/lib/; done
+# The headers the Python modules need beyond the tree's (scripts/device/python.sh builds them
+# there): DLPack's, from Debian's libdlpack-dev.
+mkdir -p .device/include && cp -r /usr/include/dlpack .device/include/
 strip --strip-unneeded .device/bin/* .device/lib/*.so* 2>/dev/null || true
 size=$(du -sm .device | cut -f1)
 echo "prepare.sh: .device is ${size} MiB ($(find .device -type f | wc -l) files)"

@@ -3,14 +3,15 @@
 # the NCCL unit and GPU tests, every op at world size 1 on the GPU, tutti-bench's NCCL backend
 # against raw NCCL in one run, the two GPU examples, and the direct transport's cuda_ipc (its
 # tests between two processes, and tutti-bench --op transfer --transport cuda_ipc: copy against
-# the staged path and an in-process device-to-device copy, then warm borrows).
+# the staged path and an in-process device-to-device copy, then warm borrows); then the Python
+# package's GPU tests (scripts/device/python.sh).
 #
 #   bash scripts/device/run.sh            (the `device` tool, carrying .device; one call)
 #
-# Bounded: every step runs under `timeout`, and the limits add up to 355 s (see STEPS below),
-# inside a 7-minute command. NCCL is the nvidia-nccl-cu13 wheel that the device image
-# ships (no pip: the machine has no network); without it the script stops at once with exit
-# status 3. NCCL_DEBUG=WARN. A GPU test that skips counts as a failure (on the device every
+# Bounded: every step runs under `timeout`, and the limits add up to 505 s (see STEPS below),
+# inside a 10-minute command (the whole ran in 34 s on an H200 without the Python step). NCCL is
+# the nvidia-nccl-cu13 wheel that the device image ships (no pip: the machine has no network);
+# without it the script stops at once with exit status 3. NCCL_DEBUG=WARN. A GPU test that skips counts as a failure (on the device every
 # selected test must run). Writes at most three files to $OUT (default /tmp/tutti-device):
 # run.log (everything, step by step), result.json (each step's status, seconds and limit, the
 # GPU, driver, compute mode and NCCL found), bench-nccl.json and bench-cuda-ipc.json. Prints one line per step, and
@@ -140,7 +141,8 @@ step() {
   fi
 }
 
-# STEPS: 10 + 20 + 75 + 45 + 105 + 20 + 20 + 15 + 35 + 10 = 355 s at most.
+# STEPS: 10 + 20 + 75 + 45 + 105 + 20 + 20 + 15 + 35 + 10 = 355 s at most, and python_gpu's 150:
+# 505 s.
 # Every library the bundle's binaries need resolves on this image (a missing one, or a C++
 # runtime older than the GLIBCXX version they were built against, shows here first).
 step libraries 10 - bash -c "! ldd $bin/* $bundle/lib/*.so* 2>&1 | grep -B3 'not found'"
@@ -166,6 +168,13 @@ step bench_cuda_ipc 35 'Out of bounds values : 0 OK' "$bin/tutti-bench" --ranks 
   --json "$out/bench-cuda-ipc.json"
 step bench_cuda_ipc_borrow 10 'Out of bounds values : 0 OK' "$bin/tutti-bench" --ranks 2 \
   --op transfer --transport cuda_ipc --mode borrow -b "$ipc_min" -e "$ipc_max" -f 4 -w 5 -n 50
+# The Python package on the GPU: its modules built for the device's Python (3.12, with torch for
+# CUDA), then python/tests/test_gpu.py (torch CUDA tensors through the NCCL backend,
+# torch.distributed's "tutti" backend on CUDA, cuda_ipc between two processes). Off with
+# TUTTI_DEVICE_PYTHON_TESTS=0 (tests/device_run_test.sh: the stand-in has no torch for CUDA).
+if [ "${TUTTI_DEVICE_PYTHON_TESTS:-1}" = 1 ]; then
+  step python_gpu 150 ' passed' bash scripts/device/python.sh "$work/python"
+fi
 
 write_result
 say "run.sh: $status (log: $log, summary: $result)"
