@@ -6,9 +6,22 @@
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
+#include <type_traits>
 
 #include "torch_store.h"
 #include "tutti/error.h"
+
+// Names torch changed after 2.11 (the device image's): PREMUL_SUM's supplement was
+// NCCLPreMulSumSupplement and is PreMulSumSupplement, and OpType gained the coalesced
+// into-tensor ops. The module builds against either: `c10d::X` finds a name c10d declares itself
+// first, and only otherwise these incomplete stand-ins, which the code below tells apart.
+namespace tutti_torch_compat {
+struct PreMulSumSupplement;
+struct NCCLPreMulSumSupplement;
+}  // namespace tutti_torch_compat
+namespace c10d {
+using namespace ::tutti_torch_compat;  // NOLINT(google-build-using-namespace)
+}  // namespace c10d
 
 namespace tutti::torch_backend {
 
@@ -92,6 +105,32 @@ struct TuttiBackend::Issuer {
 
 namespace {
 
+template <typename T, typename = void>
+struct Complete : std::false_type {};
+template <typename T>
+struct Complete<T, std::void_t<decltype(sizeof(T))>> : std::true_type {};
+// PREMUL_SUM's supplement: whichever of the two names this torch declares (see the top).
+using PreMulSum = std::conditional_t<Complete<c10d::PreMulSumSupplement>::value,
+                                     c10d::PreMulSumSupplement, c10d::NCCLPreMulSumSupplement>;
+
+// The coalesced into-tensor ops' OpType where torch has one, else the single op's.
+template <typename E>
+constexpr E allgather_coalesced_type() {
+  if constexpr (requires { E::ALLGATHER_INTO_TENSOR_COALESCED; }) {
+    return E::ALLGATHER_INTO_TENSOR_COALESCED;
+  } else {
+    return E::_ALLGATHER_BASE;
+  }
+}
+template <typename E>
+constexpr E reduce_scatter_coalesced_type() {
+  if constexpr (requires { E::REDUCE_SCATTER_TENSOR_COALESCED; }) {
+    return E::REDUCE_SCATTER_TENSOR_COALESCED;
+  } else {
+    return E::_REDUCE_SCATTER_BASE;
+  }
+}
+
 std::chrono::milliseconds op_timeout(std::chrono::milliseconds t) {
   return t.count() < 0 ? kUseGroupTimeout : t;
 }
@@ -132,7 +171,7 @@ ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const char* wh
     case c10d::ReduceOp::SUM: return ReduceOp::kSum;
     case c10d::ReduceOp::AVG: return ReduceOp::kAvg;
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      auto* s = dynamic_cast<PreMulSum*>(op.supplement_.get());
       TORCH_CHECK(s != nullptr, "tutti: ", what, ": PREMUL_SUM without its factor");
       if (s->tensor_factor.defined()) {
         tensor_factor = s->tensor_factor;
@@ -395,7 +434,7 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::allgather_into_tensor_coalesced(
     parts.push_back(c10::static_intrusive_pointer_cast<TuttiWork>(
         _allgather_base(outputs[i], inputs[i], opts)));
   }
-  return c10::make_intrusive<TuttiWork>(getRank(), c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED,
+  return c10::make_intrusive<TuttiWork>(getRank(), allgather_coalesced_type<c10d::OpType>(),
                                         std::move(parts));
 }
 
@@ -506,7 +545,7 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::reduce_scatter_tensor_coalesced(
     parts.push_back(c10::static_intrusive_pointer_cast<TuttiWork>(
         _reduce_scatter_base(outputs[i], inputs[i], opts)));
   }
-  return c10::make_intrusive<TuttiWork>(getRank(), c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+  return c10::make_intrusive<TuttiWork>(getRank(), reduce_scatter_coalesced_type<c10d::OpType>(),
                                         std::move(parts));
 }
 

@@ -44,7 +44,9 @@ class TuttiBackend final : public c10d::Backend {
   struct Options : c10d::Backend::Options {
     explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout)
         : c10d::Backend::Options("tutti", timeout) {}
-    c10::intrusive_ptr<c10d::Backend::Options> clone() const override {
+    // Overrides c10d::Backend::Options::clone where torch has it (not 2.11): no `override`, so
+    // that the module builds against either.
+    c10::intrusive_ptr<c10d::Backend::Options> clone() const {  // NOLINT(modernize-use-override)
       return c10::make_intrusive<Options>(*this);
     }
     std::string tutti_backend = "auto";  // tutti's backend for CPU tensors
