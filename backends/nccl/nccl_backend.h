@@ -12,9 +12,12 @@
 //
 // Streams: each op waits (through an event) for the work already on the caller's stream, runs on
 // the communicator's own stream, and makes the caller's stream wait for its completion; it
-// returns once enqueued, with an NcclWork that completes when the op has finished on the GPU
-// (opts.blocking: the call waits on the host first). A watchdog thread checks every pending
-// op against its timeout and every communicator for NCCL's asynchronous errors; on either,
+// returns once enqueued, with an NcclWork that completes when the op has finished on the GPU.
+// opts.blocking: the call waits on the host instead, and makes the caller's stream wait only
+// when the op failed (on success what the caller queues next comes after it anyway). A watchdog
+// thread, woken when the first op is listed and then looking every 2 ms while any is, checks
+// every pending op against its timeout and every communicator for NCCL's asynchronous errors; on
+// either,
 // and on abort(), every pending Work ends with an error (kTimeout for the op that timed out,
 // kAborted for the others), the communicators are revoked (ncclCommRevoke, where NCCL has it and
 // ncclCommShrink: kept, stopped, until the group is destroyed, so that a shrink can make the

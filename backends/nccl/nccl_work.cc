@@ -69,6 +69,15 @@ cudaError_t NcclWork::settle(EventPool& pool) {
   return settled_state_;
 }
 
+void NcclWork::settle_finished(EventPool& pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (settled_) return;
+  settled_state_ = cudaSuccess;
+  settled_ = true;
+  for (const auto& [device, e] : events_) pool.give_back(device, e);
+  events_.clear();
+}
+
 bool NcclWork::poll() {
   // Errors are the watchdog's to report (it names the op and aborts the communicators).
   if (query() != cudaSuccess) return false;

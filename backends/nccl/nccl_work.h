@@ -56,6 +56,9 @@ class NcclWork : public Work {
   // answers what this saw. Returns that. The backend settles a Work before it finishes it, so
   // that poll() can never report success for an op the backend ends with an error.
   cudaError_t settle(EventPool& pool);
+  // settle() for a Work known to have finished without an error (a blocking op its caller saw
+  // finish): no query of the events, which cost a driver call each.
+  void settle_finished(EventPool& pool);
 
  protected:
   bool poll() override;

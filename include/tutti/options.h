@@ -36,8 +36,8 @@ constexpr std::chrono::milliseconds kUseGroupTimeout{-1};
 //   pass cudaStreamPerThread explicitly. CPU backends ignore it.
 // - `blocking`: a GPU op also waits on the host until it has finished, and then leaves the
 //   caller's stream alone (what is queued there next runs after the op anyway). One that fails
-//   (a timeout, an abort) does not order the caller's stream after it: the group is aborted and
-//   the op's buffers hold no defined values. CPU backends ignore it.
+//   (a timeout, an abort) makes the caller's stream wait for the op's, as a non-blocking op does,
+//   so that nothing queued there meets the op while it is being stopped. CPU backends ignore it.
 struct OpOptions {
   std::chrono::milliseconds timeout = kUseGroupTimeout;
   void* stream = nullptr;
