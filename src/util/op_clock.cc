@@ -24,7 +24,7 @@ constexpr uint64_t kMaxReadTicks = 1024;
 // far from the process's: a suspend (the steady clock stops, the counter does not), a slewed
 // clock's step, a counter whose rate changed.
 constexpr double kRateTolerance = 0.01;
-// Refused this many intervals in a row, each within the tolerance of the one before, a thread's
+// Refused this many intervals in a row, each within the tolerance of the first, a thread's
 // rate replaces the process's: that one was misjudged (a 200 us measurement gone wrong), not
 // the intervals. Without it every thread would read the clock on every op from then on.
 constexpr int kRefusalsToAdopt = 8;
@@ -121,7 +121,7 @@ struct Anchor {
   int64_t ns = 0;            // the steady clock at `counter`, in ns since its epoch
   double ns_per_tick = 0;    // the rate over the last interval
   uint64_t trust_ticks = 0;  // extrapolate this far past the anchor (0: no rate to trust)
-  double refused_rate = 0;   // the last rate refused, and how many in a row agreed with it
+  double refused_rate = 0;   // the first rate of a run of refusals, and how many agreed with it
   int refusals = 0;
 };
 
@@ -159,9 +159,10 @@ void trust(Anchor& a, double ns_per_tick) {
       a.refusals = 0;
       trust(a, rate);
     } else {
+      // Counted against the first rate of the run, so that the run cannot drift away from it.
       const bool again = rate > 0 && a.refusals > 0 && within_tolerance(rate, a.refused_rate);
+      if (!again) a.refused_rate = rate;
       a.refusals = rate > 0 ? (again ? a.refusals + 1 : 1) : 0;
-      a.refused_rate = rate;
       trust(a, 0);
     }
   } else if (forward && a.trust_ticks == 0) {
