@@ -10,12 +10,16 @@
 #
 # TUTTI_DEVICE_BUNDLE (default .device) and TUTTI_DEVICE_PYTHON (default python3) as run.sh.
 # Exit status: pytest's (1 where a test failed); 2 where a test skipped (on the device every
-# test must run); 3 where the device's Python lacks what the build needs.
+# test must run); 3 where tutti._tutti cannot be built there (no Python, no nanobind, a compile
+# error).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 bundle=$(cd "${TUTTI_DEVICE_BUNDLE:-.device}" && pwd)
-python=$(command -v "${TUTTI_DEVICE_PYTHON:-python3}")
+if ! python=$(command -v "${TUTTI_DEVICE_PYTHON:-python3}"); then
+  echo "python.sh: no ${TUTTI_DEVICE_PYTHON:-python3} here" >&2
+  exit 3
+fi
 work=${1:-$(mktemp -d)}
 mkdir -p "$work/src" "$work/pkg"
 
@@ -79,7 +83,7 @@ cmake -S "$work/src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DTUTTI_LIB="$bundle/lib" -DTUTTI_BUNDLE_INCLUDE="$bundle/include" -DOUT="$work/pkg/tutti" \
   > "$work/configure.log" ||
   { cat "$work/configure.log"; exit 3; }
-cmake --build "$work/build" -j"$(nproc)" --target _tutti
+cmake --build "$work/build" -j"$(nproc)" --target _tutti || exit 3
 # tutti._torch is built against the device's torch, which may not be the version the package
 # pins (python/requirements.txt): a failure here is reported, and the tests still run (the
 # torch.distributed test then fails on its import).

@@ -113,6 +113,19 @@ struct Complete<T, std::void_t<decltype(sizeof(T))>> : std::true_type {};
 using PreMulSum = std::conditional_t<Complete<c10d::PreMulSumSupplement>::value,
                                      c10d::PreMulSumSupplement, c10d::NCCLPreMulSumSupplement>;
 
+// TuttiBackend::Options::clone has no `override` (torch 2.11 has no Backend::Options::clone):
+// where torch declares one, its signature must be ours, or ours would not override it.
+template <typename B>
+constexpr bool clone_matches() {
+  if constexpr (requires { &B::clone; }) {
+    return std::is_same_v<decltype(&B::clone), c10::intrusive_ptr<B> (B::*)() const>;
+  } else {
+    return true;
+  }
+}
+static_assert(clone_matches<c10d::Backend::Options>(),
+              "c10d::Backend::Options::clone changed: TuttiBackend::Options::clone must follow");
+
 // The coalesced into-tensor ops' OpType where torch has one, else the single op's.
 template <typename E>
 constexpr E allgather_coalesced_type() {
