@@ -1,8 +1,9 @@
 """tutti's Python package with torch CUDA tensors, on a GPU: the NCCL backend through the bindings
-(ops ordered after the kernels torch queued on its stream), torch.distributed's "tutti" backend on
-CUDA tensors, and the direct transport's cuda_ipc between two processes. One GPU is enough
-(world size 1 for NCCL: it refuses two ranks on one device). Skipped where torch sees no CUDA
-device, saying so; scripts/device/run.sh runs them on the device machine, where a skip fails."""
+(out-of-place results checked while a busy kernel still delays their inputs on torch's stream),
+torch.distributed's "tutti" backend on CUDA tensors, cuda_ipc between two processes, and what
+tutti.ray's tensor transport does with a CUDA object (tutti._rdt). One GPU is enough (world size
+1 for NCCL: it refuses two ranks on one device). Skipped where torch sees no CUDA device, saying
+so; scripts/device/run.sh runs them on the device machine, where a skip fails."""
 
 import multiprocessing as mp
 
@@ -20,13 +21,17 @@ from conftest import unique  # noqa: E402
 N = 1 << 20
 
 
+STALE = -12345  # what a queued tensor holds until its values land (no expected value is it)
+
+
 def queued(values):
-    """A CUDA tensor whose values are still being written by kernels queued on torch's current
-    stream when this returns: an op not ordered after them would read the old values."""
-    t = torch.zeros(values.numel(), dtype=values.dtype, device="cuda")
-    for _ in range(20):
-        t.add_(1)
-    t.copy_(values.cuda(), non_blocking=True)
+    """A CUDA tensor that holds STALE until a copy queued on torch's current stream behind a
+    ~20 ms busy kernel writes `values`: an op not ordered after the caller's stream reads STALE."""
+    src = values.cuda()
+    t = torch.full_like(src, STALE)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(40_000_000)  # GPU cycles: about 20 ms at the H200's 1.98 GHz
+    t.copy_(src)
     return t
 
 
@@ -109,8 +114,55 @@ def test_cuda_ipc_between_two_processes():
         transfer.get(ref, targets=[target], timeout=60)
         assert torch.equal(target.cpu(), torch.arange(N, dtype=torch.float32) * 2 + 1)
         target.fill_(-1)
-        transfer.get(ref, targets=[target], timeout=60)  # the owner's handle, opened once
+        transfer.get(ref, targets=[target], timeout=60)  # again: the opened handle, reused
         assert torch.equal(target.cpu(), torch.arange(N, dtype=torch.float32) * 2 + 1)
+        here.send("done")
+        assert here.poll(60) and here.recv() == "released"
+    finally:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+
+
+def _rdt_owner(conn, n):
+    from tutti import _rdt
+
+    base = torch.arange(2 * n, dtype=torch.float32, device="cuda").reshape(2, n)
+    tensors = [base[1] * 3, base.t()]  # the second is not contiguous: copied once at put
+    try:
+        _rdt.check("mixed", [tensors[0], torch.ones(2)])
+    except ValueError as e:
+        mixed = str(e)
+    else:
+        mixed = ""
+    handle, device, _ = _rdt.publish(transfer.default_agent(), "object 1", tensors)
+    meta = [(tuple(t.shape), t.dtype) for t in tensors]
+    conn.send((handle.ref.to_bytes(), device, meta, mixed))
+    conn.recv()
+    handle.release()
+    conn.send("released")
+
+
+def test_tutti_ray_moves_cuda_tensors_between_two_processes():
+    """What tutti.ray's tensor transport does for a CUDA object (tutti._rdt: Ray is not needed to
+    run it): published at the source, fetched into new tensors on the destination's device."""
+    from tutti import _rdt
+
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=_rdt_owner, args=(there, 4096), daemon=True)
+    p.start()
+    try:
+        assert here.poll(120), "the owner process sent no ref"
+        ref, device, meta, mixed = here.recv()
+        assert device == "cuda"
+        assert "both CPU and CUDA" in mixed and "mixed" in mixed
+        fetch, targets = _rdt.fetch(transfer.default_agent(), ref, device, meta, None, 60, True)
+        got = fetch.wait()
+        base = torch.arange(2 * 4096, dtype=torch.float32).reshape(2, 4096)
+        assert [t.device.type for t in got] == ["cuda", "cuda"]
+        assert torch.equal(got[0].cpu(), base[1] * 3)
+        assert got[1].shape == (4096, 2) and torch.equal(got[1].cpu(), base.t())
         here.send("done")
         assert here.poll(60) and here.recv() == "released"
     finally:

@@ -485,6 +485,16 @@ def test_rdt_across_nodes_over_ucx(two_nodes):
         ray.get(consumer.set_env.remote("TUTTI_RAY_TRANSFER_FALLBACK", "1"))
 
 
+def test_the_tensor_transport_is_registered_for_cpu_and_cuda_tensors():
+    """CUDA objects go by cuda_ipc on one node (test_gpu.py runs that path on a GPU)."""
+    from ray.experimental.rdt import util as rdt_util
+
+    tutti.ray.register()
+    info = rdt_util.transport_manager_info["TUTTI"]
+    assert info.devices == ["cpu", "cuda"]
+    assert info.transport_manager_class is tutti.ray.TuttiTensorTransport
+
+
 def test_register_without_torch_registers_the_collective_backend():
     """A numpy-only Ray user: tutti.ray.register() registers the collective backend and says
     why the tensor transport is not (torch made unimportable in a fresh interpreter)."""

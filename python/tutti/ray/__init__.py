@@ -9,8 +9,9 @@ group_name=...)`` (or ``create_collective_group(actors, world, ranks, backend="t
 driver) makes every ``ray.util.collective`` call on that group run on tutti, and
 ``@ray.method(tensor_transport="tutti")`` (actors declared with
 ``@ray.remote(enable_tensor_transport=True)``, the consuming actors too: Ray runs the fetch on
-the system thread that option creates) moves CPU torch tensors through tutti's one-sided
-transport: shm between actors on one node, and across nodes the socket transport over TCP (each
+the system thread that option creates) moves torch tensors through tutti's one-sided
+transport: CUDA tensors by cuda_ipc between actors on one node; CPU tensors by shm between actors
+on one node, and across nodes the socket transport over TCP (each
 worker's agent listens on its node's IP, its refs signed and its connections proven with a
 secret the cluster's workers share through Ray's internal KV; ``TUTTI_RAY_TRANSFER_TRANSPORT``
 names another transport for puts, e.g. "ucx" with ``TUTTI_PLUGINS=ucx``). Ray needs the
@@ -62,7 +63,7 @@ def register(timeout: Optional[float] = None, collective: bool = True,
 
         rdt_util._ensure_default_transports_registered()
         if NAME not in rdt_util.transport_manager_info:
-            register_tensor_transport(NAME, ["cpu"], TuttiTensorTransport, torch.Tensor)
+            register_tensor_transport(NAME, ["cpu", "cuda"], TuttiTensorTransport, torch.Tensor)
 
 
 __all__ = ["NAME", "TuttiGroup", "TuttiTensorTransport", "register", "wait_tensor_freed"]

@@ -19,8 +19,12 @@ byte moves until the destination writes a page (then that page is its own; the s
 it), and the object stays at the source until the destination's tensors go. Other tensors: one
 cross-memory read into fresh tensors (or into Ray's target buffers).
 
-CPU torch tensors only: tutti's direct transport has no CUDA path through Ray yet. A
-non-contiguous tensor is made contiguous once at put (one copy); the rest travel in place.
+CUDA tensors (registered for "cpu" and "cuda"): by cuda_ipc between processes on one node, the
+destination copying from the source's device memory into its own (Ray's target buffers, or new
+tensors on its current CUDA device); across nodes a CUDA object fails its fetch, naming why (no
+two-sided path yet: use tensor_transport="nccl" there). An object holds CPU or CUDA tensors, not
+both. A non-contiguous tensor is made contiguous once at put (one copy); the rest travel in
+place. The Ray-free part of this is tutti._rdt.
 """
 
 import os
@@ -34,7 +38,7 @@ from ray.experimental import CommunicatorMetadata, TensorTransportManager, Tenso
 from ray.experimental.rdt.tensor_transport_manager import FetchRequest
 
 import tutti
-from tutti import transfer
+from tutti import _rdt, transfer
 
 from . import _group
 
@@ -182,34 +186,22 @@ class TuttiTensorTransport(TensorTransportManager):
         return True
 
     def extract_tensor_transport_metadata(self, obj_id: str, rdt_object: List[Any]):
-        import torch
-
         tensors = list(rdt_object)
-        for i, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"tensor_transport='tutti' (object {obj_id}): item {i} is a "
-                                f"{type(t).__name__}, not a torch.Tensor")
-            if t.device.type != "cpu":
-                raise ValueError(f"tensor_transport='tutti' (object {obj_id}): item {i} is on "
-                                 f"{t.device}; tutti's direct transport moves CPU tensors "
-                                 f"(use tensor_transport='nccl' or 'cuda_ipc' for CUDA)")
+        what = f"tensor_transport='tutti' (object {obj_id})"
+        _rdt.check(what, tensors)
         meta = [(t.shape, t.dtype) for t in tensors]
         if not tensors:
             return TuttiTransportMetadata(tensor_meta=[], tensor_device=None, ref=b"")
-        # A non-contiguous tensor (a transpose, a slice with a step) is copied once into a
-        # contiguous one, which the object then holds (put keeps what it is given): the consumer
-        # gets the same values in a contiguous tensor, as from Ray's object store. Contiguous
-        # tensors are published in place.
-        tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+        # Contiguous tensors are published in place; a non-contiguous one (a transpose, a slice
+        # with a step) is copied once, as from Ray's object store (see _rdt.publish).
         agent = transfer.default_agent()
-        storages = [p for p in (self._register_shared(agent, t) for t in tensors) if p is not None]
-        handle = agent.put(tensors, transport=os.environ.get("TUTTI_RAY_TRANSFER_TRANSPORT",
-                                                              "auto"))
+        handle, device, storages = _rdt.publish(agent, what, tensors,
+                                                lambda t: self._register_shared(agent, t))
         with self._lock:
             self._handles[obj_id] = handle
             if storages:
                 self._storages_of[obj_id] = storages
-        return TuttiTransportMetadata(tensor_meta=meta, tensor_device="cpu",
+        return TuttiTransportMetadata(tensor_meta=meta, tensor_device=device,
                                       ref=handle.ref.to_bytes())
 
     def get_communicator_metadata(self, src_actor, dst_actor, backend: Optional[str] = None):
@@ -217,22 +209,12 @@ class TuttiTensorTransport(TensorTransportManager):
 
     def fetch_multiple_tensors(self, obj_id: str, tensor_transport_metadata,
                                communicator_metadata, target_buffers: Optional[List[Any]] = None):
-        import torch
-
         meta = tensor_transport_metadata
         if not meta.tensor_meta:
             return FetchRequest(obj_id=obj_id, tensors=[])
-        agent = transfer.default_agent()
-        if target_buffers:
-            targets = list(target_buffers)
-            fetch = agent.get_async(meta.ref, targets=targets, timeout=_fetch_timeout_s(),
-                                    allow_fallback=_allow_fallback())
-        else:
-            # New tensors: the source's shareable memory mapped copy-on-write (no copy), the
-            # rest read into fresh tensors.
-            targets = None
-            fetch = agent.get_async(meta.ref, timeout=_fetch_timeout_s(), framework="torch",
-                                    copy_on_write=True, allow_fallback=_allow_fallback())
+        fetch, targets = _rdt.fetch(transfer.default_agent(), meta.ref, meta.tensor_device,
+                                    meta.tensor_meta, target_buffers, _fetch_timeout_s(),
+                                    _allow_fallback())
         with self._lock:
             self._fetches[obj_id] = fetch
         return TuttiFetchRequest(obj_id=obj_id, tensors=targets or [], fetch=fetch)
