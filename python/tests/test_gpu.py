@@ -5,6 +5,7 @@ tutti.ray's tensor transport does with a CUDA object (tutti._rdt). One GPU is en
 1 for NCCL: it refuses two ranks on one device). Skipped where torch sees no CUDA device, saying
 so; scripts/device/run.sh runs them on the device machine, where a skip fails."""
 
+import contextlib
 import multiprocessing as mp
 
 import pytest
@@ -92,6 +93,26 @@ def test_torch_distributed_tutti_backend_on_cuda():
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def owner_process(target, *args):
+    """Runs target(conn, *args) in a spawned process; yields the first thing it sends (its
+    object's ref and what goes with it); then tells it the consumer is done, and waits for it to
+    release its object."""
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=target, args=(there, *args), daemon=True)
+    p.start()
+    try:
+        assert here.poll(120), "the owner process sent no ref"
+        yield here.recv()
+        here.send("done")
+        assert here.poll(60) and here.recv() == "released"
+    finally:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+
+
 def _owner(conn, n):
     t = torch.arange(n, dtype=torch.float32, device="cuda") * 2 + 1
     h = transfer.put([t])
@@ -102,13 +123,7 @@ def _owner(conn, n):
 
 
 def test_cuda_ipc_between_two_processes():
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe()
-    p = ctx.Process(target=_owner, args=(there, N), daemon=True)
-    p.start()
-    try:
-        assert here.poll(120), "the owner process sent no ref"
-        ref, transport = here.recv()
+    with owner_process(_owner, N) as (ref, transport):
         assert transport == "cuda_ipc"
         target = torch.full((N,), -1.0, device="cuda")
         transfer.get(ref, targets=[target], timeout=60)
@@ -116,12 +131,6 @@ def test_cuda_ipc_between_two_processes():
         target.fill_(-1)
         transfer.get(ref, targets=[target], timeout=60)  # again: the opened handle, reused
         assert torch.equal(target.cpu(), torch.arange(N, dtype=torch.float32) * 2 + 1)
-        here.send("done")
-        assert here.poll(60) and here.recv() == "released"
-    finally:
-        p.join(10)
-        if p.is_alive():
-            p.kill()
 
 
 def _rdt_owner(conn, n):
@@ -148,13 +157,7 @@ def test_tutti_ray_moves_cuda_tensors_between_two_processes():
     run it): published at the source, fetched into new tensors on the destination's device."""
     from tutti import _rdt
 
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe()
-    p = ctx.Process(target=_rdt_owner, args=(there, 4096), daemon=True)
-    p.start()
-    try:
-        assert here.poll(120), "the owner process sent no ref"
-        ref, device, meta, mixed = here.recv()
+    with owner_process(_rdt_owner, 4096) as (ref, device, meta, mixed):
         assert device == "cuda"
         assert "both CPU and CUDA" in mixed and "mixed" in mixed
         fetch, targets = _rdt.fetch(transfer.default_agent(), ref, device, meta, None, 60, True)
@@ -163,9 +166,3 @@ def test_tutti_ray_moves_cuda_tensors_between_two_processes():
         assert [t.device.type for t in got] == ["cuda", "cuda"]
         assert torch.equal(got[0].cpu(), base[1] * 3)
         assert got[1].shape == (4096, 2) and torch.equal(got[1].cpu(), base.t())
-        here.send("done")
-        assert here.poll(60) and here.recv() == "released"
-    finally:
-        p.join(10)
-        if p.is_alive():
-            p.kill()
