@@ -6,6 +6,7 @@
 #   1. Everything there: exit 0, at most 8 files in $OUT, result.json passed with every step.
 #   2. No wheel: exit 3 at once, saying so.
 #   3. No GPU (TUTTI_STANDIN_DEVICES=0): the GPU tests skip, and that is a failure (exit 1).
+#   4. python.sh with a Python that cannot build the modules: exit 3, saying why.
 #
 #   device_run_test.sh REPO BUILD_DIR STANDIN_LIB_DIR BINARY...
 set -uo pipefail
@@ -82,4 +83,14 @@ rc=$(run "$tmp/nogpu" TUTTI_STANDIN_DEVICES=0)
 [ "$rc" = 1 ] || { cat "$tmp/nogpu.stdout"; fail "run.sh exited $rc with every GPU test skipped"; }
 grep -q "FAILED nccl_gpu_test.*a test skipped" "$tmp/nogpu.stdout" ||
   fail "the skipped GPU tests are not named: $(cat "$tmp/nogpu.stdout")"
+# 4. python.sh (run.sh's python_gpu step) where the Python cannot build the modules: exit 3 at
+# once, saying what is missing.
+mkdir -p "$tmp/fakepy"
+printf '#!/bin/sh\nexit 1\n' > "$tmp/fakepy/python3"
+chmod +x "$tmp/fakepy/python3"
+TUTTI_DEVICE_BUNDLE="$tmp/bundle" TUTTI_DEVICE_PYTHON="$tmp/fakepy/python3" \
+  bash "$repo/scripts/device/python.sh" "$tmp/pywork" >"$tmp/py.stdout" 2>&1
+rc=$?
+[ "$rc" = 3 ] || { cat "$tmp/py.stdout"; fail "python.sh exited $rc without nanobind (want 3)"; }
+grep -q "has no nanobind" "$tmp/py.stdout" || fail "python.sh does not say why: $(cat "$tmp/py.stdout")"
 echo "device_run_test: OK"
