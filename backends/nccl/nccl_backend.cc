@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "nccl_api.h"
 #include "nccl_types.h"
@@ -658,11 +659,17 @@ void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
     }
     for (const auto& w : done) w->settle(events_);
     lock.lock();
-    // (done is sorted by address: each entry's look-up is a binary search, not a scan.)
-    std::sort(done.begin(), done.end());
+    // (Looked up in a sorted copy: a binary search each, not a scan; `done` keeps issue order,
+    // in which the Works finish below.)
+    std::vector<const NcclWork*> finished;
+    finished.reserve(done.size());
+    for (const auto& w : done) finished.push_back(w.get());
+    std::sort(finished.begin(), finished.end(), std::less<const NcclWork*>());
     pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
                                   [&](const Pending& p) {
-                                    return std::binary_search(done.begin(), done.end(), p.work);
+                                    return std::binary_search(finished.begin(), finished.end(),
+                                                              p.work.get(),
+                                                              std::less<const NcclWork*>());
                                   }),
                    pending_.end());
     // NCCL's asynchronous errors, never while the op thread is inside NCCL: a communicator is

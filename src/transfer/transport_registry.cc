@@ -88,8 +88,10 @@ Reach TensorTransport::reach(const TensorRef& ref, const AgentIdentity& me) cons
   r.direct = false;
   r.why = std::string("transport '") + name() + "' works on one host, and agent '" + o.name +
           "' (pid " + std::to_string(o.pid) + ") is on another host, network or pid namespace" +
-          (o.tcp_endpoint.empty() ? " (and does not listen on TCP for the socket transport)"
-                                  : " (GetOptions::allow_fallback takes another transport)");
+          (traits().cuda            ? " (CUDA tensors have no fallback: send them over a two-sided "
+                                      "transport such as 'nccl')"
+           : o.tcp_endpoint.empty() ? " (and does not listen on TCP for the socket transport)"
+                                    : " (GetOptions::allow_fallback takes another transport)");
   return r;
 }
 void TensorTransport::stop() noexcept {}
