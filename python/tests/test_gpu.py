@@ -136,8 +136,11 @@ def test_cuda_ipc_between_two_processes():
 def _rdt_owner(conn, n):
     from tutti import _rdt
 
-    base = torch.arange(2 * n, dtype=torch.float32, device="cuda").reshape(2, n)
-    tensors = [base[1] * 3, base.t()]  # the second is not contiguous: copied once at put
+    base = torch.arange(2 * n, dtype=torch.float32).reshape(2, n)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # written on a side stream, behind a busy kernel there
+        first = queued(base[1] * 3)
+    tensors = [first, queued(base).t()]  # the second is not contiguous: copied once at put
     try:
         _rdt.check("mixed", [tensors[0], torch.ones(2)])
     except ValueError as e:
@@ -145,7 +148,7 @@ def _rdt_owner(conn, n):
     else:
         mixed = ""
     handle, device, _ = _rdt.publish(transfer.default_agent(), "object 1", tensors)
-    meta = [(tuple(t.shape), t.dtype) for t in tensors]
+    meta = [(t.shape, t.dtype) for t in tensors]  # torch.Size, as Ray's metadata holds
     conn.send((handle.ref.to_bytes(), device, meta, mixed))
     conn.recv()
     handle.release()
@@ -154,15 +157,20 @@ def _rdt_owner(conn, n):
 
 def test_tutti_ray_moves_cuda_tensors_between_two_processes():
     """What tutti.ray's tensor transport does for a CUDA object (tutti._rdt: Ray is not needed to
-    run it): published at the source, fetched into new tensors on the destination's device."""
+    run it): published at the source (one tensor written on a side stream, one not contiguous),
+    fetched into new tensors on the destination's device and into given ones."""
     from tutti import _rdt
 
     with owner_process(_rdt_owner, 4096) as (ref, device, meta, mixed):
         assert device == "cuda"
         assert "both CPU and CUDA" in mixed and "mixed" in mixed
+        base = torch.arange(2 * 4096, dtype=torch.float32).reshape(2, 4096)
         fetch, targets = _rdt.fetch(transfer.default_agent(), ref, device, meta, None, 60, True)
         got = fetch.wait()
-        base = torch.arange(2 * 4096, dtype=torch.float32).reshape(2, 4096)
         assert [t.device.type for t in got] == ["cuda", "cuda"]
-        assert torch.equal(got[0].cpu(), base[1] * 3)
+        assert torch.equal(got[0].cpu(), base[1] * 3)  # not STALE: the side stream was joined
         assert got[1].shape == (4096, 2) and torch.equal(got[1].cpu(), base.t())
+        into = [torch.zeros(4096, device="cuda"), torch.zeros(4096, 2, device="cuda")]
+        fetch, targets = _rdt.fetch(transfer.default_agent(), ref, device, meta, into, 60, True)
+        fetch.wait()
+        assert torch.equal(into[0].cpu(), base[1] * 3) and torch.equal(into[1].cpu(), base.t())

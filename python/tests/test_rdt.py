@@ -46,3 +46,32 @@ def test_publish_then_fetch_between_two_agents():
     assert [id(t) for t in targets] == [id(t) for t in into]
     assert torch.equal(into[0], base) and torch.equal(into[1], base.t())
     handle.release()
+
+
+class _Recorder:
+    """Stands in for an agent: records what a fetch asks of it."""
+
+    def get_async(self, ref, **options):
+        self.ref, self.options = ref, options
+        return "fetch"
+
+
+def test_fetch_asks_the_agent_for_what_the_transport_promises():
+    r = _Recorder()
+    assert _rdt.fetch(r, b"ref", "cpu", [((2,), torch.float32)], None, 5.0, False) == ("fetch",
+                                                                                        None)
+    assert r.options == {"timeout": 5.0, "framework": "torch", "copy_on_write": True,
+                         "allow_fallback": False}
+    into = [torch.zeros(2)]
+    _rdt.fetch(r, b"ref", "cpu", [((2,), torch.float32)], into, 5.0, True)
+    assert r.options["targets"][0] is into[0] and r.options["allow_fallback"] is True
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a process without a CUDA device")
+def test_a_cuda_object_without_a_cuda_device_is_refused_naming_it():
+    owner = transfer.TransferAgent("rdt-cuda-owner")
+    handle = owner.put([torch.ones(2)])
+    with pytest.raises(ValueError, match=r"rdt-cuda-owner.*sees no CUDA device"):
+        _rdt.fetch(_Recorder(), handle.ref.to_bytes(), "cuda", [((2,), torch.float32)], None, 5.0,
+                   True)
+    handle.release()

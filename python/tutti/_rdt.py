@@ -1,10 +1,21 @@
 """What tutti.ray's tensor transport does with an object's torch tensors, without Ray: checking
 them and publishing them at the source, and fetching them at the destination (CPU tensors by shm
-or the socket transport; CUDA tensors by cuda_ipc between processes on one host). Kept apart
+or the socket transport; CUDA tensors by cuda_ipc between processes that see the same GPU). Kept apart
 from tutti.ray so that it runs, and is tested, where Ray is not installed (the GPU machine)."""
 
 import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+
+def describe(ref) -> str:
+    """The object a ref (its bytes, as Ray's metadata holds it) names, for messages."""
+    from .transfer import TensorRef
+
+    try:
+        r = ref if isinstance(ref, TensorRef) else TensorRef.from_bytes(ref)
+        return f"{r.object_id} of agent '{r.owner_name}'"
+    except Exception:  # noqa: BLE001 (only for a message)
+        return "(unreadable)"
 
 
 def check(what: str, tensors: Sequence[Any]) -> str:
@@ -46,6 +57,13 @@ def publish(agent, what: str, tensors: Sequence[Any],
     shared = []
     if device == "cpu" and share is not None:
         shared = [k for k in (share(t) for t in tensors) if k is not None]
+    if device == "cuda":
+        # cuda_ipc orders a consumer's read after what the owner queued on each device's
+        # default stream: work queued on torch's current stream (a side stream) joins it first.
+        import torch
+
+        for index in sorted({t.device.index for t in tensors}):
+            torch.cuda.default_stream(index).wait_stream(torch.cuda.current_stream(index))
     handle = agent.put(tensors, transport=transport_for(device))
     return handle, device, shared
 
@@ -54,12 +72,16 @@ def fetch(agent, ref: bytes, device: Optional[str], tensor_meta: Sequence[Tuple[
           targets: Optional[List[Any]], timeout: float, allow_fallback: bool):
     """Starts the get of an object's tensors; returns (the Fetch, its targets or None). CUDA
     tensors arrive in `targets`, or in new tensors on this process's current CUDA device; a
-    cuda_ipc ref read on another host fails, naming why (there is no fallback for CUDA). CPU
+    cuda_ipc ref read on another host, or where the owner's GPU is not visible, fails naming why
+    (there is no fallback for CUDA); so does a process that sees no CUDA device. CPU
     tensors arrive in `targets`, or as the source's shareable memory mapped copy-on-write (no
     copy) and fresh tensors for the rest."""
     if device == "cuda":
         import torch
 
+        if not torch.cuda.is_available():
+            raise ValueError(f"tensor_transport='tutti': the object of ref {describe(ref)} holds "
+                             f"CUDA tensors, and this process sees no CUDA device")
         if not targets:
             where = torch.device("cuda", torch.cuda.current_device())
             targets = [torch.empty(tuple(shape), dtype=dtype, device=where)

@@ -10,9 +10,9 @@ driver) makes every ``ray.util.collective`` call on that group run on tutti, and
 ``@ray.method(tensor_transport="tutti")`` (actors declared with
 ``@ray.remote(enable_tensor_transport=True)``, the consuming actors too: Ray runs the fetch on
 the system thread that option creates) moves torch tensors through tutti's one-sided
-transport: CUDA tensors by cuda_ipc between actors on one node; CPU tensors by shm between actors
-on one node, and across nodes the socket transport over TCP (each
-worker's agent listens on its node's IP, its refs signed and its connections proven with a
+transport: CUDA tensors by cuda_ipc between actors that see the same GPU; CPU tensors by shm
+between actors on one node, and across nodes the socket transport over TCP (each worker's agent
+listens on its node's IP, its refs signed and its connections proven with a
 secret the cluster's workers share through Ray's internal KV; ``TUTTI_RAY_TRANSFER_TRANSPORT``
 names another transport for puts, e.g. "ucx" with ``TUTTI_PLUGINS=ucx``). Ray needs the
 collective backend registered in every process that uses it (the setup

@@ -19,7 +19,8 @@ byte moves until the destination writes a page (then that page is its own; the s
 it), and the object stays at the source until the destination's tensors go. Other tensors: one
 cross-memory read into fresh tensors (or into Ray's target buffers).
 
-CUDA tensors (registered for "cpu" and "cuda"): by cuda_ipc between processes on one node, the
+CUDA tensors (registered for "cpu" and "cuda"): by cuda_ipc between actors that see the same GPU
+(on one node; Ray gives each num_gpus=1 actor its own GPU, so give them a shared one), the
 destination copying from the source's device memory into its own (Ray's target buffers, or new
 tensors on its current CUDA device); across nodes a CUDA object fails its fetch, naming why (no
 two-sided path yet: use tensor_transport="nccl" there). An object holds CPU or CUDA tensors, not
