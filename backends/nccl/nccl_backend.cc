@@ -39,11 +39,6 @@ std::vector<std::string> split_string(const std::string& s, char sep) {
   return out;
 }
 
-// The caller's stream: OpOptions::stream, null meaning each device's legacy default stream.
-cudaStream_t caller_stream(const OpOptions& opts) {
-  return static_cast<cudaStream_t>(opts.stream);
-}
-
 // Waits on the host until `work` has finished, then rethrows its error. An op on one GPU takes a
 // few microseconds: it spins for the first 100 us, then sleeps 20 us at a time (review #20: a
 // fixed 50 us sleep dominated small ops). Bounded: the watchdog ends the Work at its deadline.
@@ -384,6 +379,8 @@ void* NcclBackend::scratch(Comms& c, size_t i, size_t bytes) {
 Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOptions& opts,
                                      const OpContext& ctx, const Issue& issue) {
   auto work = std::make_shared<NcclWork>(ctx);
+  // Null: the legacy default stream of each lane's device (review #24: see OpOptions).
+  const auto caller = static_cast<cudaStream_t>(opts.stream);
   bool watchdog_idle = false;
   {
     InNccl section(*this, ctx);
@@ -397,8 +394,6 @@ Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOpt
         }
       }
     }
-    // Null: the legacy default stream of each lane's device (review #24: see OpOptions).
-    const cudaStream_t caller = caller_stream(opts);
     // Ordered after the caller's work.
     for (const Lane& l : lanes) {
       DeviceGuard guard(l.device());
@@ -453,7 +448,7 @@ Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOpt
     for (const Lane& l : lanes) {
       DeviceGuard guard(l.device(), std::nothrow);
       if (cudaEventRecord(l.c->ready[l.i], l.stream()) == cudaSuccess) {
-        cudaStreamWaitEvent(caller_stream(opts), l.c->ready[l.i], 0);
+        cudaStreamWaitEvent(caller, l.c->ready[l.i], 0);
       }
     }
     throw;

@@ -1,7 +1,8 @@
 """What tutti.ray's tensor transport does with an object's torch tensors, without Ray: checking
 them and publishing them at the source, and fetching them at the destination (CPU tensors by shm
-or the socket transport; CUDA tensors by cuda_ipc between processes that see the same GPU). Kept apart
-from tutti.ray so that it runs, and is tested, where Ray is not installed (the GPU machine)."""
+or the socket transport; CUDA tensors by cuda_ipc between processes that see the same GPU). Kept
+apart from tutti.ray so that it runs, and is tested, where Ray is not installed (the GPU
+machine)."""
 
 import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -86,10 +87,12 @@ def fetch(agent, ref: bytes, device: Optional[str], tensor_meta: Sequence[Tuple[
             where = torch.device("cuda", torch.cuda.current_device())
             targets = [torch.empty(tuple(shape), dtype=dtype, device=where)
                        for shape, dtype in tensor_meta]
-        return agent.get_async(ref, targets=list(targets), timeout=timeout), list(targets)
+        targets = list(targets)
+        return agent.get_async(ref, targets=targets, timeout=timeout), targets
     if targets:
-        return agent.get_async(ref, targets=list(targets), timeout=timeout,
-                               allow_fallback=allow_fallback), list(targets)
+        targets = list(targets)
+        return agent.get_async(ref, targets=targets, timeout=timeout,
+                               allow_fallback=allow_fallback), targets
     return agent.get_async(ref, timeout=timeout, framework="torch", copy_on_write=True,
                            allow_fallback=allow_fallback), None
 

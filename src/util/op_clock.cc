@@ -150,17 +150,16 @@ void trust(Anchor& a, double ns_per_tick) {
     trust(a, process_rate);  // a thread's first anchor: the process's rate
   } else if (forward && now.ns - a.ns >= kAnchorEveryNs / 2) {
     const double rate = rate_between(last, now);
+    // A refusal that agrees with the first of the run (so that the run cannot drift from it).
+    const bool again = rate > 0 && a.refusals > 0 && within_tolerance(rate, a.refused_rate);
     if (process_rate <= 0 || within_tolerance(rate, process_rate)) {
       a.refusals = 0;
       trust(a, rate);
-    } else if (rate > 0 && a.refusals > 0 && within_tolerance(rate, a.refused_rate) &&
-               a.refusals + 1 >= kRefusalsToAdopt) {
+    } else if (again && a.refusals + 1 >= kRefusalsToAdopt) {
       g_rate.store(rate, std::memory_order_relaxed);
       a.refusals = 0;
       trust(a, rate);
     } else {
-      // Counted against the first rate of the run, so that the run cannot drift away from it.
-      const bool again = rate > 0 && a.refusals > 0 && within_tolerance(rate, a.refused_rate);
       if (!again) a.refused_rate = rate;
       a.refusals = rate > 0 ? (again ? a.refusals + 1 : 1) : 0;
       trust(a, 0);
