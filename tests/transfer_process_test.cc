@@ -211,20 +211,38 @@ TEST_F(OwnerHere, AConsumerKilledMidTwoSidedGetLetsTheObjectGo) {
 }
 
 // The worker, getting 256 MiB over the agents' gloo group (in the sanitizer runs too: with 128 a
-// stop could come once the rest fitted the sockets' buffers), is stopped (SIGSTOP) early in a get:
-// the owner's send, on its serving thread, waits for a receiver that reads nothing (the sockets'
-// buffers take some 36 MiB here: the object is larger by far). That the send still holds the object
-// is checked (the object, let go, is not freed within 100 ms). The owner's agent still ends at
-// once: its stop ends the transports' transfers before it waits for its serving threads (it waited
-// 5 s for them, then left the sending one running past its end: checked).
+// stop could come once the rest fitted the sockets' buffers), is stopped (SIGSTOP) in a get: the
+// owner's send, on its serving thread, waits for a receiver that reads nothing (the sockets'
+// buffers take some 36 MiB here: the object is larger by far). The worker checks each get's
+// values between gets (long under ASan), so it is stopped, and let go again, until the owner says
+// a transfer holds the object. That the send still holds it is then checked (the object, let go,
+// is not freed within 100 ms). The owner's agent still ends at once: its stop ends the
+// transports' transfers before it waits for its serving threads (it waited 5 s for them, then
+// left the sending one running past its end: checked).
 TEST_F(OwnerHere, AConsumerStoppedMidTwoSidedGetDoesNotHoldUpTheOwnersEnd) {
   std::vector<float> big(size_t{64} << 20);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f;
   ObjectHandle g;
   auto w = gloo_getter(TensorView(big), g);
   ASSERT_TRUE(w) << "the getter did not start or never got";
-  std::this_thread::sleep_for(50ms);
-  ASSERT_TRUE(testing::stop_process(w->pid())) << "the getter did not stop";
+  auto in_transfer = [&] {  // what holds the object besides the handle, in the owner's words
+    try {
+      agent->wait_tensor_freed(TensorView(big), 1ms);
+    } catch (const Error& e) {
+      return std::string(e.what()).find("transfer(s)") != std::string::npos;
+    }
+    return false;
+  };
+  bool stopped_mid_get = false;
+  int attempt = 0;
+  for (; attempt < 50 && !stopped_mid_get; ++attempt) {
+    std::this_thread::sleep_for(20ms);
+    ASSERT_TRUE(testing::stop_process(w->pid())) << "the getter did not stop";
+    stopped_mid_get = in_transfer();
+    if (!stopped_mid_get) ASSERT_EQ(::kill(w->pid(), SIGCONT), 0);
+  }
+  ASSERT_TRUE(stopped_mid_get) << "in 50 tries the getter was never stopped amid a get";
+  std::printf("stopped amid a get at try %d\n", attempt);
   g.release();
   bool held = false;
   try {
