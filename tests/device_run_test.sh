@@ -7,6 +7,8 @@
 #   2. No wheel: exit 3 at once, saying so.
 #   3. No GPU (TUTTI_STANDIN_DEVICES=0): the GPU tests skip, and that is a failure (exit 1).
 #   4. python.sh with a Python that cannot build the modules: exit 3, saying why.
+#   5. ab-nccl.sh: a table and ab-nccl.json from two library directories; exit 2, saying why,
+#      for a directory without the backend.
 #
 #   device_run_test.sh REPO BUILD_DIR STANDIN_LIB_DIR BINARY...
 set -uo pipefail
@@ -93,4 +95,25 @@ TUTTI_DEVICE_BUNDLE="$tmp/bundle" TUTTI_DEVICE_PYTHON="$tmp/fakepy/python3" \
 rc=$?
 [ "$rc" = 3 ] || { cat "$tmp/py.stdout"; fail "python.sh exited $rc without nanobind (want 3)"; }
 grep -q "has no nanobind" "$tmp/py.stdout" || fail "python.sh does not say why: $(cat "$tmp/py.stdout")"
+# 5. ab-nccl.sh (the NCCL backend's A/B there): two library directories, alternated; a table
+# with B/A per size and ab-nccl.json. The same build on both sides here.
+mkdir -p "$tmp/ab/a" "$tmp/ab/b" "$tmp/about"
+for side in a b; do ln -s "$build/backends/nccl/libtutti_nccl.so.0" "$tmp/ab/$side/"; done
+env OUT="$tmp/about" PYTHONPATH="$tmp/site" TUTTI_DEVICE_BUNDLE="$tmp/bundle" PAIRS=2 \
+  BENCH_ARGS="-b 8 -e 32 -f 4 -w 2 -n 5" LD_LIBRARY_PATH= \
+  bash "$repo/scripts/device/ab-nccl.sh" "$tmp/ab/a" "$tmp/ab/b" >"$tmp/ab.stdout" 2>&1 ||
+  { cat "$tmp/ab.stdout"; fail "ab-nccl.sh failed"; }
+grep -q "B/A" "$tmp/ab.stdout" || fail "ab-nccl.sh printed no table: $(cat "$tmp/ab.stdout")"
+python3 - "$tmp/about/ab-nccl.json" <<'EOF' || fail "ab-nccl.json is not what it should be"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["pairs"] == 2, r
+assert [row["size_bytes"] for row in r["rows"]] == [8, 32], r["rows"]
+assert all(row["a_us"] > 0 and row["b_us"] > 0 and row["raw_us"] > 0 for row in r["rows"]), r
+EOF
+env PYTHONPATH="$tmp/site" bash "$repo/scripts/device/ab-nccl.sh" "$tmp/ab/a" "$tmp/nowhere" \
+  >"$tmp/ab2.stdout" 2>&1
+rc=$?
+[ "$rc" = 2 ] || fail "ab-nccl.sh exited $rc for a directory without the library (want 2)"
+grep -q "has no libtutti_nccl.so.0" "$tmp/ab2.stdout" || fail "ab-nccl.sh does not say why"
 echo "device_run_test: OK"

@@ -401,19 +401,27 @@ Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOpt
       cuda_check(cudaStreamWaitEvent(l.stream(), l.c->ready[l.i], 0), "cudaStreamWaitEvent");
     }
     issue(Phase::kBefore);  // copies that must precede the op
+    ncclResult_t enqueued = ncclInProgress;
     {
       // Always a group, also for one call: the calls of one op (sends and receives to several
       // peers, several devices) must reach NCCL together.
       NcclGroup group(api_);
       check_nccl(group.start(), nullptr, ctx, "ncclGroupStart");
       issue(Phase::kNccl);
-      check_nccl(group.end(), nullptr, ctx, "ncclGroupEnd");
+      enqueued = group.end();
+      check_nccl(enqueued, nullptr, ctx, "ncclGroupEnd");
     }
-    std::vector<ncclComm_t> comms;
-    for (const Lane& l : lanes) {
-      if (std::find(comms.begin(), comms.end(), l.comm()) == comms.end()) comms.push_back(l.comm());
+    // ncclSuccess from a non-blocking communicator's group end: every call is enqueued (only
+    // ncclInProgress asks for polling).
+    if (enqueued == ncclInProgress) {
+      std::vector<ncclComm_t> comms;
+      for (const Lane& l : lanes) {
+        if (std::find(comms.begin(), comms.end(), l.comm()) == comms.end()) {
+          comms.push_back(l.comm());
+        }
+      }
+      wait_enqueued(comms, ctx, "enqueue");
     }
-    wait_enqueued(comms, ctx, "enqueue");
     issue(Phase::kAfter);  // copies that follow the op
     // The caller's stream waits for the op, unless the host waits for it here (blocking: once
     // this returns, what the caller queues next comes after the op anyway; 0.3-0.9 us of an
@@ -428,10 +436,12 @@ Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOpt
     std::lock_guard<std::mutex> lock(mutex_);
     // A failure that came meanwhile has ended every listed Work: this one would be forgotten.
     if (!failure_.empty()) throw aborted_locked(ctx);
-    watchdog_idle = pending_.empty();
+    watchdog_idle = napping_;
+    napping_ = false;
+    listed_ = true;
     pending_.push_back({work, ctx.deadline(), ctx.timeout});
   }
-  // The watchdog is woken only out of its idle sleep: with ops pending it looks every 2 ms
+  // The watchdog is woken only out of its idle sleep: while ops come it looks every 2 ms
   // anyway. Waking it for every op cost 1.5-2 us of an 8-byte op on an H200 (the futex wake,
   // and its event queries and lock beside the op thread's calls).
   if (watchdog_idle) wake_.notify_all();
@@ -608,6 +618,7 @@ void NcclBackend::stop_comms(const std::vector<ncclComm_t>& comms) {
 
 void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
   std::unique_lock<std::mutex> lock(mutex_);
+  int quiet_looks = kQuietLooks;
   while (!stop_) {
     if (!failure_.empty()) {
       // Aborts once the op thread is out of NCCL, and without holding the lock: NCCL's abort
@@ -622,8 +633,13 @@ void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
       }
       continue;
     }
-    wake_.wait_for(
-        lock, pending_.empty() ? std::chrono::milliseconds(200) : std::chrono::milliseconds(2));
+    // Every 2 ms while ops come; the long sleep once none was listed for kQuietLooks looks.
+    if (listed_ || !pending_.empty()) quiet_looks = 0;
+    listed_ = false;
+    napping_ = pending_.empty() && quiet_looks >= kQuietLooks;
+    wake_.wait_for(lock, napping_ ? std::chrono::milliseconds(200) : std::chrono::milliseconds(2));
+    napping_ = false;
+    ++quiet_looks;
     if (stop_ || !failure_.empty()) continue;
     // The events are queried without the lock (review #22): a query may wait behind a driver
     // lock that a synchronising call on another thread holds, and every tutti call needs ours.

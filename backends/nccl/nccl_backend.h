@@ -15,7 +15,7 @@
 // returns once enqueued, with an NcclWork that completes when the op has finished on the GPU.
 // opts.blocking: the call waits on the host instead, and makes the caller's stream wait only
 // when the op failed (on success what the caller queues next comes after it anyway). A watchdog
-// thread, woken when the first op is listed and then looking every 2 ms while any is, checks
+// thread, woken by the first op after 100 ms without one and then looking every 2 ms, checks
 // every pending op against its timeout and every communicator for NCCL's asynchronous errors; on
 // either,
 // and on abort(), every pending Work ends with an error (kTimeout for the op that timed out,
@@ -215,7 +215,8 @@ class NcclBackend : public Backend {
   std::map<int, int> peer_questions_;
   EventPool events_;
 
-  std::mutex mutex_;  // guards pending_, failure_, aborted_, in_nccl_, stop_, the comms' handles
+  std::mutex mutex_;  // guards pending_, failure_, aborted_, in_nccl_, stop_, napping_, listed_,
+                      // the comms' handles
   std::condition_variable wake_;
   std::deque<Pending> pending_;
   std::string failure_;   // non-empty once failed
@@ -223,6 +224,13 @@ class NcclBackend : public Backend {
   bool stopped_ = false;  // ... and have been (the watchdog's calls returned)
   bool in_nccl_ = false;  // the op thread is calling into NCCL: the watchdog's abort waits
   bool stop_ = false;
+  // The watchdog's idle sleep (napping_: it is in it, and an op that lists itself wakes it;
+  // listed_: an op was listed since the watchdog's last look). It naps only after kQuietLooks
+  // looks with no op listed, so that a run of ops wakes it once, not once each (a blocking op
+  // leaves the list as soon as it has finished, which left it empty for the next).
+  static constexpr int kQuietLooks = 50;  // of 2 ms: 100 ms after the last op
+  bool napping_ = false;
+  bool listed_ = false;
   // Set when this backend is destroyed on the watchdog's own thread (a completion hook let go
   // of it); the watchdog then returns without touching the backend again.
   std::shared_ptr<std::atomic<bool>> gone_ = std::make_shared<std::atomic<bool>>(false);

@@ -37,6 +37,9 @@ class DeviceGuard {
     cudaGetDevice(&previous_);
     if (device != previous_) cudaSetDevice(device);
   }
+  // Always sets it back, also when it never switched: on an H200 (CUDA 13, NCCL 2.28) skipping
+  // the unneeded cudaSetDevice made an 8-byte blocking allreduce 1.34x slower (2.6 -> 3.5 us,
+  // scripts/device/ab-nccl.sh, 5 pairs); the cause was not found.
   ~DeviceGuard() { cudaSetDevice(previous_); }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
