@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""torch.distributed on tutti against torch.distributed on gloo, in the same processes.
+"""torch.distributed on tutti against torch.distributed on gloo (on NCCL for CUDA tensors), in
+the same processes.
 
     build/venv/bin/python benchmarks/python/torch_bench.py [--ranks 2 4] [--out results/torch]
+    python3 benchmarks/python/torch_bench.py --device cuda --ranks 1   (a GPU each rank)
 
 For each world size it starts that many processes (torchrun's way: MASTER_ADDR/PORT, RANK,
 WORLD_SIZE; init_process_group("tutti")), which time, per size from 8 B to 64 MiB (float32 sum):
 - dist.all_reduce on the default group (backend "tutti"),
-- dist.all_reduce on a gloo group of the same ranks (new_group(backend="gloo")),
+- dist.all_reduce on a gloo group of the same ranks (new_group(backend="gloo")), or with
+  --device cuda on an NCCL group (torch's own ProcessGroupNCCL; CUDA tensors on LOCAL_RANK's GPU),
 - tutti's own Python call underneath (tutti.CollectiveGroup.allreduce on the same torch tensor,
-  a group of tutti's own over its TCP store),
+  a group of tutti's own over its TCP store: "auto", or "nccl" with --device cuda),
 interleaved size by size (tutti, gloo, tutti's own, then the next round), each rank timing each
-call on its own clock; an iteration counts at its slowest rank; medians over the timed iterations.
+call on its own clock (with --device cuda, up to the end of a synchronize of the current stream:
+each call's whole cost, GPU included); an iteration counts at its slowest rank; medians over the
+timed iterations.
 Then a DDP step (forward, backward, bucketed all_reduce, SGD) of a small MLP on each backend.
 
 Writes JSON (raw and medians), a Markdown table and a plot (SVG) into --out, and prints the
@@ -64,30 +69,37 @@ def rank_main(args):
     import tutti.torch  # noqa: F401
 
     torch.set_num_threads(1)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("tutti", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
-    gloo = dist.new_group(backend="gloo")
-    own = tutti.CollectiveGroup.create(world, rank, "auto", "bench-own",
+    other = other_backend(args.device)
+    other_group = dist.new_group(backend=other)
+    own = tutti.CollectiveGroup.create(world, rank, "nccl" if cuda else "auto", "bench-own",
                                        store=f"tcp://127.0.0.1:{args.own_port}", timeout=120)
+    sync = torch.cuda.current_stream().synchronize if cuda else (lambda: None)
 
     def timed(fn, t, warm, n):
         for _ in range(warm):
             fn(t)
+        sync()
         out = []
         for _ in range(n):
             start = time.perf_counter_ns()
             fn(t)
+            sync()
             out.append(time.perf_counter_ns() - start)
         return out
 
     calls = {
         "tutti": lambda t: dist.all_reduce(t),
-        "gloo": lambda t: dist.all_reduce(t, group=gloo),
+        other: lambda t: dist.all_reduce(t, group=other_group),
         "tutti (own Python call)": lambda t: own.allreduce(t),
     }
     result = {"allreduce": {}, "ddp": {}}
     for nbytes in sizes(8, args.max_bytes):
-        t = torch.ones(max(nbytes // 4, 1), dtype=torch.float32)
+        t = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=args.device)
         warm, n = iters_for(nbytes)
         per = {name: [] for name in calls}
         for _ in range(3):  # interleaved rounds
@@ -98,18 +110,21 @@ def rank_main(args):
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    for name, group in (("tutti", None), ("gloo", gloo)):
+    for name, group in (("tutti", None), (other, other_group)):
         torch.manual_seed(0)
         model = DDP(nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048),
-                                  nn.ReLU(), nn.Linear(2048, 512)), process_group=group)
+                                  nn.ReLU(), nn.Linear(2048, 512)).to(args.device),
+                    process_group=group)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x, y = torch.randn(64, 512), torch.randn(64, 512)
+        x = torch.randn(64, 512, device=args.device)
+        y = torch.randn(64, 512, device=args.device)
         steps = []
         for i in range(12):
             start = time.perf_counter_ns()
             opt.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
+            sync()
             if i >= 2:
                 steps.append(time.perf_counter_ns() - start)
         result["ddp"][name] = steps
@@ -127,7 +142,8 @@ def run_world(world, args):
                    WORLD_SIZE=str(world), LOCAL_RANK=str(r), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--rank", str(r), "--own-port", str(own_port),
-             "--out", args.rank_dir, "--max-bytes", str(args.max_bytes)], env=env))
+             "--out", args.rank_dir, "--max-bytes", str(args.max_bytes),
+             "--device", args.device], env=env))
     for p in procs:
         if p.wait(timeout=1800) != 0:
             raise SystemExit(f"a rank failed (exit {p.returncode})")
@@ -149,11 +165,16 @@ def run_world(world, args):
     return rows, ddp
 
 
-def svg_plot(report):
+def other_backend(device):
+    """torch's own backend that tutti is measured against: gloo for CPU tensors, NCCL for CUDA."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def svg_plot(report, other):
     """A log-log plot per world size (us per call against size), as SVG: no plotting package."""
     import math
 
-    series = [("tutti", "#1f77b4"), ("gloo", "#d62728"), ("tutti (own Python call)", "#2ca02c")]
+    series = [("tutti", "#1f77b4"), (other, "#d62728"), ("tutti (own Python call)", "#2ca02c")]
     pw, ph, ml, mt, mb = 460, 300, 60, 30, 45
     worlds = sorted(report)
     width = len(worlds) * (pw + ml + 20) + 20
@@ -219,39 +240,42 @@ def main():
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--rank", type=int, default=-1)
     parser.add_argument("--own-port", type=int, default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
     if args.rank >= 0:
         return rank_main(args)
     os.makedirs(args.out, exist_ok=True)
     report, lines = {}, []
+    other = other_backend(args.device)
     for world in args.ranks:
         args.rank_dir = os.path.join(args.out, f"ranks{world}")
         os.makedirs(args.rank_dir, exist_ok=True)
         rows, ddp = run_world(world, args)
         report[world] = {"allreduce": rows, "ddp_step_ms": ddp}
-        lines += [f"### all_reduce through torch.distributed, {world} ranks (median us per call, "
-                  "float32 sum)", "",
-                  "| size | tutti | gloo | gloo / tutti | tutti's own Python call | overhead |",
+        lines += [f"### all_reduce through torch.distributed, {world} ranks, {args.device} "
+                  "tensors (median us per call, float32 sum)", "",
+                  f"| size | tutti | {other} | {other} / tutti | tutti's own Python call | "
+                  "overhead |",
                   "|---:|---:|---:|---:|---:|---:|"]
         for nbytes, r in rows.items():
             own = r["tutti (own Python call)"]
-            lines.append(f"| {human(nbytes)} | {r['tutti']:.1f} | {r['gloo']:.1f} | "
-                         f"{r['gloo'] / r['tutti']:.1f}x | {own:.1f} | {r['tutti'] - own:+.1f} |")
+            lines.append(f"| {human(nbytes)} | {r['tutti']:.1f} | {r[other]:.1f} | "
+                         f"{r[other] / r['tutti']:.2f}x | {own:.1f} | {r['tutti'] - own:+.1f} |")
         lines += ["", f"DDP step (MLP 512-2048-2048-512, batch 64): tutti {ddp['tutti']:.2f} ms, "
-                      f"gloo {ddp['gloo']:.2f} ms ({ddp['gloo'] / ddp['tutti']:.2f}x)", ""]
+                      f"{other} {ddp[other]:.2f} ms ({ddp[other] / ddp['tutti']:.2f}x)", ""]
         small = rows[min(rows)]
         overhead = small["tutti"] - small["tutti (own Python call)"]
         print(f"per-call overhead at 8 B, {world} ranks: {overhead:.2f} us over tutti's own Python "
               f"call (goal <= 3 us: {'met' if overhead <= 3 else 'MISSED'})")
-        behind = [human(n) for n, r in rows.items() if r["tutti"] > r["gloo"]]
-        print(f"tutti vs gloo, {world} ranks: "
+        behind = [human(n) for n, r in rows.items() if r["tutti"] > r[other]]
+        print(f"tutti vs {other}, {world} ranks: "
               + ("faster at every size" if not behind else f"slower at {', '.join(behind)}"))
     with open(os.path.join(args.out, "torch_bench.json"), "w") as f:
         json.dump(report, f, indent=1)
     with open(os.path.join(args.out, "torch_bench.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out, "torch_bench.svg"), "w") as f:
-        f.write(svg_plot(report))
+        f.write(svg_plot(report, other))
     print("\n".join(lines))
 
 

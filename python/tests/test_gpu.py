@@ -1,12 +1,14 @@
 """tutti's Python package with torch CUDA tensors, on a GPU: the NCCL backend through the bindings
 (out-of-place results checked while a busy kernel still delays their inputs on torch's stream),
-torch.distributed's "tutti" backend on CUDA tensors, cuda_ipc between two processes, and what
-tutti.ray's tensor transport does with a CUDA object (tutti._rdt). One GPU is enough (world size
-1 for NCCL: it refuses two ranks on one device). Skipped where torch sees no CUDA device, saying
-so; scripts/device/run.sh runs them on the device machine, where a skip fails."""
+torch.distributed's "tutti" backend on CUDA tensors (stream-ordered as torch's NCCL backend),
+cuda_ipc between two processes, and what tutti.ray's tensor transport does with a CUDA object
+(tutti._rdt). One GPU is enough (world size 1 for NCCL: it refuses two ranks on one device).
+Skipped where torch sees no CUDA device, saying so; scripts/device/run.sh runs them on the device
+machine, where a skip fails."""
 
 import contextlib
 import multiprocessing as mp
+import time
 
 import pytest
 
@@ -89,6 +91,37 @@ def test_torch_distributed_tutti_backend_on_cuda():
         work.wait()
         assert torch.equal(x.cpu(), expected)
         dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_distributed_cuda_ops_are_stream_ordered_as_nccls():
+    """As with torch's NCCL backend: the Work's future is complete at once and orders the
+    waiting stream after the op; copies into a non-contiguous output follow the op on the
+    caller's stream; wait() does not block the host until the GPU is done."""
+    import torch.distributed as dist
+    import tutti.torch  # noqa: F401
+
+    dist.init_process_group("tutti", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        expected = torch.arange(N, dtype=torch.float32) * 2 + 1
+        x = queued(expected)  # its values land ~20 ms from now
+        work = dist.all_reduce(x, async_op=True)
+        future = work.get_future()
+        assert future.done()  # complete at once: stream-ordered, not host-ordered
+        doubled = future.then(lambda f: f.value()[0] * 2)
+        start = time.perf_counter()
+        work.wait()
+        assert time.perf_counter() - start < 0.010, "wait() blocked the host on the GPU"
+        assert torch.equal(doubled.wait().cpu(), expected * 2)
+        assert torch.equal(x.cpu(), expected)
+
+        # A non-contiguous output: staged, and copied back on the caller's stream after the op.
+        base = torch.arange(4096 * 2, dtype=torch.float32).reshape(4096, 2)
+        out = torch.full((2, 4096), -1.0, device="cuda").t()
+        assert not out.is_contiguous()
+        dist.all_gather([out], queued(base))
+        assert torch.equal(out.cpu(), base)
     finally:
         dist.destroy_process_group()
 

@@ -8,7 +8,8 @@
 #
 #   bash scripts/device/python.sh [SCRATCH]     (run.sh passes one; the default is mktemp -d)
 #
-# TUTTI_DEVICE_BUNDLE (default .device) and TUTTI_DEVICE_PYTHON (default python3) as run.sh.
+# TUTTI_DEVICE_BUNDLE (default .device) and TUTTI_DEVICE_PYTHON (default python3) as run.sh;
+# TUTTI_DEVICE_TORCH_BENCH=1 also runs the torch.distributed benchmark on the GPU (see below).
 # Exit status: pytest's (1 where a test failed); 2 where a test skipped (on the device every
 # test must run); 3 where tutti._tutti cannot be built there (no Python, no nanobind, a compile
 # error).
@@ -107,4 +108,10 @@ if [ "$rc" -eq 5 ] || { [ "$rc" -eq 0 ] && grep -qiE '[0-9]+ skipped' "$work/pyt
   exit 2
 fi
 if [ "$torch_built" = 0 ] && [ "$rc" -eq 0 ]; then rc=1; fi
+# TUTTI_DEVICE_TORCH_BENCH=1: then torch.distributed on tutti against torch's own NCCL backend,
+# one rank on the GPU (benchmarks/python/torch_bench.py --device cuda), into $OUT/torch.
+if [ "${TUTTI_DEVICE_TORCH_BENCH:-0}" = 1 ] && [ "$rc" -eq 0 ]; then
+  timeout -k 5 240 "$python" benchmarks/python/torch_bench.py --device cuda --ranks 1 \
+    --max-bytes $((8 << 20)) --out "${OUT:-/tmp/tutti-device}/torch" || rc=1
+fi
 exit "$rc"

@@ -307,6 +307,19 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::run(c10d::OpType type, const at::De
     if (finish) finish();
     for (const auto& s : staged) s.copy_back();
   };
+  if (device.is_cuda()) {
+    // Stream-ordered, as c10d's NCCL ops: what follows the op is queued now on the current
+    // stream, which waits for it; nothing waits on the host (TuttiWork::create_on_stream).
+    try {
+      done();
+    } catch (...) {
+      rethrow_as_torch(std::current_exception());
+    }
+    // The staged tensors stay alive until the op has finished on the GPU, as on the CPU path.
+    work->keep_alive(std::make_shared<decltype(done)>(std::move(done)));
+    return result(
+        TuttiWork::create_on_stream(getRank(), type, std::move(work), std::move(outputs), device));
+  }
   return result(
       TuttiWork::create(getRank(), type, std::move(work), std::move(outputs), std::move(done)));
 }

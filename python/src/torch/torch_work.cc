@@ -1,5 +1,8 @@
 #include "torch_work.h"
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include "tutti/error.h"
@@ -45,6 +48,29 @@ c10::intrusive_ptr<TuttiWork> TuttiWork::create(int rank, c10d::OpType type,
   return self;
 }
 
+c10::intrusive_ptr<TuttiWork> TuttiWork::create_on_stream(int rank, c10d::OpType type,
+                                                          std::shared_ptr<tutti::Work> work,
+                                                          std::vector<at::Tensor> outputs,
+                                                          const c10::Device& device) {
+  auto self = c10::make_intrusive<TuttiWork>(rank, type, std::move(work), std::move(outputs),
+                                             std::function<void()>());
+  // No future and no event yet: a blocking dist.all_reduce on the issuing stream needs neither
+  // (each cost microseconds a call on an H200).
+  self->issue_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+  self->work_->on_finish([self](const std::exception_ptr& error) { self->done(error); });
+  return self;
+}
+
+void TuttiWork::order_current_stream() const {
+  const c10::Stream& issued = *issue_stream_;
+  const c10::Stream current =
+      c10::impl::getDeviceGuardImpl(issued.device_type())->getStream(issued.device());
+  if (current == issued) return;
+  c10::Event event(issued.device_type());
+  event.record(issued);
+  event.block(current);
+}
+
 TuttiWork::TuttiWork(int rank, c10d::OpType type, std::vector<c10::intrusive_ptr<TuttiWork>> parts)
     : c10d::Work(rank, type), parts_(std::move(parts)) {
   for (const auto& p : parts_) {
@@ -69,7 +95,7 @@ void TuttiWork::done(const std::exception_ptr& error) {
     error_ = to_torch_error(failure);
     future = future_;
   }
-  if (future) {
+  if (future && !issue_stream_) {
     if (error_) {
       future->setError(error_);
     } else {
@@ -121,6 +147,13 @@ bool TuttiWork::wait(std::chrono::milliseconds timeout) {
     for (const auto& p : parts_) p->wait(timeout);
     return true;
   }
+  if (issue_stream_) {
+    if (work_->is_completed()) {
+      if (auto e = exception()) std::rethrow_exception(e);
+    }
+    order_current_stream();  // the current stream waits; the host does not
+    return true;
+  }
   try {
     work_->wait(timeout.count() <= 0 ? kUseGroupTimeout : timeout);
   } catch (...) {
@@ -143,8 +176,11 @@ c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
     // Done when every part is, failed with the first part's error.
     std::lock_guard<std::mutex> lock(done_mutex_);
     if (future_) return future_;
-    auto all =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    // Stream-ordered parts: the whole is too (its value's devices are theirs).
+    std::vector<c10::Device> devices;
+    if (parts_.front()->issue_stream_) devices.push_back(parts_.front()->issue_stream_->device());
+    auto all = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()), devices);
     future_ = all;
     struct Count {
       std::mutex mutex;
@@ -175,6 +211,15 @@ c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
     return all;
   }
   std::lock_guard<std::mutex> lock(done_mutex_);
+  if (!future_ && issue_stream_) {
+    // Complete now, at the issuing stream's point (markCompleted records an event on the
+    // current stream, which the future's waiters' streams then wait for).
+    c10::StreamGuard on_issued(*issue_stream_);
+    future_ =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                 std::vector<c10::Device>{issue_stream_->device()});
+    future_->markCompleted(c10::IValue(outputs_));
+  }
   if (!future_) {
     future_ =
         c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));

@@ -2,11 +2,13 @@
 #pragma once
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/Stream.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "tutti/work.h"
@@ -26,6 +28,17 @@ class TuttiWork : public c10d::Work {
                                               std::shared_ptr<tutti::Work> work,
                                               std::vector<at::Tensor> outputs,
                                               std::function<void()> finish = {});
+  // A CUDA op, stream-ordered as c10d's NCCL ops are: the caller's current stream (`device`'s,
+  // now) already waits for it (tutti's NCCL backend makes it), and whatever has to follow it
+  // (copies back, an average's division) was queued there by the caller. wait() orders the
+  // waiting thread's current stream after that stream (nothing to do where it is the same one),
+  // without blocking the host; an op that already failed is rethrown. The future is complete as
+  // soon as it is asked for, holding that stream's point. isCompleted() still says whether the
+  // GPU has finished the op.
+  static c10::intrusive_ptr<TuttiWork> create_on_stream(int rank, c10d::OpType type,
+                                                        std::shared_ptr<tutti::Work> work,
+                                                        std::vector<at::Tensor> outputs,
+                                                        const c10::Device& device);
   // For create (make_intrusive needs it public).
   TuttiWork(int rank, c10d::OpType type, std::shared_ptr<tutti::Work> work,
             std::vector<at::Tensor> outputs, std::function<void()> finish);
@@ -49,6 +62,8 @@ class TuttiWork : public c10d::Work {
   void post() const {
     if (post_) post_();
   }
+  // create_on_stream's: the current stream waits for the issuing stream (a no-op on it).
+  void order_current_stream() const;
   // Called once the op (or every part) finished, on the thread that finished it.
   void done(const std::exception_ptr& error);
 
@@ -58,6 +73,7 @@ class TuttiWork : public c10d::Work {
   std::function<void()> finish_;
   std::function<void()> post_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::optional<c10::Stream> issue_stream_;  // create_on_stream's: the caller's stream
   mutable std::mutex done_mutex_;
   bool done_ = false;
   std::exception_ptr error_;
