@@ -639,7 +639,7 @@ void NcclBackend::watchdog_loop(std::shared_ptr<std::atomic<bool>> gone) {
     napping_ = pending_.empty() && quiet_looks >= kQuietLooks;
     wake_.wait_for(lock, napping_ ? std::chrono::milliseconds(200) : std::chrono::milliseconds(2));
     napping_ = false;
-    ++quiet_looks;
+    quiet_looks = std::min(quiet_looks + 1, kQuietLooks);
     if (stop_ || !failure_.empty()) continue;
     // The events are queried without the lock (review #22): a query may wait behind a driver
     // lock that a synchronising call on another thread holds, and every tutti call needs ours.

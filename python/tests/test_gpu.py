@@ -41,6 +41,10 @@ def queued(values):
 @pytest.fixture
 def group():
     g = tutti.CollectiveGroup.create(1, 0, "nccl", unique(), store=tutti.HashStore(), timeout=30)
+    # The NCCL communicator is made by the first op, taking longer than queued()'s kernel: made
+    # here, so that the tests' ops meet inputs that have not landed yet.
+    g.allreduce(torch.zeros(1, device="cuda"))
+    torch.cuda.synchronize()
     yield g
     g.destroy()
 
@@ -80,6 +84,8 @@ def test_torch_distributed_tutti_backend_on_cuda():
     store = dist.HashStore()
     dist.init_process_group("tutti", store=store, rank=0, world_size=1)
     try:
+        dist.all_reduce(torch.zeros(1, device="cuda"))  # the communicator, made before the checks
+        torch.cuda.synchronize()
         expected = torch.arange(N, dtype=torch.float32) - 5
         x = queued(expected)
         dist.all_reduce(x)
@@ -104,9 +110,14 @@ def test_torch_distributed_cuda_ops_are_stream_ordered_as_nccls():
 
     dist.init_process_group("tutti", store=dist.HashStore(), rank=0, world_size=1)
     try:
+        # The first CUDA op makes the NCCL communicator (far longer than the busy kernel below):
+        # made here, so that the op below is still held up by the kernel when it is checked.
+        dist.all_reduce(torch.zeros(1, device="cuda"))
+        torch.cuda.synchronize()
         expected = torch.arange(N, dtype=torch.float32) * 2 + 1
         x = queued(expected)  # its values land ~20 ms from now
         work = dist.all_reduce(x, async_op=True)
+        assert not work.is_completed()  # the kernel still holds it up on the GPU
         future = work.get_future()
         assert future.done()  # complete at once: stream-ordered, not host-ordered
         doubled = future.then(lambda f: f.value()[0] * 2)

@@ -1,5 +1,7 @@
 #include "torch_work.h"
 
+#include <algorithm>
+
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -139,7 +141,12 @@ std::vector<at::Tensor> TuttiWork::result() {
   return outputs_;
 }
 
-void TuttiWork::synchronize() {}
+void TuttiWork::synchronize() {
+  // c10d's contract: the current stream waits for the op (a no-op for a host-ordered op, whose
+  // Work completes only once its results are in place).
+  for (const auto& p : parts_) p->synchronize();
+  if (issue_stream_) order_current_stream();
+}
 
 bool TuttiWork::wait(std::chrono::milliseconds timeout) {
   post();
@@ -178,7 +185,12 @@ c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
     if (future_) return future_;
     // Stream-ordered parts: the whole is too (its value's devices are theirs).
     std::vector<c10::Device> devices;
-    if (parts_.front()->issue_stream_) devices.push_back(parts_.front()->issue_stream_->device());
+    for (const auto& p : parts_) {
+      if (p->issue_stream_ &&
+          std::find(devices.begin(), devices.end(), p->issue_stream_->device()) == devices.end()) {
+        devices.push_back(p->issue_stream_->device());
+      }
+    }
     auto all = c10::make_intrusive<c10::ivalue::Future>(
         c10::ListType::create(c10::TensorType::get()), devices);
     future_ = all;
@@ -214,11 +226,16 @@ c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
   if (!future_ && issue_stream_) {
     // Complete now, at the issuing stream's point (markCompleted records an event on the
     // current stream, which the future's waiters' streams then wait for).
+    // An op already known to have failed gives a failed future, as wait() throws.
     c10::StreamGuard on_issued(*issue_stream_);
     future_ =
         c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                  std::vector<c10::Device>{issue_stream_->device()});
-    future_->markCompleted(c10::IValue(outputs_));
+    if (done_ && error_) {
+      future_->setError(error_);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
   }
   if (!future_) {
     future_ =

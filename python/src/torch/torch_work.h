@@ -33,8 +33,9 @@ class TuttiWork : public c10d::Work {
   // (copies back, an average's division) was queued there by the caller. wait() orders the
   // waiting thread's current stream after that stream (nothing to do where it is the same one),
   // without blocking the host; an op that already failed is rethrown. The future is complete as
-  // soon as it is asked for, holding that stream's point. isCompleted() still says whether the
-  // GPU has finished the op.
+  // soon as it is asked for, holding that stream's point. Both take the issuing stream's point
+  // when called, not at issue: work queued there since is waited for too (never less than the
+  // op). synchronize() as wait(). isCompleted() still says whether the GPU has finished the op.
   static c10::intrusive_ptr<TuttiWork> create_on_stream(int rank, c10d::OpType type,
                                                         std::shared_ptr<tutti::Work> work,
                                                         std::vector<at::Tensor> outputs,
