@@ -1,5 +1,6 @@
 // The NCCL backend's failure paths, each rank a process: the watchdog aborting a stuck op and a
-// stuck caller stream, an asynchronous NCCL error (on every rank, or one), destroy and abort from
+// stuck caller stream, a failed blocking op that keeps the caller's stream behind it while it
+// still runs, an asynchronous NCCL error (on every rank, or one), destroy and abort from
 // another thread while ops are pending (their Works end with kAborted), a failed and a
 // timed-out communicator init, and a rejected multi-GPU op. After each: every rank's error names
 // the op, later ops fail with kAborted, and destroy then re-init works. Under the stand-in each
@@ -193,6 +194,45 @@ void async_error(Rank& me) {
   me.destroy_and_rejoin(g);
 }
 
+// TUTTI_STANDIN_NCCL_STALL=1:1500: op #1 runs 1.5 s late on NCCL's stream, abort or not. A
+// blocking op #1 with a 300 ms timeout fails, naming itself, while the op is still on the GPU;
+// what the caller queues on its stream afterwards (here an event; a free, a reuse of the buffers
+// in a program) must wait for it (cb38c47): the watchdog ends the Work before it has stopped the
+// communicators.
+void failed_op_orders_the_caller(Rank& me) {
+  auto g = me.join();
+  me.expect_allreduce_works(*g, "allreduce #0");
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  DeviceBuffer buf(me.device(), 1024);
+  AllreduceOptions o;
+  o.blocking = true;
+  o.stream = s;
+  o.timeout = milliseconds(300);
+  const auto start = Clock::now();
+  expect_error([&] { g->allreduce(buf.view(DType::kFloat32, 256), o); },
+               {ErrorCode::kTimeout, ErrorCode::kAborted},
+               {"allreduce #1", "did not complete within its timeout"});
+  cudaEvent_t after;
+  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(after, s), cudaSuccess);
+  const auto failed = Clock::now() - start;
+  ASSERT_LT(failed, milliseconds(1200)) << "the op failed only after its stall: nothing to check";
+  EXPECT_EQ(cudaEventQuery(after), cudaErrorNotReady)
+      << "the caller's stream ran ahead of an op that was still running";
+  // ... and goes on once the op is done (bounded: 1.5 s of stall).
+  const auto until = Clock::now() + seconds(10);
+  cudaError_t state = cudaErrorNotReady;
+  while ((state = cudaEventQuery(after)) == cudaErrorNotReady && Clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(state, cudaSuccess) << "the caller's stream never went on";
+  EXPECT_GE(Clock::now() - start, milliseconds(1400)) << "it went on before the op's end";
+  cudaEventDestroy(after);
+  cudaStreamDestroy(s);
+  me.destroy_and_rejoin(g);
+}
+
 // Rank 1 never calls op #1. On rank 0 another thread destroys the group: first while op #1 is
 // enqueued (destroy aborts it at once), then while a blocking op #1 waits in a thread (destroy
 // returns once that op has failed, at the latest at its 3 s timeout).
@@ -326,9 +366,13 @@ void abort_from_another_thread(Rank& me) {
 
 const std::map<std::string, void (*)(Rank&)>& scenarios() {
   static const std::map<std::string, void (*)(Rank&)> all = {
-      {"stuck_op", stuck_op},         {"stuck_stream", stuck_stream},
-      {"async_error", async_error},   {"destroy_while_pending", destroy_while_pending},
-      {"init_failure", init_failure}, {"abort_from_another_thread", abort_from_another_thread},
+      {"stuck_op", stuck_op},
+      {"stuck_stream", stuck_stream},
+      {"async_error", async_error},
+      {"destroy_while_pending", destroy_while_pending},
+      {"init_failure", init_failure},
+      {"abort_from_another_thread", abort_from_another_thread},
+      {"failed_op_orders_the_caller", failed_op_orders_the_caller},
   };
   return all;
 }
@@ -381,6 +425,11 @@ TEST(NcclFault, AnAsyncErrorOnEveryRankFailsEachNamingTheOp) {
 TEST(NcclFault, AnAsyncErrorOnOneRankFailsEveryRankNamingTheOp) {
   SKIP_WITHOUT_STANDIN();
   run_scenario("async_error", 2, {"TUTTI_STANDIN_NCCL_ASYNC_ERROR=2:1"});
+}
+
+TEST(NcclFault, AFailedBlockingOpKeepsTheCallersStreamBehindIt) {
+  SKIP_WITHOUT_STANDIN();
+  run_scenario("failed_op_orders_the_caller", 1, {"TUTTI_STANDIN_NCCL_STALL=1:1500"});
 }
 
 TEST(NcclFault, DestroyFromAnotherThreadWhileAnOpIsPending) {

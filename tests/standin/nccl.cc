@@ -26,6 +26,9 @@
 //                                  ncclRemoteError (the delay above after its enqueue completed)
 //                                  and hangs until the communicator is aborted, as a lost peer
 //                                  does; once per process
+//   TUTTI_STANDIN_NCCL_STALL       "N:MS": the N-th op (from 0) of a communicator starts MS ms
+//                                  late on its stream, abort or not (a kernel that keeps running
+//                                  after the host gave up on it); once per process
 //   TUTTI_STANDIN_NCCL_INIT_ERROR  "R": initialising NCCL rank R fails with ncclSystemError,
 //                                  once per process
 //   TUTTI_STANDIN_NCCL_SHRINK_ERROR "R": ncclCommShrink called by NCCL rank R (of the parent)
@@ -81,6 +84,7 @@ std::pair<int, int> env_op_rank(const char* name) {
 }
 
 std::atomic<bool> g_async_error_fired{false};
+std::atomic<bool> g_stall_fired{false};
 std::atomic<bool> g_init_error_fired{false};
 std::atomic<bool> g_shrink_error_fired{false};
 
@@ -127,6 +131,7 @@ struct Library {
   std::atomic<int> shrinks{0};  // communicators made by ncclCommShrink
   int delay_ms = env_int("TUTTI_STANDIN_NCCL_DELAY_MS", 2);
   std::pair<int, int> async_error = env_op_rank("TUTTI_STANDIN_NCCL_ASYNC_ERROR");
+  std::pair<int, int> stall = env_op_rank("TUTTI_STANDIN_NCCL_STALL");  // op, ms
   int init_error_rank = env_int("TUTTI_STANDIN_NCCL_INIT_ERROR", -1);
   int shrink_error_rank = env_int("TUTTI_STANDIN_NCCL_SHRINK_ERROR", -1);
 
@@ -307,6 +312,14 @@ void run_task(void* arg) {
       index = c.ops_run++;
     }
     if (!ok) break;
+    const auto [stall_op, stall_ms] = lib().stall;
+    if (static_cast<int64_t>(index) == stall_op && stall_ms > 0 && !g_stall_fired.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(stall_ms));
+      if (c.aborted.load()) {
+        ok = false;
+        break;
+      }
+    }
     const auto [error_op, error_rank] = lib().async_error;
     if (static_cast<int64_t>(index) == error_op && (error_rank < 0 || error_rank == c.rank) &&
         !g_async_error_fired.exchange(true)) {
