@@ -183,11 +183,17 @@ c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
     // Done when every part is, failed with the first part's error.
     std::lock_guard<std::mutex> lock(done_mutex_);
     if (future_) return future_;
-    // Stream-ordered parts: the whole is too (its value's devices are theirs).
+    // Stream-ordered parts: the whole is too (its value's devices are theirs), and it is
+    // completed on streams that wait for every part's issuing stream (the last part to finish
+    // may be a host-ordered one, finished on another thread, whose current stream is another).
     std::vector<c10::Device> devices;
+    std::vector<c10::Stream> issued;
     for (const auto& p : parts_) {
-      if (p->issue_stream_ &&
-          std::find(devices.begin(), devices.end(), p->issue_stream_->device()) == devices.end()) {
+      if (!p->issue_stream_) continue;
+      if (std::find(issued.begin(), issued.end(), *p->issue_stream_) == issued.end()) {
+        issued.push_back(*p->issue_stream_);
+      }
+      if (std::find(devices.begin(), devices.end(), p->issue_stream_->device()) == devices.end()) {
         devices.push_back(p->issue_stream_->device());
       }
     }
@@ -203,7 +209,7 @@ c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
     count->left = parts_.size();
     auto outputs = outputs_;
     for (const auto& p : parts_) {
-      p->getFuture()->addCallback([all, count, outputs](c10::ivalue::Future& f) {
+      p->getFuture()->addCallback([all, count, outputs, issued](c10::ivalue::Future& f) {
         bool last;
         std::exception_ptr error;
         {
@@ -213,6 +219,21 @@ c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
           error = count->error;
         }
         if (!last) return;
+        if (!error) {
+          try {
+            // markCompleted records on each device's current stream: make it wait first.
+            for (const c10::Stream& s : issued) {
+              const c10::Stream current =
+                  c10::impl::getDeviceGuardImpl(s.device_type())->getStream(s.device());
+              if (current == s) continue;
+              c10::Event event(s.device_type());
+              event.record(s);
+              event.block(current);
+            }
+          } catch (...) {
+            error = std::current_exception();
+          }
+        }
         if (error) {
           all->setError(error);
         } else {
