@@ -1,6 +1,7 @@
 // The NCCL backend's failure paths, each rank a process: the watchdog aborting a stuck op and a
 // stuck caller stream, a failed blocking op that keeps the caller's stream behind it while it
-// still runs, an asynchronous NCCL error (on every rank, or one), destroy and abort from
+// still runs, a run of ops that wakes the watchdog once, an asynchronous NCCL error (on every
+// rank, or one), destroy and abort from
 // another thread while ops are pending (their Works end with kAborted), a failed and a
 // timed-out communicator init, and a rejected multi-GPU op. After each: every rank's error names
 // the op, later ops fail with kAborted, and destroy then re-init works. Under the stand-in each
@@ -233,6 +234,16 @@ void failed_op_orders_the_caller(Rank& me) {
   me.destroy_and_rejoin(g);
 }
 
+// 400 blocking ops in a row on one rank (the stand-in's enqueue at once): the NCCL watchdog is
+// woken out of its idle sleep once, not per op (8c6f108: waking it for every op cost 1.5-2 us of
+// an 8-byte op on an H200, and cb38c47 had brought that back unnoticed). The parent counts the
+// debug lines that say so.
+void watchdog_wakes(Rank& me) {
+  auto g = me.join();
+  for (int i = 0; i < 400; ++i) me.expect_allreduce_works(*g, "allreduce #" + std::to_string(i));
+  g->destroy();
+}
+
 // Rank 1 never calls op #1. On rank 0 another thread destroys the group: first while op #1 is
 // enqueued (destroy aborts it at once), then while a blocking op #1 waits in a thread (destroy
 // returns once that op has failed, at the latest at its 3 s timeout).
@@ -373,6 +384,7 @@ const std::map<std::string, void (*)(Rank&)>& scenarios() {
       {"init_failure", init_failure},
       {"abort_from_another_thread", abort_from_another_thread},
       {"failed_op_orders_the_caller", failed_op_orders_the_caller},
+      {"watchdog_wakes", watchdog_wakes},
   };
   return all;
 }
@@ -385,8 +397,10 @@ TEST(NcclFaultChild, Run) {
   if (!::testing::Test::HasFailure()) std::printf("SCENARIO OK\n");
 }
 
-// Runs `scenario` with `world` ranks as processes, each with `env` added.
-void run_scenario(const std::string& scenario, int world, std::vector<std::string> env = {}) {
+// Runs `scenario` with `world` ranks as processes, each with `env` added; returns what each
+// printed.
+std::vector<std::string> run_scenario(const std::string& scenario, int world,
+                                      std::vector<std::string> env = {}) {
   TempDir dir;
   const std::string tag = "fault" + std::to_string(::getpid()) + scenario;
   std::vector<std::vector<std::string>> envs;
@@ -405,6 +419,9 @@ void run_scenario(const std::string& scenario, int world, std::vector<std::strin
                                                                         << results[r].output;
   }
   EXPECT_TRUE(standin_segments(tag).empty()) << "shared-memory segments left in /dev/shm";
+  std::vector<std::string> outputs;
+  for (const auto& r : results) outputs.push_back(r.output);
+  return outputs;
 }
 
 TEST(NcclFault, TheWatchdogAbortsAStuckOpAndNamesIt) {
@@ -430,6 +447,22 @@ TEST(NcclFault, AnAsyncErrorOnOneRankFailsEveryRankNamingTheOp) {
 TEST(NcclFault, AFailedBlockingOpKeepsTheCallersStreamBehindIt) {
   SKIP_WITHOUT_STANDIN();
   run_scenario("failed_op_orders_the_caller", 1, {"TUTTI_STANDIN_NCCL_STALL=1:1500"});
+}
+
+TEST(NcclFault, ARunOfOpsWakesTheWatchdogOnce) {
+  SKIP_WITHOUT_STANDIN();
+  const auto out =
+      run_scenario("watchdog_wakes", 1, {"TUTTI_STANDIN_NCCL_DELAY_MS=0", "TUTTI_LOG_LEVEL=debug"});
+  ASSERT_EQ(out.size(), 1u);
+  const std::string needle = "wakes the watchdog from its idle sleep";
+  int wakes = 0;
+  for (size_t at = out[0].find(needle); at != std::string::npos;
+       at = out[0].find(needle, at + needle.size())) {
+    ++wakes;
+  }
+  // The first op wakes it; a later wake needs 100 ms without an op (a stalled machine).
+  EXPECT_GE(wakes, 1) << out[0];
+  EXPECT_LE(wakes, 8) << "woken " << wakes << " times for 400 ops";
 }
 
 TEST(NcclFault, DestroyFromAnotherThreadWhileAnOpIsPending) {

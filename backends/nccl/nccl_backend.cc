@@ -444,7 +444,11 @@ Backend::WorkPtr NcclBackend::launch(const std::vector<Lane>& lanes, const OpOpt
   // The watchdog is woken only out of its idle sleep: while ops come it looks every 2 ms
   // anyway. Waking it for every op cost 1.5-2 us of an 8-byte op on an H200 (the futex wake,
   // and its event queries and lock beside the op thread's calls).
-  if (watchdog_idle) wake_.notify_all();
+  if (watchdog_idle) {
+    // Once per idle spell: NcclFault.ARunOfOpsWakesTheWatchdogOnce counts these lines.
+    TUTTI_LOG_DEBUG("nccl: op #{} wakes the watchdog from its idle sleep", ctx.seq);
+    wake_.notify_all();
+  }
   if (!opts.blocking) return work;
   // Blocking: out of NCCL (so that the watchdog keeps checking its asynchronous errors
   // meanwhile), never past the deadline (the watchdog ends the Work at it).
