@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <map>
 #include <thread>
 
 #include "transfer/agent_core.h"
@@ -115,23 +116,23 @@ bool AgentCore::take_connection(int fd, bool local) {
   std::lock_guard<std::mutex> lock(mutex);
   if (stopping) return false;
   serving_fds.insert(fd);
-  // Inserted under the lock the thread's end takes: it finds itself there. No thread to be had
-  // (the process's limit) drops this connection, not the acceptor (an exception out of it
-  // ended the process): the consumer sees it closed.
-  bool started = false;
+  // Inserted under the lock the thread's end takes: it finds itself there. Its map node is made
+  // before the thread starts, so that storing the handle cannot fail once it runs (a thread left
+  // detached would not be waited for by stop()). No thread to be had (the process's limit) drops
+  // this connection, not the acceptor (an exception out of it ended the process): the consumer
+  // sees it closed.
   try {
-    std::thread t([self = shared_from_this(), c = std::move(conn), local]() mutable {
+    std::map<std::thread::id, std::thread> made;
+    auto node = made.extract(made.emplace(std::thread::id(), std::thread()).first);
+    node.mapped() = std::thread([self = shared_from_this(), c = std::move(conn), local]() mutable {
       self->serve(std::move(c), local);
     });
-    started = true;
-    try {
-      serving_threads.emplace(t.get_id(), std::move(t));
-    } catch (...) {
-      t.detach();  // served all the same; at its end it finds itself absent
-      throw;
-    }
+    node.key() = node.mapped().get_id();
+    // A node handle's insert allocates nothing; the key is new (a live thread's id).
+    auto put = serving_threads.insert(std::move(node));
+    if (!put.inserted) put.node.mapped().detach();
   } catch (const std::exception& e) {
-    if (!started) serving_fds.erase(fd);  // closed with the connection the thread did not take
+    serving_fds.erase(fd);  // closed with the connection the thread did not take
     TUTTI_LOG_ERROR("direct transport: {}: serving a connection: {}", who(), e.what());
   }
   return true;
