@@ -12,10 +12,11 @@
 # inside a 10-minute command (the whole ran in 34 s on an H200 without the Python step). NCCL is
 # the nvidia-nccl-cu13 wheel that the device image ships (no pip: the machine has no network);
 # without it the script stops at once with exit status 3. NCCL_DEBUG=WARN. A GPU test that skips counts as a failure (on the device every
-# selected test must run). Writes at most three files to $OUT (default /tmp/tutti-device):
-# run.log (everything, step by step), result.json (each step's status, seconds and limit, the
-# GPU, driver, compute mode and NCCL found), bench-nccl.json and bench-cuda-ipc.json. Prints one line per step, and
-# a failed step's last lines. Exit status: 0 when every step passed, 1 when one failed, 3
+# selected test must run). Writes to $OUT (default /tmp/tutti-device): run.log (everything, step
+# by step), result.json (each step's status, seconds and limit, the GPU, driver, compute mode and
+# NCCL found), bench-nccl.json and bench-cuda-ipc.json, and the Python step's torch/
+# (torch_bench.json, .md, .svg and ranks1/rank0.json). Prints one line per step, and a failed
+# step's last lines. Exit status: 0 when every step passed, 1 when one failed, 3
 # without NCCL.
 #
 # For the CPU check of this script (tests/device_run_test.sh, against the stand-in):
@@ -173,7 +174,10 @@ step bench_cuda_ipc_borrow 10 'Out of bounds values : 0 OK' "$bin/tutti-bench" -
 # torch.distributed's "tutti" backend on CUDA, cuda_ipc between two processes). Off with
 # TUTTI_DEVICE_PYTHON_TESTS=0 (tests/device_run_test.sh: the stand-in has no torch for CUDA).
 if [ "${TUTTI_DEVICE_PYTHON_TESTS:-1}" = 1 ]; then
-  step python_gpu 150 ' passed' bash scripts/device/python.sh "$work/python"
+  # Then torch.distributed on tutti against torch's own NCCL backend (torch_bench.py --device
+  # cuda, ~15 s; TUTTI_DEVICE_TORCH_BENCH=0 leaves it out), into $OUT/torch.
+  step python_gpu 150 ' passed' env TUTTI_DEVICE_TORCH_BENCH="${TUTTI_DEVICE_TORCH_BENCH:-1}" \
+    bash scripts/device/python.sh "$work/python"
 fi
 
 write_result
