@@ -63,14 +63,23 @@ c10::intrusive_ptr<TuttiWork> TuttiWork::create_on_stream(int rank, c10d::OpType
   return self;
 }
 
-void TuttiWork::order_current_stream() const {
-  const c10::Stream& issued = *issue_stream_;
+namespace {
+
+// The calling thread's current stream of `issued`'s device waits for what `issued` holds now
+// (nothing to do where they are the same stream).
+void wait_for_stream(const c10::Stream& issued) {
   const c10::Stream current =
       c10::impl::getDeviceGuardImpl(issued.device_type())->getStream(issued.device());
   if (current == issued) return;
   c10::Event event(issued.device_type());
   event.record(issued);
   event.block(current);
+}
+
+}  // namespace
+
+void TuttiWork::order_current_stream() const {
+  wait_for_stream(*issue_stream_);
 }
 
 TuttiWork::TuttiWork(int rank, c10d::OpType type, std::vector<c10::intrusive_ptr<TuttiWork>> parts)
@@ -222,14 +231,7 @@ c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
         if (!error) {
           try {
             // markCompleted records on each device's current stream: make it wait first.
-            for (const c10::Stream& s : issued) {
-              const c10::Stream current =
-                  c10::impl::getDeviceGuardImpl(s.device_type())->getStream(s.device());
-              if (current == s) continue;
-              c10::Event event(s.device_type());
-              event.record(s);
-              event.block(current);
-            }
+            for (const c10::Stream& s : issued) wait_for_stream(s);
           } catch (...) {
             error = std::current_exception();
           }
