@@ -78,10 +78,6 @@ void wait_for_stream(const c10::Stream& issued) {
 
 }  // namespace
 
-void TuttiWork::order_current_stream() const {
-  wait_for_stream(*issue_stream_);
-}
-
 TuttiWork::TuttiWork(int rank, c10d::OpType type, std::vector<c10::intrusive_ptr<TuttiWork>> parts)
     : c10d::Work(rank, type), parts_(std::move(parts)) {
   for (const auto& p : parts_) {
@@ -154,7 +150,7 @@ void TuttiWork::synchronize() {
   // c10d's contract: the current stream waits for the op (a no-op for a host-ordered op, whose
   // Work completes only once its results are in place).
   for (const auto& p : parts_) p->synchronize();
-  if (issue_stream_) order_current_stream();
+  if (issue_stream_) wait_for_stream(*issue_stream_);
 }
 
 bool TuttiWork::wait(std::chrono::milliseconds timeout) {
@@ -167,7 +163,7 @@ bool TuttiWork::wait(std::chrono::milliseconds timeout) {
     if (work_->is_completed()) {
       if (auto e = exception()) std::rethrow_exception(e);
     }
-    order_current_stream();  // the current stream waits; the host does not
+    wait_for_stream(*issue_stream_);  // the current stream waits; the host does not
     return true;
   }
   try {
@@ -195,15 +191,17 @@ c10::intrusive_ptr<c10::ivalue::Future> TuttiWork::getFuture() {
     // Stream-ordered parts: the whole is too (its value's devices are theirs), and it is
     // completed on streams that wait for every part's issuing stream (the last part to finish
     // may be a host-ordered one, finished on another thread, whose current stream is another).
-    std::vector<c10::Device> devices;
     std::vector<c10::Stream> issued;
     for (const auto& p : parts_) {
-      if (!p->issue_stream_) continue;
-      if (std::find(issued.begin(), issued.end(), *p->issue_stream_) == issued.end()) {
+      if (p->issue_stream_ &&
+          std::find(issued.begin(), issued.end(), *p->issue_stream_) == issued.end()) {
         issued.push_back(*p->issue_stream_);
       }
-      if (std::find(devices.begin(), devices.end(), p->issue_stream_->device()) == devices.end()) {
-        devices.push_back(p->issue_stream_->device());
+    }
+    std::vector<c10::Device> devices;
+    for (const c10::Stream& s : issued) {
+      if (std::find(devices.begin(), devices.end(), s.device()) == devices.end()) {
+        devices.push_back(s.device());
       }
     }
     auto all = c10::make_intrusive<c10::ivalue::Future>(

@@ -63,8 +63,6 @@ class TuttiWork : public c10d::Work {
   void post() const {
     if (post_) post_();
   }
-  // create_on_stream's: the current stream waits for the issuing stream (a no-op on it).
-  void order_current_stream() const;
   // Called once the op (or every part) finished, on the thread that finished it.
   void done(const std::exception_ptr& error);
 
