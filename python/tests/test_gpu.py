@@ -76,65 +76,62 @@ def test_a_cpu_tensor_on_an_nccl_group_is_refused_by_name(group):
         group.allreduce(torch.ones(4))
 
 
-def test_torch_distributed_tutti_backend_on_cuda():
+@pytest.fixture
+def tutti_dist():
+    """torch.distributed on backend "tutti", world size 1, with its NCCL communicator made by a
+    first op (its set-up outlasts queued()'s kernel, which would hide how later ops are ordered)."""
     import torch.distributed as dist
     import tutti.torch  # noqa: F401  (registers "tutti")
 
-    assert "cuda" in dist.Backend.backend_capability["tutti"]
-    store = dist.HashStore()
-    dist.init_process_group("tutti", store=store, rank=0, world_size=1)
+    dist.init_process_group("tutti", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        dist.all_reduce(torch.zeros(1, device="cuda"))  # the communicator, made before the checks
+        dist.all_reduce(torch.zeros(1, device="cuda"))
         torch.cuda.synchronize()
-        expected = torch.arange(N, dtype=torch.float32) - 5
-        x = queued(expected)
-        dist.all_reduce(x)
-        assert torch.equal(x.cpu(), expected)
-        out = torch.full((N,), -1.0, device="cuda")
-        dist.all_gather_into_tensor(out, queued(expected))
-        assert torch.equal(out.cpu(), expected)
-        work = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
-        work.wait()
-        assert torch.equal(x.cpu(), expected)
-        dist.barrier()
+        yield dist
     finally:
         dist.destroy_process_group()
 
 
-def test_torch_distributed_cuda_ops_are_stream_ordered_as_nccls():
+def test_torch_distributed_tutti_backend_on_cuda(tutti_dist):
+    dist = tutti_dist
+    assert "cuda" in dist.Backend.backend_capability["tutti"]
+    expected = torch.arange(N, dtype=torch.float32) - 5
+    x = queued(expected)
+    dist.all_reduce(x)
+    assert torch.equal(x.cpu(), expected)
+    out = torch.full((N,), -1.0, device="cuda")
+    dist.all_gather_into_tensor(out, queued(expected))
+    assert torch.equal(out.cpu(), expected)
+    work = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
+    work.wait()
+    assert torch.equal(x.cpu(), expected)
+    dist.barrier()
+
+
+def test_torch_distributed_cuda_ops_are_stream_ordered_as_nccls(tutti_dist):
     """As with torch's NCCL backend: the Work's future is complete at once and orders the
     waiting stream after the op; copies into a non-contiguous output follow the op on the
     caller's stream; wait() does not block the host until the GPU is done."""
-    import torch.distributed as dist
-    import tutti.torch  # noqa: F401
+    dist = tutti_dist
+    expected = torch.arange(N, dtype=torch.float32) * 2 + 1
+    x = queued(expected)  # its values land ~20 ms from now
+    work = dist.all_reduce(x, async_op=True)
+    assert not work.is_completed()  # the kernel still holds it up on the GPU
+    future = work.get_future()
+    assert future.done()  # complete at once: stream-ordered, not host-ordered
+    doubled = future.then(lambda f: f.value()[0] * 2)
+    start = time.perf_counter()
+    work.wait()
+    assert time.perf_counter() - start < 0.010, "wait() blocked the host on the GPU"
+    assert torch.equal(doubled.wait().cpu(), expected * 2)
+    assert torch.equal(x.cpu(), expected)
 
-    dist.init_process_group("tutti", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        # The first CUDA op makes the NCCL communicator (far longer than the busy kernel below):
-        # made here, so that the op below is still held up by the kernel when it is checked.
-        dist.all_reduce(torch.zeros(1, device="cuda"))
-        torch.cuda.synchronize()
-        expected = torch.arange(N, dtype=torch.float32) * 2 + 1
-        x = queued(expected)  # its values land ~20 ms from now
-        work = dist.all_reduce(x, async_op=True)
-        assert not work.is_completed()  # the kernel still holds it up on the GPU
-        future = work.get_future()
-        assert future.done()  # complete at once: stream-ordered, not host-ordered
-        doubled = future.then(lambda f: f.value()[0] * 2)
-        start = time.perf_counter()
-        work.wait()
-        assert time.perf_counter() - start < 0.010, "wait() blocked the host on the GPU"
-        assert torch.equal(doubled.wait().cpu(), expected * 2)
-        assert torch.equal(x.cpu(), expected)
-
-        # A non-contiguous output: staged, and copied back on the caller's stream after the op.
-        base = torch.arange(4096 * 2, dtype=torch.float32).reshape(4096, 2)
-        out = torch.full((2, 4096), -1.0, device="cuda").t()
-        assert not out.is_contiguous()
-        dist.all_gather([out], queued(base))
-        assert torch.equal(out.cpu(), base)
-    finally:
-        dist.destroy_process_group()
+    # A non-contiguous output: staged, and copied back on the caller's stream after the op.
+    base = torch.arange(4096 * 2, dtype=torch.float32).reshape(4096, 2)
+    out = torch.full((2, 4096), -1.0, device="cuda").t()
+    assert not out.is_contiguous()
+    dist.all_gather([out], queued(base))
+    assert torch.equal(out.cpu(), base)
 
 
 @contextlib.contextmanager
