@@ -136,6 +136,10 @@ std::optional<std::string> parse_args(int argc, char** argv, Config& c, bool& he
       c.baseline = true;
       continue;
     }
+    if (a == "--symmetric") {
+      c.symmetric = true;
+      continue;
+    }
     if (a == "--async") {
       c.async = true;
       continue;

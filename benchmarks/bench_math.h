@@ -70,6 +70,7 @@ struct Config {
   int ranks = 0;                  // >0: start this many local ranks through tutti-run
   int corrupt_rank = -1;          // testing -c: this rank corrupts one element of its result
   bool async = false;             // --async: measure how much of an allreduce hides behind compute
+  bool symmetric = false;         // --symmetric: the op's buffers in the group's symmetric memory
   std::string transport = "shm";  // --op transfer: the tensor transport
   bool borrow = false;            // --op transfer --mode borrow (else copy)
 };

@@ -68,6 +68,8 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
                    and shm, raw NCCL for nccl) and print tutti/raw time ratios: interleaved in
                    blocks of 5 iterations like for like, after tutti's iterations for shm.
                    transfer: the staged path instead (serialise, Unix socket, deserialise)
+  --symmetric      the op's output buffer in the group's symmetric memory
+                   (CollectiveGroup::allocate_symmetric; shm: single-copy allreduce)
   --async          allreduce only: also measure overlap. Per size: the op alone (t_op), a
                    compute loop sized to take as long (t_comp), and the op issued with
                    async_op while the caller computes, then waited for (t_both); hidden =
@@ -343,6 +345,11 @@ class Bench {
     if (in_.size() < all) in_.resize(all);
     if (out_.size() < all) out_.resize(all);
     if (scratch_.size() < all) scratch_.resize(all);
+    // Collective: every rank grows it at the same sizes.
+    if (c_.symmetric && !gpu_ && (!sym_out_ || sym_out_->size() < all)) {
+      sym_out_.reset();
+      sym_out_ = g_->allocate_symmetric(all);
+    }
 #if TUTTI_BENCH_CUDA
     if (gpu_ && device_bytes_ < all) {
       for (char*& p : {std::ref(d_in_), std::ref(d_out_), std::ref(d_scratch_)}) {
@@ -359,6 +366,7 @@ class Bench {
 
   // The buffer an op works on: the host vector, or its device twin.
   char* base(std::vector<char>& buf) {
+    if (sym_out_ && &buf == &out_) return static_cast<char*>(sym_out_->data());
 #if TUTTI_BENCH_CUDA
     if (gpu_) return &buf == &in_ ? d_in_ : &buf == &out_ ? d_out_ : d_scratch_;
 #endif
@@ -367,6 +375,7 @@ class Bench {
 
   // Host -> device (before an op) and device -> host (after it) for the GPU case.
   void upload(std::vector<char>& buf) {
+    if (sym_out_ && &buf == &out_) std::memcpy(sym_out_->data(), buf.data(), buf.size());
 #if TUTTI_BENCH_CUDA
     if (gpu_) cudaMemcpy(base(buf), buf.data(), device_bytes_, cudaMemcpyHostToDevice);
 #else
@@ -374,6 +383,7 @@ class Bench {
 #endif
   }
   void download(std::vector<char>& buf) {
+    if (sym_out_ && &buf == &out_) std::memcpy(buf.data(), sym_out_->data(), buf.size());
 #if TUTTI_BENCH_CUDA
     if (gpu_) cudaMemcpy(buf.data(), base(buf), device_bytes_, cudaMemcpyDeviceToHost);
 #else
@@ -608,6 +618,7 @@ class Bench {
   std::unique_ptr<Baseline> raw_;
   bool like_for_like_ = true;
   std::vector<char> in_, out_, scratch_;
+  std::shared_ptr<SymmetricMemory> sym_out_;  // --symmetric: out_'s twin the ops run on
   bool gpu_ = false;
   int device_ = 0;
 #if TUTTI_BENCH_CUDA
@@ -664,7 +675,8 @@ void write_json(const std::string& path, const Config& c, const std::string& bac
       << ", \"check\": " << (c.check ? "true" : "false")
       << ", \"baseline\": " << (c.baseline ? "\"" + baseline + "\"" : "null")
       << ", \"bus_factor\": " << bus_factor(c.op, world)
-      << ", \"async\": " << (c.async ? "true" : "false") << "},\n  \"rows\": [\n";
+      << ", \"async\": " << (c.async ? "true" : "false")
+      << ", \"symmetric\": " << (c.symmetric ? "true" : "false") << "},\n  \"rows\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     out << "    {\"op\": \"" << to_string(c.op) << "\", \"size_bytes\": " << r.bytes
@@ -806,6 +818,9 @@ int main(int argc, char** argv) {
       std::printf("# tutti-bench %s: %s\n", tutti::version(), to_string(c.op));
       std::printf("# backend %s, world size %d, hosts: %s\n", group->backend_name().c_str(), world,
                   hosts.c_str());
+      if (c.symmetric) {
+        std::printf("# buffers: the output in the group's symmetric memory (--symmetric)\n");
+      }
       std::printf(
           "# dtype %s, redop %s, root %d, warmup %d, %s, check %d%s\n", tutti::to_string(c.dtype),
           reducing ? tutti::to_string(c.redop) : "none", c.root, c.warmup,

@@ -75,13 +75,14 @@ for part in "${parts[@]}"; do
         -DCMAKE_CXX_FLAGS="$opt" -DTUTTI_HOT_FLAGS=-O1 -DTUTTI_SANITIZE=thread >/dev/null
       # The threaded parts: async ops and abort, splits, grow, batched p2p, the direct transport
       # and its two-sided transports, the TCP store in TLS, and the NCCL backend's host logic on
-      # the stand-in; the ops' clock (a thread-local anchor each, one rate per process).
+      # the stand-in; the ops' clock (a thread-local anchor each, one rate per process); symmetric
+      # memory's table (ops look up while another thread allocates or frees).
       targets=(work_test abort_test split_test grow_test tls_test batch_p2p_test transfer_test
-               op_clock_test
+               op_clock_test symmetric_test
                transfer_group_test
                transfer_process_test transfer_worker tutti_test_worker tutti_fault_worker tutti-run
                tutti-flight)
-      tests='^(Backends/(WorkTest|Abort|AbortProcesses|Split|BatchP2P|BatchP2PRules)|NewGroup|Grow|StoreTls|TensorRefFormat|Transfer|TransferSecret|TransferCustom|TransferGroup|OwnerHere|OwnerThere|OwnerExits|TwoSided|OpClock)[./]'
+      tests='^(Backends/(WorkTest|Abort|AbortProcesses|Split|BatchP2P|BatchP2PRules)|NewGroup|Grow|StoreTls|TensorRefFormat|Transfer|TransferSecret|TransferCustom|TransferGroup|OwnerHere|OwnerThere|OwnerExits|TwoSided|OpClock|Symmetric)[./]'
       if ninja -C build-tsan -t targets all 2>/dev/null | grep -q '^transfer_nccl_test:'; then
         targets+=(nccl_test nccl_fault_test transfer_nccl_test nccl_world_test
                   tutti_standin_cudart tutti_standin_nccl)

@@ -42,7 +42,10 @@ size_t align_up(size_t n, size_t a) {
 
 }  // namespace
 
-ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_(ctx.world_size) {
+ShmBackend::ShmBackend(const BackendContext& ctx)
+    : rank_(ctx.rank),
+      world_size_(ctx.world_size),
+      symmetric_(std::make_shared<SymmetricTable>(ctx.rank, ctx.world_size)) {
   if (world_size_ == 1) return;  // every op is local
   inputs_.resize(static_cast<size_t>(world_size_));
   block_inputs_.resize(static_cast<size_t>(world_size_));
@@ -64,7 +67,8 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   const size_t slots_off = align_up(sizeof(Header), 64);
   const size_t bells_off = slots_off + w * sizeof(RankSlot);
   const size_t channels_off = bells_off + w * sizeof(Bell);
-  const size_t small_off = align_up(channels_off + w * w * sizeof(Channel), 64);
+  const size_t sym_off = align_up(channels_off + w * w * sizeof(Channel), 64);
+  const size_t small_off = align_up(sym_off + w * sizeof(SymSlot), 64);
   const size_t staging_off = align_up(small_off + w * 2 * kSmallSlotBytes, 4096);
   const size_t mail_off = staging_off + w * 2 * chunk_;
   const size_t size = mail_off + w * w * 2 * mail_;
@@ -74,6 +78,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx) : rank_(ctx.rank), world_size_
   slots_ = reinterpret_cast<RankSlot*>(base + slots_off);
   bells_ = reinterpret_cast<Bell*>(base + bells_off);
   channels_ = reinterpret_cast<Channel*>(base + channels_off);
+  sym_ = reinterpret_cast<SymSlot*>(base + sym_off);
   small_ = base + small_off;
   staging_ = base + staging_off;
   mailboxes_ = base + mail_off;
@@ -154,6 +159,10 @@ ShmBackend::~ShmBackend() {
   for (int fd : pidfds_) {
     if (fd >= 0) ::close(fd);
   }
+}
+
+std::unique_ptr<SymmetricRegion> ShmBackend::create_symmetric(size_t bytes) {
+  return std::make_unique<ShmRegion>(symmetric_, bytes);
 }
 
 void ShmBackend::abort(const std::string& reason) {
@@ -329,7 +338,9 @@ void ShmBackend::sync(Op& op) {
     op.checked = true;
     for (int r = 0; r < world_size_; ++r) {
       const uint32_t theirs = slots_[r].tag[op.parity].load();
-      if (theirs != op.ctx.tag) mismatch(op, r, theirs);
+      if (theirs == op.ctx.tag) continue;
+      if ((theirs ^ kSymmetricTag) != op.ctx.tag) mismatch(op, r, theirs);
+      ++op.symmetric;  // that rank's tensor is in symmetric memory (reduce_chunks)
     }
   }
 }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "shm_segment.h"
+#include "shm_symmetric.h"
 #include "shm_wait.h"
 #include "tutti/backend.h"
 #include "tutti/error.h"
@@ -48,6 +49,7 @@ struct RankSlot;
 struct Bell;
 struct Channel;
 struct SmallSlot;
+struct SymSlot;
 
 class ShmBackend : public Backend {
  public:
@@ -77,6 +79,7 @@ class ShmBackend : public Backend {
   WorkPtr batch_p2p(const std::vector<P2PRequest>& requests, const BatchP2POptions& opts,
                     const OpContext& ctx) override;
   void abort(const std::string& reason) override;
+  std::unique_ptr<SymmetricRegion> create_symmetric(size_t bytes) override;
 
  private:
   struct Op;        // one collective in flight: deadline, tag check
@@ -87,6 +90,8 @@ class ShmBackend : public Backend {
   void exchange(Op& op, const void* payload, size_t bytes);
   [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
   void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
+  // The single-copy allreduce of a tensor in symmetric memory on every rank (shm_collectives.cc).
+  void reduce_symmetric(const TensorView& t, ReduceOp reduce_op, Op& op);
   bool advance(Transfer& t, const OpContext& ctx);
   bool can_advance(const Transfer& t) const;
   void run_batch(std::vector<Transfer>& transfers, const OpContext& ctx);
@@ -125,16 +130,18 @@ class ShmBackend : public Backend {
   RankSlot* slots_ = nullptr;
   Bell* bells_ = nullptr;
   Channel* channels_ = nullptr;
+  SymSlot* sym_ = nullptr;  // by rank: where its current allreduce's tensor lies
   char* small_ = nullptr;
   char* staging_ = nullptr;
   char* mailboxes_ = nullptr;
   uint32_t epoch_ = 0;  // barriers this rank has entered
   uint64_t flips_ = 0;  // staging halves used so far (the same count on every rank)
   uint64_t ops_ = 0;    // collectives begun so far
-  std::atomic<uint64_t> completed_ops_{0};  // collectives completed so far
-  std::vector<const void*> inputs_;         // one pointer per rank, for reductions (sized once)
-  std::vector<const void*> block_inputs_;   // the same, advanced to one block of a slice
-  std::vector<int> pidfds_;                 // by rank: a handle on each peer's process, or -1
+  std::atomic<uint64_t> completed_ops_{0};     // collectives completed so far
+  std::vector<const void*> inputs_;            // one pointer per rank, for reductions (sized once)
+  std::vector<const void*> block_inputs_;      // the same, advanced to one block of a slice
+  std::vector<int> pidfds_;                    // by rank: a handle on each peer's process, or -1
+  std::shared_ptr<SymmetricTable> symmetric_;  // regions of allocate_symmetric
 
   std::atomic<bool> aborted_{false};  // abort() was called in this process
   mutable std::mutex reason_mutex_;

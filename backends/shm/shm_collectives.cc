@@ -5,6 +5,7 @@
 
 #include "shm_internal.h"
 #include "tensor/reduction.h"
+#include "util/logging.h"
 
 namespace tutti::shm_backend {
 
@@ -84,6 +85,25 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
     return;
   }
 
+  // An allreduce of a tensor in symmetric memory: the single-copy path if every rank's is (the
+  // first barrier's tag check counts them). Otherwise this rank meets the others at that
+  // barrier without having published its first chunk, and publishes it before a second one.
+  bool direct = false;
+  if (root < 0) {
+    const SymmetricPlace place = symmetric_->find(data, t.nbytes());
+    if (place.region != 0) {
+      sym_[rank_].region[op.parity].store(place.region, std::memory_order_relaxed);
+      sym_[rank_].offset[op.parity].store(place.offset, std::memory_order_relaxed);
+      slots_[rank_].tag[op.parity].store(op.ctx.tag ^ kSymmetricTag);
+      direct = true;
+      sync(op);
+      if (op.symmetric == world_size_) {
+        reduce_symmetric(t, reduce_op, op);
+        return;
+      }
+    }
+  }
+
   // Chunks of up to chunk_ bytes; within a chunk rank q reduces slice q (of about len / W
   // elements) from every rank and publishes it; then the receivers copy the slices out.
   const size_t per_chunk = std::max<size_t>(1, chunk_ / es);
@@ -98,6 +118,8 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       std::memcpy(stage(rank_, half) + b * es, data + (first + b) * es, (e - b) * es);
     }
     sync(op);
+    // A rank in symmetric memory published its first chunk only after that barrier (above).
+    if (first == 0 && op.symmetric > 0 && !direct) sync(op);
     // Our slice: our own input first (the output, our tensor, may alias it; reduce_many allows
     // the first or the second input), then the others' in rank order. The result goes to our
     // staging area for the others, and to our tensor unless this is a reduce to another rank (whose
@@ -132,6 +154,58 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       std::memcpy(data + (first + qb) * es, stage(q, half) + qb * es, (qe - qb) * es);
     }
   }
+}
+
+// Every rank's tensor is in symmetric memory, mapped here: rank q reduces slice q from every
+// rank's tensor and writes the result into every rank's tensor, block by block (each block
+// copied out while in L1). In rank order from our own, as the staged path, so the bits are the
+// same. The barrier after it: no rank returns while another still reads or writes its tensor.
+void ShmBackend::reduce_symmetric(const TensorView& t, ReduceOp reduce_op, Op& op) {
+  const detail::ReduceFn fn = detail::reduce_function(t.dtype(), reduce_op);
+  const size_t es = t.element_size();
+  const size_t n = static_cast<size_t>(t.numel());
+  auto* data = static_cast<char*>(t.data());
+  std::vector<const void*>& tensors = inputs_;  // by rank
+  for (int q = 0; q < world_size_; ++q) {
+    if (q == rank_) {
+      tensors[q] = data;
+      continue;
+    }
+    const uint64_t region = sym_[q].region[op.parity].load(std::memory_order_relaxed);
+    const uint64_t offset = sym_[q].offset[op.parity].load(std::memory_order_relaxed);
+    tensors[q] = symmetric_->peer(q, region, offset, t.nbytes());
+    if (tensors[q] == nullptr) {
+      throw Error(ErrorCode::kRemoteError, op.ctx.description() + ": rank " + std::to_string(q) +
+                                               " has its tensor in symmetric region " +
+                                               std::to_string(region) + " at offset " +
+                                               std::to_string(offset) + ", which rank " +
+                                               std::to_string(rank_) + " has not mapped for " +
+                                               std::to_string(t.nbytes()) + " bytes");
+    }
+  }
+  TUTTI_LOG_DEBUG("shm: collective #{} of rank {}: single-copy allreduce in symmetric memory",
+                  op.seq, rank_);
+  const size_t b = n * static_cast<size_t>(rank_) / world_size_;
+  const size_t e = n * static_cast<size_t>(rank_ + 1) / world_size_;
+  const size_t block = std::max<size_t>(1, detail::kReduceBlockBytes / es);
+  const bool avg = reduce_op == ReduceOp::kAvg;
+  for (size_t s = b; s < e; s += block) {
+    const size_t len = std::min(block, e - s);
+    block_inputs_[0] = data + s * es;
+    int k = 1;
+    for (int q = 0; q < world_size_; ++q) {
+      if (q != rank_) block_inputs_[k++] = static_cast<const char*>(tensors[q]) + s * es;
+    }
+    char* out = data + s * es;
+    detail::reduce_many(fn, out, block_inputs_.data(), world_size_, len, es);
+    if (avg) detail::scale_average(out, t.dtype(), len, world_size_);
+    for (int q = 0; q < world_size_; ++q) {
+      if (q != rank_)
+        std::memcpy(const_cast<char*>(static_cast<const char*>(tensors[q])) + s * es, out,
+                    len * es);
+    }
+  }
+  sync(op);
 }
 
 Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,

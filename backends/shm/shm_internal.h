@@ -19,6 +19,7 @@ struct ShmBackend::Op {
   uint32_t seq;          // this backend's collective count, the same on every rank (from 1)
   uint32_t parity;       // seq & 1: which of two slots this op uses
   bool checked = false;  // the tags have been compared
+  int symmetric = 0;     // ranks whose tag carried kSymmetricTag, counted by the tag check
 };
 
 // One message of a batch in flight.

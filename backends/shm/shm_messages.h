@@ -5,6 +5,9 @@
 //   owner -> consumer: the block's offset in its file u64, its bytes u64 (> 0), its slot in the
 //                      table of live blocks i64 (0: not listed); with the file's descriptor (and
 //                      the table's) attached
+// And the shm backend's symmetric memory (shm_symmetric.h): each rank's descriptor, which the
+// group's allgather hands to every other rank:
+//   region u64 (> 0), bytes u64 (> 0), name str8 ("/tutti-sym-..." without another '/')
 #pragma once
 
 #include <cstdint>
@@ -53,6 +56,33 @@ inline BlockReply parse_block_reply(std::string_view bytes) {
   r.finish();
   if (reply.bytes == 0) r.fail("a block of 0 bytes");
   return reply;
+}
+
+struct SymmetricDescriptor {
+  uint64_t region = 0;  // the same on every rank (made collectively, in order)
+  uint64_t bytes = 0;   // mapped: whole pages
+  std::string name;     // of the shared-memory file, for shm_open
+};
+
+inline std::string symmetric_descriptor(const SymmetricDescriptor& d) {
+  WireWriter w;
+  w.u64(d.region).u64(d.bytes).str8(d.name);
+  return std::move(w.out());
+}
+
+inline SymmetricDescriptor parse_symmetric_descriptor(std::string_view bytes) {
+  WireReader r(bytes, "shm symmetric memory: a rank's descriptor");
+  SymmetricDescriptor d;
+  d.region = r.u64("region");
+  d.bytes = r.u64("bytes");
+  d.name = r.str8("name");
+  r.finish();
+  if (d.region == 0 || d.bytes == 0) r.fail("region and bytes must be > 0");
+  if (d.name.rfind("/tutti-sym-", 0) != 0 || d.name.find('/', 1) != std::string::npos ||
+      d.name.find('\0') != std::string::npos) {
+    r.fail("not a name of tutti's symmetric memory");
+  }
+  return d;
 }
 
 }  // namespace tutti::shm_backend

@@ -86,6 +86,26 @@ struct P2PRequest {
   uint32_t tag = 0;
 };
 
+// One rank's part of memory that every rank's ops reach (Backend::create_symmetric). The group
+// makes one on each rank, gives each every rank's descriptor(), and commits them once every
+// rank has attached; the memory lives as long as the region.
+class TUTTI_API SymmetricRegion {
+ public:
+  static constexpr size_t kDescriptorBytes = 128;
+
+  virtual ~SymmetricRegion();
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+  // How a peer reaches this rank's memory: at most kDescriptorBytes.
+  virtual std::string descriptor() const = 0;
+  // Reaches every rank's memory (descriptors by rank, this rank's included). Throws a
+  // tutti::Error naming what failed; the group then commits every rank's region with false.
+  virtual void attach(const std::vector<std::string>& descriptors) = 0;
+  // `everyone`: every rank attached, so the ops may use the memory directly; false leaves it
+  // ordinary memory of this rank. Called once, after every rank's attach.
+  virtual void commit(bool everyone) = 0;
+};
+
 class TUTTI_API Backend {
  public:
   using WorkPtr = std::shared_ptr<Work>;
@@ -177,6 +197,12 @@ class TUTTI_API Backend {
   // it too (their ops fail instead of waiting out their timeouts). `reason` says why, for
   // messages.
   virtual void abort(const std::string& reason) = 0;
+
+  // Memory of this rank that the backend's ops on the other ranks reach directly
+  // (CollectiveGroup::allocate_symmetric), or null (the default) where the backend has none.
+  // Local: the group exchanges the regions' descriptors and calls attach and commit. (Last in
+  // the class: the slots of the virtual functions before it are as they were without it.)
+  virtual std::unique_ptr<SymmetricRegion> create_symmetric(size_t bytes);
 };
 
 // What a backend is registered with.

@@ -45,6 +45,41 @@ namespace tutti {
 
 class Store;
 struct BackendInfo;
+class SymmetricRegion;
+
+// Memory from CollectiveGroup::allocate_symmetric: this rank's part of a buffer every rank
+// allocated together, which the group's backend reaches on every rank without copying it
+// through buffers of its own (the idea of NCCL's registered windows and torch's symmetric
+// memory). Tensors viewed in it are ordinary CPU tensors; an allreduce whose tensor lies in
+// such memory on every rank takes the single-copy path (shm: each rank reduces its slice from
+// every rank's memory and writes the result into every rank's memory). Where the backend has
+// no such memory (`symmetric()` false) it is ordinary memory and ops copy as usual.
+// Lifetime: the memory lives while this object does. Peers keep their mapping of it until
+// the group is destroyed, so allocate once and reuse, as with NCCL's windows.
+class TUTTI_API SymmetricMemory {
+ public:
+  // Made by CollectiveGroup::allocate_symmetric: a committed region (`symmetric` says whether
+  // every rank attached), or ordinary memory `plain` of `bytes`.
+  SymmetricMemory(std::unique_ptr<SymmetricRegion> region, bool symmetric,
+                  std::shared_ptr<void> plain, size_t bytes);
+  ~SymmetricMemory();
+  SymmetricMemory(const SymmetricMemory&) = delete;
+  SymmetricMemory& operator=(const SymmetricMemory&) = delete;
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool symmetric() const { return symmetric_; }
+  // A view of `shape` elements of `dtype` from `byte_offset`; kInvalidArgument when it does not
+  // fit or the offset is not a multiple of the element size.
+  TensorView view(DType dtype, const Shape& shape, size_t byte_offset = 0) const;
+
+ private:
+  std::unique_ptr<SymmetricRegion> region_;
+  bool symmetric_ = false;
+  std::shared_ptr<void> plain_;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<CollectiveGroup> {
  public:
@@ -212,6 +247,13 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
                         const RecvOptions& opts = {});
   // Waits on the host until every op enqueued on `device` has finished (CPU: every async op).
   void synchronize(Device device);
+
+  // Collective: every rank calls it with the same `bytes` (> 0), in the same place in the op
+  // order. Returns this rank's part of memory the backend reaches on every rank (see
+  // SymmetricMemory); where the backend has none, or a rank could not map the others' parts,
+  // ordinary memory (symmetric() false, logged). 64-byte aligned, zeroed. Blocking; its
+  // exchange is an allgather of the group (recorded and checked as one).
+  std::shared_ptr<SymmetricMemory> allocate_symmetric(size_t bytes);
 
   // "group 'default' (rank 1/4)"
   std::string describe() const;

@@ -416,3 +416,35 @@ def test_ops_come_from_one_thread_until_another_takes_the_group(backend):
     for first, second in run_threads(2, body, backend):
         np.testing.assert_array_equal(first, np.full(3, 3.0))
         np.testing.assert_array_equal(second, np.full(3, 30.0))
+
+
+@pytest.mark.parametrize("backend,world", [("shm", 2), ("shm", 3), ("gloo", 2)])
+def test_allreduce_in_symmetric_memory(backend, world):
+    n = 100_003  # above shm's 16 KiB small-message path, and not a multiple of the world size
+
+    def body(g):
+        x = g.allocate_symmetric(4 * n, "float32")
+        t = g.allocate_symmetric(8 * 1000, "int64", framework="torch")
+        assert x.shape == (n,) and x.dtype == np.float32 and not x.any()
+        assert isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.numel() == 1000
+        out = []
+        for salt in range(2):
+            x[:] = rank_input(g.rank, "float32", n=n, salt=salt)
+            g.allreduce(x)
+            out.append(x.copy())
+        t[:] = torch.arange(1000) * (g.rank + 1)
+        g.allreduce(t, "max")
+        out.append(t.numpy().copy())
+        with pytest.raises(tutti.InvalidArgumentError, match="not a multiple of float32's 4"):
+            g.allocate_symmetric(6, "float32")
+        g.barrier()  # no rank frees its memory while a peer still reads it
+        return out
+
+    results = run_threads(world, body, backend)
+    for salt in range(2):
+        expected = reference([rank_input(r, "float32", n=n, salt=salt) for r in range(world)],
+                             "sum", "float32")
+        for r in range(world):
+            np.testing.assert_array_equal(results[r][salt], expected, err_msg=f"rank {r}")
+    for r in range(world):
+        np.testing.assert_array_equal(results[r][2], np.arange(1000) * world)

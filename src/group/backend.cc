@@ -9,6 +9,12 @@ namespace tutti {
 
 Backend::~Backend() = default;
 
+SymmetricRegion::~SymmetricRegion() = default;
+
+std::unique_ptr<SymmetricRegion> Backend::create_symmetric(size_t) {
+  return nullptr;
+}
+
 bool Backend::supports(OpType) const {
   return true;
 }

@@ -1,6 +1,7 @@
 // What the shm backend and the shm transport read from other processes: the affinity masks ranks
 // exchange through the store at set-up (backends/shm/shm_cpus.h), a cgroup's cpu.max text, and
-// the transport's block request and reply (backends/shm/shm_messages.h).
+// the transport's block request and reply and the backend's symmetric-memory descriptor
+// (backends/shm/shm_messages.h).
 //
 // Properties: the masks' CPU count is the popcount of their union, equal to the set's; a
 // usable count is at least 1; what the message parsers accept (anything else is a tutti::Error),
@@ -21,7 +22,7 @@ using namespace tutti::shm_backend;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
-  switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+  switch (in.ConsumeIntegralInRange<int>(0, 4)) {
     case 0: {
       std::vector<std::string> masks;
       const int n = in.ConsumeIntegralInRange<int>(0, 8);
@@ -42,6 +43,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::string bytes = in.ConsumeRemainingBytesAsString();
       try {
         if (block_request(parse_block_request(bytes)) != bytes) std::abort();
+      } catch (const tutti::Error&) {
+      }
+      break;
+    }
+    case 4: {
+      const std::string bytes = in.ConsumeRemainingBytesAsString();
+      try {
+        const SymmetricDescriptor d = parse_symmetric_descriptor(bytes);
+        if (d.region == 0 || d.bytes == 0 || d.name.find('/', 1) != std::string::npos ||
+            symmetric_descriptor(d) != bytes) {
+          std::abort();
+        }
       } catch (const tutti::Error&) {
       }
       break;

@@ -1,0 +1,92 @@
+// The shm backend's symmetric memory (CollectiveGroup::allocate_symmetric; internal).
+//
+// Each rank's part is a POSIX shared-memory file of its own, named for the moment of the
+// exchange: the descriptor carries the region's number (the same on every rank: regions are
+// made collectively, in order), the name and the size. attach() maps every peer's part
+// read-write; commit() takes every name away (each rank removes all of them, so a name is left
+// only if every rank died between making and committing it). The table answers the ops: which
+// region (and where in it) holds a tensor of this rank, and where rank q's part of a region is
+// mapped here. Peers' mappings stay until the backend goes: a peer may still name a region this
+// rank has dropped.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "tutti/backend.h"
+
+namespace tutti::shm_backend {
+
+// Where a tensor of this rank lies in symmetric memory.
+struct SymmetricPlace {
+  uint64_t region = 0;  // 0: not in committed symmetric memory
+  uint64_t offset = 0;
+};
+
+class SymmetricTable {
+ public:
+  SymmetricTable(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
+  ~SymmetricTable();
+  SymmetricTable(const SymmetricTable&) = delete;
+  SymmetricTable& operator=(const SymmetricTable&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  uint64_t next_region() { return ++regions_; }
+
+  // The committed region of this rank that holds [p, p + bytes), if any.
+  SymmetricPlace find(const void* p, size_t bytes) const;
+  // Rank q's part of `region` from `offset` for `bytes`, mapped here; null when this rank has
+  // no such mapping or the range does not fit it.
+  char* peer(int q, uint64_t region, uint64_t offset, size_t bytes) const;
+
+  void add_local(uint64_t region, char* base, size_t bytes);
+  void remove_local(uint64_t region);
+  // Takes `maps` (by rank; this rank's entry empty): unmapped when the table goes.
+  void add_peers(uint64_t region, std::vector<std::pair<char*, size_t>> maps);
+
+ private:
+  struct Local {
+    uint64_t region;
+    size_t bytes;
+  };
+  const int rank_;
+  const int world_size_;
+  uint64_t regions_ = 0;  // made so far (the group makes them one at a time)
+  std::atomic<int> locals_{0};  // entries of local_: an op looks under the lock only if any
+  mutable std::mutex mutex_;
+  std::map<const char*, Local> local_;  // by base
+  std::map<uint64_t, std::vector<std::pair<char*, size_t>>> peers_;
+};
+
+class ShmRegion : public SymmetricRegion {
+ public:
+  // Makes this rank's part: kIoError or kUnavailable naming the bytes when it cannot.
+  ShmRegion(std::shared_ptr<SymmetricTable> table, size_t bytes);
+  ~ShmRegion() override;
+
+  void* data() const override { return base_; }
+  size_t size() const override { return bytes_; }
+  std::string descriptor() const override;
+  void attach(const std::vector<std::string>& descriptors) override;
+  void commit(bool everyone) override;
+
+ private:
+  std::shared_ptr<SymmetricTable> table_;
+  uint64_t region_;
+  size_t bytes_;    // asked for
+  size_t mapped_;   // whole pages
+  char* base_ = nullptr;
+  std::string name_;
+  std::vector<std::string> names_;  // every rank's, from attach, removed at commit
+  std::vector<std::pair<char*, size_t>> maps_;  // peers' parts, until commit
+  bool listed_ = false;
+};
+
+}  // namespace tutti::shm_backend
