@@ -68,8 +68,8 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
                    and shm, raw NCCL for nccl) and print tutti/raw time ratios: interleaved in
                    blocks of 5 iterations like for like, after tutti's iterations for shm.
                    transfer: the staged path instead (serialise, Unix socket, deserialise)
-  --symmetric      the op's output buffer in the group's symmetric memory
-                   (CollectiveGroup::allocate_symmetric; shm: single-copy allreduce)
+  --symmetric      the op's buffers in the group's symmetric memory
+                   (CollectiveGroup::allocate_symmetric; shm: single-copy collectives)
   --async          allreduce only: also measure overlap. Per size: the op alone (t_op), a
                    compute loop sized to take as long (t_comp), and the op issued with
                    async_op while the caller computes, then waited for (t_both); hidden =
@@ -345,9 +345,11 @@ class Bench {
     if (in_.size() < all) in_.resize(all);
     if (out_.size() < all) out_.resize(all);
     if (scratch_.size() < all) scratch_.resize(all);
-    // Collective: every rank grows it at the same sizes.
+    // Collective: every rank grows them at the same sizes.
     if (c_.symmetric && !gpu_ && (!sym_out_ || sym_out_->size() < all)) {
+      sym_in_.reset();
       sym_out_.reset();
+      sym_in_ = g_->allocate_symmetric(all);
       sym_out_ = g_->allocate_symmetric(all);
     }
 #if TUTTI_BENCH_CUDA
@@ -364,9 +366,16 @@ class Bench {
 #endif
   }
 
-  // The buffer an op works on: the host vector, or its device twin.
+  // --symmetric: the twin in symmetric memory an op works on instead of `buf` (in_ or out_).
+  SymmetricMemory* symmetric_twin(const std::vector<char>& buf) const {
+    if (&buf == &in_) return sym_in_.get();
+    if (&buf == &out_) return sym_out_.get();
+    return nullptr;
+  }
+
+  // The buffer an op works on: the host vector, its device twin or its twin in symmetric memory.
   char* base(std::vector<char>& buf) {
-    if (sym_out_ && &buf == &out_) return static_cast<char*>(sym_out_->data());
+    if (SymmetricMemory* twin = symmetric_twin(buf)) return static_cast<char*>(twin->data());
 #if TUTTI_BENCH_CUDA
     if (gpu_) return &buf == &in_ ? d_in_ : &buf == &out_ ? d_out_ : d_scratch_;
 #endif
@@ -375,7 +384,8 @@ class Bench {
 
   // Host -> device (before an op) and device -> host (after it) for the GPU case.
   void upload(std::vector<char>& buf) {
-    if (sym_out_ && &buf == &out_) std::memcpy(sym_out_->data(), buf.data(), buf.size());
+    if (SymmetricMemory* twin = symmetric_twin(buf))
+      std::memcpy(twin->data(), buf.data(), buf.size());
 #if TUTTI_BENCH_CUDA
     if (gpu_) cudaMemcpy(base(buf), buf.data(), device_bytes_, cudaMemcpyHostToDevice);
 #else
@@ -383,7 +393,8 @@ class Bench {
 #endif
   }
   void download(std::vector<char>& buf) {
-    if (sym_out_ && &buf == &out_) std::memcpy(buf.data(), sym_out_->data(), buf.size());
+    if (SymmetricMemory* twin = symmetric_twin(buf))
+      std::memcpy(buf.data(), twin->data(), buf.size());
 #if TUTTI_BENCH_CUDA
     if (gpu_) cudaMemcpy(buf.data(), base(buf), device_bytes_, cudaMemcpyDeviceToHost);
 #else
@@ -618,7 +629,7 @@ class Bench {
   std::unique_ptr<Baseline> raw_;
   bool like_for_like_ = true;
   std::vector<char> in_, out_, scratch_;
-  std::shared_ptr<SymmetricMemory> sym_out_;  // --symmetric: out_'s twin the ops run on
+  std::shared_ptr<SymmetricMemory> sym_in_, sym_out_;  // --symmetric: twins the ops run on
   bool gpu_ = false;
   int device_ = 0;
 #if TUTTI_BENCH_CUDA
@@ -819,7 +830,7 @@ int main(int argc, char** argv) {
       std::printf("# backend %s, world size %d, hosts: %s\n", group->backend_name().c_str(), world,
                   hosts.c_str());
       if (c.symmetric) {
-        std::printf("# buffers: the output in the group's symmetric memory (--symmetric)\n");
+        std::printf("# buffers: in the group's symmetric memory (--symmetric)\n");
       }
       std::printf(
           "# dtype %s, redop %s, root %d, warmup %d, %s, check %d%s\n", tutti::to_string(c.dtype),

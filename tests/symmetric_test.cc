@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <regex>
 
 #include "test_util.h"
 
@@ -27,7 +29,9 @@ T reduced(ReduceOp op, int world, size_t i) {
   double acc = input(0, i);
   for (int r = 1; r < world; ++r) {
     const double v = input(r, i);
-    acc = op == ReduceOp::kMax ? std::max(acc, v) : op == ReduceOp::kMin ? std::min(acc, v) : acc + v;
+    acc = op == ReduceOp::kMax   ? std::max(acc, v)
+          : op == ReduceOp::kMin ? std::min(acc, v)
+                                 : acc + v;
   }
   return static_cast<T>(op == ReduceOp::kAvg ? acc / world : acc);
 }
@@ -86,9 +90,130 @@ TEST(Symmetric, AllreduceInSymmetricMemoryGivesEveryRankTheReduction) {
   allreduce_in_symmetric_memory<double>(4, 1 << 20, ReduceOp::kAvg, 1);
 }
 
+// allgather, reduce_scatter (one input buffer of W blocks), broadcast and reduce, each with its
+// memory in symmetric memory on every rank (broadcast: the root's alone), against values
+// computed here. Sizes above the small-message path, and odd.
+void every_collective(int world) {
+  {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const size_t n = 50021;  // elements per rank
+    const size_t w = static_cast<size_t>(world);
+    auto groups = create_groups(world, "shm", unique_name("sym-ops"), milliseconds(20000));
+    run_ranks(world, [&](int r) {
+      auto& g = *groups[r];
+      auto mem = g.allocate_symmetric((2 * w + 2) * n * sizeof(int32_t));
+      auto* base = static_cast<int32_t*>(mem->data());
+      int32_t* in = base;                 // n: allgather's input, then reduce_scatter's output
+      int32_t* blocks = base + n;         // w * n: allgather's output, then reduce_scatter's input
+      int32_t* one = base + (w + 1) * n;  // n: broadcast and reduce
+      auto value = [](int rank, size_t i) { return static_cast<int32_t>(i * 3 + rank * 1000); };
+      for (size_t i = 0; i < n; ++i) in[i] = value(r, i);
+      g.allgather(TensorView(blocks, DType::kInt32, {static_cast<int64_t>(w * n)}),
+                  TensorView(in, DType::kInt32, {static_cast<int64_t>(n)}));
+      size_t wrong = 0;
+      for (size_t q = 0; q < w; ++q) {
+        for (size_t i = 0; i < n; ++i) wrong += blocks[q * n + i] != value(static_cast<int>(q), i);
+      }
+      EXPECT_EQ(wrong, 0u) << "allgather, rank " << r;
+      // Rank 0's input outside: every rank takes the staged path, together.
+      std::vector<int32_t> plain_in(in, in + n);
+      for (size_t i = 0; i < w * n; ++i) blocks[i] = -1;
+      g.allgather(
+          TensorView(blocks, DType::kInt32, {static_cast<int64_t>(w * n)}),
+          TensorView(r == 0 ? plain_in.data() : in, DType::kInt32, {static_cast<int64_t>(n)}));
+      wrong = 0;
+      for (size_t q = 0; q < w; ++q) {
+        for (size_t i = 0; i < n; ++i) wrong += blocks[q * n + i] != value(static_cast<int>(q), i);
+      }
+      EXPECT_EQ(wrong, 0u) << "allgather with rank 0 outside, rank " << r;
+      // Block q of rank r holds value(r, q * n + i); rank q gets their sum over r.
+      for (size_t i = 0; i < w * n; ++i) blocks[i] = value(r, i);
+      g.reduce_scatter(TensorView(in, DType::kInt32, {static_cast<int64_t>(n)}),
+                       TensorView(blocks, DType::kInt32, {static_cast<int64_t>(w * n)}));
+      wrong = 0;
+      for (size_t i = 0; i < n; ++i) {
+        int32_t sum = 0;
+        for (int q = 0; q < world; ++q) sum += value(q, static_cast<size_t>(r) * n + i);
+        wrong += in[i] != sum;
+      }
+      EXPECT_EQ(wrong, 0u) << "reduce_scatter, rank " << r;
+      // The last rank's input outside.
+      std::vector<int32_t> plain_blocks(blocks, blocks + w * n);
+      std::vector<int32_t> got(n, -1);
+      g.reduce_scatter(TensorView(got), TensorView(r == world - 1 ? plain_blocks.data() : blocks,
+                                                   DType::kInt32, {static_cast<int64_t>(w * n)}));
+      EXPECT_EQ(std::memcmp(got.data(), in, n * sizeof(int32_t)), 0)
+          << "reduce_scatter with the last rank outside, rank " << r;
+      // Broadcast from the last rank: its tensor in symmetric memory, the others' in vectors.
+      const int root = world - 1;
+      std::vector<int32_t> mine(n, -1);
+      int32_t* target = r == root ? one : mine.data();
+      if (r == root) {
+        for (size_t i = 0; i < n; ++i) one[i] = value(root, i) + 7;
+      }
+      BroadcastOptions bo;
+      bo.root_rank = root;
+      g.broadcast(TensorView(target, DType::kInt32, {static_cast<int64_t>(n)}), bo);
+      wrong = 0;
+      for (size_t i = 0; i < n; ++i) wrong += target[i] != value(root, i) + 7;
+      EXPECT_EQ(wrong, 0u) << "broadcast, rank " << r;
+      // Reduce to rank 0 (max): the others keep their tensors.
+      for (size_t i = 0; i < n; ++i) one[i] = value(r, i) * (i % 2 == 0 ? 1 : -1);
+      ReduceOptions ro;
+      ro.root_rank = 0;
+      ro.reduce_op = ReduceOp::kMax;
+      g.reduce(TensorView(one, DType::kInt32, {static_cast<int64_t>(n)}), ro);
+      wrong = 0;
+      for (size_t i = 0; i < n; ++i) {
+        int32_t want = value(r, i) * (i % 2 == 0 ? 1 : -1);
+        if (r == 0) {
+          want = value(0, i) * (i % 2 == 0 ? 1 : -1);
+          for (int q = 1; q < world; ++q)
+            want = std::max(want, value(q, i) * (i % 2 == 0 ? 1 : -1));
+        }
+        wrong += one[i] != want;
+      }
+      EXPECT_EQ(wrong, 0u) << "reduce, rank " << r;
+      g.barrier();
+    });
+  }
+}
+
+// Each op's single-copy path ran (its debug lines: one per rank and peer it read from), in a
+// process of its own whose logger starts at debug (as OneRankOutside... below).
+// Runs every_collective at world 2 and 3 and counts each op's single-copy lines: 0 if they are
+// as expected (saying what they were on stderr either way).
+int every_collective_lines() {
+  ::testing::internal::CaptureStderr();
+  every_collective(2);
+  every_collective(3);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  std::map<std::string, int> lines;
+  const std::regex line("shm: ([a-z_]+) #[0-9]+ of rank [0-9]+: single copy");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator();
+       ++it) {
+    ++lines[(*it)[1]];
+  }
+  // World 2 and 3: allgather, reduce_scatter, reduce W (W - 1); broadcast W - 1.
+  const std::map<std::string, int> want = {
+      {"allgather", 2 + 6}, {"reduce_scatter", 2 + 6}, {"broadcast", 1 + 2}, {"reduce", 2 + 6}};
+  for (const auto& [op, count] : lines) {
+    std::fprintf(stderr, "%s: %d single-copy lines (expected %d)\n", op.c_str(), count,
+                 want.count(op) ? want.at(op) : 0);
+  }
+  return lines == want && !::testing::Test::HasFailure() ? 0 : 1;
+}
+
+TEST(Symmetric, EveryCollectiveTakesItsSingleCopyPath) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ::setenv("TUTTI_LOG_LEVEL", "debug", 1);
+  EXPECT_EXIT(std::exit(every_collective_lines()), ::testing::ExitedWithCode(0), "");
+}
+
 // Three ranks allreduce 100003 floats three times, from symmetric memory but for rank
 // `outside` (-1: none), which uses a vector of its own. Returns how many debug lines said
-// "single-copy allreduce", or -1 (saying why on stderr) if a result was wrong.
+// "single copy" (one per rank and peer read from), or -1 (saying why on stderr) if a result was
+// wrong.
 int single_copy_lines(int outside) {
   const size_t count = 100003;
   auto groups = create_groups(3, "shm", unique_name("sym-mixed"), milliseconds(20000));
@@ -111,8 +236,8 @@ int single_copy_lines(int outside) {
     return -1;
   }
   int single = 0;
-  for (size_t at = log.find("single-copy allreduce"); at != std::string::npos;
-       at = log.find("single-copy allreduce", at + 1)) {
+  for (size_t at = log.find("single copy"); at != std::string::npos;
+       at = log.find("single copy", at + 1)) {
     ++single;
   }
   return single;
@@ -129,7 +254,7 @@ TEST(Symmetric, OneRankOutsideTurnsEveryRankToTheStagedPath) {
         int failed = 0;
         for (int outside : {-1, 0, 2}) {
           const int lines = single_copy_lines(outside);
-          const int want = outside < 0 ? 9 : 0;
+          const int want = outside < 0 ? 3 * 2 * 3 : 0;  // ranks x peers x reps
           if (lines != want) {
             std::fprintf(stderr, "rank outside %d: %d single-copy lines, expected %d\n", outside,
                          lines, want);
@@ -171,8 +296,7 @@ TEST(Symmetric, ViewsAreChecked) {
   auto groups = create_groups(1, "shm", unique_name("sym-view"));
   auto mem = groups[0]->allocate_symmetric(4096);
   EXPECT_EQ(mem->view(DType::kFloat32, {1024}).numel(), 1024);
-  EXPECT_EQ(mem->view(DType::kFloat64, {2, 255}, 16).data(),
-            static_cast<char*>(mem->data()) + 16);
+  EXPECT_EQ(mem->view(DType::kFloat64, {2, 255}, 16).data(), static_cast<char*>(mem->data()) + 16);
   EXPECT_TUTTI_ERROR(mem->view(DType::kFloat32, {1025}), ErrorCode::kInvalidArgument, "4100 bytes",
                      "4096 bytes");
   EXPECT_TUTTI_ERROR(mem->view(DType::kFloat32, {1}, 4094), ErrorCode::kInvalidArgument,
@@ -212,7 +336,8 @@ TEST(Symmetric, AnAllocationAgainstAnotherOpFailsNamingTheRank) {
                          "rank 1 called allreduce");
     } else {
       std::vector<uint8_t> v(258);
-      EXPECT_TUTTI_ERROR(groups[1]->allreduce(v), ErrorCode::kRemoteError, "rank 0 called allgather");
+      EXPECT_TUTTI_ERROR(groups[1]->allreduce(v), ErrorCode::kRemoteError,
+                         "rank 0 called allgather");
     }
   });
   EXPECT_TRUE(symmetric_files().empty()) << symmetric_files()[0];

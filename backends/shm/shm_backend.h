@@ -90,8 +90,18 @@ class ShmBackend : public Backend {
   void exchange(Op& op, const void* payload, size_t bytes);
   [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
   void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
-  // The single-copy allreduce of a tensor in symmetric memory on every rank (shm_collectives.cc).
-  void reduce_symmetric(const TensorView& t, ReduceOp reduce_op, Op& op);
+  // Symmetric memory (shm_symmetric_ops.cc). Before an op's first barrier, a rank announces
+  // where its memory for the op lies in symmetric memory, if it does (its tag then carries
+  // kSymmetricTag); after it, announced(q) says whether rank q did, and symmetric_of where
+  // rank q's memory is mapped here (kRemoteError naming the op when it is not). The single-copy
+  // ops run when every rank announced (root: the root's alone for broadcast), end with a barrier.
+  bool announce_symmetric(Op& op, const void* p, size_t bytes);
+  bool announced(const Op& op, int q) const;
+  char* symmetric_of(const Op& op, int q, size_t bytes, const char* what) const;
+  void reduce_symmetric(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
+  void allgather_symmetric(const std::vector<TensorView>& out, const TensorView& in, Op& op);
+  void reduce_scatter_symmetric(const TensorView& out, const TensorView& in, ReduceOp reduce_op,
+                                Op& op);
   bool advance(Transfer& t, const OpContext& ctx);
   bool can_advance(const Transfer& t) const;
   void run_batch(std::vector<Transfer>& transfers, const OpContext& ctx);
@@ -140,6 +150,7 @@ class ShmBackend : public Backend {
   std::atomic<uint64_t> completed_ops_{0};     // collectives completed so far
   std::vector<const void*> inputs_;            // one pointer per rank, for reductions (sized once)
   std::vector<const void*> block_inputs_;      // the same, advanced to one block of a slice
+  std::vector<char> block_out_;                // a block of a reduce on its way to the root
   std::vector<int> pidfds_;                    // by rank: a handle on each peer's process, or -1
   std::shared_ptr<SymmetricTable> symmetric_;  // regions of allocate_symmetric
 

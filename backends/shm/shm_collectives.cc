@@ -28,13 +28,25 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
     const bool root = rank_ == opts.root_rank;
     exchange(op, root ? data : nullptr, root ? total : 0);
     if (!root) std::memcpy(data, small_payload(opts.root_rank, op.parity, total), total);
+  } else if (rank_ == opts.root_rank && announce_symmetric(op, data, total)) {
+    // The root's tensor is in symmetric memory: the others copy it from there (between these
+    // two barriers: the root returns, and may write it, only once they have).
+    sync(op);
+    sync(op);
   } else {
+    const int root = opts.root_rank;
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
-      const int half = static_cast<int>(flips_++ & 1);
-      if (rank_ == opts.root_rank) std::memcpy(stage(rank_, half), data + off, len);
+      const int half = static_cast<int>(flips_ & 1);
+      if (rank_ == root) std::memcpy(stage(rank_, half), data + off, len);
       sync(op);
-      if (rank_ != opts.root_rank) std::memcpy(data + off, stage(opts.root_rank, half), len);
+      if (off == 0 && announced(op, root)) {
+        std::memcpy(data, symmetric_of(op, root, total, "broadcast"), total);
+        sync(op);
+        break;
+      }
+      ++flips_;
+      if (rank_ != root) std::memcpy(data + off, stage(root, half), len);
     }
   }
   end_op(op);
@@ -85,23 +97,13 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
     return;
   }
 
-  // An allreduce of a tensor in symmetric memory: the single-copy path if every rank's is (the
-  // first barrier's tag check counts them). Otherwise this rank meets the others at that
-  // barrier without having published its first chunk, and publishes it before a second one.
-  bool direct = false;
-  if (root < 0) {
-    const SymmetricPlace place = symmetric_->find(data, t.nbytes());
-    if (place.region != 0) {
-      sym_[rank_].region[op.parity].store(place.region, std::memory_order_relaxed);
-      sym_[rank_].offset[op.parity].store(place.offset, std::memory_order_relaxed);
-      slots_[rank_].tag[op.parity].store(op.ctx.tag ^ kSymmetricTag);
-      direct = true;
-      sync(op);
-      if (op.symmetric == world_size_) {
-        reduce_symmetric(t, reduce_op, op);
-        return;
-      }
-    }
+  // A tensor in symmetric memory: the single-copy path if every rank's is (the first barrier's
+  // tag check counts them). Otherwise this rank met the others at that barrier without having
+  // published its first chunk, and publishes it before a second one (below).
+  const bool announced = announce_symmetric(op, data, t.nbytes());
+  if (announced) {
+    sync(op);
+    if (op.symmetric == world_size_) return reduce_symmetric(t, reduce_op, root, op);
   }
 
   // Chunks of up to chunk_ bytes; within a chunk rank q reduces slice q (of about len / W
@@ -119,7 +121,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
     }
     sync(op);
     // A rank in symmetric memory published its first chunk only after that barrier (above).
-    if (first == 0 && op.symmetric > 0 && !direct) sync(op);
+    if (first == 0 && op.symmetric > 0 && !announced) sync(op);
     // Our slice: our own input first (the output, our tensor, may alias it; reduce_many allows
     // the first or the second input), then the others' in rank order. The result goes to our
     // staging area for the others, and to our tensor unless this is a reduce to another rank (whose
@@ -156,58 +158,6 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   }
 }
 
-// Every rank's tensor is in symmetric memory, mapped here: rank q reduces slice q from every
-// rank's tensor and writes the result into every rank's tensor, block by block (each block
-// copied out while in L1). In rank order from our own, as the staged path, so the bits are the
-// same. The barrier after it: no rank returns while another still reads or writes its tensor.
-void ShmBackend::reduce_symmetric(const TensorView& t, ReduceOp reduce_op, Op& op) {
-  const detail::ReduceFn fn = detail::reduce_function(t.dtype(), reduce_op);
-  const size_t es = t.element_size();
-  const size_t n = static_cast<size_t>(t.numel());
-  auto* data = static_cast<char*>(t.data());
-  std::vector<const void*>& tensors = inputs_;  // by rank
-  for (int q = 0; q < world_size_; ++q) {
-    if (q == rank_) {
-      tensors[q] = data;
-      continue;
-    }
-    const uint64_t region = sym_[q].region[op.parity].load(std::memory_order_relaxed);
-    const uint64_t offset = sym_[q].offset[op.parity].load(std::memory_order_relaxed);
-    tensors[q] = symmetric_->peer(q, region, offset, t.nbytes());
-    if (tensors[q] == nullptr) {
-      throw Error(ErrorCode::kRemoteError, op.ctx.description() + ": rank " + std::to_string(q) +
-                                               " has its tensor in symmetric region " +
-                                               std::to_string(region) + " at offset " +
-                                               std::to_string(offset) + ", which rank " +
-                                               std::to_string(rank_) + " has not mapped for " +
-                                               std::to_string(t.nbytes()) + " bytes");
-    }
-  }
-  TUTTI_LOG_DEBUG("shm: collective #{} of rank {}: single-copy allreduce in symmetric memory",
-                  op.seq, rank_);
-  const size_t b = n * static_cast<size_t>(rank_) / world_size_;
-  const size_t e = n * static_cast<size_t>(rank_ + 1) / world_size_;
-  const size_t block = std::max<size_t>(1, detail::kReduceBlockBytes / es);
-  const bool avg = reduce_op == ReduceOp::kAvg;
-  for (size_t s = b; s < e; s += block) {
-    const size_t len = std::min(block, e - s);
-    block_inputs_[0] = data + s * es;
-    int k = 1;
-    for (int q = 0; q < world_size_; ++q) {
-      if (q != rank_) block_inputs_[k++] = static_cast<const char*>(tensors[q]) + s * es;
-    }
-    char* out = data + s * es;
-    detail::reduce_many(fn, out, block_inputs_.data(), world_size_, len, es);
-    if (avg) detail::scale_average(out, t.dtype(), len, world_size_);
-    for (int q = 0; q < world_size_; ++q) {
-      if (q != rank_)
-        std::memcpy(const_cast<char*>(static_cast<const char*>(tensors[q])) + s * es, out,
-                    len * es);
-    }
-  }
-  sync(op);
-}
-
 Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
                                        const std::vector<TensorView>& inputs,
                                        const AllgatherOptions&, const OpContext& ctx) {
@@ -228,11 +178,22 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
       if (dst != from) std::memcpy(dst, from, total);
     }
   } else {
+    // Inputs in symmetric memory on every rank: each copies the others' straight from theirs.
+    const bool announced = announce_symmetric(op, src, total);
+    if (announced) {
+      sync(op);
+      if (op.symmetric == world_size_) {
+        allgather_symmetric(out, in, op);
+        end_op(op);
+        return nullptr;
+      }
+    }
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
       const int half = static_cast<int>(flips_++ & 1);
       std::memcpy(stage(rank_, half), src + off, len);
       sync(op);
+      if (off == 0 && op.symmetric > 0 && !announced) sync(op);  // as in reduce_chunks
       for (int q = 0; q < world_size_; ++q) {
         char* dst = static_cast<char*>(out[q].data()) + off;
         const char* from = q == rank_ ? src + off : stage(q, half);
@@ -257,6 +218,23 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
     return nullptr;
   }
   Op op = begin_op(ctx);
+  // Every rank's blocks one after another in symmetric memory: each reduces its block straight
+  // from the others' inputs.
+  bool contiguous = true;
+  for (int q = 1; q < world_size_; ++q) {
+    contiguous = contiguous && static_cast<const char*>(in[q].data()) ==
+                                   static_cast<const char*>(in[0].data()) + q * out.nbytes();
+  }
+  const bool announced =
+      contiguous && announce_symmetric(op, in[0].data(), out.nbytes() * world_size_);
+  if (announced) {
+    sync(op);
+    if (op.symmetric == world_size_) {
+      reduce_scatter_symmetric(out, in[0], opts.reduce_op, op);
+      end_op(op);
+      return nullptr;
+    }
+  }
   const detail::ReduceFn fn = detail::reduce_function(out.dtype(), opts.reduce_op);
   std::vector<const void*>& sources = inputs_;
   // Each chunk holds `len` elements of every block, so W x len must fit a staging half.
@@ -270,6 +248,7 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
                   static_cast<const char*>(in[q].data()) + first * es, len * es);
     }
     sync(op);
+    if (first == 0 && op.symmetric > 0 && !announced) sync(op);  // as in reduce_chunks
     sources[0] = static_cast<const char*>(in[rank_].data()) + first * es;
     int k = 1;
     for (int q = 0; q < world_size_; ++q) {

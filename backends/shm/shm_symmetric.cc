@@ -91,8 +91,8 @@ ShmRegion::ShmRegion(std::shared_ptr<SymmetricTable> table, size_t bytes)
     ::close(fd);
     ::shm_unlink(name_.c_str());
     errno = e;
-    fail(ErrorCode::kUnavailable, "sizing '" + name_ + "' to " + std::to_string(mapped_) +
-                                      " bytes");
+    fail(ErrorCode::kUnavailable,
+         "sizing '" + name_ + "' to " + std::to_string(mapped_) + " bytes");
   }
   void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   const int e = errno;
@@ -121,9 +121,9 @@ std::string ShmRegion::descriptor() const {
 void ShmRegion::attach(const std::vector<std::string>& descriptors) {
   const int me = table_->rank();
   if (descriptors.size() != static_cast<size_t>(table_->world_size())) {
-    throw Error(ErrorCode::kInternal, "shm symmetric memory: " +
-                                          std::to_string(descriptors.size()) + " descriptors for " +
-                                          std::to_string(table_->world_size()) + " ranks");
+    throw Error(ErrorCode::kInternal,
+                "shm symmetric memory: " + std::to_string(descriptors.size()) +
+                    " descriptors for " + std::to_string(table_->world_size()) + " ranks");
   }
   maps_.assign(descriptors.size(), {nullptr, 0});
   for (size_t q = 0; q < descriptors.size(); ++q) {
@@ -145,7 +145,8 @@ void ShmRegion::attach(const std::vector<std::string>& descriptors) {
     }
     if (static_cast<int>(q) == me) continue;
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) fail(ErrorCode::kIoError, "opening rank " + std::to_string(q) + "'s '" + name + "'");
+    if (fd < 0)
+      fail(ErrorCode::kIoError, "opening rank " + std::to_string(q) + "'s '" + name + "'");
     struct stat st {};
     if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
       ::close(fd);
@@ -158,8 +159,8 @@ void ShmRegion::attach(const std::vector<std::string>& descriptors) {
     ::close(fd);
     if (p == MAP_FAILED) {
       errno = e;
-      fail(ErrorCode::kUnavailable, "mapping rank " + std::to_string(q) + "'s " +
-                                        std::to_string(bytes) + " bytes");
+      fail(ErrorCode::kUnavailable,
+           "mapping rank " + std::to_string(q) + "'s " + std::to_string(bytes) + " bytes");
     }
     maps_[q] = {static_cast<char*>(p), bytes};
   }

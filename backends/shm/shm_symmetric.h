@@ -58,7 +58,7 @@ class SymmetricTable {
   };
   const int rank_;
   const int world_size_;
-  uint64_t regions_ = 0;  // made so far (the group makes them one at a time)
+  uint64_t regions_ = 0;        // made so far (the group makes them one at a time)
   std::atomic<int> locals_{0};  // entries of local_: an op looks under the lock only if any
   mutable std::mutex mutex_;
   std::map<const char*, Local> local_;  // by base
@@ -80,11 +80,11 @@ class ShmRegion : public SymmetricRegion {
  private:
   std::shared_ptr<SymmetricTable> table_;
   uint64_t region_;
-  size_t bytes_;    // asked for
-  size_t mapped_;   // whole pages
+  size_t bytes_;   // asked for
+  size_t mapped_;  // whole pages
   char* base_ = nullptr;
   std::string name_;
-  std::vector<std::string> names_;  // every rank's, from attach, removed at commit
+  std::vector<std::string> names_;              // every rank's, from attach, removed at commit
   std::vector<std::pair<char*, size_t>> maps_;  // peers' parts, until commit
   bool listed_ = false;
 };

@@ -58,8 +58,8 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (p == nullptr) {
-      throw Error(ErrorCode::kUnavailable, what + ": out of memory for " + std::to_string(bytes) +
-                                               " bytes");
+      throw Error(ErrorCode::kUnavailable,
+                  what + ": out of memory for " + std::to_string(bytes) + " bytes");
     }
     std::memset(p, 0, rounded);
     return std::make_shared<SymmetricMemory>(nullptr, false, std::shared_ptr<void>(p, std::free),
