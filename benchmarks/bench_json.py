@@ -13,6 +13,8 @@ def load_run(path):
     chosen = False if False in placements else True
     rows = [r for r in rows if r.get("in_place", False) == chosen]
     label = ("tutti " if config.get("tool") == "tutti-bench" else "") + str(config.get("backend", "?"))
+    if config.get("symmetric"):
+        label += ", symmetric memory"
     return config, label, rows
 
 

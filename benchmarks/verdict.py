@@ -4,7 +4,8 @@ several interleaved runs, in words a person can read.
 
     python3 benchmarks/verdict.py results/bench [--membw results/membw.json]
 
-The directory holds tutti.r<N>.json (tutti-bench runs), base.r<N>.json (the baseline tool's runs
+The directory holds tutti.r<N>.json (tutti-bench runs), optionally sym.r<N>.json (the same sweep
+with --symmetric, given a verdict of its own), base.r<N>.json (the baseline tool's runs
 of the same sweep, e.g. Open MPI's; optional) and <name>.r<N>.state.json (benchmarks/machine.py:
 how busy the machine was during each run). A tutti run with a --baseline column (raw Gloo beside
 tutti's gloo backend) counts as a baseline of its own.
@@ -120,15 +121,11 @@ def memory_line(med_tutti, world, membw_path):
     return "memory: " + "; ".join(parts)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("directory")
-    ap.add_argument("--membw")
-    args = ap.parse_args()
-    tutti, tutti_states = runs_of(args.directory, "tutti")
-    base, base_states = runs_of(args.directory, "base")
+def report(directory, stem, base, base_states, membw):
+    """Prints the verdict of the tutti runs named `stem` against the baselines; False if none."""
+    tutti, tutti_states = runs_of(directory, stem)
     if not tutti:
-        sys.exit(f"verdict: no tutti runs in {args.directory}")
+        return False
     first = tutti[min(tutti)]
     config, label = first[0], first[1]
     world = config.get("world_size", 2)
@@ -171,10 +168,23 @@ def main():
                     print(f"  on the {len(quiet)} quiet run{'s' * (len(quiet) > 1)} alone: {q[0]}")
             else:
                 print("  no run was quiet: run it again on a quiet machine for a verdict that holds")
-    if args.membw and med_tutti and os.path.exists(args.membw):
-        line = memory_line(med_tutti, world, args.membw)
+    if membw and med_tutti and os.path.exists(membw):
+        line = memory_line(med_tutti, world, membw)
         if line:
             print(line)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("directory")
+    ap.add_argument("--membw")
+    args = ap.parse_args()
+    base, base_states = runs_of(args.directory, "base")
+    if not report(args.directory, "tutti", base, base_states, args.membw):
+        sys.exit(f"verdict: no tutti runs in {args.directory}")
+    # The same sweep with the tensors in symmetric memory (bench.sh's third), where it ran.
+    report(args.directory, "sym", base, base_states, args.membw)
 
 
 if __name__ == "__main__":

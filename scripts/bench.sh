@@ -2,13 +2,16 @@
 # The main job: set-up, build, then the allreduce sweep (8 B to 64 MiB, float32, sum, checked)
 # on local ranks over the embedded defaults (backend "auto", which is shm on one host; the TCP
 # store hosted by the launcher), interleaved with the same sweep through Open MPI's shared memory
-# (A B, B A, ... for REPS rounds), beside a probe of the memory's own speed. Writes
-# results/bench/ (every run, and how busy the machine was during each), results/allreduce.json
-# and results/openmpi.json (the medians over the runs, with their spread), results/membw.json
-# and the plot results/allreduce.png, and ends with the verdict: at how many sizes tutti is
-# ahead, by how much, how that varied from run to run, whether the machine was quiet (and if not,
-# the verdict of the quiet runs alone), and tutti's time at 16 and 64 MiB against the memory's
-# floor. About a minute on a 2-core machine, plus a few minutes for the first build.
+# (A B, B A, ... for REPS rounds), beside a probe of the memory's own speed; and a third sweep
+# with the tensors in the group's symmetric memory (tutti-bench --symmetric: shm's single-copy
+# allreduce; SYMMETRIC=0 leaves it out; not with --backend gloo). Writes results/bench/ (every
+# run, and how busy the machine was during each), results/allreduce.json,
+# results/allreduce-symmetric.json and results/openmpi.json (the medians over the runs, with their
+# spread), results/membw.json and the plot results/allreduce.png, and ends with the verdicts, one
+# per tutti sweep: at how many sizes tutti is ahead, by how much, how that varied from run to
+# run, whether the machine was quiet (and if not, the verdict of the quiet runs alone), and
+# tutti's time at 16 and 64 MiB against the memory's floor. About two minutes on a 2-core
+# machine, plus a few minutes for the first build.
 #
 #   scripts/bench.sh                     # 2 ranks
 #   RANKS=4 REPS=7 scripts/bench.sh      # more ranks, more rounds
@@ -36,10 +39,12 @@ done
 extra=()
 btl=self,vader
 label="openmpi sm"
+symmetric=${SYMMETRIC:-1}
 if [ "$backend" = gloo ]; then
   extra=(--baseline)
   btl=self,tcp
   label="openmpi tcp"
+  symmetric=0
 fi
 
 have_mpi=0
@@ -54,16 +59,22 @@ as_root=(); [ "$(id -u)" -eq 0 ] && as_root=(--allow-run-as-root)
 echo "== the memory's speed (tutti-membw)" >&2
 build/bin/tutti-membw -s 16M,64M -n 5 --json results/membw.json >&2
 
-run_tutti() {  # run_tutti REP [tutti-bench options...]
-  local rep=$1
-  shift
-  "$py" benchmarks/machine.py run --state "$out/tutti.r$rep.state.json" -- \
+run_tutti() {  # run_tutti STEM REP [tutti-bench options...]
+  local stem=$1 rep=$2
+  shift 2
+  "$py" benchmarks/machine.py run --state "$out/$stem.r$rep.state.json" -- \
     build/bin/tutti-bench --ranks "$ranks" --op allreduce "${sweep[@]}" -d float32 -o sum -c 1 \
-    "${extra[@]}" --json "$out/tutti.r$rep.json" "$@" >"$out/tutti.r$rep.log" 2>&1 || {
-    cat "$out/tutti.r$rep.log" >&2
-    echo "bench: tutti-bench failed (run $rep)" >&2
+    "${extra[@]}" --json "$out/$stem.r$rep.json" "$@" >"$out/$stem.r$rep.log" 2>&1 || {
+    cat "$out/$stem.r$rep.log" >&2
+    echo "bench: tutti-bench failed ($stem, run $rep)" >&2
     exit 1
   }
+}
+run_symmetric() {  # run_symmetric REP [tutti-bench options...]
+  [ "$symmetric" = 1 ] || return 0
+  local rep=$1
+  shift
+  run_tutti sym "$rep" --symmetric "$@"
 }
 run_mpi() {
   [ $have_mpi = 1 ] || return 0
@@ -78,11 +89,13 @@ run_mpi() {
 for ((rep = 1; rep <= reps; rep++)); do
   echo "== run $rep of $reps: tutti and $label" >&2
   if ((rep % 2 == 1)); then
-    run_tutti "$rep" "$@"
+    run_tutti tutti "$rep" "$@"
     run_mpi "$rep"
+    run_symmetric "$rep" "$@"
   else
+    run_symmetric "$rep" "$@"
     run_mpi "$rep"
-    run_tutti "$rep" "$@"
+    run_tutti tutti "$rep" "$@"
   fi
 done
 # The last tutti run's table, for the eye; the verdict below is over every run.
@@ -93,7 +106,8 @@ import glob, os, sys
 sys.path.insert(0, "benchmarks")
 from bench_json import merge_runs, write_run
 out = sys.argv[1]
-for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/openmpi.json")):
+for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/openmpi.json"),
+                     ("sym", "results/allreduce-symmetric.json")):
     paths = sorted(glob.glob(os.path.join(out, stem + ".r*.json")))
     paths = [p for p in paths if not p.endswith(".state.json")]
     if paths:
@@ -103,6 +117,7 @@ for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/open
         os.remove(target)
 EOF
 plots=(results/allreduce.json)
+[ -f results/allreduce-symmetric.json ] && plots+=(results/allreduce-symmetric.json)
 [ -f results/openmpi.json ] && plots+=(results/openmpi.json)
 "$py" benchmarks/plot.py "${plots[@]}" -o results/allreduce.png \
   --title "allreduce, $ranks ranks, float32 sum, median of $reps interleaved runs" >&2

@@ -20,11 +20,11 @@ import machine  # noqa: E402
 import verdict  # noqa: E402
 
 
-def write_run(path, times, backend="shm", tool="tutti-bench", world=2):
+def write_run(path, times, backend="shm", tool="tutti-bench", world=2, symmetric=False):
     rows = [{"size_bytes": s, "time_us": t, "in_place": True} for s, t in times.items()]
     with open(path, "w") as f:
-        json.dump({"config": {"tool": tool, "backend": backend, "world_size": world},
-                   "rows": rows}, f)
+        json.dump({"config": {"tool": tool, "backend": backend, "world_size": world,
+                              "symmetric": symmetric}, "rows": rows}, f)
 
 
 def write_state(path, others=0.0, steal=0.0):
@@ -139,6 +139,24 @@ class Verdict(unittest.TestCase):
         self.assertIn("machine BUSY in 1 of 6 runs", out)
         self.assertIn("on the 2 quiet runs alone: ahead at 2 of 3 sizes", out)
         self.assertIn("behind at 8 B (even)", out)
+
+    def test_the_symmetric_sweep_has_a_verdict_of_its_own(self):
+        d = tempfile.mkdtemp()
+        for rep in (1, 2):
+            write_run(os.path.join(d, f"tutti.r{rep}.json"), {8: 0.4, 1 << 20: 100.0})
+            write_run(os.path.join(d, f"sym.r{rep}.json"), {8: 0.4, 1 << 20: 25.0},
+                      symmetric=True)
+            write_run(os.path.join(d, f"base.r{rep}.json"), {8: 0.5, 1 << 20: 150.0},
+                      backend="openmpi sm", tool="mpi_allreduce")
+        out = self.run_verdict(d).splitlines()
+        # 8 B: 0.4 vs 0.5 (1.25x faster) either way; 1 MiB: 100 vs 150 (1.50x), 25 vs 150 (6x);
+        # the symmetric sweep's median ratio (0.8 + 1/6) / 2 = 0.483: 2.07x faster.
+        self.assertTrue(out[0].startswith("verdict: tutti shm (2 ranks, 2 interleaved runs) vs "
+                                          "openmpi sm: ahead at 2 of 2 sizes"), out)
+        sym = [line for line in out if line.startswith("verdict: tutti shm, symmetric memory")]
+        self.assertEqual(len(sym), 1, out)
+        self.assertIn("vs openmpi sm: ahead at 2 of 2 sizes, 2.07x faster at the median size; "
+                      "closest at 8 B (1.25x faster), 1 MiB (6.00x faster)", sym[0])
 
     def test_the_memory_floor(self):
         d = tempfile.mkdtemp()
