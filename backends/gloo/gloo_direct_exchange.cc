@@ -469,8 +469,7 @@ void DirectExchange::allgather(const void* in, size_t bytes, void* out, const Op
   std::vector<Flow> flows;
   for (int k = 1; k < world_size_; ++k) {
     const int p = (rank_ + k) % world_size_;
-    flows.push_back(exchange_flow(p, mine, in, o + static_cast<size_t>(p) * bytes));
-    flows.back().header_alone = true;
+    flows.push_back(exchange_flow(p, mine, in, o + static_cast<size_t>(p) * bytes, true));
   }
   run(flows, ctx.deadline(), ctx);
 }
@@ -572,13 +571,17 @@ bool DirectExchange::next_receive(Flow& f) {
   PeerQueue& q = queues_[f.queue];
   if (q.next_receive == q.receives.size()) return false;
   const Message& m = *q.receives[q.next_receive++];
-  f.in[0] = {headers_.data() + sizeof(Header) * f.peer, sizeof(Header)};
-  f.in[1] = {m.data, m.bytes};
-  f.magic = static_cast<uint32_t>(Kind::kP2P);
-  f.total = m.bytes;
-  f.tag = m.tag;
-  f.header_alone = true;
+  expect(f, Header{static_cast<uint32_t>(Kind::kP2P), m.tag, m.bytes}, m.data, true);
   return true;
+}
+
+void DirectExchange::expect(Flow& f, const Header& h, void* into, bool alone) {
+  f.in[0] = {headers_.data() + sizeof(Header) * f.peer, sizeof(Header)};
+  f.in[1] = {into, into != nullptr ? h.bytes : 0};  // reset too: next_receive reuses a flow
+  f.magic = h.magic;
+  f.total = h.bytes;
+  f.tag = h.tag;
+  f.header_alone = alone;
 }
 
 DirectExchange::Flow DirectExchange::send_flow(int peer, const Header& mine, const void* data,
@@ -587,10 +590,7 @@ DirectExchange::Flow DirectExchange::send_flow(int peer, const Header& mine, con
   f.peer = peer;
   f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
   f.out[1] = {const_cast<void*>(data), mine.bytes};
-  f.in[0] = {headers_.data() + sizeof(Header) * peer, sizeof(Header)};
-  f.magic = ack.magic;
-  f.total = ack.bytes;
-  f.tag = ack.tag;
+  expect(f, ack, nullptr, false);
   return f;
 }
 
@@ -599,26 +599,17 @@ DirectExchange::Flow DirectExchange::receive_flow(int peer, const Header& mine, 
   Flow f;
   f.peer = peer;
   f.out[0] = {const_cast<Header*>(&ack), sizeof(Header)};
-  f.in[0] = {headers_.data() + sizeof(Header) * peer, sizeof(Header)};
-  f.in[1] = {into, mine.bytes};
-  f.magic = mine.magic;
-  f.total = mine.bytes;
-  f.tag = mine.tag;
-  f.header_alone = true;
+  expect(f, mine, into, true);
   return f;
 }
 
 DirectExchange::Flow DirectExchange::exchange_flow(int peer, const Header& mine, const void* data,
-                                                   void* into) {
+                                                   void* into, bool alone) {
   Flow f;
   f.peer = peer;
   f.out[0] = {const_cast<Header*>(&mine), sizeof(Header)};
   f.out[1] = {const_cast<void*>(data), mine.bytes};
-  f.in[0] = {headers_.data() + sizeof(Header) * peer, sizeof(Header)};
-  f.in[1] = {into, mine.bytes};
-  f.magic = mine.magic;
-  f.total = mine.bytes;
-  f.tag = mine.tag;
+  expect(f, mine, into, alone);
   return f;
 }
 

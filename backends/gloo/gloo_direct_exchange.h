@@ -194,8 +194,10 @@ class DirectExchange {
   void run(std::vector<Flow>& flows, std::chrono::steady_clock::time_point deadline,
            const OpContext& ctx);
   // A flow that sends `mine` and then its `bytes` from `data` to `peer`, and receives the peer's
-  // header (checked by run()) and as many bytes into `into`.
-  Flow exchange_flow(int peer, const Header& mine, const void* data, void* into);
+  // header (checked by run()) and as many bytes into `into` (`alone`: the header read first, on
+  // its own).
+  Flow exchange_flow(int peer, const Header& mine, const void* data, void* into,
+                     bool alone = false);
   // The data one way: `mine` and its bytes from `data` to `peer`, whose `ack` (a header alone)
   // comes back; or `ack` to `peer`, whose header (checked, alone) and `mine.bytes` bytes come
   // into `into`.
@@ -221,6 +223,10 @@ class DirectExchange {
   // Gives the flow its queue's next send (or receive); false when there is none.
   bool next_send(Flow& f);
   bool next_receive(Flow& f);
+  // What a flow receives from its peer (every flow's in half): the peer's header, checked by
+  // run() against `h` (kind, tag, bytes), then h.bytes into `into` (nothing where it is null);
+  // `alone`: the header is read first, on its own.
+  void expect(Flow& f, const Header& h, void* into, bool alone);
 
   int rank_;
   int world_size_;
