@@ -63,16 +63,20 @@ void bind_to(int cpu) {
 
 enum class Kernel { kCopy, kUpdate, kAdd };
 
-// Vectorised as wide as the library's reduction kernels are (src/tensor/reduction.cc: AVX2 where
-// the CPU has it), so that the bound is the memory's, not a narrower loop's.
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void update(float* __restrict a,
-                                                                        size_t n) {
+// Vectorised as wide as the library's reduction kernels are, under the same conditions
+// (src/tensor/reduction.cc: AVX2 where the CPU has it; x86-64 GCC, not under ThreadSanitizer),
+// so that the bound is the memory's, not a narrower loop's.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
+#define TUTTI_MEMBW_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TUTTI_MEMBW_MULTIVERSION
+#endif
+
+TUTTI_MEMBW_MULTIVERSION void update(float* __restrict a, size_t n) {
   for (size_t i = 0; i < n; ++i) a[i] += 1.0f;
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default"))) void add(float* __restrict a,
-                                                                     const float* __restrict b,
-                                                                     size_t n) {
+TUTTI_MEMBW_MULTIVERSION void add(float* __restrict a, const float* __restrict b, size_t n) {
   for (size_t i = 0; i < n; ++i) a[i] += b[i];
 }
 

@@ -75,8 +75,8 @@ for part in "${parts[@]}"; do
         -DCMAKE_CXX_FLAGS="$opt" -DTUTTI_HOT_FLAGS=-O1 -DTUTTI_SANITIZE=thread >/dev/null
       # The threaded parts: async ops and abort, splits, grow, batched p2p, the direct transport
       # and its two-sided transports, the TCP store in TLS, and the NCCL backend's host logic on
-      # the stand-in; the ops' clock (a thread-local anchor each, one rate per process); symmetric
-      # memory's table (ops look up while another thread allocates or frees).
+      # the stand-in; the ops' clock (a thread-local anchor each, one rate per process); the
+      # single-copy collectives on symmetric memory (ranks as threads of one process).
       targets=(work_test abort_test split_test grow_test tls_test batch_p2p_test transfer_test
                op_clock_test symmetric_test
                transfer_group_test

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 
@@ -48,6 +50,23 @@ std::vector<std::string> symmetric_files() {
     ::closedir(d);
   }
   return out;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// How many mappings of symmetric memory this process has (each rank's own part and its
+// mappings of the others', one line each in /proc/self/maps).
+int symmetric_mappings() {
+  const std::string needle =
+      "/dev/shm/tutti-sym-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid()) + "-";
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find(needle) != std::string::npos;
+  return n;
 }
 
 // Every rank allreduces `count` elements of T at a different offset of its symmetric memory
@@ -266,30 +285,152 @@ TEST(Symmetric, OneRankOutsideTurnsEveryRankToTheStagedPath) {
       ::testing::ExitedWithCode(0), "");
 }
 
-TEST(Symmetric, NothingIsLeftInDevShmAndPeersKeepTheirMappings) {
+// Names go at once; a region one rank drops stays mapped by the others (an op on another region
+// goes on), and once every rank dropped it, the next allocation unmaps it everywhere.
+TEST(Symmetric, NothingIsLeftInDevShmAndADroppedRegionIsUnmappedEverywhere) {
   auto groups = create_groups(2, "shm", unique_name("sym-files"), milliseconds(20000));
+  const int before = symmetric_mappings();
   run_ranks(2, [&](int r) {
-    auto a = groups[r]->allocate_symmetric(1 << 20);
-    auto b = groups[r]->allocate_symmetric(100);
+    auto& g = *groups[r];
+    auto a = g.allocate_symmetric(1 << 20);
+    auto b = g.allocate_symmetric(100);
     EXPECT_TRUE(a->symmetric() && b->symmetric());
     EXPECT_EQ(b->size(), 100u);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % 64, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % 4096, 0u);
     const auto* z = static_cast<const unsigned char*>(a->data());
     EXPECT_TRUE(std::all_of(z, z + a->size(), [](unsigned char c) { return c == 0; }));
-    groups[r]->barrier();
-    b.reset();  // dropped by this rank only: its peers still map it; ops on `a` go on
+    g.barrier();
+    if (r == 0) EXPECT_EQ(symmetric_mappings() - before, 8);  // 2 regions x 2 ranks x 2 maps
+    g.barrier();
+    if (r == 1) b.reset();  // rank 0 still maps rank 1's part
     std::vector<float> expect(262144);
     float* v = static_cast<float*>(a->data());
     for (size_t i = 0; i < expect.size(); ++i) {
       v[i] = static_cast<float>(input(r, i));
       expect[i] = reduced<float>(ReduceOp::kSum, 2, i);
     }
-    groups[r]->allreduce(TensorView(v, DType::kFloat32, {262144}));
+    g.allreduce(TensorView(v, DType::kFloat32, {262144}));
     EXPECT_EQ(std::memcmp(v, expect.data(), expect.size() * sizeof(float)), 0);
+    if (r == 0) EXPECT_EQ(symmetric_mappings() - before, 7);  // rank 1's own map of b went
+    b.reset();
+    g.barrier();
+    auto c = g.allocate_symmetric(4096);  // drops the peers' maps of b on both ranks
+    g.barrier();
+    if (r == 0) EXPECT_EQ(symmetric_mappings() - before, 8);  // a and c
+    g.barrier();
   });
-  EXPECT_TRUE(symmetric_files().empty()) << symmetric_files()[0];
+  // Every rank dropped a and c: the peers' maps of them wait for the next allocation, or the
+  // group's end.
+  EXPECT_EQ(symmetric_mappings() - before, 4);
+  EXPECT_EQ(joined(symmetric_files()), "");
   for (auto& g : groups) g->destroy();
-  EXPECT_TRUE(symmetric_files().empty());
+  EXPECT_EQ(symmetric_mappings() - before, 0);
+  EXPECT_EQ(joined(symmetric_files()), "");
+}
+
+// Ranks that ask for different sizes all fail, naming both, and the group goes on.
+TEST(Symmetric, DifferentSizesFailOnEveryRankAndTheGroupGoesOn) {
+  auto groups = create_groups(3, "shm", unique_name("sym-sizes"), milliseconds(5000));
+  run_ranks(3, [&](int r) {
+    EXPECT_TUTTI_ERROR(
+        groups[r]->allocate_symmetric(r == 1 ? 8192 : 4096), ErrorCode::kInvalidArgument,
+        "allocate_symmetric on group",
+        r == 1 ? "rank 0 asked for 4096 bytes, rank 1 for 8192" : "rank 1 asked for 8192 bytes");
+    std::vector<int32_t> v(10, r);
+    groups[r]->allreduce(v);
+    EXPECT_EQ(v[9], 3);
+  });
+  EXPECT_EQ(joined(symmetric_files()), "");
+}
+
+// Many chunks (4 KiB ones), 4 ranks, values whose sums round: the single-copy path gives the
+// staged path's bits, and so does every op with one rank outside (its extra barrier met in the
+// first chunk of many): allreduce sum, reduce avg to rank 1 (whose non-roots keep their
+// tensors), reduce_scatter avg, allgather.
+TEST(Symmetric, TheSameBitsAsTheStagedPathOverManyChunks) {
+  ::setenv("TUTTI_SHM_CHUNK_BYTES", "4096", 1);  // read as the groups are made
+  const int world = 4;
+  const size_t n = 40000;  // floats per rank: 160 KB, 40 chunks
+  auto groups = create_groups(world, "shm", unique_name("sym-bits"), milliseconds(20000));
+  ::unsetenv("TUTTI_SHM_CHUNK_BYTES");
+  auto value = [](int r, size_t i) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + r) * 1000.0 + r * 1e-3);
+  };
+  run_ranks(world, [&](int r) {
+    auto& g = *groups[r];
+    auto mem = g.allocate_symmetric(2 * world * n * sizeof(float));
+    ASSERT_TRUE(mem->symmetric());
+    float* sym = static_cast<float*>(mem->data());
+    // One op three ways: every rank's memory in plain vectors (the staged path), every rank's in
+    // symmetric memory, and rank 2's alone outside. Returns the three results.
+    auto three_ways = [&](size_t elements, const std::function<void(float*)>& fill,
+                          const std::function<void(float*)>& run) {
+      std::vector<std::vector<float>> out;
+      for (int way = 0; way < 3; ++way) {
+        std::vector<float> plain(elements);
+        float* mine = way == 0 || (way == 2 && r == 2) ? plain.data() : sym;
+        fill(mine);
+        run(mine);
+        out.emplace_back(mine, mine + elements);
+        g.barrier();
+      }
+      return out;
+    };
+    auto same_bits = [&](const std::vector<std::vector<float>>& got, const char* what) {
+      EXPECT_EQ(std::memcmp(got[1].data(), got[0].data(), got[0].size() * sizeof(float)), 0)
+          << what << ", all in symmetric memory, rank " << r;
+      EXPECT_EQ(std::memcmp(got[2].data(), got[0].data(), got[0].size() * sizeof(float)), 0)
+          << what << ", rank 2 outside, rank " << r;
+    };
+    auto fill_n = [&](float* p) {
+      for (size_t i = 0; i < n; ++i) p[i] = value(r, i);
+    };
+    auto sum = three_ways(n, fill_n, [&](float* p) {
+      g.allreduce(TensorView(p, DType::kFloat32, {static_cast<int64_t>(n)}));
+    });
+    same_bits(sum, "allreduce");
+    float want = 0;  // element 12345 by hand, in the staged path's order for its owner
+    {
+      const size_t chunk = 4096 / sizeof(float), i = 12345, first = i / chunk * chunk;
+      const size_t at = i - first;
+      int owner = 0;
+      while (at >= chunk * static_cast<size_t>(owner + 1) / world) ++owner;
+      want = value(owner, i);
+      for (int q = 0; q < world; ++q) {
+        if (q != owner) want += value(q, i);
+      }
+    }
+    EXPECT_EQ(sum[0][12345], want) << "rank " << r;
+    auto avg = three_ways(n, fill_n, [&](float* p) {
+      ReduceOptions o;
+      o.root_rank = 1;
+      o.reduce_op = ReduceOp::kAvg;
+      g.reduce(TensorView(p, DType::kFloat32, {static_cast<int64_t>(n)}), o);
+    });
+    same_bits(avg, "reduce avg");
+    if (r != 1) EXPECT_EQ(avg[1][777], value(r, 777)) << "a non-root's tensor was written";
+    auto rs = three_ways(
+        world * n,
+        [&](float* p) {
+          for (size_t i = 0; i < world * n; ++i) p[i] = value(r, i);
+        },
+        [&](float* p) {
+          ReduceScatterOptions o;
+          o.reduce_op = ReduceOp::kAvg;
+          std::vector<float> out(n);
+          g.reduce_scatter(TensorView(out),
+                           TensorView(p, DType::kFloat32, {static_cast<int64_t>(world * n)}), o);
+          std::memcpy(p, out.data(), n * sizeof(float));
+        });
+    for (auto& v : rs) v.resize(n);
+    same_bits(rs, "reduce_scatter avg");
+    auto ag = three_ways(n + world * n, fill_n, [&](float* p) {
+      g.allgather(TensorView(p + n, DType::kFloat32, {static_cast<int64_t>(world * n)}),
+                  TensorView(p, DType::kFloat32, {static_cast<int64_t>(n)}));
+    });
+    same_bits(ag, "allgather");
+    EXPECT_EQ(ag[1][n + 3 * n + 5], value(3, 5));
+  });
 }
 
 TEST(Symmetric, ViewsAreChecked) {
@@ -340,7 +481,7 @@ TEST(Symmetric, AnAllocationAgainstAnotherOpFailsNamingTheRank) {
                          "rank 0 called allgather");
     }
   });
-  EXPECT_TRUE(symmetric_files().empty()) << symmetric_files()[0];
+  EXPECT_EQ(joined(symmetric_files()), "");
 }
 
 }  // namespace

@@ -162,6 +162,7 @@ ShmBackend::~ShmBackend() {
 }
 
 std::unique_ptr<SymmetricRegion> ShmBackend::create_symmetric(size_t bytes) {
+  symmetric_->prune();  // the peers' parts of regions their owners let go
   return std::make_unique<ShmRegion>(symmetric_, bytes);
 }
 

@@ -140,7 +140,7 @@ class ShmBackend : public Backend {
   RankSlot* slots_ = nullptr;
   Bell* bells_ = nullptr;
   Channel* channels_ = nullptr;
-  SymSlot* sym_ = nullptr;  // by rank: where its current allreduce's tensor lies
+  SymSlot* sym_ = nullptr;  // by rank: where its current collective's memory lies
   char* small_ = nullptr;
   char* staging_ = nullptr;
   char* mailboxes_ = nullptr;

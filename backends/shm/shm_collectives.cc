@@ -8,6 +8,15 @@
 #include "util/logging.h"
 
 namespace tutti::shm_backend {
+namespace {
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto* x = static_cast<const char*>(a);
+  const auto* y = static_cast<const char*>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+}  // namespace
 
 Backend::WorkPtr ShmBackend::barrier(const BarrierOptions&, const OpContext& ctx) {
   if (world_size_ == 1) return nullptr;
@@ -178,8 +187,14 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
       if (dst != from) std::memcpy(dst, from, total);
     }
   } else {
-    // Inputs in symmetric memory on every rank: each copies the others' straight from theirs.
-    const bool announced = announce_symmetric(op, src, total);
+    // Inputs in symmetric memory on every rank: each copies the others' straight from theirs;
+    // not where an output would overwrite the input while the others read it (the list form
+    // may be given such outputs; the staged path copies the input out first).
+    bool apart = symmetric_->any();
+    for (int q = 0; apart && q < world_size_; ++q) {
+      apart = out[q].data() == src || !overlaps(out[q].data(), total, src, total);
+    }
+    const bool announced = apart && announce_symmetric(op, src, total);
     if (announced) {
       sync(op);
       if (op.symmetric == world_size_) {
@@ -219,14 +234,17 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
   }
   Op op = begin_op(ctx);
   // Every rank's blocks one after another in symmetric memory: each reduces its block straight
-  // from the others' inputs.
-  bool contiguous = true;
-  for (int q = 1; q < world_size_; ++q) {
-    contiguous = contiguous && static_cast<const char*>(in[q].data()) ==
-                                   static_cast<const char*>(in[0].data()) + q * out.nbytes();
+  // from the others' inputs; not where the output overlaps a block the others read (only our
+  // own block may be the output).
+  const size_t span = out.nbytes() * world_size_;
+  bool contiguous = symmetric_->any();
+  for (int q = 1; contiguous && q < world_size_; ++q) {
+    contiguous = static_cast<const char*>(in[q].data()) ==
+                 static_cast<const char*>(in[0].data()) + q * out.nbytes();
   }
-  const bool announced =
-      contiguous && announce_symmetric(op, in[0].data(), out.nbytes() * world_size_);
+  contiguous = contiguous && (out.data() == in[rank_].data() ||
+                              !overlaps(out.data(), out.nbytes(), in[0].data(), span));
+  const bool announced = contiguous && announce_symmetric(op, in[0].data(), span);
   if (announced) {
     sync(op);
     if (op.symmetric == world_size_) {

@@ -60,17 +60,17 @@ inline OpSignature unpack_signature(const uint64_t in[2]) {
   return sig;
 }
 
-// Where a rank's large allreduce (by op parity) has its tensor: a region of symmetric memory
-// (0: none) and the offset in it. Written before the op's first barrier, read after it by the
-// peers, when every rank's tag says it takes the single-copy path (kSymmetricTag).
+// Where a rank's memory for its current large collective (by op parity) lies in symmetric
+// memory: a region (0: none) and the offset in it. Written before the op's first barrier, read
+// after it by the peers, when the rank's tag carries kSymmetricTag (shm_symmetric_ops.cc).
 struct alignas(64) SymSlot {
   std::atomic<uint64_t> region[2];
   std::atomic<uint64_t> offset[2];
 };
 
-// Folded into a rank's published tag for a large allreduce whose tensor is in symmetric memory:
-// the first barrier's tag check tells every rank whether every rank can take the single-copy
-// path, or some did not (then all take the staged one).
+// Folded into a rank's published tag for a large collective whose memory is in symmetric
+// memory: the first barrier's tag check tells every rank which ranks announced theirs (all: the
+// single-copy path; some: every rank takes the staged one).
 constexpr uint32_t kSymmetricTag = 0x5a3c0001u;
 
 // A rank's doorbell: rung by every peer that fills or frees one of its mailbox slots.

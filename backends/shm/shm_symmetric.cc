@@ -16,27 +16,36 @@
 namespace tutti::shm_backend {
 namespace {
 
-size_t whole_pages(size_t bytes) {
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  return (bytes + page - 1) / page * page;
+size_t page_size() {
+  return static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 }
 
-[[noreturn]] void fail(ErrorCode code, const std::string& what) {
-  throw Error(code, "shm symmetric memory: " + what + ": " + std::strerror(errno));
+[[noreturn]] void fail(ErrorCode code, const std::string& what, int err) {
+  throw Error(code, "shm symmetric memory: " + what + ": " + std::strerror(err));
+}
+
+void unmap(const SymmetricMapping& m) {
+  if (m.base != nullptr) ::munmap(m.base, m.mapped());
 }
 
 }  // namespace
 
+size_t SymmetricMapping::mapped() const {
+  return bytes + page_size();
+}
+
+std::atomic<uint32_t>& SymmetricMapping::live() const {
+  return *reinterpret_cast<std::atomic<uint32_t>*>(base + bytes);
+}
+
 SymmetricTable::~SymmetricTable() {
   for (auto& [region, maps] : peers_) {
-    for (auto& [p, bytes] : maps) {
-      if (p != nullptr) ::munmap(p, bytes);
-    }
+    for (const SymmetricMapping& m : maps) unmap(m);
   }
 }
 
 SymmetricPlace SymmetricTable::find(const void* p, size_t bytes) const {
-  if (locals_.load(std::memory_order_acquire) == 0) return {};
+  if (!any()) return {};
   const char* c = static_cast<const char*>(p);
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = local_.upper_bound(c);
@@ -51,9 +60,9 @@ char* SymmetricTable::peer(int q, uint64_t region, uint64_t offset, size_t bytes
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = peers_.find(region);
   if (it == peers_.end() || q < 0 || static_cast<size_t>(q) >= it->second.size()) return nullptr;
-  const auto& [p, mapped] = it->second[static_cast<size_t>(q)];
-  if (p == nullptr || offset > mapped || bytes > mapped - offset) return nullptr;
-  return p + offset;
+  const SymmetricMapping& m = it->second[static_cast<size_t>(q)];
+  if (m.base == nullptr || offset > m.bytes || bytes > m.bytes - offset) return nullptr;
+  return m.base + offset;
 }
 
 void SymmetricTable::add_local(uint64_t region, char* base, size_t bytes) {
@@ -73,49 +82,86 @@ void SymmetricTable::remove_local(uint64_t region) {
   }
 }
 
-void SymmetricTable::add_peers(uint64_t region, std::vector<std::pair<char*, size_t>> maps) {
+void SymmetricTable::add_peers(uint64_t region, std::vector<SymmetricMapping> maps) {
   std::lock_guard<std::mutex> lock(mutex_);
   peers_[region] = std::move(maps);
 }
 
+void SymmetricTable::prune() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    bool left = false;
+    for (SymmetricMapping& m : it->second) {
+      if (m.base == nullptr) continue;
+      if (m.live().load(std::memory_order_acquire) == 0) {
+        unmap(m);
+        m = SymmetricMapping{};
+      } else {
+        left = true;
+      }
+    }
+    it = left ? std::next(it) : peers_.erase(it);
+  }
+}
+
+size_t SymmetricTable::peer_mappings() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t n = 0;
+  for (const auto& [region, maps] : peers_) {
+    for (const SymmetricMapping& m : maps) n += m.base != nullptr;
+  }
+  return n;
+}
+
 ShmRegion::ShmRegion(std::shared_ptr<SymmetricTable> table, size_t bytes)
     : table_(std::move(table)), region_(table_->next_region()), bytes_(bytes) {
-  mapped_ = whole_pages(bytes);
+  const size_t page = page_size();
+  mine_.bytes = (bytes + page - 1) / page * page;
   std::random_device rd;
   name_ = "/tutti-sym-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid()) + "-" +
           std::to_string(region_) + "-" + std::to_string(rd());
   const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) fail(ErrorCode::kIoError, "creating '" + name_ + "'");
-  if (::ftruncate(fd, static_cast<off_t>(mapped_)) != 0) {
-    const int e = errno;
+  if (fd < 0) fail(ErrorCode::kIoError, "creating '" + name_ + "'", errno);
+  // Reserved now: tmpfs hands out pages at first touch, and a full /dev/shm would then end the
+  // process that touches it (SIGBUS), here or in a peer.
+  const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(mine_.mapped()));
+  if (err != 0) {
     ::close(fd);
     ::shm_unlink(name_.c_str());
-    errno = e;
-    fail(ErrorCode::kUnavailable,
-         "sizing '" + name_ + "' to " + std::to_string(mapped_) + " bytes");
+    fail(err == ENOSPC ? ErrorCode::kUnavailable : ErrorCode::kIoError,
+         "reserving " + std::to_string(mine_.mapped()) + " bytes of /dev/shm for '" + name_ + "'",
+         err);
   }
-  void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p =
+      ::mmap(nullptr, mine_.mapped(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   const int e = errno;
   ::close(fd);
   if (p == MAP_FAILED) {
     ::shm_unlink(name_.c_str());
-    errno = e;
-    fail(ErrorCode::kUnavailable, "mapping " + std::to_string(mapped_) + " bytes");
+    fail(ErrorCode::kUnavailable, "mapping " + std::to_string(mine_.mapped()) + " bytes", e);
   }
-  base_ = static_cast<char*>(p);
+  mine_.base = static_cast<char*>(p);
+  mine_.live().store(1, std::memory_order_release);
 }
 
 ShmRegion::~ShmRegion() {
   if (listed_) table_->remove_local(region_);
-  if (!name_.empty()) ::shm_unlink(name_.c_str());
-  for (auto& [p, bytes] : maps_) {
-    if (p != nullptr) ::munmap(p, bytes);
+  if (!name_.empty()) unlink_names();  // never committed (an error on the way)
+  for (const SymmetricMapping& m : maps_) unmap(m);
+  if (mine_.base != nullptr) {
+    mine_.live().store(0, std::memory_order_release);  // the peers drop theirs (prune)
+    unmap(mine_);
   }
-  if (base_ != nullptr) ::munmap(base_, mapped_);
+}
+
+void ShmRegion::unlink_names() noexcept {
+  for (const std::string& n : names_) ::shm_unlink(n.c_str());
+  ::shm_unlink(name_.c_str());
+  name_.clear();
 }
 
 std::string ShmRegion::descriptor() const {
-  return symmetric_descriptor({region_, mapped_, name_});
+  return symmetric_descriptor({region_, mine_.bytes, name_});
 }
 
 void ShmRegion::attach(const std::vector<std::string>& descriptors) {
@@ -125,7 +171,7 @@ void ShmRegion::attach(const std::vector<std::string>& descriptors) {
                 "shm symmetric memory: " + std::to_string(descriptors.size()) +
                     " descriptors for " + std::to_string(table_->world_size()) + " ranks");
   }
-  maps_.assign(descriptors.size(), {nullptr, 0});
+  maps_.assign(descriptors.size(), SymmetricMapping{});
   for (size_t q = 0; q < descriptors.size(); ++q) {
     SymmetricDescriptor d;
     try {
@@ -133,48 +179,46 @@ void ShmRegion::attach(const std::vector<std::string>& descriptors) {
     } catch (const Error& e) {
       throw Error(ErrorCode::kRemoteError, "rank " + std::to_string(q) + ": " + e.what());
     }
-    const uint64_t region = d.region, bytes = d.bytes;
-    const std::string& name = d.name;
-    names_.push_back(name);
-    if (region != region_ || bytes != mapped_) {
+    names_.push_back(d.name);
+    if (d.region != region_ || d.bytes != mine_.bytes) {
       throw Error(ErrorCode::kRemoteError,
                   "shm symmetric memory: rank " + std::to_string(q) + " made region " +
-                      std::to_string(region) + " of " + std::to_string(bytes) +
+                      std::to_string(d.region) + " of " + std::to_string(d.bytes) +
                       " bytes where rank " + std::to_string(me) + " made region " +
-                      std::to_string(region_) + " of " + std::to_string(mapped_));
+                      std::to_string(region_) + " of " + std::to_string(mine_.bytes));
     }
     if (static_cast<int>(q) == me) continue;
-    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+    const int fd = ::shm_open(d.name.c_str(), O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0)
-      fail(ErrorCode::kIoError, "opening rank " + std::to_string(q) + "'s '" + name + "'");
+      fail(ErrorCode::kIoError, "opening rank " + std::to_string(q) + "'s '" + d.name + "'", errno);
+    SymmetricMapping m;
+    m.bytes = d.bytes;
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != bytes) {
+    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != m.mapped()) {
       ::close(fd);
       throw Error(ErrorCode::kRemoteError, "shm symmetric memory: rank " + std::to_string(q) +
-                                               "'s '" + name + "' is not " + std::to_string(bytes) +
-                                               " bytes");
+                                               "'s '" + d.name + "' is not " +
+                                               std::to_string(m.mapped()) + " bytes");
     }
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    void* p = ::mmap(nullptr, m.mapped(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     const int e = errno;
     ::close(fd);
     if (p == MAP_FAILED) {
-      errno = e;
       fail(ErrorCode::kUnavailable,
-           "mapping rank " + std::to_string(q) + "'s " + std::to_string(bytes) + " bytes");
+           "mapping rank " + std::to_string(q) + "'s " + std::to_string(m.mapped()) + " bytes", e);
     }
-    maps_[q] = {static_cast<char*>(p), bytes};
+    m.base = static_cast<char*>(p);
+    maps_[q] = m;
   }
 }
 
 void ShmRegion::commit(bool everyone) {
   // Every rank removes every name: one left behind needs every rank to die before this.
-  for (const std::string& n : names_) ::shm_unlink(n.c_str());
-  ::shm_unlink(name_.c_str());
-  name_.clear();
+  unlink_names();
   if (!everyone) return;  // the peers' mappings go with this region
   table_->add_peers(region_, std::move(maps_));
   maps_.clear();
-  table_->add_local(region_, base_, bytes_);
+  table_->add_local(region_, mine_.base, bytes_);
   listed_ = true;
   TUTTI_LOG_DEBUG("shm: rank {} made symmetric region {} ({} bytes)", table_->rank(), region_,
                   bytes_);

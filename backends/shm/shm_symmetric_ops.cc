@@ -40,9 +40,10 @@ char* ShmBackend::symmetric_of(const Op& op, int q, size_t bytes, const char* wh
   return p;
 }
 
-// Rank q reduces slice q from every rank's tensor, block by block, in rank order from its own
-// (as the staged path does, so the bits are the same), and writes it into every rank's tensor
-// (allreduce, root < 0) or the root's; a block bound for another rank goes out while in L1.
+// Rank q reduces slice q of each chunk from every rank's tensor, block by block, in rank order
+// from its own (as the staged path does: the bits are the same), and writes it into every rank's
+// tensor (allreduce, root < 0) or the root's; a block bound for another rank goes out while in
+// L1.
 void ShmBackend::reduce_symmetric(const TensorView& t, ReduceOp reduce_op, int root, Op& op) {
   const detail::ReduceFn fn = detail::reduce_function(t.dtype(), reduce_op);
   const size_t es = t.element_size();
@@ -52,25 +53,32 @@ void ShmBackend::reduce_symmetric(const TensorView& t, ReduceOp reduce_op, int r
   for (int q = 0; q < world_size_; ++q) {
     tensors[q] = q == rank_ ? data : symmetric_of(op, q, t.nbytes(), "tensor");
   }
-  const size_t b = n * static_cast<size_t>(rank_) / world_size_;
-  const size_t e = n * static_cast<size_t>(rank_ + 1) / world_size_;
   const size_t block = std::max<size_t>(1, detail::kReduceBlockBytes / es);
   if (root >= 0 && root != rank_ && block_out_.size() < block * es) block_out_.resize(block * es);
   const bool avg = reduce_op == ReduceOp::kAvg;
-  for (size_t s = b; s < e; s += block) {
-    const size_t len = std::min(block, e - s);
-    block_inputs_[0] = data + s * es;
-    int k = 1;
-    for (int q = 0; q < world_size_; ++q) {
-      if (q != rank_) block_inputs_[k++] = static_cast<const char*>(tensors[q]) + s * es;
-    }
-    // A non-root of a reduce keeps its tensor: its slice is made aside, then sent to the root.
-    char* out = root < 0 || root == rank_ ? data + s * es : block_out_.data();
-    detail::reduce_many(fn, out, block_inputs_.data(), world_size_, len, es);
-    if (avg) detail::scale_average(out, t.dtype(), len, world_size_);
-    for (int q = 0; q < world_size_; ++q) {
-      if (q == rank_ || (root >= 0 && q != root)) continue;
-      std::memcpy(const_cast<char*>(static_cast<const char*>(tensors[q])) + s * es, out, len * es);
+  // The staged path's chunks and slices, so that each element has the same owner (and so the
+  // same order of its sum) either way.
+  const size_t per_chunk = std::max<size_t>(1, chunk_ / es);
+  for (size_t first = 0; first < n; first += per_chunk) {
+    const size_t len = std::min(per_chunk, n - first);
+    const size_t b = first + len * static_cast<size_t>(rank_) / world_size_;
+    const size_t e = first + len * static_cast<size_t>(rank_ + 1) / world_size_;
+    for (size_t s = b; s < e; s += block) {
+      const size_t len_s = std::min(block, e - s);
+      block_inputs_[0] = data + s * es;
+      int k = 1;
+      for (int q = 0; q < world_size_; ++q) {
+        if (q != rank_) block_inputs_[k++] = static_cast<const char*>(tensors[q]) + s * es;
+      }
+      // A non-root of a reduce keeps its tensor: its slice is made aside, then sent to the root.
+      char* out = root < 0 || root == rank_ ? data + s * es : block_out_.data();
+      detail::reduce_many(fn, out, block_inputs_.data(), world_size_, len_s, es);
+      if (avg) detail::scale_average(out, t.dtype(), len_s, world_size_);
+      for (int q = 0; q < world_size_; ++q) {
+        if (q == rank_ || (root >= 0 && q != root)) continue;
+        std::memcpy(const_cast<char*>(static_cast<const char*>(tensors[q])) + s * es, out,
+                    len_s * es);
+      }
     }
   }
   sync(op);  // no rank returns while another still reads or writes its tensor

@@ -200,8 +200,10 @@ class TUTTI_API Backend {
 
   // Memory of this rank that the backend's ops on the other ranks reach directly
   // (CollectiveGroup::allocate_symmetric), or null (the default) where the backend has none.
-  // Local: the group exchanges the regions' descriptors and calls attach and commit. (Last in
-  // the class: the slots of the virtual functions before it are as they were without it.)
+  // Local: the group exchanges the regions' descriptors and calls attach and commit. Called on
+  // the group's issuing thread, beside ops the backend may be running on another (async ops):
+  // what it shares with them must be locked. Last in the class, but a backend built against a
+  // header without it has no slot for it: rebuild out-of-tree backends (the C++ ABI of 0.x).
   virtual std::unique_ptr<SymmetricRegion> create_symmetric(size_t bytes);
 };
 

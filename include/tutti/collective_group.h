@@ -58,22 +58,25 @@ class SymmetricRegion;
 // the group is destroyed, so allocate once and reuse, as with NCCL's windows.
 class TUTTI_API SymmetricMemory {
  public:
-  // Made by CollectiveGroup::allocate_symmetric: a committed region (`symmetric` says whether
-  // every rank attached), or ordinary memory `plain` of `bytes`.
-  SymmetricMemory(std::unique_ptr<SymmetricRegion> region, bool symmetric,
-                  std::shared_ptr<void> plain, size_t bytes);
   ~SymmetricMemory();
   SymmetricMemory(const SymmetricMemory&) = delete;
   SymmetricMemory& operator=(const SymmetricMemory&) = delete;
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
+  // False where the group's backend has no such memory, or some rank could not reach the
+  // others' (logged): ordinary memory, ops copy as usual.
   bool symmetric() const { return symmetric_; }
   // A view of `shape` elements of `dtype` from `byte_offset`; kInvalidArgument when it does not
   // fit or the offset is not a multiple of the element size.
   TensorView view(DType dtype, const Shape& shape, size_t byte_offset = 0) const;
 
  private:
+  friend class CollectiveGroup;
+  // A committed region (`symmetric`: every rank attached), or ordinary memory `plain`.
+  SymmetricMemory(std::unique_ptr<SymmetricRegion> region, bool symmetric,
+                  std::shared_ptr<void> plain, size_t bytes);
+
   std::unique_ptr<SymmetricRegion> region_;
   bool symmetric_ = false;
   std::shared_ptr<void> plain_;
@@ -250,9 +253,12 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
 
   // Collective: every rank calls it with the same `bytes` (> 0), in the same place in the op
   // order. Returns this rank's part of memory the backend reaches on every rank (see
-  // SymmetricMemory); where the backend has none, or a rank could not map the others' parts,
-  // ordinary memory (symmetric() false, logged). 64-byte aligned, zeroed. Blocking; its
-  // exchange is an allgather of the group (recorded and checked as one).
+  // SymmetricMemory); where the backend has none (gloo), or a rank could not make or map its
+  // part (memory short), ordinary memory on every rank (symmetric() false, logged). Page-aligned
+  // (shm) or 64-byte aligned, zeroed, CPU memory: kInvalidUsage for a backend without CPU
+  // tensors (nccl). Blocking; its exchange is an allgather and an allreduce of the group
+  // (recorded and checked as ops; errors name allocate_symmetric). kInvalidArgument on every
+  // rank when the ranks asked for different sizes.
   std::shared_ptr<SymmetricMemory> allocate_symmetric(size_t bytes);
 
   // "group 'default' (rank 1/4)"

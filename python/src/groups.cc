@@ -683,9 +683,10 @@ void bind_groups(nb::module_& m) {
           "Collective (every rank, same nbytes, in op order): a zeroed 1-D array (numpy, or "
           "torch with framework='torch') in memory the group's backend reaches on every rank. "
           "shm: an allreduce of a tensor in it on every rank copies once (each rank reduces its "
-          "slice from every rank's memory into every rank's), several times faster from 16 KiB. "
-          "Other backends: ordinary memory. Freed when the array and its views go; allocate once "
-          "and reuse (the peers keep their mapping until the group is destroyed).");
+          "slice from every rank's memory into every rank's), several times faster above 16 KiB; "
+          "so do reduce, allgather, reduce_scatter and broadcast. gloo, or shm short of memory: "
+          "ordinary memory (logged). Freed when the array and its views go; allocate once and "
+          "reuse (the peers keep their mapping until the group next allocates).");
 
   // ---- Ray's free functions, by group name ----
 

@@ -424,15 +424,15 @@ def test_allreduce_in_symmetric_memory(backend, world):
 
     def body(g):
         x = g.allocate_symmetric(4 * n, "float32")
-        t = g.allocate_symmetric(8 * 1000, "int64", framework="torch")
+        t = g.allocate_symmetric(8 * 5000, "int64", framework="torch")  # above 16 KiB
         assert x.shape == (n,) and x.dtype == np.float32 and not x.any()
-        assert isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.numel() == 1000
+        assert isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.numel() == 5000
         out = []
         for salt in range(2):
             x[:] = rank_input(g.rank, "float32", n=n, salt=salt)
             g.allreduce(x)
             out.append(x.copy())
-        t[:] = torch.arange(1000) * (g.rank + 1)
+        t[:] = torch.arange(5000) * (g.rank + 1)
         g.allreduce(t, "max")
         out.append(t.numpy().copy())
         with pytest.raises(tutti.InvalidArgumentError, match="not a multiple of float32's 4"):
@@ -447,4 +447,4 @@ def test_allreduce_in_symmetric_memory(backend, world):
         for r in range(world):
             np.testing.assert_array_equal(results[r][salt], expected, err_msg=f"rank {r}")
     for r in range(world):
-        np.testing.assert_array_equal(results[r][2], np.arange(1000) * world)
+        np.testing.assert_array_equal(results[r][2], np.arange(5000) * world)

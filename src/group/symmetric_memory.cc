@@ -1,4 +1,5 @@
 // CollectiveGroup::allocate_symmetric and SymmetricMemory (tutti/collective_group.h).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -42,6 +43,25 @@ TensorView SymmetricMemory::view(DType dtype, const Shape& shape, size_t byte_of
   return TensorView(static_cast<char*>(data_) + byte_offset, dtype, shape);
 }
 
+namespace {
+
+std::shared_ptr<void> plain_memory(size_t bytes, const std::string& what) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) {
+    throw Error(ErrorCode::kUnavailable,
+                what + ": out of memory for " + std::to_string(bytes) + " bytes");
+  }
+  std::memset(p, 0, rounded);
+  return std::shared_ptr<void>(p, std::free);
+}
+
+// A rank's slot in the exchange: the bytes it asked for, its descriptor's length, then up to
+// kDescriptorBytes of it (a length of 0: it has no region).
+constexpr size_t kSlot = 8 + 1 + SymmetricRegion::kDescriptorBytes;
+
+}  // namespace
+
 std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t bytes) {
   State& s = *state_;
   const std::string what = "allocate_symmetric on " + describe();
@@ -50,57 +70,86 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
   if (s.destroyed.load()) {
     throw Error(ErrorCode::kInvalidUsage, what + ": the group was destroyed");
   }
+  if (!s.device_supported[static_cast<size_t>(DeviceType::kCPU)]) {
+    throw Error(ErrorCode::kInvalidUsage, what + ": backend '" + s.backend_name +
+                                              "' has no CPU tensors, and symmetric memory is "
+                                              "CPU memory");
+  }
   std::unique_ptr<SymmetricRegion> region;
+  std::string failed;  // why this rank has no region where its backend makes them
+  bool supported = false;
   if (std::shared_ptr<Backend> backend = s.current_backend()) {
-    region = backend->create_symmetric(bytes);
-  }
-  if (!region) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
-    if (p == nullptr) {
-      throw Error(ErrorCode::kUnavailable,
-                  what + ": out of memory for " + std::to_string(bytes) + " bytes");
+    try {
+      region = backend->create_symmetric(bytes);
+      supported = region != nullptr;
+    } catch (const Error& e) {
+      supported = true;  // the others made theirs: this rank still takes part, with none
+      failed = e.what();
     }
-    std::memset(p, 0, rounded);
-    return std::make_shared<SymmetricMemory>(nullptr, false, std::shared_ptr<void>(p, std::free),
-                                             bytes);
   }
-  // Every rank's descriptor (a length byte, then up to kDescriptorBytes), through an allgather
-  // of the group: recorded, ordered and checked like any op.
-  constexpr size_t kSlot = 1 + SymmetricRegion::kDescriptorBytes;
-  const std::string mine = region->descriptor();
+  if (!supported) {
+    return std::shared_ptr<SymmetricMemory>(
+        new SymmetricMemory(nullptr, false, plain_memory(bytes, what), bytes));
+  }
+  // Every rank's slot, through an allgather of the group: ordered and checked like any op.
+  const std::string mine = region ? region->descriptor() : std::string();
   if (mine.size() > SymmetricRegion::kDescriptorBytes) {
     throw Error(ErrorCode::kInternal, what + ": backend '" + s.backend_name + "' gave a " +
                                           std::to_string(mine.size()) + "-byte descriptor");
   }
   std::vector<uint8_t> slot(kSlot, 0);
-  slot[0] = static_cast<uint8_t>(mine.size());
-  std::memcpy(slot.data() + 1, mine.data(), mine.size());
+  const uint64_t asked = bytes;
+  std::memcpy(slot.data(), &asked, 8);
+  slot[8] = static_cast<uint8_t>(mine.size());
+  std::memcpy(slot.data() + 9, mine.data(), mine.size());
   std::vector<uint8_t> all(kSlot * static_cast<size_t>(world_size()));
-  allgather(TensorView(all), TensorView(slot))->wait();
   std::vector<std::string> descriptors;
-  for (int r = 0; r < world_size(); ++r) {
-    const uint8_t* p = all.data() + kSlot * static_cast<size_t>(r);
-    descriptors.emplace_back(reinterpret_cast<const char*>(p + 1),
-                             std::min<size_t>(p[0], SymmetricRegion::kDescriptorBytes));
-  }
-  int32_t attached = 1;
+  int32_t attached = region ? 1 : 0;
   try {
-    region->attach(descriptors);
+    allgather(TensorView(all), TensorView(slot))->wait();
+    for (int r = 0; r < world_size(); ++r) {
+      const uint8_t* p = all.data() + kSlot * static_cast<size_t>(r);
+      uint64_t theirs = 0;
+      std::memcpy(&theirs, p, 8);
+      if (theirs != asked) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    what + ": rank " + std::to_string(r) + " asked for " + std::to_string(theirs) +
+                        " bytes, rank " + std::to_string(rank()) + " for " + std::to_string(asked) +
+                        ": every rank must ask for the same");
+      }
+      const size_t len = std::min<size_t>(p[8], SymmetricRegion::kDescriptorBytes);
+      descriptors.emplace_back(reinterpret_cast<const char*>(p + 9), len);
+      if (len == 0) attached = 0;  // rank r has no region
+    }
+    if (attached == 1) {
+      try {
+        region->attach(descriptors);
+      } catch (const Error& e) {
+        attached = 0;
+        failed = e.what();
+      }
+    }
+    std::vector<int32_t> everyone{attached};
+    AllreduceOptions min;
+    min.reduce_op = ReduceOp::kMin;
+    allreduce(TensorView(everyone), min)->wait();
+    attached = everyone[0];
   } catch (const Error& e) {
-    attached = 0;
-    TUTTI_LOG_WARN("{}: cannot reach the other ranks' memory, so it is ordinary memory: {}", what,
-                   e.what());
+    if (e.code() == ErrorCode::kInvalidArgument) throw;  // already says what
+    throw Error(e.code(), what + ": " + e.what());
   }
-  std::vector<int32_t> everyone{attached};
-  AllreduceOptions min;
-  min.reduce_op = ReduceOp::kMin;
-  allreduce(TensorView(everyone), min)->wait();
-  region->commit(everyone[0] == 1);
-  if (everyone[0] != 1 && attached == 1) {
-    TUTTI_LOG_WARN("{}: another rank could not reach this rank's memory: ordinary memory", what);
+  if (region) region->commit(attached == 1);
+  if (attached != 1) {
+    TUTTI_LOG_WARN(
+        "{}: ordinary memory, not symmetric: {}", what,
+        failed.empty() ? std::string("another rank could not make or reach its part") : failed);
   }
-  return std::make_shared<SymmetricMemory>(std::move(region), everyone[0] == 1, nullptr, bytes);
+  if (!region) {
+    return std::shared_ptr<SymmetricMemory>(
+        new SymmetricMemory(nullptr, false, plain_memory(bytes, what), bytes));
+  }
+  return std::shared_ptr<SymmetricMemory>(
+      new SymmetricMemory(std::move(region), attached == 1, nullptr, bytes));
 }
 
 }  // namespace tutti
