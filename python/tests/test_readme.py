@@ -47,6 +47,8 @@ def test_readme_snippet(lang, code, tmp_path):
     # Where the README says what a block prints, it must.
     if "hello.py" in code:
         assert "rank 0/2: [3. 3. 3. 3.]" in out and "rank 1/2: [3. 3. 3. 3.]" in out, out
+    if "symmetric.py" in code:
+        assert "rank 0: [3. 3. 3.] ... 3.0" in out and "rank 1: [3. 3. 3.] ... 3.0" in out, out
     if "train.py" in code:
         assert "rank 0: [3.0, 3.0, 3.0, 3.0]" in out and "rank 1: [3.0, 3.0, 3.0, 3.0]" in out, out
     if "tensor_transport" in code:
