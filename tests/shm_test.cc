@@ -135,6 +135,33 @@ TEST(HierProcesses, EveryOpOnLayoutsOfHosts) {
   }
 }
 
+// Symmetric memory under hier: two hosts of two ranks and one alone (a a b b c). Every rank's
+// memory is symmetric, and each two-rank host's levels take their single-copy paths (the shm
+// level's debug lines: its reduce to the host's leader and its broadcast from it); the results
+// are checked by the worker.
+TEST(HierProcesses, SymmetricMemoryTakesTheHostLevelsSingleCopyPaths) {
+  const std::vector<std::string> hosts = {"a", "a", "b", "b", "c"};
+  TempDir dir;
+  auto results = run_ranks_env(
+      5, "hier", unique_name("hier-sym"),
+      [&](int r) {
+        return std::vector<std::string>{"TUTTI_HOST_ID=host-" + hosts[r], "TUTTI_LOG_LEVEL=debug"};
+      },
+      dir, "env_symmetric");
+  for (size_t r = 0; r < results.size(); ++r) {
+    const std::string& out = results[r].output;
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << out;
+    EXPECT_NE(out.find("backend hier symmetric 1"), std::string::npos) << out;
+    EXPECT_NE(out.find("symmetric ops checked"), std::string::npos) << out;
+    const bool paired = hosts[r] != "c";
+    EXPECT_EQ(out.find(": single copy, rank ") != std::string::npos &&
+                  out.find("shm: reduce #") != std::string::npos,
+              paired)
+        << "rank " << r << ":\n"
+        << out;
+  }
+}
+
 // A rank that dies under hier (two hosts of two ranks; rank 3 is not a leader): its host's
 // leader notices through shm and names it by the group's numbering, and the others learn of it
 // from the leaders' level or their leader's abort, each within seconds, not at the timeout.

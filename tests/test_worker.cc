@@ -469,6 +469,36 @@ void scenario_env_crash_noticed(const Args&) {
 // Every op on the group the environment describes, each result checked against values computed
 // here from the ranks' inputs: what the hier backend must get right on any layout of hosts
 // (its composed allreduce, broadcast and barrier, and the ops it hands to the flat level).
+// allreduce and broadcast of tensors in symmetric memory (allocate_symmetric) on the group the
+// environment describes (hier: the host levels' single-copy paths), checked; prints whether the
+// memory is symmetric.
+void scenario_env_symmetric(const Args&) {
+  init_collective_group_from_env("", "sym");
+  auto g = get_group("sym");
+  const int rank = g->rank(), world = g->world_size();
+  const size_t n = 300001;
+  auto mem = g->allocate_symmetric(n * sizeof(float));
+  std::printf("rank %d backend %s symmetric %d\n", rank, g->backend_name().c_str(),
+              mem->symmetric() ? 1 : 0);
+  float* v = static_cast<float*>(mem->data());
+  for (int rep = 0; rep < 2; ++rep) {
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((rank + 1) * (i % 5 + 1));
+    g->allreduce(TensorView(v, DType::kFloat32, {static_cast<int64_t>(n)}));
+    for (size_t i = 0; i < n; ++i) {
+      require(v[i] == static_cast<float>(world * (world + 1) / 2 * (i % 5 + 1)), "allreduce sum");
+    }
+    BroadcastOptions bo;
+    bo.root_rank = world - 1;
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(rank * 1000 + i % 3);
+    g->broadcast(TensorView(v, DType::kFloat32, {static_cast<int64_t>(n)}), bo);
+    for (size_t i = 0; i < n; ++i) {
+      require(v[i] == static_cast<float>((world - 1) * 1000 + i % 3), "broadcast");
+    }
+  }
+  g->barrier();
+  std::printf("rank %d: symmetric ops checked\n", rank);
+}
+
 void scenario_env_every_op(const Args&) {
   init_collective_group_from_env("", "every");
   auto g = get_group("every");
@@ -610,11 +640,9 @@ int main(int argc, char** argv) {
   // Scenarios launched through an environment (tutti-run, torchrun-style variables) take no
   // positional arguments; the others take rank, world size, store URL and a timeout.
   const std::map<std::string, void (*)(const Args&)> from_env = {
-      {"env_allreduce", scenario_env_allreduce},
-      {"env_until_cut", scenario_env_until_cut},
-      {"env_backend", scenario_env_backend},
-      {"env_every_op", scenario_env_every_op},
-      {"env_crash_noticed", scenario_env_crash_noticed},
+      {"env_allreduce", scenario_env_allreduce}, {"env_until_cut", scenario_env_until_cut},
+      {"env_backend", scenario_env_backend},     {"env_every_op", scenario_env_every_op},
+      {"env_symmetric", scenario_env_symmetric}, {"env_crash_noticed", scenario_env_crash_noticed},
   };
   const std::map<std::string, void (*)(const Args&)> positional = {
       {"allreduce", scenario_allreduce},

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 
@@ -100,6 +102,7 @@ HierBackend::HierBackend(const BackendContext& ctx) : world_(ctx.world_size) {
     }
   };
   const std::vector<int>& mine = members[host_];
+  local_ranks_ = mine;
   if (mine.size() > 1) {
     const BackendContext c = level_context(mine, "host" + std::to_string(host_));
     const std::string local = is_backend_available("shm") ? "shm" : "gloo";
@@ -122,6 +125,58 @@ HierBackend::HierBackend(const BackendContext& ctx) : world_(ctx.world_size) {
 }
 
 HierBackend::~HierBackend() = default;
+
+namespace {
+
+// The host level's region, seen by the whole group: the group hands every rank's descriptor to
+// attach, which passes on this host's, in the host level's order. A rank alone on its host has
+// ordinary memory (nothing to share), and says so with a placeholder descriptor.
+class HierRegion : public SymmetricRegion {
+ public:
+  HierRegion(std::unique_ptr<SymmetricRegion> inner, size_t bytes, std::vector<int> local_ranks)
+      : inner_(std::move(inner)), bytes_(bytes), local_ranks_(std::move(local_ranks)) {
+    if (!inner_) {
+      plain_.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+      if (!plain_) {
+        throw Error(ErrorCode::kUnavailable,
+                    "hier: out of memory for " + std::to_string(bytes) + " bytes");
+      }
+      std::memset(plain_.get(), 0, (bytes + 63) / 64 * 64);
+    }
+  }
+  void* data() const override { return inner_ ? inner_->data() : plain_.get(); }
+  size_t size() const override { return bytes_; }
+  std::string descriptor() const override { return inner_ ? inner_->descriptor() : "alone"; }
+  void attach(const std::vector<std::string>& descriptors) override {
+    if (!inner_) return;
+    std::vector<std::string> local;
+    for (int r : local_ranks_) local.push_back(descriptors.at(static_cast<size_t>(r)));
+    inner_->attach(local);
+  }
+  void commit(bool everyone) override {
+    if (inner_) inner_->commit(everyone);
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<SymmetricRegion> inner_;
+  std::unique_ptr<char, Free> plain_;
+  size_t bytes_;
+  std::vector<int> local_ranks_;
+};
+
+}  // namespace
+
+std::unique_ptr<SymmetricRegion> HierBackend::create_symmetric(size_t bytes) {
+  // Host levels of gloo (shm not built) have none: then no rank has any, alone on its host or
+  // not (every rank must answer alike, or some would wait in the exchange for the others).
+  if (!is_backend_available("shm")) return nullptr;
+  std::unique_ptr<SymmetricRegion> inner;
+  if (local_.backend) inner = local_.backend->create_symmetric(bytes);
+  return std::make_unique<HierRegion>(std::move(inner), bytes, local_ranks_);
+}
 
 template <typename Issue>
 void HierBackend::run(Level& level, OpType op, const OpSignature& signature,

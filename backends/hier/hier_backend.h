@@ -73,6 +73,9 @@ class HierBackend final : public Backend {
                     const OpContext& ctx) override;
 
   void abort(const std::string& reason) override;
+  // The host level's symmetric memory (its local ops' single-copy paths); on a host of one
+  // rank, its own memory.
+  std::unique_ptr<SymmetricRegion> create_symmetric(size_t bytes) override;
 
  private:
   // One level: its backend and how this rank numbers its ops there.
@@ -94,6 +97,7 @@ class HierBackend final : public Backend {
   void run(Level& level, OpType op, const OpSignature& signature, const OpContext& parent,
            std::chrono::steady_clock::time_point deadline, Issue&& issue);
 
+  std::vector<int> local_ranks_;  // this host's ranks, in the local level's order
   int host_ = 0;                  // this rank's host, numbered by first appearance in rank order
   std::vector<int> host_of_;      // by rank
   std::vector<int> local_index_;  // by rank: its index among its host's ranks
