@@ -40,7 +40,7 @@ def test_every_op_matches_gloo(nproc):
     out = torchrun(nproc, "torch_ops_check.py")
     assert out.count("checks passed") == nproc, out[-3000:]
     for name in ("all_reduce AVG", "isend/irecv, both sending first", "split_group",
-                 "monitored_barrier", "async", "coalescing"):
+                 "monitored_barrier", "async", "coalescing", "empty_symmetric"):
         assert name in out, name
 
 

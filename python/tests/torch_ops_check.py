@@ -282,6 +282,22 @@ for t in refs:
 same("coalesced all_reduce", tensors, refs)
 print("ok coalescing", flush=True)
 
+# ---- symmetric memory (tutti.torch.empty_symmetric): the same results as gloo's ----
+t = tutti.torch.empty_symmetric(100_003)
+assert t.shape == (100_003,) and t.dtype == torch.float32 and not t.any(), t
+t.copy_(data((100_003,), torch.float32, 77))
+ref = t.clone()
+dist.all_reduce(t)
+dist.all_reduce(ref, group=GLOO)
+same("all_reduce in symmetric memory", t, ref)
+m = tutti.torch.empty_symmetric((4, 3000), dtype=torch.int64)
+m.copy_(data((4, 3000), torch.int64, 78))
+ref = m.clone()
+dist.broadcast(m, src=WORLD - 1)
+dist.broadcast(ref, src=WORLD - 1, group=GLOO)
+same("broadcast in symmetric memory", m, ref)
+print("ok empty_symmetric", flush=True)
+
 # ---- subgroups ----
 evens = dist.new_group([r for r in range(WORLD) if r % 2 == 0], backend="tutti")
 if RANK % 2 == 0:

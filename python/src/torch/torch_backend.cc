@@ -283,6 +283,29 @@ std::shared_ptr<CollectiveGroup> TuttiBackend::group() const {
   return issuer_->cpu;
 }
 
+at::Tensor TuttiBackend::empty_symmetric(const std::vector<int64_t>& sizes, at::ScalarType dtype) {
+  int64_t numel = 1;
+  for (int64_t d : sizes) {
+    TORCH_CHECK(d >= 0, "tutti: empty_symmetric: a negative size ", d);
+    numel *= d;
+  }
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  std::shared_ptr<SymmetricMemory> memory;
+  {
+    std::lock_guard<std::recursive_mutex> lock(issuer_->mutex);
+    try {
+      issuer_->flush();  // the allocation is an op in the order: pending ones go first
+      memory = issuer_->group_for(at::Device(at::kCPU)).allocate_symmetric(bytes);
+    } catch (...) {
+      rethrow_as_torch(std::current_exception());
+    }
+  }
+  void* data = memory->data();
+  auto* holder = new std::shared_ptr<SymmetricMemory>(std::move(memory));
+  return at::from_blob(
+      data, sizes, [holder](void*) { delete holder; }, at::TensorOptions().dtype(dtype));
+}
+
 template <typename Issue>
 c10::intrusive_ptr<c10d::Work> TuttiBackend::run(c10d::OpType type, const at::Device& device,
                                                  bool async, size_t bytes,

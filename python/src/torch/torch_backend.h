@@ -121,6 +121,11 @@ class TuttiBackend final : public c10d::Backend {
   // The tutti group behind CPU tensors (for tests and tutti's own calls).
   std::shared_ptr<CollectiveGroup> group() const;
 
+  // Collective (every rank, the same sizes and dtype, in op order): a zeroed CPU tensor in the
+  // CPU group's symmetric memory (CollectiveGroup::allocate_symmetric), which shm's collectives
+  // reduce and copy without staging; the memory goes with the tensor's storage.
+  at::Tensor empty_symmetric(const std::vector<int64_t>& sizes, at::ScalarType dtype);
+
   // Issues the ops (internal, shared with the Works of pending point-to-point ops, which post
   // them when waited on).
   struct Issuer;

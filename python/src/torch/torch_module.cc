@@ -17,8 +17,10 @@ PYBIND11_MODULE(_torch, m) {
   py::class_<TuttiBackend, c10d::Backend, c10::intrusive_ptr<TuttiBackend>>(m, "TuttiBackend")
       .def_property_readonly("tutti_backend",
                              [](const TuttiBackend& b) { return b.group()->backend_name(); })
-      .def_property_readonly("tutti_group",
-                             [](const TuttiBackend& b) { return b.group()->name(); });
+      .def_property_readonly("tutti_group", [](const TuttiBackend& b) { return b.group()->name(); })
+      .def("empty_symmetric", &TuttiBackend::empty_symmetric, py::arg("size"), py::arg("dtype"),
+           "A zeroed CPU tensor in the group's symmetric memory (collective; use "
+           "tutti.torch.empty_symmetric)");
 
   m.def(
       "create",
