@@ -153,10 +153,35 @@ TEST(HierProcesses, SymmetricMemoryTakesTheHostLevelsSingleCopyPaths) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << out;
     EXPECT_NE(out.find("backend hier symmetric 1"), std::string::npos) << out;
     EXPECT_NE(out.find("symmetric ops checked"), std::string::npos) << out;
+    // The paired hosts' ranks both read in the host level's reduce; the non-leaders (1, 3)
+    // read their leader's tensor in its broadcast; the lone rank has no host level.
     const bool paired = hosts[r] != "c";
-    EXPECT_EQ(out.find(": single copy, rank ") != std::string::npos &&
-                  out.find("shm: reduce #") != std::string::npos,
-              paired)
+    const bool reads_reduce = out.find("shm: reduce #") != std::string::npos &&
+                              out.find(": single copy, rank ") != std::string::npos;
+    const bool reads_broadcast = out.find("shm: broadcast #") != std::string::npos;
+    EXPECT_EQ(reads_reduce, paired) << "rank " << r << ":\n" << out;
+    EXPECT_EQ(reads_broadcast, r == 1 || r == 3) << "rank " << r << ":\n" << out;
+  }
+}
+
+// A rank that cannot make its part (its files may not grow to the region's size) takes part in
+// the exchange with none: every rank gets ordinary memory, none waits for it, the ops work, and
+// the warnings say why.
+TEST(ShmProcesses, ARankThatCannotMakeItsPartLeavesEveryRankOrdinaryMemory) {
+  TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  auto results = run_ranks_env(
+      3, "shm", unique_name("sym-fail"),
+      [](int) { return std::vector<std::string>{"TUTTI_TEST_SYMMETRIC_FSIZE_RANK=1"}; }, dir,
+      "env_symmetric");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  for (size_t r = 0; r < results.size(); ++r) {
+    const std::string& out = results[r].output;
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << out;
+    EXPECT_NE(out.find("backend shm symmetric 0"), std::string::npos) << out;
+    EXPECT_NE(out.find("symmetric ops checked"), std::string::npos) << out;
+    EXPECT_NE(out.find(r == 1 ? "reserving" : "rank(s) 1 could not make their part"),
+              std::string::npos)
         << "rank " << r << ":\n"
         << out;
   }

@@ -10,9 +10,10 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <signal.h>
-#include <vector>
+#include <sys/resource.h>
 
 #include "tutti/tutti.h"
 
@@ -471,13 +472,25 @@ void scenario_env_crash_noticed(const Args&) {
 // (its composed allreduce, broadcast and barrier, and the ops it hands to the flat level).
 // allreduce and broadcast of tensors in symmetric memory (allocate_symmetric) on the group the
 // environment describes (hier: the host levels' single-copy paths), checked; prints whether the
-// memory is symmetric.
+// memory is symmetric. Rank TUTTI_TEST_SYMMETRIC_FSIZE_RANK cannot make its part: its files may
+// not grow past 1 MiB while it allocates (RLIMIT_FSIZE; the 1.2 MB region's reservation fails).
 void scenario_env_symmetric(const Args&) {
   init_collective_group_from_env("", "sym");
   auto g = get_group("sym");
   const int rank = g->rank(), world = g->world_size();
   const size_t n = 300001;
+  const char* fsize = std::getenv("TUTTI_TEST_SYMMETRIC_FSIZE_RANK");
+  const bool limited = fsize != nullptr && std::atoi(fsize) == rank;
+  rlimit was{};
+  if (limited) {
+    ::signal(SIGXFSZ, SIG_IGN);  // the failing call's errno (EFBIG), not the signal
+    ::getrlimit(RLIMIT_FSIZE, &was);
+    rlimit small = was;
+    small.rlim_cur = 1 << 20;
+    ::setrlimit(RLIMIT_FSIZE, &small);
+  }
   auto mem = g->allocate_symmetric(n * sizeof(float));
+  if (limited) ::setrlimit(RLIMIT_FSIZE, &was);
   std::printf("rank %d backend %s symmetric %d\n", rank, g->backend_name().c_str(),
               mem->symmetric() ? 1 : 0);
   float* v = static_cast<float*>(mem->data());

@@ -133,8 +133,12 @@ namespace {
 // ordinary memory (nothing to share), and says so with a placeholder descriptor.
 class HierRegion : public SymmetricRegion {
  public:
-  HierRegion(std::unique_ptr<SymmetricRegion> inner, size_t bytes, std::vector<int> local_ranks)
-      : inner_(std::move(inner)), bytes_(bytes), local_ranks_(std::move(local_ranks)) {
+  HierRegion(std::unique_ptr<SymmetricRegion> inner, size_t bytes, std::vector<int> local_ranks,
+             std::string legend)
+      : inner_(std::move(inner)),
+        bytes_(bytes),
+        local_ranks_(std::move(local_ranks)),
+        legend_(std::move(legend)) {
     if (!inner_) {
       plain_.reset(static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
       if (!plain_) {
@@ -151,7 +155,11 @@ class HierRegion : public SymmetricRegion {
     if (!inner_) return;
     std::vector<std::string> local;
     for (int r : local_ranks_) local.push_back(descriptors.at(static_cast<size_t>(r)));
-    inner_->attach(local);
+    try {
+      inner_->attach(local);
+    } catch (const Error& e) {
+      throw Error(e.code(), std::string(e.what()) + " (" + legend_ + ")");
+    }
   }
   void commit(bool everyone) override {
     if (inner_) inner_->commit(everyone);
@@ -165,17 +173,18 @@ class HierRegion : public SymmetricRegion {
   std::unique_ptr<char, Free> plain_;
   size_t bytes_;
   std::vector<int> local_ranks_;
+  std::string legend_;  // which of the group's ranks the host level's are
 };
 
 }  // namespace
 
 std::unique_ptr<SymmetricRegion> HierBackend::create_symmetric(size_t bytes) {
-  // Host levels of gloo (shm not built) have none: then no rank has any, alone on its host or
-  // not (every rank must answer alike, or some would wait in the exchange for the others).
+  // Host levels of gloo (shm not built) have none: then this rank has none, alone on its host
+  // or not (the group's exchange then gives every rank ordinary memory).
   if (!is_backend_available("shm")) return nullptr;
   std::unique_ptr<SymmetricRegion> inner;
   if (local_.backend) inner = local_.backend->create_symmetric(bytes);
-  return std::make_unique<HierRegion>(std::move(inner), bytes, local_ranks_);
+  return std::make_unique<HierRegion>(std::move(inner), bytes, local_ranks_, local_.legend);
 }
 
 template <typename Issue>

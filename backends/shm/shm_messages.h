@@ -7,7 +7,7 @@
 //                      the table's) attached
 // And the shm backend's symmetric memory (shm_symmetric.h): each rank's descriptor, which the
 // group's allgather hands to every other rank:
-//   region u64 (> 0), bytes u64 (> 0), name str8 ("/tutti-sym-..." without another '/')
+//   bytes u64 (> 0), name str8 ("/tutti-sym-..." without another '/')
 #pragma once
 
 #include <cstdint>
@@ -59,25 +59,23 @@ inline BlockReply parse_block_reply(std::string_view bytes) {
 }
 
 struct SymmetricDescriptor {
-  uint64_t region = 0;  // the same on every rank (made collectively, in order)
-  uint64_t bytes = 0;   // mapped: whole pages
-  std::string name;     // of the shared-memory file, for shm_open
+  uint64_t bytes = 0;  // mapped: whole pages, the trailer page not counted
+  std::string name;    // of the shared-memory file, for shm_open
 };
 
 inline std::string symmetric_descriptor(const SymmetricDescriptor& d) {
   WireWriter w;
-  w.u64(d.region).u64(d.bytes).str8(d.name);
+  w.u64(d.bytes).str8(d.name);
   return std::move(w.out());
 }
 
 inline SymmetricDescriptor parse_symmetric_descriptor(std::string_view bytes) {
   WireReader r(bytes, "shm symmetric memory: a rank's descriptor");
   SymmetricDescriptor d;
-  d.region = r.u64("region");
   d.bytes = r.u64("bytes");
   d.name = r.str8("name");
   r.finish();
-  if (d.region == 0 || d.bytes == 0) r.fail("region and bytes must be > 0");
+  if (d.bytes == 0) r.fail("a region of 0 bytes");
   if (d.name.rfind("/tutti-sym-", 0) != 0 || d.name.find('/', 1) != std::string::npos ||
       d.name.find('\0') != std::string::npos) {
     r.fail("not a name of tutti's symmetric memory");

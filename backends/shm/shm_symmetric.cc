@@ -1,12 +1,16 @@
 #include "shm_symmetric.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 
 #include "shm_messages.h"
@@ -26,6 +30,27 @@ size_t page_size() {
 
 void unmap(const SymmetricMapping& m) {
   if (m.base != nullptr) ::munmap(m.base, m.mapped());
+}
+
+// Removes this user's files of symmetric memory whose process is gone (a rank that died before
+// the others learnt its file's name leaves it behind). Once per process.
+void sweep_stale_files() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::string prefix = "tutti-sym-" + std::to_string(::getuid()) + "-";
+    DIR* d = ::opendir("/dev/shm");
+    if (d == nullptr) return;
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind(prefix, 0) != 0) continue;
+      const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+      if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+        ::shm_unlink(("/" + name).c_str());
+        TUTTI_LOG_DEBUG("shm: removed /dev/shm/{}, left by process {}, which is gone", name, pid);
+      }
+    }
+    ::closedir(d);
+  });
 }
 
 }  // namespace
@@ -114,12 +139,14 @@ size_t SymmetricTable::peer_mappings() const {
 }
 
 ShmRegion::ShmRegion(std::shared_ptr<SymmetricTable> table, size_t bytes)
-    : table_(std::move(table)), region_(table_->next_region()), bytes_(bytes) {
+    : table_(std::move(table)), bytes_(bytes) {
+  sweep_stale_files();
   const size_t page = page_size();
   mine_.bytes = (bytes + page - 1) / page * page;
+  static std::atomic<uint64_t> made{0};
   std::random_device rd;
   name_ = "/tutti-sym-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid()) + "-" +
-          std::to_string(region_) + "-" + std::to_string(rd());
+          std::to_string(++made) + "-" + std::to_string(rd());
   const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) fail(ErrorCode::kIoError, "creating '" + name_ + "'", errno);
   // Reserved now: tmpfs hands out pages at first touch, and a full /dev/shm would then end the
@@ -161,10 +188,13 @@ void ShmRegion::unlink_names() noexcept {
 }
 
 std::string ShmRegion::descriptor() const {
-  return symmetric_descriptor({region_, mine_.bytes, name_});
+  return symmetric_descriptor({mine_.bytes, name_});
 }
 
 void ShmRegion::attach(const std::vector<std::string>& descriptors) {
+  // Numbered here, where every rank has every rank's descriptor: a rank whose exchange failed
+  // before it (and so every rank's) numbers none.
+  region_ = table_->next_region();
   const int me = table_->rank();
   if (descriptors.size() != static_cast<size_t>(table_->world_size())) {
     throw Error(ErrorCode::kInternal,
@@ -180,12 +210,11 @@ void ShmRegion::attach(const std::vector<std::string>& descriptors) {
       throw Error(ErrorCode::kRemoteError, "rank " + std::to_string(q) + ": " + e.what());
     }
     names_.push_back(d.name);
-    if (d.region != region_ || d.bytes != mine_.bytes) {
-      throw Error(ErrorCode::kRemoteError,
-                  "shm symmetric memory: rank " + std::to_string(q) + " made region " +
-                      std::to_string(d.region) + " of " + std::to_string(d.bytes) +
-                      " bytes where rank " + std::to_string(me) + " made region " +
-                      std::to_string(region_) + " of " + std::to_string(mine_.bytes));
+    if (d.bytes != mine_.bytes) {
+      throw Error(ErrorCode::kRemoteError, "shm symmetric memory: rank " + std::to_string(q) +
+                                               " made " + std::to_string(d.bytes) +
+                                               " bytes where rank " + std::to_string(me) +
+                                               " made " + std::to_string(mine_.bytes));
     }
     if (static_cast<int>(q) == me) continue;
     const int fd = ::shm_open(d.name.c_str(), O_RDWR | O_CLOEXEC, 0600);

@@ -2,10 +2,12 @@
 //
 // Each rank's part is a POSIX shared-memory file of its own, its pages reserved up front (a full
 // /dev/shm fails the allocation, not a later touch), named for the moment of the exchange: the
-// descriptor carries the region's number (the same on every rank: regions are made
-// collectively, in order), the name and the size. attach() maps every peer's part read-write;
-// commit() takes every name away, and so does a region that goes uncommitted (each rank removes
-// all of them, so a name is left only if every rank died between making and committing it).
+// descriptor carries the name and the size. attach() numbers the region (the same number on
+// every rank: every rank attaches, in the same order, once the exchange went through) and maps
+// every peer's part read-write; commit() takes every name away, and so does a region that goes
+// uncommitted (each rank removes all of them). A rank that dies before the others learnt its
+// name leaves its file: the next process of this user to make a region removes the files of
+// processes that are gone.
 // After the memory a rank's file has one more page, whose first word says whether the owner
 // still has the region: peers drop their mapping of a region its owner let go when the group
 // next allocates (prune). The table answers the ops: which region (and where in it) holds a
@@ -99,8 +101,8 @@ class ShmRegion : public SymmetricRegion {
   void unlink_names() noexcept;
 
   std::shared_ptr<SymmetricTable> table_;
-  uint64_t region_;
-  size_t bytes_;  // asked for
+  uint64_t region_ = 0;  // numbered at attach
+  size_t bytes_;         // asked for
   SymmetricMapping mine_;
   std::string name_;
   std::vector<std::string> names_;      // every rank's, from attach, removed at commit

@@ -7,6 +7,7 @@ detection time."""
 import os
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -19,14 +20,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCH_TIMEOUT_S = 240
 
 
-def torchrun(nproc, script, *args, env=None):
+def torchrun(nproc, script, *args, env=None, with_stderr=False):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", os.path.join(HERE, script), *args]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
                           env=full_env)
     assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
-    return done.stdout
+    return done.stdout + done.stderr if with_stderr else done.stdout
 
 
 def test_registered_for_cpu():
@@ -42,6 +43,28 @@ def test_every_op_matches_gloo(nproc):
     for name in ("all_reduce AVG", "isend/irecv, both sending first", "split_group",
                  "monitored_barrier", "async", "coalescing", "empty_symmetric"):
         assert name in out, name
+
+
+def test_empty_symmetric_takes_the_single_copy_path(tmp_path):
+    script = tmp_path / "symmetric.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist, tutti.torch
+        dist.init_process_group("tutti")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        t = tutti.torch.empty_symmetric(2, 50_000)
+        assert t.shape == (2, 50_000) and t.dtype == torch.float32 and not t.any(), t
+        t.fill_(rank + 1)
+        dist.all_reduce(t)
+        assert (t == world * (world + 1) / 2).all(), t
+        assert tutti.torch.empty_symmetric(0, 3).shape == (0, 3)  # nothing: no exchange
+        dist.barrier()
+        print(f"rank {rank}: ok", flush=True)
+        dist.destroy_process_group()
+    """))
+    out = torchrun(2, str(script), env={"TUTTI_LOG_LEVEL": "debug"}, with_stderr=True)
+    assert out.count(": ok") == 2, out[-3000:]
+    # The all_reduce read each rank's tensor straight from the other's memory: one line each.
+    assert out.count("single copy") == 2, out[-3000:]
 
 
 def train(tmp_path, nproc, wrap):

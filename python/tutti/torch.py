@@ -75,6 +75,8 @@ def empty_symmetric(*size, dtype=torch.float32, group=None) -> torch.Tensor:
         size = tuple(size[0])
     pg = group if group is not None else dist.group.WORLD
     backend = pg._get_backend(torch.device("cpu"))
+    while not isinstance(backend, TuttiBackend) and hasattr(backend, "wrapped_pg"):
+        backend = backend.wrapped_pg  # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the backend
     if not isinstance(backend, TuttiBackend):
         raise ValueError(f"tutti.torch.empty_symmetric: the group's CPU backend is "
                          f"{type(backend).__name__}, not tutti's")

@@ -75,36 +75,35 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
                                               "' has no CPU tensors, and symmetric memory is "
                                               "CPU memory");
   }
+  // Every rank takes part in the exchange whatever its backend answered (a rank that skipped it
+  // would leave the others waiting in it): a rank without a region sends an empty descriptor.
   std::unique_ptr<SymmetricRegion> region;
-  std::string failed;  // why this rank has no region where its backend makes them
-  bool supported = false;
-  if (std::shared_ptr<Backend> backend = s.current_backend()) {
-    try {
+  std::string failed;  // why this rank has none, where its backend failed to make it
+  try {
+    if (std::shared_ptr<Backend> backend = s.current_backend()) {
       region = backend->create_symmetric(bytes);
-      supported = region != nullptr;
-    } catch (const Error& e) {
-      supported = true;  // the others made theirs: this rank still takes part, with none
-      failed = e.what();
     }
+  } catch (const std::exception& e) {
+    failed = e.what();
   }
-  if (!supported) {
-    return std::shared_ptr<SymmetricMemory>(
-        new SymmetricMemory(nullptr, false, plain_memory(bytes, what), bytes));
-  }
-  // Every rank's slot, through an allgather of the group: ordered and checked like any op.
   const std::string mine = region ? region->descriptor() : std::string();
   if (mine.size() > SymmetricRegion::kDescriptorBytes) {
-    throw Error(ErrorCode::kInternal, what + ": backend '" + s.backend_name + "' gave a " +
-                                          std::to_string(mine.size()) + "-byte descriptor");
+    failed = "backend '" + s.backend_name + "' gave a " + std::to_string(mine.size()) +
+             "-byte descriptor";
+    region.reset();
   }
   std::vector<uint8_t> slot(kSlot, 0);
   const uint64_t asked = bytes;
   std::memcpy(slot.data(), &asked, 8);
-  slot[8] = static_cast<uint8_t>(mine.size());
-  std::memcpy(slot.data() + 9, mine.data(), mine.size());
+  if (region) {
+    slot[8] = static_cast<uint8_t>(mine.size());
+    std::memcpy(slot.data() + 9, mine.data(), mine.size());
+  }
   std::vector<uint8_t> all(kSlot * static_cast<size_t>(world_size()));
   std::vector<std::string> descriptors;
-  int32_t attached = region ? 1 : 0;
+  std::string without;  // the ranks that have no region
+  int with = 0;         // how many have one
+  int32_t attached = 0;
   try {
     allgather(TensorView(all), TensorView(slot))->wait();
     for (int r = 0; r < world_size(); ++r) {
@@ -119,12 +118,14 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
       }
       const size_t len = std::min<size_t>(p[8], SymmetricRegion::kDescriptorBytes);
       descriptors.emplace_back(reinterpret_cast<const char*>(p + 9), len);
-      if (len == 0) attached = 0;  // rank r has no region
+      if (len == 0) without += (without.empty() ? "" : ", ") + std::to_string(r);
+      with += len > 0;
     }
-    if (attached == 1) {
+    if (without.empty()) {  // every rank has a region: attach them all (every rank alike)
+      attached = 1;
       try {
         region->attach(descriptors);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
         attached = 0;
         failed = e.what();
       }
@@ -139,10 +140,13 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
     throw Error(e.code(), what + ": " + e.what());
   }
   if (region) region->commit(attached == 1);
-  if (attached != 1) {
-    TUTTI_LOG_WARN(
-        "{}: ordinary memory, not symmetric: {}", what,
-        failed.empty() ? std::string("another rank could not make or reach its part") : failed);
+  if (attached != 1 && (with > 0 || !failed.empty())) {
+    // Some rank had a region: say why this one is ordinary memory (a backend without symmetric
+    // memory anywhere, gloo, says nothing).
+    TUTTI_LOG_WARN("{}: ordinary memory, not symmetric: {}", what,
+                   !failed.empty()    ? failed
+                   : !without.empty() ? "rank(s) " + without + " could not make their part"
+                                      : "another rank could not reach the others' parts");
   }
   if (!region) {
     return std::shared_ptr<SymmetricMemory>(

@@ -51,7 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::string bytes = in.ConsumeRemainingBytesAsString();
       try {
         const SymmetricDescriptor d = parse_symmetric_descriptor(bytes);
-        if (d.region == 0 || d.bytes == 0 || d.name.find('/', 1) != std::string::npos ||
+        if (d.bytes == 0 || d.name.find('/', 1) != std::string::npos ||
             symmetric_descriptor(d) != bytes) {
           std::abort();
         }

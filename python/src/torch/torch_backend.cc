@@ -284,15 +284,21 @@ std::shared_ptr<CollectiveGroup> TuttiBackend::group() const {
 }
 
 at::Tensor TuttiBackend::empty_symmetric(const std::vector<int64_t>& sizes, at::ScalarType dtype) {
-  int64_t numel = 1;
+  const auto options = at::TensorOptions().dtype(dtype);
+  size_t bytes = c10::elementSize(dtype);
   for (int64_t d : sizes) {
     TORCH_CHECK(d >= 0, "tutti: empty_symmetric: a negative size ", d);
-    numel *= d;
+    TORCH_CHECK(d == 0 || bytes <= (size_t{1} << 62) / static_cast<size_t>(d),
+                "tutti: empty_symmetric: ", sizes, " is too large");
+    bytes *= static_cast<size_t>(d);
   }
-  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (bytes == 0) return at::empty(sizes, options);  // every rank asked for nothing alike
   std::shared_ptr<SymmetricMemory> memory;
   {
     std::lock_guard<std::recursive_mutex> lock(issuer_->mutex);
+    TORCH_CHECK(!issuer_->coalescing,
+                "tutti: empty_symmetric inside a coalescing block (it is an op of its own: call "
+                "it before the block)");
     try {
       issuer_->flush();  // the allocation is an op in the order: pending ones go first
       memory = issuer_->group_for(at::Device(at::kCPU)).allocate_symmetric(bytes);
@@ -303,7 +309,7 @@ at::Tensor TuttiBackend::empty_symmetric(const std::vector<int64_t>& sizes, at::
   void* data = memory->data();
   auto* holder = new std::shared_ptr<SymmetricMemory>(std::move(memory));
   return at::from_blob(
-      data, sizes, [holder](void*) { delete holder; }, at::TensorOptions().dtype(dtype));
+      data, sizes, [holder](void*) { delete holder; }, options);
 }
 
 template <typename Issue>

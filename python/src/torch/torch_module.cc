@@ -19,6 +19,7 @@ PYBIND11_MODULE(_torch, m) {
                              [](const TuttiBackend& b) { return b.group()->backend_name(); })
       .def_property_readonly("tutti_group", [](const TuttiBackend& b) { return b.group()->name(); })
       .def("empty_symmetric", &TuttiBackend::empty_symmetric, py::arg("size"), py::arg("dtype"),
+           py::call_guard<py::gil_scoped_release>(),  // it waits for the other ranks
            "A zeroed CPU tensor in the group's symmetric memory (collective; use "
            "tutti.torch.empty_symmetric)");
 
