@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -195,7 +196,34 @@ WorkerResult run_command(const std::vector<std::string>& argv, std::chrono::mill
   return run_processes(argv, {env}, limit)[0];
 }
 
+// A port the kernel's ephemeral range cannot hand out: a port picked by binding port 0 lies in
+// that range, and between the pick and the test's own bind another test's listener (bind to
+// port 0) or client socket (connect) may be given it (CI saw a Gloo listener take a hosted
+// store's port). Below the range only tests that pick a fixed port compete, and the bind check
+// here leaves them a random one of ~20000 ports each.
 uint16_t free_port() {
+  unsigned low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> low;
+  const unsigned first = 10000;
+  if (low <= first + 1000) return TCPStoreServer("127.0.0.1", 0).port();
+  static std::mt19937 random(static_cast<unsigned>(::getpid()) ^
+                             static_cast<unsigned>(std::random_device{}()));
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const auto port = static_cast<uint16_t>(first + random() % (low - first));
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) break;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
   return TCPStoreServer("127.0.0.1", 0).port();
 }
 

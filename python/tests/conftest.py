@@ -4,6 +4,7 @@ side), ranks as processes (multiprocessing, spawn), numpy references, unique gro
 import multiprocessing as mp
 import os
 import queue
+import random
 import socket
 import threading
 import traceback
@@ -31,6 +32,23 @@ def unique(prefix: str = "g") -> str:
 
 
 def free_port() -> int:
+    """A loopback port below the kernel's ephemeral range: a port from binding port 0 may be
+    handed to another test's listener or client socket before the test binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    if low > 11000:
+        for _ in range(200):
+            port = random.randrange(10000, low)
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
