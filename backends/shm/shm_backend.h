@@ -96,6 +96,13 @@ class ShmBackend : public Backend {
   // rank q's memory is mapped here (kRemoteError naming the op when it is not). The single-copy
   // ops run when every rank announced (root: the root's alone for broadcast), end with a barrier.
   bool announce_symmetric(Op& op, const void* p, size_t bytes);
+  // The staged ops' agreement: announces (where `eligible`) and, where this rank did, meets the
+  // others at the op's first barrier before publishing anything; true where every rank
+  // announced (the single-copy path). Otherwise the staged path runs, and after its first
+  // chunk's barrier meet_late_publishers() has every rank meet the announced ones, which only
+  // then published that chunk.
+  bool every_rank_symmetric(Op& op, const void* p, size_t bytes, bool eligible = true);
+  void meet_late_publishers(Op& op);
   bool announced(const Op& op, int q) const;
   char* symmetric_of(const Op& op, int q, size_t bytes, const char* what) const;
   void reduce_symmetric(const TensorView& t, ReduceOp reduce_op, int root, Op& op);

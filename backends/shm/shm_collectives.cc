@@ -106,14 +106,10 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
     return;
   }
 
-  // A tensor in symmetric memory: the single-copy path if every rank's is (the first barrier's
-  // tag check counts them). Otherwise this rank met the others at that barrier without having
-  // published its first chunk, and publishes it before a second one (below).
-  const bool announced = announce_symmetric(op, data, t.nbytes());
-  if (announced) {
-    sync(op);
-    if (op.symmetric == world_size_) return reduce_symmetric(t, reduce_op, root, op);
-  }
+  // A tensor in symmetric memory on every rank: the single-copy path (the first barrier's tag
+  // check counts them). Otherwise the staged path, whose first chunk meets the ranks that
+  // announced once more (they published it only after that barrier).
+  if (every_rank_symmetric(op, data, t.nbytes())) return reduce_symmetric(t, reduce_op, root, op);
 
   // Chunks of up to chunk_ bytes; within a chunk rank q reduces slice q (of about len / W
   // elements) from every rank and publishes it; then the receivers copy the slices out.
@@ -129,8 +125,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       std::memcpy(stage(rank_, half) + b * es, data + (first + b) * es, (e - b) * es);
     }
     sync(op);
-    // A rank in symmetric memory published its first chunk only after that barrier (above).
-    if (first == 0 && op.symmetric > 0 && !announced) sync(op);
+    if (first == 0) meet_late_publishers(op);
     // Our slice: our own input first (the output, our tensor, may alias it; reduce_many allows
     // the first or the second input), then the others' in rank order. The result goes to our
     // staging area for the others, and to our tensor unless this is a reduce to another rank (whose
@@ -194,21 +189,17 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
     for (int q = 0; apart && q < world_size_; ++q) {
       apart = out[q].data() == src || !overlaps(out[q].data(), total, src, total);
     }
-    const bool announced = apart && announce_symmetric(op, src, total);
-    if (announced) {
-      sync(op);
-      if (op.symmetric == world_size_) {
-        allgather_symmetric(out, in, op);
-        end_op(op);
-        return nullptr;
-      }
+    if (every_rank_symmetric(op, src, total, apart)) {
+      allgather_symmetric(out, in, op);
+      end_op(op);
+      return nullptr;
     }
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
       const int half = static_cast<int>(flips_++ & 1);
       std::memcpy(stage(rank_, half), src + off, len);
       sync(op);
-      if (off == 0 && op.symmetric > 0 && !announced) sync(op);  // as in reduce_chunks
+      if (off == 0) meet_late_publishers(op);
       for (int q = 0; q < world_size_; ++q) {
         char* dst = static_cast<char*>(out[q].data()) + off;
         const char* from = q == rank_ ? src + off : stage(q, half);
@@ -244,14 +235,10 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
   }
   contiguous = contiguous && (out.data() == in[rank_].data() ||
                               !overlaps(out.data(), out.nbytes(), in[0].data(), span));
-  const bool announced = contiguous && announce_symmetric(op, in[0].data(), span);
-  if (announced) {
-    sync(op);
-    if (op.symmetric == world_size_) {
-      reduce_scatter_symmetric(out, in[0], opts.reduce_op, op);
-      end_op(op);
-      return nullptr;
-    }
+  if (every_rank_symmetric(op, in[0].data(), span, contiguous)) {
+    reduce_scatter_symmetric(out, in[0], opts.reduce_op, op);
+    end_op(op);
+    return nullptr;
   }
   const detail::ReduceFn fn = detail::reduce_function(out.dtype(), opts.reduce_op);
   std::vector<const void*>& sources = inputs_;
@@ -266,7 +253,7 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
                   static_cast<const char*>(in[q].data()) + first * es, len * es);
     }
     sync(op);
-    if (first == 0 && op.symmetric > 0 && !announced) sync(op);  // as in reduce_chunks
+    if (first == 0) meet_late_publishers(op);
     sources[0] = static_cast<const char*>(in[rank_].data()) + first * es;
     int k = 1;
     for (int q = 0; q < world_size_; ++q) {

@@ -16,10 +16,11 @@ namespace tutti::shm_backend {
 struct ShmBackend::Op {
   const OpContext& ctx;
   Clock::time_point deadline;
-  uint32_t seq;          // this backend's collective count, the same on every rank (from 1)
-  uint32_t parity;       // seq & 1: which of two slots this op uses
-  bool checked = false;  // the tags have been compared
-  int symmetric = 0;     // ranks whose tag carried kSymmetricTag, counted by the tag check
+  uint32_t seq;            // this backend's collective count, the same on every rank (from 1)
+  uint32_t parity;         // seq & 1: which of two slots this op uses
+  bool checked = false;    // the tags have been compared
+  int symmetric = 0;       // ranks whose tag carried kSymmetricTag, counted by the tag check
+  bool announced = false;  // this rank's tag carried it (announce_symmetric)
 };
 
 // One message of a batch in flight.

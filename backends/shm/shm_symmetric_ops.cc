@@ -17,7 +17,18 @@ bool ShmBackend::announce_symmetric(Op& op, const void* p, size_t bytes) {
   sym_[rank_].region[op.parity].store(place.region, std::memory_order_relaxed);
   sym_[rank_].offset[op.parity].store(place.offset, std::memory_order_relaxed);
   slots_[rank_].tag[op.parity].store(op.ctx.tag ^ kSymmetricTag);
+  op.announced = true;
   return true;
+}
+
+bool ShmBackend::every_rank_symmetric(Op& op, const void* p, size_t bytes, bool eligible) {
+  if (!eligible || !announce_symmetric(op, p, bytes)) return false;
+  sync(op);
+  return op.symmetric == world_size_;
+}
+
+void ShmBackend::meet_late_publishers(Op& op) {
+  if (op.symmetric > 0 && !op.announced) sync(op);
 }
 
 bool ShmBackend::announced(const Op& op, int q) const {
