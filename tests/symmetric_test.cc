@@ -296,6 +296,18 @@ TEST(Symmetric, NothingIsLeftInDevShmAndADroppedRegionIsUnmappedEverywhere) {
     auto b = g.allocate_symmetric(100);
     EXPECT_TRUE(a->symmetric() && b->symmetric());
     EXPECT_EQ(b->size(), 100u);
+    // is_symmetric: within one allocation of this group's, and nowhere else.
+    auto* a0 = static_cast<char*>(a->data());
+    EXPECT_TRUE(g.is_symmetric(a0, 1 << 20));
+    EXPECT_TRUE(g.is_symmetric(a->view(DType::kFloat32, {10}, 4096)));
+    EXPECT_TRUE(g.is_symmetric(b->data(), 100));
+    EXPECT_FALSE(g.is_symmetric(a0, (1 << 20) + 1));
+    EXPECT_FALSE(g.is_symmetric(a0 + (1 << 20) - 3, 4));
+    EXPECT_FALSE(g.is_symmetric(a0 - 1, 2));
+    EXPECT_FALSE(g.is_symmetric(static_cast<char*>(b->data()) + 96, 8));
+    std::vector<float> ordinary(16);
+    EXPECT_FALSE(g.is_symmetric(TensorView(ordinary.data(), DType::kFloat32, {16})));
+    const void* b_data = b->data();
     EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % 4096, 0u);
     const auto* z = static_cast<const unsigned char*>(a->data());
     EXPECT_TRUE(std::all_of(z, z + a->size(), [](unsigned char c) { return c == 0; }));
@@ -313,6 +325,7 @@ TEST(Symmetric, NothingIsLeftInDevShmAndADroppedRegionIsUnmappedEverywhere) {
     EXPECT_EQ(std::memcmp(v, expect.data(), expect.size() * sizeof(float)), 0);
     if (r == 0) EXPECT_EQ(symmetric_mappings() - before, 7);  // rank 1's own map of b went
     b.reset();
+    EXPECT_FALSE(g.is_symmetric(b_data, 1));  // freed
     g.barrier();
     auto c = g.allocate_symmetric(4096);  // drops the peers' maps of b on both ranks
     g.barrier();
@@ -458,6 +471,7 @@ TEST(Symmetric, GlooHandsOutOrdinaryMemory) {
   run_ranks(2, [&](int r) {
     auto mem = groups[r]->allocate_symmetric(4000);
     EXPECT_FALSE(mem->symmetric());
+    EXPECT_FALSE(groups[r]->is_symmetric(mem->data(), 4000));
     EXPECT_EQ(reinterpret_cast<uintptr_t>(mem->data()) % 64, 0u);
     TensorView t = mem->view(DType::kInt32, {1000});
     auto* v = static_cast<int32_t*>(t.data());

@@ -260,6 +260,11 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   // (recorded and checked as ops; errors name allocate_symmetric). kInvalidArgument on every
   // rank when the ranks asked for different sizes.
   std::shared_ptr<SymmetricMemory> allocate_symmetric(size_t bytes);
+  // Whether `bytes` bytes from `data` lie within one live allocation of this group's whose
+  // symmetric() is true. Local: an op takes the single-copy path where this holds for every
+  // rank's tensor (and the op's outputs do not overlap what the others read).
+  bool is_symmetric(const void* data, size_t bytes) const;
+  bool is_symmetric(const TensorView& t) const { return is_symmetric(t.data(), t.nbytes()); }
 
   // "group 'default' (rank 1/4)"
   std::string describe() const;

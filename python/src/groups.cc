@@ -686,7 +686,19 @@ void bind_groups(nb::module_& m) {
           "slice from every rank's memory into every rank's), several times faster above 16 KiB; "
           "so do reduce, allgather, reduce_scatter and broadcast. gloo, or shm short of memory: "
           "ordinary memory (logged). Freed when the array and its views go; allocate once and "
-          "reuse (the peers keep their mapping until the group next allocates).");
+          "reuse (the peers keep their mapping until the group next allocates).")
+      .def(
+          "is_symmetric",
+          [](const CollectiveGroup& g, nb::handle tensor) {
+            const Site site{"is_symmetric", &g};
+            Keep keep;
+            const TensorView t = to_view(tensor, Access::kRead, site, "tensor", keep);
+            return g.is_symmetric(t);
+          },
+          "tensor"_a,
+          "Whether the array or tensor lies within one of this group's allocate_symmetric "
+          "allocations that every rank attached (local: an op takes the single-copy path where "
+          "this holds on every rank).");
 
   // ---- Ray's free functions, by group name ----
 

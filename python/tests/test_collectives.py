@@ -427,6 +427,9 @@ def test_allreduce_in_symmetric_memory(backend, world):
         t = g.allocate_symmetric(8 * 5000, "int64", framework="torch")  # above 16 KiB
         assert x.shape == (n,) and x.dtype == np.float32 and not x.any()
         assert isinstance(t, torch.Tensor) and t.dtype == torch.int64 and t.numel() == 5000
+        # Symmetric where the backend has such memory (shm), for the whole and its slices only.
+        assert g.is_symmetric(x) == (backend == "shm") == g.is_symmetric(t[10:20])
+        assert not g.is_symmetric(np.zeros(n, np.float32)) and not g.is_symmetric(x.copy())
         out = []
         for salt in range(2):
             x[:] = rank_input(g.rank, "float32", n=n, salt=salt)

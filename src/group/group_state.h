@@ -87,6 +87,11 @@ struct CollectiveGroup::State {
   std::shared_ptr<Backend> backend;
   std::set<std::string> local_splits;  // the names of the local splits made (SplitOptions::local)
 
+  // This group's symmetric allocations that every rank attached (allocate_symmetric), for
+  // is_symmetric; expired ones are dropped at the next allocation.
+  mutable std::mutex symmetric_mutex;
+  std::vector<std::weak_ptr<SymmetricMemory>> symmetric_memory;
+
   // Issuing: seq numbers, inline ops, pushes to the queue.
   std::mutex op_mutex;
   uint64_t collective_seq = 0;

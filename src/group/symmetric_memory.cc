@@ -1,5 +1,6 @@
 // CollectiveGroup::allocate_symmetric and SymmetricMemory (tutti/collective_group.h).
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -152,8 +153,28 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
     return std::shared_ptr<SymmetricMemory>(
         new SymmetricMemory(nullptr, false, plain_memory(bytes, what), bytes));
   }
-  return std::shared_ptr<SymmetricMemory>(
+  std::shared_ptr<SymmetricMemory> memory(
       new SymmetricMemory(std::move(region), attached == 1, nullptr, bytes));
+  if (memory->symmetric()) {
+    std::lock_guard<std::mutex> lock(s.symmetric_mutex);
+    auto& list = s.symmetric_memory;
+    list.erase(std::remove_if(list.begin(), list.end(), [](const auto& m) { return m.expired(); }),
+               list.end());
+    list.push_back(memory);
+  }
+  return memory;
+}
+
+bool CollectiveGroup::is_symmetric(const void* data, size_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(state_->symmetric_mutex);
+  for (const auto& weak : state_->symmetric_memory) {
+    const std::shared_ptr<SymmetricMemory> m = weak.lock();
+    if (!m) continue;
+    const auto base = reinterpret_cast<uintptr_t>(m->data());
+    if (begin >= base && bytes <= m->size() && begin - base <= m->size() - bytes) return true;
+  }
+  return false;
 }
 
 }  // namespace tutti

@@ -66,4 +66,34 @@ def register(timeout: Optional[float] = None, collective: bool = True,
             register_tensor_transport(NAME, ["cpu", "cuda"], TuttiTensorTransport, torch.Tensor)
 
 
-__all__ = ["NAME", "TuttiGroup", "TuttiTensorTransport", "register", "wait_tensor_freed"]
+def allocate_symmetric(nbytes: int, dtype: str = "uint8", group_name: str = "default",
+                       framework: Optional[str] = None):
+    """Collective, inside the actors of a ray.util.collective group on tutti: every rank calls it
+    with the same nbytes, in the same place among the group's ops. Returns a zeroed 1-D numpy
+    array (or torch tensor, framework="torch") in symmetric memory: where every rank's tensor
+    lies in such memory, ``ray.util.collective.allreduce`` (and reduce, allgather, reducescatter,
+    broadcast) on one node copies once instead of three times, several times faster above
+    16 KiB. Where the group's backend has no such memory (across nodes) it is ordinary memory.
+    Allocate once and reuse; ``tutti.ray.is_symmetric`` says where an array lies."""
+    return _tutti_group(group_name, "allocate_symmetric").allocate_symmetric(nbytes, dtype,
+                                                                              framework)
+
+
+def is_symmetric(tensor, group_name: str = "default") -> bool:
+    """Whether `tensor` lies in memory tutti.ray.allocate_symmetric gave for `group_name` (on
+    this rank)."""
+    return _tutti_group(group_name, "is_symmetric").tutti_group.is_symmetric(tensor)
+
+
+def _tutti_group(group_name: str, what: str) -> TuttiGroup:
+    from ray.util import collective
+
+    g = collective.get_group_handle(group_name)
+    if not isinstance(g, TuttiGroup):
+        raise TypeError(f"tutti.ray.{what}: the collective group '{group_name}' runs on "
+                        f"{type(g).__name__}, not on tutti (backend=\"tutti\")")
+    return g
+
+
+__all__ = ["NAME", "TuttiGroup", "TuttiTensorTransport", "allocate_symmetric", "is_symmetric",
+           "register", "wait_tensor_freed"]

@@ -208,6 +208,13 @@ class TuttiGroup(BaseGroup):
         """The tutti group behind CPU ops."""
         return self._cpu
 
+    def allocate_symmetric(self, nbytes: int, dtype: str = "uint8",
+                           framework: Optional[str] = None):
+        """tutti.CollectiveGroup.allocate_symmetric on this group's CPU ranks (see
+        tutti.ray.allocate_symmetric)."""
+        with self:
+            return self._cpu.allocate_symmetric(nbytes, dtype, framework)
+
     def _group(self, tensors: List[Any]) -> "tutti.CollectiveGroup":
         if tensors and _is_cuda(tensors[0]):
             if self._cuda is None:
