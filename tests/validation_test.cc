@@ -148,6 +148,42 @@ TEST_F(TwoRankValidation, DevicesAndReduceOps) {
   ExpectStillUsable();
 }
 
+// The list forms: only this rank's entry may be the other tensor itself (in place); any other
+// overlap is refused before any I/O, naming the entry (the staged copies and the single-copy
+// reads of the others would otherwise read what this rank's outputs overwrote). The allowed
+// in-place forms run at the end, on both ranks.
+TEST_F(TwoRankValidation, ListFormsRefuseEntriesOverlappingTheirOtherTensor) {
+  CollectiveGroup& g = *groups_[0];
+  std::vector<float> buf(16);
+  auto at = [&](int offset) { return TensorView(buf.data() + offset, 4); };
+  EXPECT_TUTTI_ERROR(g.allgather({at(8), at(2)}, at(0)), ErrorCode::kInvalidArgument,
+                     "allgather on group",
+                     "output 1 and input overlap: only output 0 (this rank's) may be input "
+                     "itself, in place");
+  EXPECT_TUTTI_ERROR(g.allgather({at(8), at(0)}, at(0)), ErrorCode::kInvalidArgument,
+                     "output 1 and input overlap");
+  EXPECT_TUTTI_ERROR(g.allgather({at(3), at(8)}, at(0)), ErrorCode::kInvalidArgument,
+                     "output 0 and input overlap");
+  EXPECT_TUTTI_ERROR(g.reduce_scatter(at(6), {at(0), at(4)}), ErrorCode::kInvalidArgument,
+                     "reduce_scatter on group",
+                     "input 1 and output overlap: only input 0 (this rank's) may be output "
+                     "itself, in place");
+  EXPECT_TUTTI_ERROR(g.reduce_scatter(at(4), {at(0), at(4)}), ErrorCode::kInvalidArgument,
+                     "input 1 and output overlap");
+  run_ranks(2, [&](int r) {
+    std::vector<float> mine(8, 0.0f);
+    std::fill(mine.begin() + 4 * r, mine.begin() + 4 * r + 4, static_cast<float>(r + 1));
+    TensorView block0(mine.data(), 4), block1(mine.data() + 4, 4);
+    const TensorView& own = r == 0 ? block0 : block1;
+    groups_[r]->allgather({block0, block1}, own);  // in place: output r is the input
+    EXPECT_EQ(mine, (std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2}));
+    std::vector<float> parts(8, static_cast<float>(r + 1));
+    TensorView part0(parts.data(), 4), part1(parts.data() + 4, 4);
+    groups_[r]->reduce_scatter(r == 0 ? part0 : part1, {part0, part1});  // in place: input r
+    EXPECT_EQ((r == 0 ? parts[0] : parts[4]), 3.0f);
+  });
+}
+
 TEST_F(TwoRankValidation, NewOpsCheckCountsListsAndOverlap) {
   CollectiveGroup& g = *groups_[0];
   std::vector<float> a(4), b(4), c(5), out(8), in(8), odd(7), odd_out(7);

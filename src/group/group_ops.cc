@@ -361,6 +361,7 @@ WorkPtr CollectiveGroup::allgather(const std::vector<TensorView>& output_list, T
   const OpType op = OpType::kAllgather;
   state_->check_tensor(op, input, "input");
   state_->check_list(op, output_list, input, "output", "input");
+  state_->check_list_apart(op, output_list, "output", input, "input");
   auto call = begin(op, signature_of(op, input), opts, &input.shape());
   call.skip = input.numel() == 0;
   return submit(call, [outs = std::vector<std::vector<TensorView>>{output_list},
@@ -426,6 +427,7 @@ WorkPtr CollectiveGroup::reduce_scatter(TensorView output,
   state_->check_tensor(op, output, "output");
   state_->check_reduce_op(op, opts.reduce_op, output.dtype());
   state_->check_list(op, input_list, output, "input", "output");
+  state_->check_list_apart(op, input_list, "input", output, "output");
   auto call = begin(op, signature_of(op, output, -1, static_cast<int>(opts.reduce_op)), opts,
                     &output.shape());
   call.skip = output.numel() == 0;

@@ -247,6 +247,24 @@ void CollectiveGroup::State::check_disjoint(OpType op, const TensorView& a, cons
   }
 }
 
+void CollectiveGroup::State::check_list_apart(OpType op, const std::vector<TensorView>& list,
+                                              const char* item_name, const TensorView& one,
+                                              const char* one_name) const {
+  for (size_t q = 0; q < list.size(); ++q) {
+    const TensorView& t = list[q];
+    if (t.nbytes() == 0 || one.nbytes() == 0 || t.device() != one.device()) continue;
+    if (static_cast<int>(q) == rank && t.data() == one.data()) continue;  // in place
+    const auto* a = static_cast<const char*>(t.data());
+    const auto* b = static_cast<const char*>(one.data());
+    if (a < b + one.nbytes() && b < a + t.nbytes()) {
+      fail(ErrorCode::kInvalidArgument, op,
+           std::string(item_name) + " " + std::to_string(q) + " and " + one_name +
+               " overlap: only " + item_name + " " + std::to_string(rank) +
+               " (this rank's) may be " + one_name + " itself, in place");
+    }
+  }
+}
+
 // The checks send_multigpu and recv_multigpu share; returns the view of the first n_elements
 // (0: all) that travels.
 TensorView CollectiveGroup::State::check_p2p_multigpu(OpType op, const TensorView& tensor, int peer,
