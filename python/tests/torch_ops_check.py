@@ -144,6 +144,19 @@ def allgather(group):
     return out
 check("all_gather", allgather)
 
+def allgather_aliased(group):
+    """Every output the input itself, then one output over the input's second half: torch's
+    gloo takes these lists (tutti's group refuses them, so its torch backend stages them)."""
+    x = data((6,), torch.float32, 14)
+    dist.all_gather([x] * WORLD, x, group=group)
+    y = torch.zeros(WORLD * 6 + 3)
+    inp = y[:6]
+    inp.copy_(data((6,), torch.float32, 15))
+    outs = [y[3 + 6 * q:9 + 6 * q] for q in range(WORLD)]
+    dist.all_gather(outs, inp, group=group)
+    return [x, y]
+check("all_gather, outputs over the input", allgather_aliased)
+
 def allgather_tensor(group):
     out = torch.empty(WORLD * 3, 5, dtype=torch.bfloat16)
     dist.all_gather_into_tensor(out, data((3, 5), torch.bfloat16, 11), group=group)
@@ -179,6 +192,16 @@ out = torch.empty(4, dtype=torch.float64)
 dist.reduce_scatter_tensor(out, flat.clone())
 same("reduce_scatter_tensor", out, reduce_scatter_ref(list(flat.chunk(WORLD))))
 print("ok reduce_scatter, reduce_scatter_tensor", flush=True)
+
+# The output another rank's input slot (not this rank's). torch's gloo takes such a list but
+# reads the slot while it writes it (2 ranks: rank 1 got its own input plus rank 0's slot 0), so
+# the reference is reduce_scatter_ref on copies.
+ins = [data((5,), torch.float32, 25 + r) for r in range(WORLD)]
+other = (RANK + 1) % WORLD
+want = reduce_scatter_ref([t.clone() for t in ins])
+dist.reduce_scatter(ins[other], ins)
+same("reduce_scatter, output over another rank's input", ins[other], want)
+print("ok reduce_scatter, output over another rank's input", flush=True)
 
 def alltoall(group):
     out = [torch.empty(3, dtype=torch.int64) for _ in range(WORLD)]

@@ -161,6 +161,29 @@ std::vector<Staged> stage_all(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+// Whether two tensors share memory (on one device, neither empty).
+bool share_memory(const at::Tensor& a, const at::Tensor& b) {
+  if (a.device() != b.device() || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* x = static_cast<const char*>(a.data_ptr());
+  const auto* y = static_cast<const char*>(b.data_ptr());
+  return x < y + b.nbytes() && y < x + a.nbytes();
+}
+
+// A list form's entry `q` that shares memory with the op's other tensor, which tutti's group
+// refuses but for this rank's own entry being that tensor itself (in place), while torch's Gloo
+// and NCCL take it (all_gather([x] * W, x)).
+bool aliases(const at::Tensor& entry, size_t q, const at::Tensor& other, int rank) {
+  const bool in_place = static_cast<int>(q) == rank && entry.data_ptr() == other.data_ptr() &&
+                        entry.nbytes() == other.nbytes();
+  return !in_place && share_memory(entry, other);
+}
+
+// Staged tensor `s`, which the op only writes, gets a buffer of its own, copied back after it.
+void own_buffer(Staged& s) {
+  s.work = at::empty_like(s.work, at::MemoryFormat::Contiguous);
+  s.copied = true;
+}
+
 const at::Tensor& one(const std::vector<at::Tensor>& ts, const char* op) {
   TORCH_CHECK(ts.size() == 1, "tutti: ", op, " takes one tensor per process (got ", ts.size(),
               "); for several devices use one process per device");
@@ -441,6 +464,15 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::allgather(
   TORCH_CHECK(outputs.size() == 1, "tutti: allgather takes one output list per process");
   auto in_staged = stage_all({in});
   auto out_staged = stage_all(outputs[0]);
+  // Where some output aliases the input, every output over it gets a buffer of its own (also
+  // this rank's in place), so that the copies back land in list order, as with torch's Gloo.
+  bool aliased = false;
+  for (size_t q = 0; q < out_staged.size(); ++q) {
+    aliased = aliased || aliases(out_staged[q].work, q, in_staged[0].work, getRank());
+  }
+  for (Staged& s : out_staged) {
+    if (aliased && share_memory(s.work, in_staged[0].work)) own_buffer(s);
+  }
   const TensorView input = view_of(in_staged[0].work, Use::kMove, "allgather");
   const auto output_views = views(out_staged, Use::kMove, "allgather");
   return run(c10d::OpType::ALLGATHER, in.device(), opts.asyncOp, bytes_of(outputs[0]), out_staged,
@@ -548,6 +580,12 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::reduce_scatter(
       premultiply(s.work, factor, tensor_factor);
     }
     in_staged.push_back(std::move(s));
+  }
+  for (size_t q = 0; q < in_staged.size(); ++q) {
+    if (aliases(in_staged[q].work, q, out_staged[0].work, getRank())) {
+      own_buffer(out_staged[0]);
+      break;
+    }
   }
   const TensorView output = view_of(out_staged[0].work, Use::kReduce, "reduce_scatter");
   const auto input_views = views(in_staged, Use::kReduce, "reduce_scatter");
