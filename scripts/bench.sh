@@ -104,7 +104,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     run_tutti tutti "$rep" "$@"
   fi
 done
-membw after
+membw after || echo "bench: the memory probe after the sweeps failed; the one before stands" >&2
 # The last tutti run's table, for the eye; the verdict below is over every run.
 grep -v '^tutti-run' "$out/tutti.r$reps.log" >&2 || true
 
@@ -113,16 +113,19 @@ import glob, json, os, sys
 sys.path.insert(0, "benchmarks")
 from bench_json import merge_runs, write_run
 out = sys.argv[1]
-best, probes = {}, sorted(glob.glob(os.path.join(out, "membw.*.json")))
+best, probes, config = {}, sorted(glob.glob(os.path.join(out, "membw.*.json"))), {}
+if not probes:
+    sys.exit("bench: no memory probe's figures in " + out)
 for path in probes:
     with open(path) as f:
         probe = json.load(f)
+    config = probe["config"]
     for row in probe["rows"]:
         key = (row["size_bytes"], row["cores"])
         if key not in best or row["update_all_gbps"] > best[key]["update_all_gbps"]:
             best[key] = dict(row, probe=os.path.basename(path))
 with open("results/membw.json", "w") as f:
-    json.dump({"config": dict(probe["config"], probes=len(probes)),
+    json.dump({"config": dict(config, probes=len(probes)),
                "rows": [best[k] for k in sorted(best)]}, f)
 for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/openmpi.json"),
                      ("sym", "results/allreduce-symmetric.json")):

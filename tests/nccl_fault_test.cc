@@ -234,8 +234,9 @@ void failed_op_orders_the_caller(Rank& me) {
   me.destroy_and_rejoin(g);
 }
 
-// 400 blocking ops on one rank (the stand-in's enqueue at once), in 4 runs of 100 with 250 ms
-// between them (over the watchdog's 100 ms to its idle sleep): the NCCL watchdog is woken out of
+// 400 blocking ops on one rank (the stand-in's enqueue at once), in 4 runs of 100 with 500 ms
+// between them (the watchdog's idle sleep starts after 50 looks of 2 ms, longer on a loaded
+// machine): the NCCL watchdog is woken out of
 // its idle sleep once per run, not per op (8c6f108: waking it for every op cost 1.5-2 us of an
 // 8-byte op on an H200, and cb38c47 had brought that back unnoticed). The parent counts the debug
 // lines that say so. A run whose first op comes while the watchdog is between two of its sleeps
@@ -244,7 +245,7 @@ void failed_op_orders_the_caller(Rank& me) {
 void watchdog_wakes(Rank& me) {
   auto g = me.join();
   for (int run = 0; run < 4; ++run) {
-    if (run > 0) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    if (run > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
     for (int i = 0; i < 100; ++i) {
       me.expect_allreduce_works(*g, "allreduce #" + std::to_string(100 * run + i));
     }

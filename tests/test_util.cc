@@ -206,10 +206,8 @@ uint16_t free_port() {
   if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> low;
   const unsigned first = 10000;
   if (low <= first + 1000) return TCPStoreServer("127.0.0.1", 0).port();
-  static std::mt19937 random(static_cast<unsigned>(::getpid()) ^
-                             static_cast<unsigned>(std::random_device{}()));
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
+  std::mt19937 random(static_cast<unsigned>(::getpid()) ^
+                      static_cast<unsigned>(std::random_device{}()));
   for (int attempt = 0; attempt < 200; ++attempt) {
     const auto port = static_cast<uint16_t>(first + random() % (low - first));
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

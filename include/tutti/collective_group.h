@@ -261,8 +261,10 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   // rank when the ranks asked for different sizes.
   std::shared_ptr<SymmetricMemory> allocate_symmetric(size_t bytes);
   // Whether `bytes` bytes from `data` lie within one live allocation of this group's whose
-  // symmetric() is true. Local: an op takes the single-copy path where this holds for every
-  // rank's tensor (and the op's outputs do not overlap what the others read).
+  // symmetric() is true. Local. shm's single-copy path needs it on every rank, for tensors over
+  // its 16 KiB small-message path: of allreduce's and reduce's tensor, allgather's input (its
+  // outputs apart from it), reduce_scatter's input list as one span of W blocks; of broadcast's
+  // root's tensor alone.
   bool is_symmetric(const void* data, size_t bytes) const;
   bool is_symmetric(const TensorView& t) const { return is_symmetric(t.data(), t.nbytes()); }
 

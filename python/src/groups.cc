@@ -692,13 +692,21 @@ void bind_groups(nb::module_& m) {
           [](const CollectiveGroup& g, nb::handle tensor) {
             const Site site{"is_symmetric", &g};
             Keep keep;
-            const TensorView t = to_view(tensor, Access::kRead, site, "tensor", keep);
+            TensorView t;
+            try {
+              t = to_view(tensor, Access::kRead, site, "tensor", keep);
+            } catch (const Error& e) {
+              // Memory no op could take (not contiguous, another device): never symmetric. A
+              // non-tensor still raises TensorTypeError.
+              if (e.code() == ErrorCode::kInvalidArgument) return false;
+              throw;
+            }
             return g.is_symmetric(t);
           },
           "tensor"_a,
           "Whether the array or tensor lies within one of this group's allocate_symmetric "
-          "allocations that every rank attached (local: an op takes the single-copy path where "
-          "this holds on every rank).");
+          "allocations that every rank attached (local; False for one no op could take, e.g. "
+          "not contiguous). shm's single-copy path needs it on every rank, above 16 KiB.");
 
   // ---- Ray's free functions, by group name ----
 

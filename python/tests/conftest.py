@@ -41,7 +41,7 @@ def free_port() -> int:
         low = 32768
     if low > 11000:
         for _ in range(200):
-            port = random.randrange(10000, low)
+            port = random.SystemRandom().randrange(10000, low)
             with socket.socket() as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:

@@ -430,6 +430,9 @@ def test_allreduce_in_symmetric_memory(backend, world):
         # Symmetric where the backend has such memory (shm), for the whole and its slices only.
         assert g.is_symmetric(x) == (backend == "shm") == g.is_symmetric(t[10:20])
         assert not g.is_symmetric(np.zeros(n, np.float32)) and not g.is_symmetric(x.copy())
+        assert not g.is_symmetric(x[::2])  # not contiguous: no op could take it
+        with pytest.raises(tutti.TensorTypeError):
+            g.is_symmetric("x")
         out = []
         for salt in range(2):
             x[:] = rank_input(g.rank, "float32", n=n, salt=salt)

@@ -167,8 +167,13 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
 
 bool CollectiveGroup::is_symmetric(const void* data, size_t bytes) const {
   const auto begin = reinterpret_cast<uintptr_t>(data);
-  std::lock_guard<std::mutex> lock(state_->symmetric_mutex);
-  for (const auto& weak : state_->symmetric_memory) {
+  std::vector<std::weak_ptr<SymmetricMemory>> memory;
+  {
+    // Copied out: a lock() below that ends up with the last reference frees it outside the lock.
+    std::lock_guard<std::mutex> lock(state_->symmetric_mutex);
+    memory = state_->symmetric_memory;
+  }
+  for (const auto& weak : memory) {
     const std::shared_ptr<SymmetricMemory> m = weak.lock();
     if (!m) continue;
     const auto base = reinterpret_cast<uintptr_t>(m->data());
