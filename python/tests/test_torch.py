@@ -53,6 +53,8 @@ def test_empty_symmetric_takes_the_single_copy_path(tmp_path):
         rank, world = dist.get_rank(), dist.get_world_size()
         t = tutti.torch.empty_symmetric(2, 50_000)
         assert t.shape == (2, 50_000) and t.dtype == torch.float32 and not t.any(), t
+        assert tutti.torch.is_symmetric(t) and tutti.torch.is_symmetric(t[1])
+        assert not tutti.torch.is_symmetric(t.clone()) and not tutti.torch.is_symmetric(t.t())
         t.fill_(rank + 1)
         dist.all_reduce(t)
         assert (t == world * (world + 1) / 2).all(), t

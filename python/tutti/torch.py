@@ -73,16 +73,28 @@ def empty_symmetric(*size, dtype=torch.float32, group=None) -> torch.Tensor:
     """
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
+    backend = _tutti_backend(group, "empty_symmetric")
+    return backend.empty_symmetric([int(s) for s in size], dtype)
+
+
+def is_symmetric(tensor: torch.Tensor, group=None) -> bool:
+    """Whether `tensor` lies in the symmetric memory tutti.torch.empty_symmetric gave for `group`
+    (default: the default group) on this rank: where that holds on every rank, an op on it copies
+    once. False for CUDA and non-contiguous tensors."""
+    return _tutti_backend(group, "is_symmetric").is_symmetric(tensor)
+
+
+def _tutti_backend(group, what: str) -> "TuttiBackend":
     pg = group if group is not None else dist.group.WORLD
     backend = pg._get_backend(torch.device("cpu"))
     while not isinstance(backend, TuttiBackend) and hasattr(backend, "wrapped_pg"):
         backend = backend.wrapped_pg  # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps the backend
     if not isinstance(backend, TuttiBackend):
-        raise ValueError(f"tutti.torch.empty_symmetric: the group's CPU backend is "
+        raise ValueError(f"tutti.torch.{what}: the group's CPU backend is "
                          f"{type(backend).__name__}, not tutti's")
-    return backend.empty_symmetric([int(s) for s in size], dtype)
+    return backend
 
 
 register()
 
-__all__ = ["NAME", "TuttiBackend", "empty_symmetric", "register"]
+__all__ = ["NAME", "TuttiBackend", "empty_symmetric", "is_symmetric", "register"]

@@ -21,7 +21,17 @@ PYBIND11_MODULE(_torch, m) {
       .def("empty_symmetric", &TuttiBackend::empty_symmetric, py::arg("size"), py::arg("dtype"),
            py::call_guard<py::gil_scoped_release>(),  // it waits for the other ranks
            "A zeroed CPU tensor in the group's symmetric memory (collective; use "
-           "tutti.torch.empty_symmetric)");
+           "tutti.torch.empty_symmetric)")
+      .def(
+          "is_symmetric",
+          [](const TuttiBackend& b, const at::Tensor& t) {
+            // Memory no op could take as it is (another device, not contiguous) never is.
+            if (!t.device().is_cpu() || !t.is_contiguous()) return false;
+            return b.group()->is_symmetric(t.data_ptr(), t.nbytes());
+          },
+          py::arg("tensor"),
+          "Whether a CPU tensor lies in the group's symmetric memory on this rank (use "
+          "tutti.torch.is_symmetric)");
 
   m.def(
       "create",
