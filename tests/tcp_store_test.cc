@@ -493,9 +493,9 @@ TEST(TCPStoreSecret, WrongOrMissingSecretIsRefusedRightOneServed) {
 }
 
 TEST(TCPStoreClient, RetriesUntilTheHostComesUp) {
-  // Pick a free port, release it, start the server a little after the client starts trying.
-  uint16_t port;
-  { port = TCPStoreServer("127.0.0.1", 0).port(); }
+  // A free port (below the ephemeral range: no other socket, nor the client's own connect, is
+  // handed it meanwhile); the server starts a little after the client starts trying.
+  const uint16_t port = free_port();
   std::unique_ptr<TCPStoreServer> server;
   std::thread late([&] {
     std::this_thread::sleep_for(milliseconds(300));
@@ -510,8 +510,7 @@ TEST(TCPStoreClient, RetriesUntilTheHostComesUp) {
 }
 
 TEST(TCPStoreClient, NoServerTimesOutNamingTheAddress) {
-  uint16_t port;
-  { port = TCPStoreServer("127.0.0.1", 0).port(); }
+  const uint16_t port = free_port();
   TCPStoreOptions o;
   o.timeout = milliseconds(300);
   EXPECT_TUTTI_ERROR(TCPStore("127.0.0.1", port, o).set("k", "v"), ErrorCode::kTimeout,
