@@ -74,6 +74,11 @@ class MultiGpu : public ::testing::Test {
   TensorView on(int gpu, int64_t n = 8, DType dtype = DType::kFloat32) {
     return TensorView(fake_, dtype, {n}, Device::cuda(gpu));
   }
+  // The same, 8 floats at slot `slot` (0-15) of the fake memory: apart from the others.
+  TensorView at(int gpu, int slot) {
+    return TensorView(reinterpret_cast<float*>(fake_) + 8 * slot, DType::kFloat32, {8},
+                      Device::cuda(gpu));
+  }
   std::vector<std::shared_ptr<CollectiveGroup>> groups_;
   double fake_[64] = {};
 };
@@ -129,8 +134,11 @@ TEST_F(MultiGpu, DispatchAndMatchingPointToPointTags) {
   run_ranks(2, [&](int r) {
     CollectiveGroup& g = *groups_[r];
     g.allreduce_multigpu({on(0), on(1)});
-    g.allgather_multigpu({{on(0), on(0), on(0), on(0)}, {on(1), on(1), on(1), on(1)}},
-                         {on(0), on(1)});
+    // Outputs apart from the input on each device (the list forms refuse an overlap, but for
+    // this rank's own entry being the input itself).
+    g.allgather_multigpu(
+        {{at(0, 1), at(0, 2), at(0, 3), at(0, 4)}, {at(1, 1), at(1, 2), at(1, 3), at(1, 4)}},
+        {on(0), on(1)});
     if (r == 0) {
       SendOptions o;
       o.dst_device_index = 1;

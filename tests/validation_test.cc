@@ -170,6 +170,12 @@ TEST_F(TwoRankValidation, ListFormsRefuseEntriesOverlappingTheirOtherTensor) {
                      "itself, in place");
   EXPECT_TUTTI_ERROR(g.reduce_scatter(at(4), {at(0), at(4)}), ErrorCode::kInvalidArgument,
                      "input 1 and output overlap");
+  // The multi-device forms, one device (CPU) here: each device's list by the same rule.
+  EXPECT_TUTTI_ERROR(g.allgather_multigpu({{at(0), at(0)}}, {at(0)}), ErrorCode::kInvalidArgument,
+                     "output list 0 entry 1 and input 0 overlap: only output list 0 entry 0 "
+                     "(this rank's) may be input 0 itself, in place");
+  EXPECT_TUTTI_ERROR(g.reduce_scatter_multigpu({at(2)}, {{at(0), at(8)}}),
+                     ErrorCode::kInvalidArgument, "input list 0 entry 0 and output 0 overlap");
   run_ranks(2, [&](int r) {
     std::vector<float> mine(8, 0.0f);
     std::fill(mine.begin() + 4 * r, mine.begin() + 4 * r + 4, static_cast<float>(r + 1));

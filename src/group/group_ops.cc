@@ -726,6 +726,7 @@ WorkPtr CollectiveGroup::allgather_multigpu(
   s.check_device_list(op, inputs, "input");
   s.check_lists(op, output_lists, inputs, static_cast<size_t>(s.world_size) * inputs.size(),
                 "output list", "its device's input");
+  s.check_lists_apart(op, output_lists, "output list", inputs, "input");
   OpSignature sig = signature_of(op, inputs[0]);
   sig.devices = static_cast<int>(inputs.size());
   auto call = begin(op, sig, opts, &inputs[0].shape());
@@ -744,6 +745,7 @@ WorkPtr CollectiveGroup::reduce_scatter_multigpu(
   s.check_reduce_op(op, opts.reduce_op, outputs[0].dtype());
   s.check_lists(op, input_lists, outputs, static_cast<size_t>(s.world_size) * outputs.size(),
                 "input list", "its device's output");
+  s.check_lists_apart(op, input_lists, "input list", outputs, "output");
   OpSignature sig = signature_of(op, outputs[0], -1, static_cast<int>(opts.reduce_op));
   sig.devices = static_cast<int>(outputs.size());
   auto call = begin(op, sig, opts, &outputs[0].shape());

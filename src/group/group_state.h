@@ -143,10 +143,15 @@ struct CollectiveGroup::State {
   void check_disjoint(OpType op, const TensorView& a, const char* a_name, const TensorView& b,
                       const char* b_name) const;
   // A list form's one tensor against its list (allgather's input and outputs, reduce_scatter's
-  // output and inputs): list[rank] may be `one` itself (in place); every other overlap is
-  // refused, naming the list's tensor.
+  // output and inputs): list[own] (default: this rank's entry) may be `one` itself (in place);
+  // every other overlap is refused, naming the list's tensor.
   void check_list_apart(OpType op, const std::vector<TensorView>& list, const char* item_name,
-                        const TensorView& one, const char* one_name) const;
+                        const TensorView& one, const char* one_name, int own = -1) const;
+  // The same for each device's list of the multi-device forms (this rank's entry on device d:
+  // rank x devices + d).
+  void check_lists_apart(OpType op, const std::vector<std::vector<TensorView>>& lists,
+                         const char* list_name, const std::vector<TensorView>& ones,
+                         const char* one_name) const;
   TensorView check_p2p_multigpu(OpType op, const TensorView& tensor, int peer, int64_t n_elements,
                                 int peer_device) const;
 };

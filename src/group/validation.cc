@@ -249,19 +249,33 @@ void CollectiveGroup::State::check_disjoint(OpType op, const TensorView& a, cons
 
 void CollectiveGroup::State::check_list_apart(OpType op, const std::vector<TensorView>& list,
                                               const char* item_name, const TensorView& one,
-                                              const char* one_name) const {
+                                              const char* one_name, int own) const {
+  if (own < 0) own = rank;
   for (size_t q = 0; q < list.size(); ++q) {
     const TensorView& t = list[q];
     if (t.nbytes() == 0 || one.nbytes() == 0 || t.device() != one.device()) continue;
-    if (static_cast<int>(q) == rank && t.data() == one.data()) continue;  // in place
+    if (static_cast<int>(q) == own && t.data() == one.data()) continue;  // in place
     const auto* a = static_cast<const char*>(t.data());
     const auto* b = static_cast<const char*>(one.data());
     if (a < b + one.nbytes() && b < a + t.nbytes()) {
       fail(ErrorCode::kInvalidArgument, op,
            std::string(item_name) + " " + std::to_string(q) + " and " + one_name +
-               " overlap: only " + item_name + " " + std::to_string(rank) +
+               " overlap: only " + item_name + " " + std::to_string(own) +
                " (this rank's) may be " + one_name + " itself, in place");
     }
+  }
+}
+
+void CollectiveGroup::State::check_lists_apart(OpType op,
+                                               const std::vector<std::vector<TensorView>>& lists,
+                                               const char* list_name,
+                                               const std::vector<TensorView>& ones,
+                                               const char* one_name) const {
+  for (size_t d = 0; d < lists.size() && d < ones.size(); ++d) {
+    const std::string item = std::string(list_name) + " " + std::to_string(d) + " entry";
+    const std::string one = std::string(one_name) + " " + std::to_string(d);
+    check_list_apart(op, lists[d], item.c_str(), ones[d], one.c_str(),
+                     rank * static_cast<int>(ones.size()) + static_cast<int>(d));
   }
 }
 
