@@ -235,13 +235,22 @@ void CollectiveGroup::State::check_lists(OpType op,
   }
 }
 
+namespace {
+
+// Whether two tensors share a byte (on one device, neither empty).
+bool overlap(const TensorView& a, const TensorView& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0 || a.device() != b.device()) return false;
+  const auto* a0 = static_cast<const char*>(a.data());
+  const auto* b0 = static_cast<const char*>(b.data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+}  // namespace
+
 // Ops that read one buffer while writing the other refuse buffers that overlap.
 void CollectiveGroup::State::check_disjoint(OpType op, const TensorView& a, const char* a_name,
                                             const TensorView& b, const char* b_name) const {
-  if (a.nbytes() == 0 || b.nbytes() == 0 || a.device() != b.device()) return;
-  const auto* a0 = static_cast<const char*>(a.data());
-  const auto* b0 = static_cast<const char*>(b.data());
-  if (a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes()) {
+  if (overlap(a, b)) {
     fail(ErrorCode::kInvalidArgument, op,
          std::string(a_name) + " and " + b_name + " overlap: this op cannot run in place");
   }
@@ -253,11 +262,8 @@ void CollectiveGroup::State::check_list_apart(OpType op, const std::vector<Tenso
   if (own < 0) own = rank;
   for (size_t q = 0; q < list.size(); ++q) {
     const TensorView& t = list[q];
-    if (t.nbytes() == 0 || one.nbytes() == 0 || t.device() != one.device()) continue;
     if (static_cast<int>(q) == own && t.data() == one.data()) continue;  // in place
-    const auto* a = static_cast<const char*>(t.data());
-    const auto* b = static_cast<const char*>(one.data());
-    if (a < b + one.nbytes() && b < a + t.nbytes()) {
+    if (overlap(t, one)) {
       fail(ErrorCode::kInvalidArgument, op,
            std::string(item_name) + " " + std::to_string(q) + " and " + one_name +
                " overlap: only " + item_name + " " + std::to_string(own) +
