@@ -20,7 +20,9 @@ Three parts, each on a local Ray cluster (one node) unless said otherwise:
    producer returns it (with @ray.method(tensor_transport="tutti"), plainly through Ray's
    object store, or with Ray's own tensor_transport="gloo" over a torch_gloo group), a task
    on the consumer receives it and touches its last element; the time is the driver's, from
-   submitting both tasks to the consumer's answer (median over reps).
+   submitting both tasks to the consumer's answer (median over reps). Each call Ray makes into
+   tutti's and gloo's transports is timed inside the actors (Mover.instrument), so that the
+   table also says how much of a transfer is the transport's and how much is Ray's.
 
 Writes JSON (raw per-iteration times and medians) and a Markdown table into --out.
 """
@@ -209,6 +211,54 @@ class Mover:
     def take(self, t):
         return float(t[-1])
 
+    # The transports' own time: each call Ray makes into a tensor transport in this process
+    # (the producer's extract and send, the consumer's fetch, wait and recv), timed where Ray
+    # calls it; a transport's calls into itself count once. What a transfer spends outside them
+    # is Ray's (its tasks, metadata, scheduling). A transfer's first call (extract at the
+    # producer, fetch or recv at the consumer) opens its entry; the others add to it.
+    TIMED = ("extract_tensor_transport_metadata", "send_multiple_tensors",
+             "fetch_multiple_tensors", "wait_fetch_complete", "recv_multiple_tensors")
+    OPENS = ("extract_tensor_transport_metadata", "fetch_multiple_tensors",
+             "recv_multiple_tensors")
+
+    def instrument(self, transports):
+        import threading
+
+        from ray.experimental.rdt.util import get_tensor_transport_manager
+
+        if not hasattr(self, "spent"):
+            self.depth = threading.local()
+        self.spent = {}  # from now on
+        for name in transports:
+            manager = get_tensor_transport_manager(name)
+            if getattr(manager, "_bench_timed", False):
+                continue
+            for method in self.TIMED:
+                inner = getattr(manager, method)
+
+                def timed(*args, _inner=inner, _name=name, _method=method, **kwargs):
+                    depth = getattr(self.depth, "n", 0)
+                    self.depth.n = depth + 1
+                    start = time.perf_counter_ns()
+                    try:
+                        return _inner(*args, **kwargs)
+                    finally:
+                        took = time.perf_counter_ns() - start
+                        self.depth.n = depth
+                        if depth == 0:
+                            entries = self.spent.setdefault(_name, [])
+                            if _method in self.OPENS or not entries:
+                                entries.append({})
+                            entries[-1][_method] = entries[-1].get(_method, 0) + took
+
+                setattr(manager, method, timed)
+            manager._bench_timed = True
+
+    def take_spent(self, name):
+        """Transport `name`'s calls per transfer in this process since the last take: for each
+        transfer, ns per method."""
+        return self.spent.pop(name, [])
+
     def rss_mib(self):
         with open("/proc/self/status") as f:
             for line in f:
@@ -269,20 +319,35 @@ def transfer_part(size_list, reps):
     for nbytes in size_list:
         ray.get(producer.make.remote(nbytes))
         row = {}
-        for label, method in (("tutti", producer.give_tutti),
-                              ("tutti, tutti.transfer.empty", producer.give_tutti_shared),
-                              ("tutti, share_memory_()", producer.give_tutti_torch_shared),
-                              ("object store", producer.give_plain),
-                              ("gloo", producer.give_gloo)):
+        for label, method, transport in (
+                ("tutti", producer.give_tutti, "TUTTI"),
+                ("tutti, tutti.transfer.empty", producer.give_tutti_shared, "TUTTI"),
+                ("tutti, share_memory_()", producer.give_tutti_torch_shared, "TUTTI"),
+                ("object store", producer.give_plain, None),
+                ("gloo", producer.give_gloo, "GLOO")):
             samples = []
             for i in range(reps + 2):
+                if i == 2 and transport:  # two warm-up transfers, then the transport is timed
+                    ray.get([a.instrument.remote([transport]) for a in (producer, consumer)])
                 start = time.perf_counter_ns()
                 got = ray.get(consumer.take.remote(method.remote()))
                 elapsed = time.perf_counter_ns() - start
                 assert got == 1.0
-                if i >= 2:  # two warm-up transfers
+                if i >= 2:
                     samples.append(elapsed)
             row[label] = {"median_us": statistics.median(samples) / 1000, "ns": samples}
+            if transport:
+                # Inside the transport, per transfer: the producer's extract (before Ray can
+                # hand the metadata on), its send (two-sided: beside the consumer's receive)
+                # and the consumer's calls (fetch and wait, or recv).
+                made, took = ray.get([a.take_spent.remote(transport)
+                                      for a in (producer, consumer)])
+                assert len(made) == reps and len(took) == reps, (label, len(made), len(took))
+                extract = "extract_tensor_transport_metadata"
+                row[label]["extract_us"] = statistics.median(e.get(extract, 0) for e in made) / 1e3
+                row[label]["send_us"] = statistics.median(
+                    sum(v for k, v in e.items() if k != extract) for e in made) / 1000
+                row[label]["consumer_us"] = statistics.median(sum(e.values()) for e in took) / 1000
         rows[nbytes] = row
         rss = ray.get([producer.rss_mib.remote(), consumer.rss_mib.remote()])
         print(f"transfer {nbytes} B: " + ", ".join(f"{k} {v['median_us']:.0f} us"
@@ -333,6 +398,30 @@ def overhead_lines(o):
     return lines
 
 
+def inside_lines(transfer):
+    """Where a transfer's time goes: the transport's own calls against Ray's part."""
+    kinds = (("tutti", "tutti"), ("tutti, tutti.transfer.empty", "empty"), ("gloo", "gloo"))
+    lines = ["", "Where the time goes (median us per transfer): `extract` is the producer's call "
+             "into the transport (Ray hands the metadata on after it), `consumer` the consumer's "
+             "calls (tutti: fetch and wait; gloo: its receive, beside the producer's send, "
+             "`send`); `Ray` is the end-to-end median less both, the part of the transfer spent "
+             "outside the transport.", "",
+             "| size | " + " | ".join(f"{short}: extract | consumer | Ray" for _, short in kinds) +
+             " | gloo: send | object store |",
+             "|---:|" + "---:|" * (3 * len(kinds) + 2)]
+    for nbytes, r in transfer.items():
+        if not str(nbytes).isdigit() or "extract_us" not in r.get("tutti", {}):
+            continue
+        cells = []
+        for key, _ in kinds:
+            k = r[key]
+            rest = k["median_us"] - k["extract_us"] - k["consumer_us"]
+            cells += [f"{k['extract_us']:.0f}", f"{k['consumer_us']:.0f}", f"{rest:.0f}"]
+        cells += [f"{r['gloo']['send_us']:.0f}", f"{r['object store']['median_us']:.0f}"]
+        lines.append(f"| {human(int(nbytes))} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report):
     lines = []
     for world, rows in report["allreduce"].items():
@@ -367,6 +456,7 @@ def markdown(report):
             "gloo"))
         lines.append(f"| {human(int(nbytes))} | {a:.0f} | {e:.0f} | {sh:.0f} | {b:.0f} | "
                      f"{c:.0f} | {b / a:.1f}x | {c / a:.1f}x | {b / e:.1f}x | {c / e:.1f}x |")
+    lines += inside_lines(report["transfer"])
     if many:
         lines += ["", "1000 tensors of 200 KB in one object, end to end (median us; per tensor):", ""]
         lines += [f"- {label}: {us:.0f} us ({us / 1000:.1f} us per tensor)"
