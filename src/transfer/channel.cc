@@ -270,19 +270,22 @@ void Connection::await_readable(ssize_t n, Clock::time_point deadline,
   wait_for(POLLIN, deadline, cancelled, "waiting for", spin);
 }
 
-char Connection::receive_first(std::vector<int>& fds, Clock::time_point deadline,
-                               const std::atomic<bool>* cancelled, std::chrono::microseconds spin) {
-  char first = 0;
+size_t Connection::receive_first(char* into, size_t bytes, std::vector<int>& fds,
+                                 Clock::time_point deadline, const std::atomic<bool>* cancelled,
+                                 std::chrono::microseconds spin) {
   char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  // Spinning, the read itself looks for the message (a poll first would cost a call more).
+  const auto spin_until = spin.count() > 0 ? std::min(deadline, Clock::now() + spin) : deadline;
+  bool spinning = spin.count() > 0;
   while (true) {
-    iovec iov{&first, 1};
+    iovec iov{into, bytes};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
-    if (n == 1) {
+    const ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n > 0) {
       for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
           const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -293,37 +296,35 @@ char Connection::receive_first(std::vector<int>& fds, Clock::time_point deadline
           }
         }
       }
-      break;
+      return static_cast<size_t>(n);
     }
-    await_readable(n, deadline, cancelled, spin);
-    spin = std::chrono::microseconds(0);  // spent
+    if (spinning && n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      sched_yield();  // a thread that would answer on this core goes first
+      spinning = Clock::now() < spin_until;
+      continue;
+    }
+    await_readable(n, deadline, cancelled);
   }
-  return first;
 }
 
 Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>* cancelled,
                             std::chrono::microseconds spin) {
   Message m;
-  // The first byte with any descriptors sent along.
-  char first = 0;
-  if (ssl_ != nullptr) {
-    receive_raw(&first, 1, deadline, cancelled);
-  } else {
-    first = receive_first(m.fds, deadline, cancelled, spin);
-  }
+  // The header (length, type) in one read where it came whole; with any descriptors sent along
+  // its first byte.
+  char header[5];
+  size_t got = 0;
+  if (ssl_ == nullptr)
+    got = receive_first(header, sizeof(header), m.fds, deadline, cancelled, spin);
   try {
-    char rest[4];
-    rest[0] = first;
-    receive_raw(rest + 1, 3, deadline, cancelled);
+    receive_raw(header + got, sizeof(header) - got, deadline, cancelled);
     uint32_t length;
-    std::memcpy(&length, rest, 4);
+    std::memcpy(&length, header, 4);
     if (length == 0 || length > kMaxMessage) {
       throw Error(ErrorCode::kIoError, peer_ + " sent a message of " + std::to_string(length) +
                                            " bytes: not a tutti agent, or a broken one");
     }
-    char type;
-    receive_raw(&type, 1, deadline, cancelled);
-    m.type = static_cast<MsgType>(type);
+    m.type = static_cast<MsgType>(header[4]);
     m.payload.resize(length - 1);
     if (length > 1) receive_raw(m.payload.data(), length - 1, deadline, cancelled);
   } catch (...) {

@@ -115,9 +115,11 @@ class Connection {
   void wait_for(short events, Clock::time_point deadline, const std::atomic<bool>* cancelled,
                 const char* doing, std::chrono::microseconds spin = std::chrono::microseconds(0));
 
-  // A message's first byte from the socket, with the descriptors sent along it.
-  char receive_first(std::vector<int>& fds, Clock::time_point deadline,
-                     const std::atomic<bool>* cancelled, std::chrono::microseconds spin);
+  // Up to `bytes` of a message's first bytes from the socket (at least one), with the descriptors
+  // sent along the first; how many came. Never more than the header, so never into the next
+  // message (whose descriptors a read would take: the kernel ends a read after them).
+  size_t receive_first(char* into, size_t bytes, std::vector<int>& fds, Clock::time_point deadline,
+                       const std::atomic<bool>* cancelled, std::chrono::microseconds spin);
   // With TLS: one SSL_read/SSL_write, waiting (up to the deadline) while it wants the socket.
   size_t tls_io(bool write, void* data, size_t bytes, Clock::time_point deadline,
                 const std::atomic<bool>* cancelled);
