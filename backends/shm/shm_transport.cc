@@ -8,13 +8,19 @@
 //   address space; where the kernel refuses it (another user, Yama), the owner streams the bytes
 //   over the agents' Unix socket instead.
 // The agent's lease keeps the owner from freeing an object while a consumer reads it.
+#include <sched.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "shm_blocks.h"
 #include "shm_mappings.h"
@@ -32,18 +38,76 @@ namespace {
 // (non-temporal stores) only above a size tied to the cache (~100 MiB on a 260 MiB L3): smaller
 // slices of a huge copy ran at half a plain memcpy's speed. At >= 5 GB/s a slice takes <= 50 ms.
 constexpr size_t kCopySlice = 256u << 20;
+// A copy from twice this is shared between threads: this one and up to copy_threads() - 1 more,
+// in slices of at least this (starting a thread costs ~30 us; 2 MiB take ~0.15 ms). One thread of
+// this VM reads another process's memory at 9 GB/s (process_vm_readv, 16 MiB), two at 17.
+constexpr size_t kPartBytes = 2u << 20;
 
-void copy_sliced(char* dst, const char* src, size_t bytes, const FetchRequest& request,
-                 const std::string& what) {
-  for (size_t done = 0; done < bytes;) {
-    if (request.cancelled.load()) throw Error(ErrorCode::kAborted, what + ": cancelled");
-    if (std::chrono::steady_clock::now() >= request.deadline) {
-      throw Error(ErrorCode::kTimeout, what + ": the copy ran past the deadline");
-    }
-    const size_t n = std::min(kCopySlice, bytes - done);
-    std::memcpy(dst + done, src + done, n);
-    done += n;
+// TUTTI_TRANSFER_COPY_THREADS, else the CPUs this process may run on, at most 4.
+size_t copy_threads() {
+  static const size_t threads = [] {
+    const char* v = std::getenv("TUTTI_TRANSFER_COPY_THREADS");
+    if (v != nullptr && *v != '\0') return static_cast<size_t>(std::max(1L, std::atol(v)));
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    return static_cast<size_t>(std::min(4, std::max(1, cpus)));
+  }();
+  return threads;
+}
+
+// Copies [0, bytes) by slice(offset, length) (false: stop, nothing wrong), slice after slice in
+// order, on this thread and, from 2 x kPartBytes, up to copy_threads() - 1 more taking the next
+// slice each. Before taking one, a thread looks at cancel and the deadline. Every slice taken is
+// finished, so a copy that ends early (cancel, deadline, an error) has copied whole slices from
+// the start: a prefix. Slices are kCopySlice, or half of it where that gives each thread two or
+// more (a cancel then finds slices not yet taken; memcpy still streams at that size); a copy too
+// small for that is one slice per thread (at least kPartBytes each). The first error thrown is
+// rethrown once every thread has ended; a thread that cannot start is not needed.
+template <typename Slice>
+void copy_in_slices(size_t bytes, const FetchRequest& request, const std::string& what,
+                    const Slice& slice) {
+  if (bytes == 0) return;
+  const size_t threads = bytes >= 2 * kPartBytes ? copy_threads() : 1;
+  size_t size = kCopySlice;
+  if (threads > 1 && bytes / size < 2 * threads) {
+    constexpr size_t kPage = 4096;
+    size = bytes / (kCopySlice / 2) >= 2 * threads
+               ? kCopySlice / 2
+               : std::max(kPartBytes, (bytes / threads + kPage - 1) / kPage * kPage);
   }
+  const size_t count = (bytes + size - 1) / size;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mutex;
+  std::exception_ptr first;
+  auto work = [&]() noexcept {
+    try {
+      while (!stop.load()) {
+        if (request.cancelled.load()) throw Error(ErrorCode::kAborted, what + ": cancelled");
+        if (std::chrono::steady_clock::now() >= request.deadline) {
+          throw Error(ErrorCode::kTimeout, what + ": the copy ran past the deadline");
+        }
+        const size_t k = next.fetch_add(1);
+        if (k >= count) return;
+        const size_t at = k * size;
+        if (!slice(at, std::min(size, bytes - at))) stop = true;
+      }
+    } catch (...) {
+      stop = true;
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!first) first = std::current_exception();
+    }
+  };
+  std::vector<std::thread> helpers;
+  try {
+    helpers.reserve(std::min(threads, count) - 1);
+    for (size_t t = 1; t < std::min(threads, count); ++t) helpers.emplace_back(work);
+  } catch (...) {  // no memory or no thread: the slices left are this thread's
+  }
+  work();
+  for (std::thread& t : helpers) t.join();
+  if (first) std::rethrow_exception(first);
 }
 
 class ShmTransport final : public TensorTransport {
@@ -100,8 +164,13 @@ class ShmTransport final : public TensorTransport {
         remote.push_back(i);
         remote_into.push_back(out.views.back());
       } else if (sources[i] != nullptr) {
-        copy_sliced(static_cast<char*>(request.targets[i].data()), sources[i], m.nbytes(), request,
-                    "shm transport: copying tensor " + std::to_string(i));
+        char* dst = static_cast<char*>(request.targets[i].data());
+        const char* src = sources[i];
+        copy_in_slices(m.nbytes(), request, "shm transport: copying tensor " + std::to_string(i),
+                       [dst, src](size_t at, size_t n) {
+                         std::memcpy(dst + at, src + at, n);
+                         return true;
+                       });
       } else {
         remote.push_back(i);
         remote_into.push_back(request.targets[i]);
@@ -147,51 +216,57 @@ class ShmTransport final : public TensorTransport {
     return sources;
   }
 
+  // `bytes` of tensor `index` from `address` in the owner's memory; false (after setting
+  // cma_refused_) where the kernel refuses cross-memory reads from it.
+  bool read_range(pid_t pid, size_t index, char* dst, uint64_t address, size_t bytes) {
+    for (size_t done = 0; done < bytes;) {
+      iovec local{dst + done, bytes - done};
+      iovec remote{reinterpret_cast<void*>(address + done), bytes - done};
+      const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+      if (got > 0) {
+        done += static_cast<size_t>(got);
+        continue;
+      }
+      const int err = errno;
+      if (err == EPERM || err == ENOSYS) {
+        if (!cma_refused_.exchange(true)) {
+          TUTTI_LOG_INFO(
+              "shm transport: cross-memory reads from pid {} are refused ({}); the "
+              "owner streams such tensors over a Unix socket (put tensors from "
+              "TransferAgent::allocate for zero-copy)",
+              pid, std::strerror(err));
+        }
+        return false;
+      }
+      if (err == ESRCH) {
+        throw Error(ErrorCode::kIoError, "shm transport: the owner (pid " + std::to_string(pid) +
+                                             ") is gone: it exited or died");
+      }
+      throw Error(ErrorCode::kIoError, "shm transport: reading tensor " + std::to_string(index) +
+                                           " from pid " + std::to_string(pid) + ": " +
+                                           std::strerror(err));
+    }
+    return true;
+  }
+
   // Tensors outside shared blocks: a cross-memory read, or the owner streams them.
   void read_remote(const FetchRequest& request, const std::vector<size_t>& which,
                    const std::vector<TensorView>& into) {
     if (which.empty()) return;
     const auto& places = request.ref.places();
     const pid_t pid = static_cast<pid_t>(request.ref.owner().pid);
-    bool refused = cma_refused_.load();
-    for (size_t k = 0; k < which.size() && !refused; ++k) {
+    std::atomic<bool> refused{cma_refused_.load()};
+    for (size_t k = 0; k < which.size() && !refused.load(); ++k) {
       char* dst = static_cast<char*>(into[k].data());
       const uint64_t address = places[which[k]].second;
-      const size_t bytes = into[k].nbytes();
-      for (size_t done = 0; done < bytes;) {
-        if (request.cancelled.load()) throw Error(ErrorCode::kAborted, "shm transport: cancelled");
-        if (std::chrono::steady_clock::now() >= request.deadline) {
-          throw Error(ErrorCode::kTimeout, "shm transport: the copy ran past the deadline");
-        }
-        const size_t n = std::min(kCopySlice, bytes - done);
-        iovec local{dst + done, n};
-        iovec remote{reinterpret_cast<void*>(address + done), n};
-        const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
-        if (got > 0) {
-          done += static_cast<size_t>(got);
-          continue;
-        }
-        if (errno == EPERM || errno == ENOSYS) {
-          if (!cma_refused_.exchange(true)) {
-            TUTTI_LOG_INFO(
-                "shm transport: cross-memory reads from pid {} are refused ({}); the "
-                "owner streams such tensors over a Unix socket (put tensors from "
-                "TransferAgent::allocate for zero-copy)",
-                pid, std::strerror(errno));
-          }
-          refused = true;
-          break;
-        }
-        if (errno == ESRCH) {
-          throw Error(ErrorCode::kIoError, "shm transport: the owner (pid " + std::to_string(pid) +
-                                               ") is gone: it exited or died");
-        }
-        throw Error(ErrorCode::kIoError, "shm transport: reading tensor " +
-                                             std::to_string(which[k]) + " from pid " +
-                                             std::to_string(pid) + ": " + std::strerror(errno));
-      }
+      const size_t index = which[k];
+      copy_in_slices(into[k].nbytes(), request, "shm transport", [&](size_t at, size_t n) {
+        if (read_range(pid, index, dst + at, address + at, n)) return true;
+        refused = true;
+        return false;
+      });
     }
-    if (!refused) return;
+    if (!refused.load()) return;
     // The owner streams every tensor of the object: keep what this one needs.
     std::vector<std::shared_ptr<void>> scratch;
     std::vector<TensorView> all;
