@@ -156,6 +156,11 @@ std::optional<std::string> parse_args(int argc, char** argv, Config& c, bool& he
       c.op = *op;
     } else if (a == "--transport") {
       c.transport = *v;
+    } else if (a == "--source") {
+      if (*v != "shareable" && *v != "heap") {
+        return need("shareable or heap (got '" + *v + "')");
+      }
+      c.heap_source = *v == "heap";
     } else if (a == "--mode") {
       if (*v != "copy" && *v != "borrow") return need("copy or borrow (got '" + *v + "')");
       c.borrow = *v == "borrow";
@@ -235,6 +240,7 @@ std::optional<std::string> parse_args(int argc, char** argv, Config& c, bool& he
   }
   if (c.async && c.baseline) return "--async and --baseline are separate runs";
   if (c.borrow && c.op != BenchOp::kTransfer) return "--mode is for --op transfer";
+  if (c.heap_source && c.op != BenchOp::kTransfer) return "--source is for --op transfer";
   return std::nullopt;
 }
 

@@ -73,6 +73,7 @@ struct Config {
   bool symmetric = false;         // --symmetric: the op's buffers in the group's symmetric memory
   std::string transport = "shm";  // --op transfer: the tensor transport
   bool borrow = false;            // --op transfer --mode borrow (else copy)
+  bool heap_source = false;       // --op transfer --source heap (else shareable, for shm)
 };
 
 // Parses tutti-bench's arguments; on a bad value returns the message to print (exit code 2);

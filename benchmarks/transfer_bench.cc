@@ -1,6 +1,7 @@
 // tutti-bench --op transfer: the direct transport between two processes. Rank 0 publishes one
 // tensor per size (from its shareable memory for shm, so gets and borrows can be zero-copy
-// reads); rank 1 resolves the reference and times, per size:
+// reads, unless --source heap: ordinary memory, read across processes); rank 1 resolves the
+// reference and times, per size:
 //   cold    the first get (or borrow): connecting, mapping the owner's block
 //   time    warm gets into a ready buffer (--mode copy), or borrow + read one byte + release
 //           (--mode borrow): median and p99
@@ -288,8 +289,10 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
   register_us = share_number(meta, register_us);
 
   if (!owner) {
-    std::printf("# tutti-bench %s: transfer, transport %s, mode %s, rank 0 (owner) -> rank 1\n",
-                tutti::version(), c.transport.c_str(), c.borrow ? "borrow" : "copy");
+    std::printf(
+        "# tutti-bench %s: transfer, transport %s, mode %s, source %s, rank 0 (owner) -> rank 1\n",
+        tutti::version(), c.transport.c_str(), c.borrow ? "borrow" : "copy",
+        shm && !c.heap_source ? "shareable" : "heap");
     std::printf("# warmup %d, iters %d, check %d%s\n", c.warmup, c.iters, c.check ? 1 : 0,
                 c.baseline ? ", baseline staged (serialise, Unix socket, deserialise)" : "");
     if (ucx_put_us >= 0) {
@@ -331,7 +334,7 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     std::vector<uint8_t> heap;
     std::unique_ptr<Buffer> gpu_source;
     if (owner) {
-      if (shm) {
+      if (shm && !c.heap_source) {
         source = agent->allocate(bytes);
       } else {
         heap.resize(bytes);
@@ -375,7 +378,7 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
       meta.barrier();
       handle.release();
       agent->wait_tensor_freed(source, std::chrono::seconds(30));
-      if (shm) agent->deallocate(source);
+      if (shm && !c.heap_source) agent->deallocate(source);
       gpu_source.reset();
       continue;
     }
@@ -478,7 +481,8 @@ int run_transfer_bench(const Config& c, CollectiveGroup& meta) {
     if (!c.json.empty()) {
       std::ofstream out(c.json);
       out << "{\"config\": {\"op\": \"transfer\", \"transport\": \"" << c.transport
-          << "\", \"mode\": \"" << (c.borrow ? "borrow" : "copy") << "\", \"warmup\": " << c.warmup
+          << "\", \"mode\": \"" << (c.borrow ? "borrow" : "copy") << "\", \"source\": \""
+          << (shm && !c.heap_source ? "shareable" : "heap") << "\", \"warmup\": " << c.warmup
           << ", \"iters\": " << c.iters << ", \"put_1000x200KB_us\": " << put_us
           << ", \"put_1000x200KB_registered_us\": " << registered_put_us << "},\n  \"rows\": [\n";
       for (size_t i = 0; i < rows.size(); ++i) {

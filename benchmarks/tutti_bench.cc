@@ -49,6 +49,9 @@ Measures a collective over a sweep of message sizes, nccl-tests style.
                    2 ranks)
   --transport T    transfer: shm (default), socket, or a registered transport
   --mode M         transfer: copy (default: get into a buffer) or borrow (a zero-copy view)
+  --source S       transfer: what the owner puts: shareable (default for shm: its agent's
+                   memory, which consumers map) or heap (ordinary memory: shm consumers read
+                   it by cross-memory read; the other transports always put heap memory)
   --backend NAME   auto (default: TUTTI_BACKEND, else auto = shm on one host, hier across
                    hosts with several ranks on one, else gloo), shm, gloo, hier, nccl
   --ranks N        start N local ranks through tutti-run (else: the launcher's environment,

@@ -78,6 +78,8 @@ TEST(BenchOptions, BadValuesExit2WithAMessage) {
       {{"-d", "int32", "-o", "avg"}, "avg needs a floating dtype"},
       {{"--frobnicate", "1"}, "unknown option '--frobnicate'"},
       {{"-w"}, "-w needs a value"},
+      {{"--op", "transfer", "--source", "stack"}, "--source needs shareable or heap"},
+      {{"--source", "heap"}, "--source is for --op transfer"},
   };
   for (const auto& [args, message] : cases) {
     auto r = bench(args);
