@@ -43,15 +43,18 @@ constexpr size_t kCopySlice = 256u << 20;
 // this VM reads another process's memory at 9 GB/s (process_vm_readv, 16 MiB), two at 17.
 constexpr size_t kPartBytes = 2u << 20;
 
-// TUTTI_TRANSFER_COPY_THREADS, else the CPUs this process may run on, at most 4.
+// TUTTI_TRANSFER_COPY_THREADS (1-64), else the CPUs the thread of the process's first large copy
+// may run on, at most 4 (read once: a later change of affinity is not seen).
 size_t copy_threads() {
   static const size_t threads = [] {
     const char* v = std::getenv("TUTTI_TRANSFER_COPY_THREADS");
-    if (v != nullptr && *v != '\0') return static_cast<size_t>(std::max(1L, std::atol(v)));
+    if (v != nullptr && *v != '\0') return static_cast<size_t>(std::clamp(std::atol(v), 1L, 64L));
     cpu_set_t set;
     CPU_ZERO(&set);
-    const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-    return static_cast<size_t>(std::min(4, std::max(1, cpus)));
+    const long cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0
+                          ? CPU_COUNT(&set)
+                          : static_cast<long>(std::thread::hardware_concurrency());
+    return static_cast<size_t>(std::clamp(cpus, 1L, 4L));
   }();
   return threads;
 }
@@ -59,11 +62,13 @@ size_t copy_threads() {
 // Copies [0, bytes) by slice(offset, length) (false: stop, nothing wrong), slice after slice in
 // order, on this thread and, from 2 x kPartBytes, up to copy_threads() - 1 more taking the next
 // slice each. Before taking one, a thread looks at cancel and the deadline. Every slice taken is
-// finished, so a copy that ends early (cancel, deadline, an error) has copied whole slices from
-// the start: a prefix. Slices are kCopySlice, or half of it where that gives each thread two or
-// more (a cancel then finds slices not yet taken; memcpy still streams at that size); a copy too
-// small for that is one slice per thread (at least kPartBytes each). The first error thrown is
-// rethrown once every thread has ended; a thread that cannot start is not needed.
+// finished, so a copy that a cancel or its deadline ends has copied whole slices from the start:
+// a prefix (after a failed read the target holds whatever arrived). Slices are kCopySlice, or half
+// of it where that gives each thread two or more (a cancel then finds slices not yet taken;
+// memcpy still streams at that size); a copy too small for that is one slice per thread, or
+// slices of kPartBytes (the last shorter) where those would be smaller. The first error thrown
+// is rethrown once every thread has ended; a thread that cannot start is not needed (no pool: a
+// copy this large takes ~0.3 ms or more, a thread ~30 us to start).
 template <typename Slice>
 void copy_in_slices(size_t bytes, const FetchRequest& request, const std::string& what,
                     const Slice& slice) {
@@ -72,9 +77,10 @@ void copy_in_slices(size_t bytes, const FetchRequest& request, const std::string
   size_t size = kCopySlice;
   if (threads > 1 && bytes / size < 2 * threads) {
     constexpr size_t kPage = 4096;
+    const size_t share = (bytes + threads - 1) / threads;  // rounded up: `threads` slices at most
     size = bytes / (kCopySlice / 2) >= 2 * threads
                ? kCopySlice / 2
-               : std::max(kPartBytes, (bytes / threads + kPage - 1) / kPage * kPage);
+               : std::max(kPartBytes, (share + kPage - 1) / kPage * kPage);
   }
   const size_t count = (bytes + size - 1) / size;
   std::atomic<size_t> next{0};
