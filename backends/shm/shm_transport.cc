@@ -39,9 +39,11 @@ namespace {
 // slices of a huge copy ran at half a plain memcpy's speed. At >= 5 GB/s a slice takes <= 50 ms.
 constexpr size_t kCopySlice = 256u << 20;
 // A copy from twice this is shared between threads: this one and up to copy_threads() - 1 more,
-// in slices of at least this (starting a thread costs ~30 us; 2 MiB take ~0.15 ms). One thread of
-// this VM reads another process's memory at 9 GB/s (process_vm_readv, 16 MiB), two at 17.
-constexpr size_t kPartBytes = 2u << 20;
+// in slices of at least this. Two threads of this VM read another process's memory at 17 GB/s
+// (process_vm_readv, 16 MiB), one at 9; but at 4 MiB two took 1.20x one's time (starting a
+// thread, and both pinning the owner's pages), at 8 MiB 0.59x (memcpy from a mapped block: 0.89x
+// and 0.66x).
+constexpr size_t kPartBytes = 4u << 20;
 
 // TUTTI_TRANSFER_COPY_THREADS (1-64), else the CPUs the thread of the process's first large copy
 // may run on, at most 4 (read once: a later change of affinity is not seen).
