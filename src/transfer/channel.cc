@@ -132,16 +132,7 @@ size_t Connection::tls_io(bool write, void* data, size_t bytes, Clock::time_poin
 }
 
 void Connection::wait_for(short events, Clock::time_point deadline,
-                          const std::atomic<bool>* cancelled, const char* doing,
-                          std::chrono::microseconds spin) {
-  if (spin.count() > 0) {
-    const auto until = std::min(deadline, Clock::now() + spin);
-    do {
-      pollfd p{fd_, events, 0};
-      if (::poll(&p, 1, 0) > 0) return;
-      sched_yield();  // a thread that would answer on this core goes first
-    } while (Clock::now() < until);
-  }
+                          const std::atomic<bool>* cancelled, const char* doing) {
   while (true) {
     if (cancelled != nullptr && cancelled->load()) {
       throw Error(ErrorCode::kAborted, std::string(doing) + " " + peer_ + ": cancelled");
@@ -262,12 +253,11 @@ void Connection::receive_raw(void* data, size_t bytes, Clock::time_point deadlin
 }
 
 void Connection::await_readable(ssize_t n, Clock::time_point deadline,
-                                const std::atomic<bool>* cancelled,
-                                std::chrono::microseconds spin) {
+                                const std::atomic<bool>* cancelled) {
   if (n == 0)
     throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
   if (errno != EAGAIN && errno != EINTR) io_error("receiving from " + peer_);
-  wait_for(POLLIN, deadline, cancelled, "waiting for", spin);
+  wait_for(POLLIN, deadline, cancelled, "waiting for");
 }
 
 size_t Connection::receive_first(char* into, size_t bytes, std::vector<int>& fds,

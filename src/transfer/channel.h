@@ -110,10 +110,9 @@ class Connection {
   // Waits until the socket is ready for `events`; false at EOF is not its business.
   // After a read that returned `n` < 1: throws kIoError for a closed connection or a failed
   // read, else waits until the socket is readable again.
-  void await_readable(ssize_t n, Clock::time_point deadline, const std::atomic<bool>* cancelled,
-                      std::chrono::microseconds spin = std::chrono::microseconds(0));
+  void await_readable(ssize_t n, Clock::time_point deadline, const std::atomic<bool>* cancelled);
   void wait_for(short events, Clock::time_point deadline, const std::atomic<bool>* cancelled,
-                const char* doing, std::chrono::microseconds spin = std::chrono::microseconds(0));
+                const char* doing);
 
   // Up to `bytes` of a message's first bytes from the socket (at least one), with the descriptors
   // sent along the first; how many came. Never more than the header, so never into the next
