@@ -1227,6 +1227,31 @@ TEST_F(Transfer, AnAgentSpeakingAnotherProtocolIsRefusedByName) {
   EXPECT_EQ(consumer->get(owner->put({shared}).ref()).tensors()[0].nbytes(), 16u);
 }
 
+// The owner's serving thread wakes once a second between requests to look at its agent's stop.
+// A request whose first bytes came before such a wake-up and the rest after it (a consumer
+// descheduled mid-send, a slow link) is read whole: the half read before is not dropped, which
+// would read the rest as a message of its own (here a length of ~3 GB, and the connection
+// gone). The request itself is one the owner refuses with a named error: nothing is served
+// before a hello.
+TEST_F(Transfer, ARequestSplitAcrossTheOwnersIdleWakeUpIsReadWhole) {
+  const int fd = raw::connect_abstract("tutti-agent/" + owner->identity().uuid_text());
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  std::string frame;
+  raw::u32(frame, 6);               // a type byte and 5 bytes of payload
+  frame.push_back('\x02');          // kCall
+  frame += std::string(5, '\xb3');  // read from byte 2 on, 00 00 02 b3 is a length of ~3 GB
+  ASSERT_EQ(::send(fd, frame.data(), 2, MSG_NOSIGNAL), 2);
+  std::this_thread::sleep_for(1300ms);  // past the owner's idle wake-up (1 s)
+  ASSERT_EQ(::send(fd, frame.data() + 2, frame.size() - 2, MSG_NOSIGNAL),
+            static_cast<ssize_t>(frame.size() - 2));
+  const auto [type, message] = raw::read_frame(fd);
+  EXPECT_EQ(type, raw::kError) << "the owner hung up: it lost the request's first bytes";
+  EXPECT_NE(message.find("serves nothing to a connection that has not said hello"),
+            std::string::npos)
+      << message;
+  ::close(fd);
+}
+
 TEST_F(Transfer, MisusedTargetsHandlesAndTimeouts) {
   std::vector<float> x = iota_floats(8, 0.0f);
   ObjectHandle h = owner->put({TensorView(x), TensorView(x.data(), 4)});

@@ -299,13 +299,30 @@ size_t Connection::receive_first(char* into, size_t bytes, std::vector<int>& fds
 
 Message Connection::receive(Clock::time_point deadline, const std::atomic<bool>* cancelled,
                             std::chrono::microseconds spin) {
+  return *receive_next(deadline, deadline, cancelled, spin);
+}
+
+std::optional<Message> Connection::receive_next(Clock::time_point idle_until,
+                                                Clock::time_point deadline,
+                                                const std::atomic<bool>* cancelled,
+                                                std::chrono::microseconds spin) {
   Message m;
   // The header (length, type) in one read where it came whole; with any descriptors sent along
-  // its first byte.
+  // its first byte. Its first byte by `idle_until`: a timeout before it leaves nothing half read.
   char header[5];
   size_t got = 0;
-  if (ssl_ == nullptr)
-    got = receive_first(header, sizeof(header), m.fds, deadline, cancelled, spin);
+  try {
+    if (ssl_ == nullptr) {
+      got = receive_first(header, sizeof(header), m.fds, std::min(idle_until, deadline), cancelled,
+                          spin);
+    } else {
+      receive_raw(header, 1, std::min(idle_until, deadline), cancelled);
+      got = 1;
+    }
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kTimeout && idle_until < deadline) return std::nullopt;
+    throw;
+  }
   try {
     receive_raw(header + got, sizeof(header) - got, deadline, cancelled);
     uint32_t length;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,6 +86,12 @@ class Connection {
   // tens of microseconds on a VM).
   Message receive(Clock::time_point deadline, const std::atomic<bool>* cancelled = nullptr,
                   std::chrono::microseconds spin = std::chrono::microseconds(0));
+  // As receive, for a server waiting for the next request: nothing when no byte of one came by
+  // `idle_until` (the connection stays in step), else the whole message by `deadline`. A message
+  // whose first bytes came is never given up at `idle_until`: its rest would be read as another.
+  std::optional<Message> receive_next(Clock::time_point idle_until, Clock::time_point deadline,
+                                      const std::atomic<bool>* cancelled,
+                                      std::chrono::microseconds spin);
   void send_raw(std::vector<iovec> parts, Clock::time_point deadline,
                 const std::atomic<bool>* cancelled = nullptr);
   void receive_raw(void* data, size_t bytes, Clock::time_point deadline,

@@ -73,20 +73,22 @@ class Session {
       // or its next get): polled for a while (kReplySpin), it is read without a wake-up. Only
       // while the consumer's last request came within that while: one that keeps a slower pace
       // costs no polling.
+      // Between requests the loop looks at the agent's stop every second; a request whose first
+      // bytes came is read whole (up to the fetch timeout), never given up half read.
       bool spin = true;
       while (!core_.stopping) {
-        Message m;
+        // An error (the consumer went or stalled in a request, or the agent's stop shut the
+        // socket) ends the connection below.
         const auto answered = Clock::now();
-        try {
-          m = conn_->receive(answered + std::chrono::seconds(1), nullptr,
-                             spin ? kReplySpin : std::chrono::microseconds(0));
-        } catch (const Error& e) {
+        std::optional<Message> m =
+            conn_->receive_next(answered + std::chrono::seconds(1), answered + core_.fetch_timeout,
+                                nullptr, spin ? kReplySpin : std::chrono::microseconds(0));
+        if (!m) {
           spin = false;
-          if (e.code() == ErrorCode::kTimeout) continue;
-          break;  // the consumer went
+          continue;
         }
         spin = Clock::now() - answered < kReplySpin;
-        if (!answer(m)) break;
+        if (!answer(*m)) break;
       }
     } catch (const std::exception& e) {
       try {
