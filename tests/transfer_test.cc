@@ -1,8 +1,11 @@
 // The direct transport in one process: two agents (an owner and a consumer) that reach each
 // other the way agents in two processes do (a Unix socket, shared memory, cross-memory reads).
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -1189,6 +1192,78 @@ TEST_F(Transfer, ForgedRefsAreRefusedNotFollowed) {
       ErrorCode::kInvalidArgument);
   // Still served as it should be.
   EXPECT_EQ(consumer->get(real).tensors()[0].nbytes(), 64u);
+}
+
+// The owner's fetch timeout bounds what it waits for inside a request, not how long a consumer's
+// connection may stay idle: one below the serving thread's 1 s idle wake-up still leaves the
+// pooled connection open for the next get. And a timeout of milliseconds::max() ("never", as
+// Python's math.inf arrives) is no deadline in the past: the hello's challenge and its answer
+// are waited for.
+TEST(TransferTimeouts, AnOwnersShortOrInfiniteFetchTimeoutKeepsItsConnectionsServing) {
+  for (const auto timeout : {std::chrono::milliseconds(200), std::chrono::milliseconds::max()}) {
+    SCOPED_TRACE("fetch_timeout " + std::to_string(timeout.count()) + " ms");
+    TransferAgentOptions o;
+    o.name = "owner";
+    o.secret = "s3cret";
+    o.fetch_timeout = timeout;
+    auto owner = TransferAgent::create(o);
+    auto consumer = agent_with("consumer", "s3cret");
+    std::vector<float> x = iota_floats(16, 1.0f);
+    PutOptions p;
+    p.transport = "socket";  // a request and its answer on the pooled connection for each get
+    ObjectHandle h = owner->put({TensorView(x)}, p);
+    EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), x);
+    if (timeout.count() < 1000) {
+      std::this_thread::sleep_for(1200ms);  // idle past the fetch timeout and one wake-up
+    }
+    EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), x);
+  }
+}
+
+// A TCP client that sends fewer bytes than the owner looks at to tell TLS apart (here 1 of 3: a
+// port probe) costs the owner's serving thread no CPU while it waits for more (it spun for its
+// 10 s before), and the owner lets go of it once it closes.
+TEST(TransferTimeouts, AProbeOfOneByteCostsTheOwnerNoCpu) {
+  TransferAgentOptions o;
+  o.name = "owner";
+  o.listen_tcp = true;
+  auto owner = TransferAgent::create(o);
+  const std::string endpoint = owner->identity().tcp_endpoint;
+  const size_t colon = endpoint.rfind(':');
+  ASSERT_NE(colon, std::string::npos) << endpoint;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(endpoint.substr(colon + 1))));
+  ASSERT_EQ(::inet_pton(AF_INET, endpoint.substr(0, colon).c_str(), &addr.sin_addr), 1) << endpoint;
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
+      << std::strerror(errno);
+  ASSERT_EQ(::send(fd, "\x16", 1, MSG_NOSIGNAL), 1);
+  auto cpu_ms = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000.0 +
+           (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1000.0;
+  };
+  std::this_thread::sleep_for(100ms);  // the owner has accepted it and is looking
+  const double before = cpu_ms();
+  std::this_thread::sleep_for(700ms);
+  EXPECT_LT(cpu_ms() - before, 200.0) << "the process used the CPU while the probe waited";
+  ::close(fd);
+  const auto start = std::chrono::steady_clock::now();
+  owner.reset();  // waits for its serving threads
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// A get of a reserved object that is never fulfilled fails at the consumer's timeout with the
+// owner's reason, which the owner sends before the consumer gives up.
+TEST_F(Transfer, AGetOfAReservationNeverFulfilledSaysSo) {
+  ObjectHandle pending = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
+  GetOptions g;
+  g.timeout = 800ms;
+  const Error e = expect_error([&] { consumer->get(pending.ref(), g); }, ErrorCode::kTimeout);
+  EXPECT_NE(std::string(e.what()).find("still reserved (never fulfilled)"), std::string::npos)
+      << e.what();
 }
 
 // An agent of another tutti build is refused by name, not misread: here a hello as it was before

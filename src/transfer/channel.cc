@@ -88,9 +88,14 @@ std::string Connection::peek(size_t bytes, Clock::time_point deadline) {
   while (true) {
     const ssize_t n = ::recv(fd_, out.data(), bytes, MSG_PEEK);
     if (n == static_cast<ssize_t>(bytes)) return out;
-    if (n > 0) {  // fewer have come: wait for the rest
-      wait_for(POLLIN, deadline, nullptr, "waiting for");
+    if (n > 0) {
+      // Fewer have come. The socket reads as ready already: look again in a millisecond, unless
+      // no more can come (the peer closed, or this side shut the socket down).
       if (Clock::now() >= deadline) return out.substr(0, static_cast<size_t>(n));
+      pollfd p{fd_, POLLRDHUP, 0};
+      if (::poll(&p, 1, 1) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+        return out.substr(0, static_cast<size_t>(n));
+      }
       continue;
     }
     await_readable(n, deadline, nullptr);

@@ -6,6 +6,7 @@
 #include <openssl/ssl.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -42,6 +43,14 @@ inline uint64_t wire_timeout(Clock::time_point deadline) {
 }
 inline Clock::time_point wire_deadline(uint64_t ms) {
   return deadline_after(std::chrono::milliseconds(ms < 86400000 ? ms : 86400000));
+}
+// An owner's wait for what a consumer asked for within `ms`: it ends a little before the
+// consumer gives up (a quarter of the time, at most 500 ms), so that the owner's answer, a refusal
+// naming why at the latest, reaches the consumer rather than a closed connection.
+inline Clock::time_point wire_answer_deadline(uint64_t ms) {
+  const std::chrono::milliseconds timeout(ms < 86400000 ? ms : 86400000);
+  return deadline_after(timeout) -
+         std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(500));
 }
 
 enum class MsgType : uint8_t {
@@ -104,7 +113,7 @@ class Connection {
                  const std::atomic<bool>* cancelled = nullptr);
   bool tls() const { return ssl_ != nullptr; }
   // The first `bytes` waiting to be read, left there (fewer when only those came by the
-  // deadline); throws like receive.
+  // deadline, or before the peer closed); throws like receive.
   std::string peek(size_t bytes, Clock::time_point deadline);
   int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }

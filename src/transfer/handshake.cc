@@ -133,13 +133,13 @@ std::string challenge(Connection& conn, const std::string& consumer_name,
   WireWriter c;
   c.str8(owner_nonce);
   try {
-    conn.send(MsgType::kChallenge, c.out(), {}, Clock::now() + timeout);
+    conn.send(MsgType::kChallenge, c.out(), {}, deadline_after(timeout));
   } catch (const Error& e) {
     throw Error(ErrorCode::kIoError,
                 "hung up: the challenge to agent '" + consumer_name + "' did not go: " + e.what());
   }
   try {
-    Message p = conn.receive(Clock::now() + timeout);
+    Message p = conn.receive(deadline_after(timeout));
     ReceivedFds stray(p.fds);
     if (p.type != MsgType::kProof) return "";
     WireReader pr(p.payload, "a hello's proof");

@@ -260,7 +260,7 @@ void AgentCore::drop_pin(uint64_t id) {
   if (it == objects.end()) return;
   Object& o = it->second;
   if (--o.handles > 0) return;
-  o.keep_until = Clock::now() + o.keep_for;
+  o.keep_until = deadline_after(o.keep_for);
   settle_locked(o);
   changed.notify_all();  // the housekeeper may have a keep_for deadline to watch
 }

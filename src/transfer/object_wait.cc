@@ -62,7 +62,7 @@ std::string AgentCore::blockers_locked(const Object& o) const {
 }
 
 void AgentCore::wait_tensor_freed(const TensorView& tensor, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   const char* lo = static_cast<const char*>(tensor.data());
   const char* hi = lo + tensor.nbytes();
   std::unique_lock<std::mutex> lock(mutex);

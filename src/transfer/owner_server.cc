@@ -80,8 +80,9 @@ class Session {
         // An error (the consumer went or stalled in a request, or the agent's stop shut the
         // socket) ends the connection below.
         const auto answered = Clock::now();
+        const auto idle_until = answered + std::chrono::seconds(1);
         std::optional<Message> m =
-            conn_->receive_next(answered + std::chrono::seconds(1), answered + core_.fetch_timeout,
+            conn_->receive_next(idle_until, deadline_after(core_.fetch_timeout, idle_until),
                                 nullptr, spin ? kReplySpin : std::chrono::microseconds(0));
         if (!m) {
           spin = false;
@@ -161,7 +162,21 @@ class Session {
   }
 
   void reply(const std::string& payload, const std::vector<int>& fds = {}) {
-    conn_->send(MsgType::kReply, payload, fds, Clock::now() + core_.fetch_timeout);
+    on_wire(
+        [&] { conn_->send(MsgType::kReply, payload, fds, deadline_after(core_.fetch_timeout)); });
+  }
+
+  // What goes to the consumer: a send that fails part-way (a timeout, a cancel) leaves the
+  // connection out of step, so it ends the connection as a broken one does, rather than carry an
+  // error frame after half a message.
+  template <typename Send>
+  void on_wire(Send&& send) {
+    try {
+      send();
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kIoError) throw;
+      throw Error(ErrorCode::kIoError, e.what());
+    }
   }
 
   void on_hello(Message& m) {
@@ -175,8 +190,10 @@ class Session {
     admit(hello);
     std::vector<int> fds;
     if (local_) fds.push_back(core_.slots.fd());
-    answer_hello(*conn_, hello, core_.identity, core_.options.secret, fds,
-                 Clock::now() + core_.fetch_timeout);
+    on_wire([&] {
+      answer_hello(*conn_, hello, core_.identity, core_.options.secret, fds,
+                   deadline_after(core_.fetch_timeout));
+    });
   }
 
   // The consumer a hello admitted, known from before (another connection) or new; on one host
@@ -237,7 +254,7 @@ class Session {
   void on_wait(WireReader& r) {
     const uint64_t id = r.u64("id");
     const uint32_t gen = r.u32("generation");
-    const auto deadline = wire_deadline(r.u64("timeout"));
+    const auto deadline = wire_answer_deadline(r.u64("timeout"));  // so that a refusal reaches it
     WireWriter w;
     {
       std::unique_lock<std::mutex> lock(core_.mutex);
@@ -347,7 +364,7 @@ class Session {
       WireWriter w;
       w.u64(total);
       reply(w.out());
-      conn_->send_raw(parts, deadline);
+      on_wire([&] { conn_->send_raw(parts, deadline); });
     } catch (...) {
       core_.release_hold(id, false);
       throw;

@@ -94,13 +94,12 @@ std::string GroupTransport::answer_with(const AnswerRequest& request) {
   const uint64_t id = r.u64("id");
   const uint32_t gen = r.u32("generation");
   // At most a day, as every wait a consumer asks for (a larger one overflowed the clock's sum:
-  // found by fuzzing).
-  const std::chrono::milliseconds timeout(std::min<uint64_t>(r.u64("timeout"), 86400000));
-  const auto deadline = wire_deadline(static_cast<uint64_t>(timeout.count()));
-  // A reservation not fulfilled in time is refused a little before the consumer gives up, so
-  // that the refusal reaches it (a consumer that gives up first must abort the group).
-  const auto wait_deadline =
-      deadline - std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(500));
+  // found by fuzzing). A reservation not fulfilled in time is refused a little before the
+  // consumer gives up, so that the refusal reaches it (a consumer that gives up first must abort
+  // the group).
+  const uint64_t timeout = r.u64("timeout");
+  const auto deadline = wire_deadline(timeout);
+  const auto wait_deadline = wire_answer_deadline(timeout);
   const std::string set = r.str8("group set");
   const uint64_t incarnation = r.u64("incarnation");
   const int rank = static_cast<int>(r.u32("rank"));
