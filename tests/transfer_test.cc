@@ -1200,7 +1200,7 @@ TEST_F(Transfer, ForgedRefsAreRefusedNotFollowed) {
 // Python's math.inf arrives) is no deadline in the past: the hello's challenge and its answer
 // are waited for.
 TEST(TransferTimeouts, AnOwnersShortOrInfiniteFetchTimeoutKeepsItsConnectionsServing) {
-  for (const auto timeout : {std::chrono::milliseconds(200), std::chrono::milliseconds::max()}) {
+  for (const auto timeout : {std::chrono::milliseconds(800), std::chrono::milliseconds::max()}) {
     SCOPED_TRACE("fetch_timeout " + std::to_string(timeout.count()) + " ms");
     TransferAgentOptions o;
     o.name = "owner";
@@ -1214,7 +1214,7 @@ TEST(TransferTimeouts, AnOwnersShortOrInfiniteFetchTimeoutKeepsItsConnectionsSer
     ObjectHandle h = owner->put({TensorView(x)}, p);
     EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), x);
     if (timeout.count() < 1000) {
-      std::this_thread::sleep_for(1200ms);  // idle past the fetch timeout and one wake-up
+      std::this_thread::sleep_for(1300ms);  // idle past the fetch timeout and one wake-up
     }
     EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), x);
   }
@@ -1227,6 +1227,7 @@ TEST(TransferTimeouts, AProbeOfOneByteCostsTheOwnerNoCpu) {
   TransferAgentOptions o;
   o.name = "owner";
   o.listen_tcp = true;
+  o.tcp_host = "127.0.0.1";  // not the host's name, which may resolve elsewhere
   auto owner = TransferAgent::create(o);
   const std::string endpoint = owner->identity().tcp_endpoint;
   const size_t colon = endpoint.rfind(':');
@@ -1260,7 +1261,7 @@ TEST(TransferTimeouts, AProbeOfOneByteCostsTheOwnerNoCpu) {
 TEST_F(Transfer, AGetOfAReservationNeverFulfilledSaysSo) {
   ObjectHandle pending = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
   GetOptions g;
-  g.timeout = 800ms;
+  g.timeout = 2s;  // the owner refuses 500 ms before
   const Error e = expect_error([&] { consumer->get(pending.ref(), g); }, ErrorCode::kTimeout);
   EXPECT_NE(std::string(e.what()).find("still reserved (never fulfilled)"), std::string::npos)
       << e.what();

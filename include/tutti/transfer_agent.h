@@ -204,7 +204,9 @@ class TUTTI_API TransferAgent {
   // Publishes tensors in place (no copy where the transport allows). The tensors must stay
   // alive and unchanged until the object is freed (see wait_tensor_freed), unless snapshot.
   ObjectHandle put(const std::vector<TensorView>& tensors, const PutOptions& options = {});
-  // A ref now, the data later: gets wait (up to their timeout) until fulfil() or fail().
+  // A ref now, the data later: gets wait (up to their timeout) until fulfil() or fail(). The
+  // owner stops waiting a little before a get's timeout (a quarter of what was left when it
+  // asked, at most 500 ms), so that the get's kTimeout says the object is still reserved.
   ObjectHandle reserve(const std::vector<TensorMeta>& metas, const PutOptions& options = {});
   void fulfil(const ObjectHandle& handle, const std::vector<TensorView>& tensors);
   // Gets of the object, waiting or later, fail with kRemoteError carrying `message`.
