@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "store/stoppable_store.h"
 #include "test_util.h"
 
 extern char** environ;
@@ -104,6 +105,23 @@ TEST_P(StoreTest, WaitTimeoutListsOnlyMissingKeys) {
     EXPECT_NE(what.find("'gone-1', 'gone-2'"), std::string::npos) << what;
     EXPECT_EQ(what.find("'here'"), std::string::npos) << what;
   }
+}
+
+// The core's waits go through a StoppableStore, in slices of 50 ms: the whole wait's timeout
+// ends with the whole wait's figure and the keys still missing, not the last slice's.
+TEST_P(StoreTest, ASlicedWaitTimesOutWithTheWholeTimeout) {
+  auto s = client();
+  s->set("here", "1");
+  detail::StoppableStore sliced(s, [] { return detail::StoppableStore::Stop{}; });
+  const Error e = expect_error(
+      [&] {
+        sliced.wait({"here", "gone"}, milliseconds(320));
+      },
+      ErrorCode::kTimeout);
+  const std::string what = e.what();
+  EXPECT_NE(what.find("timed out after 320 ms waiting for key(s) 'gone'"), std::string::npos)
+      << what;
+  EXPECT_EQ(what.find("'here'"), std::string::npos) << what;
 }
 
 TEST_P(StoreTest, AddIsAtomicAcross64Threads) {

@@ -250,7 +250,8 @@ TEST(TCPStoreReconnect, AServerGoneForGoodEndsTheWaitAtItsDeadlineNamingIt) {
   EXPECT_EQ(e->code(), ErrorCode::kTimeout) << e->what();
   const std::string what = e->what();
   EXPECT_NE(what.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << what;
-  EXPECT_NE(what.find("wait failed: the connection broke"), std::string::npos) << what;
+  EXPECT_NE(what.find("wait for key(s) 'k' failed: the connection broke"), std::string::npos)
+      << what;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
 }
 
@@ -482,6 +483,30 @@ TEST(TCPStoreLifecycle, AForkedChildMayDropItsCopyOfAServer) {
   EXPECT_TRUE(exited) << "the child hung destroying its copy of the server";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   EXPECT_EQ(TCPStore("127.0.0.1", server->port()).get("k"), "v");  // the parent's still serves
+}
+
+// A client is shared by threads one request at a time: a request behind another thread's long
+// wait ends at its own timeout, naming the wait it queued behind, instead of waiting as long as
+// that wait does. The wait goes on and ends when its key comes.
+TEST(TCPStoreThreads, ARequestBehindAnotherThreadsWaitEndsAtItsOwnTimeout) {
+  TCPStoreServer server("127.0.0.1", 0);
+  TCPStore shared("127.0.0.1", server.port());
+  Background wait([&] { shared.wait({"later"}, milliseconds(30000)); });
+  ASSERT_TRUE(eventually([&] { return server.stats().waiting == 1; }));
+  shared.set_timeout(milliseconds(300));
+  const auto start = Clock::now();
+  const Error e = expect_error([&] { shared.set("x", "1"); }, ErrorCode::kTimeout);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  const std::string what = e.what();
+  EXPECT_NE(what.find("set"), std::string::npos) << what;
+  EXPECT_NE(what.find("another thread's wait for key(s) 'later'"), std::string::npos) << what;
+  TCPStore other("127.0.0.1", server.port());
+  other.set("later", "now");
+  EXPECT_EQ(wait.join(), nullptr);
+  EXPECT_FALSE(other.check({"x"})) << "the set that timed out was not sent";
+  shared.set_timeout(milliseconds(10000));
+  shared.set("x", "2");  // the client serves its next request
+  EXPECT_EQ(other.get("x"), "2");
 }
 
 }  // namespace

@@ -355,6 +355,18 @@ TEST(TCPStoreServerLimits, IdleConnectionsAreClosedWaitingOnesAreNot) {
   EXPECT_EQ(response[4], 0);
 }
 
+// An idle timeout of milliseconds::max() means "never" (its nanoseconds do not wrap into an
+// expiry in the past that closed every session after each answer).
+TEST(TCPStoreServerLimits, AnInfiniteIdleTimeoutClosesNothing) {
+  TCPStoreServerOptions options;
+  options.idle_timeout = milliseconds::max();
+  TCPStoreServer server("127.0.0.1", 0, options);
+  TCPStore client("127.0.0.1", server.port());
+  for (int i = 0; i < 3; ++i) client.set("k" + std::to_string(i), "v");
+  EXPECT_EQ(client.get("k2"), "v");
+  EXPECT_EQ(server.stats().idle_closed, 0u);
+}
+
 // A client that closes its connection in a wait is gone at once, not when its wait ends: its
 // descriptor is freed and its on-close key written (the fuzzer's server ran out of connections
 // when 4,096 closed waiters each held theirs for the wait's timeout).

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "store/store_util.h"
 #include "tutti/error.h"
 #include "tutti/store.h"
 #include "util/deadline.h"
@@ -59,7 +60,8 @@ class StoppableStore final : public Store {
         return inner_->wait(keys, std::min(left, kSlice));
       } catch (const Error& e) {
         // A slice ran out: the whole wait has not, unless the deadline passed too.
-        if (e.code() != ErrorCode::kTimeout || left <= kSlice) throw;
+        if (e.code() != ErrorCode::kTimeout) throw;
+        if (left <= kSlice) throw whole_wait_timeout(e, keys, timeout);
       }
     }
   }
@@ -68,6 +70,21 @@ class StoppableStore final : public Store {
   int64_t num_keys() override { return inner_->num_keys(); }
 
  private:
+  // The last slice's timeout says the whole wait's: "timed out after 300000 ms", not after the
+  // few milliseconds the slice had (the store named as the inner store named itself).
+  Error whole_wait_timeout(const Error& e, const std::vector<std::string>& keys,
+                           std::chrono::milliseconds timeout) {
+    if (timeout <= kSlice) return e;
+    const std::string text = e.what();
+    const size_t at = text.find(": timed out after ");
+    std::vector<std::string> missing;
+    for (const auto& k : keys) {
+      if (!inner_->check({k})) missing.push_back(k);
+    }
+    return store_timeout(at == std::string::npos ? "store" : text.substr(0, at).c_str(), timeout,
+                         missing);
+  }
+
   void check_stop() {
     if (!armed_.load()) return;
     const Stop stop = stopped_();

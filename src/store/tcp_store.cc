@@ -148,7 +148,9 @@ struct TCPStore::Impl {
   std::string secret;
   std::shared_ptr<TCPStoreServer> server;  // when hosting
   std::string hosting_error;               // why hosting failed (the address was in use)
-  std::mutex mutex;                        // one request at a time on the connection
+  std::timed_mutex mutex;                  // one request at a time on the connection
+  std::mutex busy_mutex;                   // guards busy_with, read by the threads waiting
+  std::string busy_with;                   // the request that holds `mutex`
   asio::io_context io;
   std::unique_ptr<asio::ssl::context> tls;  // with TCPStoreOptions::tls
   std::optional<detail::StoreStream> socket;
@@ -421,7 +423,26 @@ struct TCPStore::Impl {
   std::string request(const std::string& op, Repeat repeat, Clock::time_point deadline,
                       const std::function<std::string()>& frame,
                       Clock::duration io_grace = Clock::duration::zero()) {
-    std::lock_guard<std::mutex> lock(mutex);
+    // Another thread's request on this client's one connection goes first, within this one's
+    // deadline (another thread's wait may hold it as long as its own timeout).
+    std::unique_lock<std::timed_mutex> lock(mutex, std::defer_lock);
+    if (!lock.try_lock_until(deadline)) {
+      std::string other;
+      {
+        std::lock_guard<std::mutex> g(busy_mutex);
+        other = busy_with;
+      }
+      throw Error(ErrorCode::kTimeout,
+                  where() + ": " + op +
+                      " timed out waiting for this client's connection, which another thread's " +
+                      (other.empty() ? std::string("request") : other) +
+                      " held throughout (a TCPStore sends one request at a time; use a store per "
+                      "thread for long waits)");
+    }
+    {
+      std::lock_guard<std::mutex> g(busy_mutex);
+      busy_with = op;
+    }
     std::string broken;  // why the connection last broke under this request
     bool maybe_applied = false;
     std::string sent_to;  // the server instance that may have applied it
@@ -511,7 +532,7 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
 }
 
 TCPStore::~TCPStore() {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::lock_guard<std::timed_mutex> lock(impl_->mutex);
   if (impl_->socket) impl_->drop();
 }
 
@@ -597,6 +618,10 @@ std::string TCPStore::compare_set(const std::string& key, const std::string& exp
 void TCPStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   check_keys(impl_->where(), keys);
   const auto deadline = deadline_after(timeout);
+  // Errors of the request name the keys (the first few).
+  std::string op = "wait for key(s) ";
+  for (size_t i = 0; i < keys.size() && i < 3; ++i) op += (i ? ", '" : "'") + keys[i] + "'";
+  if (keys.size() > 3) op += " and " + std::to_string(keys.size() - 3) + " more";
   while (true) {
     // Each attempt (a reconnection is one) asks for what is left of the timeout.
     const auto frame = [&] {
@@ -607,7 +632,7 @@ void TCPStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
       for (const auto& k : keys) w.str(k);
       return w.framed();
     };
-    const std::string body = impl_->request("wait", Repeat::kSafe, deadline, frame, kWaitGrace);
+    const std::string body = impl_->request(op, Repeat::kSafe, deadline, frame, kWaitGrace);
     if (status_of(body) == proto::Status::kOk) return;
     if (Clock::now() < deadline) continue;  // the server answered a slice of a longer wait
     std::vector<std::string> missing;
@@ -653,11 +678,11 @@ void TCPStore::set_on_close(const std::string& key, const std::string& value) {
   // Listed first, so that a reconnection during the request registers it too (twice on one
   // connection is harmless: the key is set twice).
   {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
+    std::lock_guard<std::timed_mutex> lock(impl_->mutex);
     impl_->on_close.emplace_back(key, value);
   }
   const auto unlist = [&] {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
+    std::lock_guard<std::timed_mutex> lock(impl_->mutex);
     auto& list = impl_->on_close;
     for (auto it = list.rbegin(); it != list.rend(); ++it) {
       if (it->first == key && it->second == value) {

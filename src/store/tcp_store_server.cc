@@ -255,7 +255,11 @@ class Session : public std::enable_shared_from_this<Session> {
     // Between messages a connection may be idle only so long, unless it is a group member
     // that asked to be told apart from an idle one (set_on_close).
     if (server_.options.idle_timeout.count() > 0 && on_close_.empty()) {
-      arm(server_.options.idle_timeout, Timer::kIdle);
+      // As the hello tells clients (at most UINT32_MAX ms): a larger one (milliseconds::max())
+      // would wrap to a past expiry in the timer's nanoseconds and close every session at once.
+      arm(std::min<std::chrono::milliseconds>(server_.options.idle_timeout,
+                                              std::chrono::milliseconds(UINT32_MAX)),
+          Timer::kIdle);
     } else {
       disarm();
     }
