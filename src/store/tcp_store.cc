@@ -623,16 +623,20 @@ void TCPStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
   for (size_t i = 0; i < keys.size() && i < 3; ++i) op += (i ? ", '" : "'") + keys[i] + "'";
   if (keys.size() > 3) op += " and " + std::to_string(keys.size() - 3) + " more";
   while (true) {
-    // Each attempt (a reconnection is one) asks for what is left of the timeout.
+    // The server is asked for a slice of the wait at a time (at most kWaitSliceMs), and the
+    // slice bounds the request's I/O too: a server that goes silent (its host gone, no reset)
+    // is noticed at the slice's end, not at the whole wait's (never, for an infinite one).
+    const auto slice_end =
+        std::min(deadline, deadline_after(std::chrono::milliseconds(kWaitSliceMs)));
+    // Each attempt (a reconnection is one) asks for what is left of the slice.
     const auto frame = [&] {
       proto::Writer w;
-      const int64_t left = std::min<int64_t>(detail::time_left(deadline).count(), kWaitSliceMs);
-      w.u8(static_cast<uint8_t>(proto::Command::kWait)).i64(left);
+      w.u8(static_cast<uint8_t>(proto::Command::kWait)).i64(detail::time_left(slice_end).count());
       w.u32(static_cast<uint32_t>(keys.size()));
       for (const auto& k : keys) w.str(k);
       return w.framed();
     };
-    const std::string body = impl_->request(op, Repeat::kSafe, deadline, frame, kWaitGrace);
+    const std::string body = impl_->request(op, Repeat::kSafe, slice_end, frame, kWaitGrace);
     if (status_of(body) == proto::Status::kOk) return;
     if (Clock::now() < deadline) continue;  // the server answered a slice of a longer wait
     std::vector<std::string> missing;
