@@ -205,6 +205,20 @@ std::string wait_request(const std::string& key, int64_t timeout_ms) {
   return framed(body + key);
 }
 
+// A wait request for several keys.
+std::string wait_request(const std::vector<std::string>& keys, int64_t timeout_ms) {
+  std::string body(1, '\x05');
+  body.append(reinterpret_cast<const char*>(&timeout_ms), 8);
+  const uint32_t count = static_cast<uint32_t>(keys.size());
+  body.append(reinterpret_cast<const char*>(&count), 4);
+  for (const auto& key : keys) {
+    const uint32_t klen = static_cast<uint32_t>(key.size());
+    body.append(reinterpret_cast<const char*>(&klen), 4);
+    body += key;
+  }
+  return framed(body);
+}
+
 long rss_kib() {
   std::ifstream status("/proc/self/status");
   std::string line;
@@ -353,6 +367,48 @@ TEST(TCPStoreServerLimits, IdleConnectionsAreClosedWaitingOnesAreNot) {
   char response[5];
   ASSERT_TRUE(waiter.read_exactly(response, 5));  // length 1, status kOk
   EXPECT_EQ(response[4], 0);
+}
+
+// A wait keeps only the keys it still misses, each once, and their bytes count against
+// max_buffered_bytes as a message's do: a present key listed 10,000 times costs nothing, and
+// waits whose keys would pass the cap are refused (their connections closed) rather than held.
+TEST(TCPStoreServerLimits, AWaitsKeysAreCountedOnceAndAgainstTheBufferCap) {
+  TCPStoreServerOptions options;
+  options.max_buffered_bytes = 1000000;
+  TCPStoreServer server("127.0.0.1", 0, options);
+  TCPStore setter("127.0.0.1", server.port());
+  setter.set("here", "1");
+  RawClient repeats(server.port());
+  repeats.handshake();
+  std::vector<std::string> keys(10000, "here");
+  keys.push_back("missing");
+  repeats.send(wait_request(keys, 20000));
+  ASSERT_TRUE(eventually([&] { return server.stats().waiting == 1; }));
+  EXPECT_EQ(server.stats().buffered_bytes, std::string("missing").size());
+  // Waits of 300,000 bytes of keys each: three fit the cap with the first, a fourth does not.
+  std::vector<std::unique_ptr<RawClient>> big;
+  for (int c = 0; c < 4; ++c) {
+    big.push_back(std::make_unique<RawClient>(server.port()));
+    big.back()->handshake();
+    std::vector<std::string> mine;
+    for (int k = 0; k < 5; ++k) mine.push_back(std::string(60000 - 1, 'a' + c) + char('0' + k));
+    big.back()->send(wait_request(mine, 20000));
+    if (c < 3) ASSERT_TRUE(eventually([&] { return server.stats().waiting == size_t(c) + 2; }));
+  }
+  EXPECT_TRUE(big[3]->closed_by_server());
+  EXPECT_EQ(server.stats().waiting, 4u);
+  // (The refused message's bytes go back just after its connection closes.)
+  const size_t held = 3 * 300000 + std::string("missing").size();
+  EXPECT_TRUE(eventually([&] { return server.stats().buffered_bytes == held; }))
+      << server.stats().buffered_bytes << " bytes held, not " << held;
+  big.clear();  // their connections close: their keys' bytes go back
+  ASSERT_TRUE(eventually([&] { return server.stats().waiting == 1; }));
+  EXPECT_EQ(server.stats().buffered_bytes, std::string("missing").size());
+  setter.set("missing", "now");
+  char response[5];
+  ASSERT_TRUE(repeats.read_exactly(response, 5));  // length 1, status kOk
+  EXPECT_EQ(response[4], 0);
+  EXPECT_TRUE(eventually([&] { return server.stats().buffered_bytes == 0; }));
 }
 
 // An idle timeout of milliseconds::max() means "never" (its nanoseconds do not wrap into an

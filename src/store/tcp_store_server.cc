@@ -168,7 +168,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Called by the server when the keys this session waits for exist.
   void wake() {
     disarm();
-    waiting_ = false;
+    end_wait();
     respond(proto::Writer().u8(static_cast<uint8_t>(proto::Status::kOk)));
   }
 
@@ -181,6 +181,7 @@ class Session : public std::enable_shared_from_this<Session> {
     socket_.socket().close(ec);
     timer_.cancel();
     release_body();
+    end_wait();
     server_.session_ended(shared_from_this());
   }
 
@@ -192,6 +193,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   static detail::StoreStream& socket_of(const std::shared_ptr<Session>& s) { return s->socket_; }
 
+  // A wait ends (answered, timed out, or its connection closed): its keys' bytes go back.
+  void end_wait() {
+    waiting_ = false;
+    server_.release(wait_reserved_);
+    wait_reserved_ = 0;
+    std::vector<std::string>().swap(wait_keys_);
+  }
+
   // One timer serves the handshake, the wait for a message, a partly received message, a wait
   // and a write, which never overlap; the generation counter makes a stale expiry harmless.
   void arm(Clock::duration after, Timer kind) {
@@ -202,7 +211,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec || generation != self->timer_generation_ || self->closed_) return;
       switch (kind) {
         case Timer::kWait:
-          self->waiting_ = false;
+          self->end_wait();
           self->server_.waiting.erase(self);
           self->server_.waiting_count.store(self->server_.waiting.size(),
                                             std::memory_order_relaxed);
@@ -432,12 +441,22 @@ class Session : public std::enable_shared_from_this<Session> {
         std::vector<std::string> keys = r.keys();
         if (!r.done() || timeout_ms < 0) return close("malformed wait");
         release_body();
-        bool all = true;
-        for (const auto& k : keys) all = all && data.count(k) > 0;
-        if (all) {
+        // Only the keys still missing, each once (as c10d's store counts them): a wait listing a
+        // present key many times must not make every later write look it up again.
+        std::sort(keys.begin(), keys.end());
+        keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+        keys.erase(std::remove_if(keys.begin(), keys.end(),
+                                  [&](const std::string& k) { return data.count(k) > 0; }),
+                   keys.end());
+        if (keys.empty()) {
           w.u8(static_cast<uint8_t>(Status::kOk));
           break;
         }
+        // What a wait keeps counts against the cap on buffered bytes, as a message does.
+        size_t bytes = 0;
+        for (const auto& k : keys) bytes += k.size();
+        if (!server_.reserve(bytes)) return close("the waits' keys would pass max_buffered_bytes");
+        wait_reserved_ = bytes;
         wait_keys_ = std::move(keys);
         server_.waiting.insert(shared_from_this());
         server_.waiting_count.store(server_.waiting.size(), std::memory_order_relaxed);
@@ -505,7 +524,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string body_;
   size_t reserved_ = 0;  // bytes of body_ counted against the server's cap
   std::string out_;
-  std::vector<std::string> wait_keys_;
+  std::vector<std::string> wait_keys_;  // the keys a wait still misses
+  size_t wait_reserved_ = 0;            // their bytes, counted against the server's cap
   std::vector<std::pair<std::string, std::string>> on_close_;
 };
 
