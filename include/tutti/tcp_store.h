@@ -3,10 +3,12 @@
 // client over TCP.
 //
 // Clients connect lazily and retry with back-off until their timeout, so ranks may start before
-// the host. A client is thread-safe (requests are serialised on one connection). When the
-// connection breaks, the client reconnects until the request's deadline: requests that are safe
-// to repeat are repeated; add and compare_set are repeated only when the request never left, or
-// when the client reached a different server instance (a restarted one, which never saw it).
+// the host. A client is thread-safe (requests are serialised on one connection: a request
+// queued behind another thread's long wait ends at its own timeout, kTimeout naming that wait;
+// give a thread that waits long a client of its own). When the connection breaks, the client
+// reconnects until the request's deadline: requests that are safe to repeat are repeated; add
+// and compare_set are repeated only when the request never left, or when the client reached a
+// different server instance (a restarted one, which never saw it).
 // A server that never comes back ends the request with kTimeout naming the address.
 //
 // Hosting: a server this process hosts on an explicit port is kept until the process exits,
