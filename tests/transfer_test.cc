@@ -1217,6 +1217,10 @@ TEST(TransferTimeouts, AnOwnersShortOrInfiniteFetchTimeoutKeepsItsConnectionsSer
       std::this_thread::sleep_for(1300ms);  // idle past the fetch timeout and one wake-up
     }
     EXPECT_EQ(as_floats(consumer->get(h.ref()).tensors()[0]), x);
+    // The owner's serving thread may still be returning from its send of x (the consumer has
+    // the bytes): x lives until the owner lets go of it.
+    h.release();
+    owner->wait_tensor_freed(TensorView(x), 10s);
   }
 }
 
