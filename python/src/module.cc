@@ -36,7 +36,9 @@ std::chrono::milliseconds to_milliseconds(nb::handle value, const char* where, c
   if (ms >= static_cast<double>(std::numeric_limits<int64_t>::max() / 2)) {
     return std::chrono::milliseconds::max();
   }
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(ms)));
+  // Up to the next millisecond: a wait never ends before it was asked to (0.0004 s is 1 ms, not
+  // the 0 that means "the default" to some calls).
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(ms)));
 }
 
 std::string to_bytes(nb::handle value, const char* where) {

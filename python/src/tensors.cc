@@ -4,8 +4,12 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <atomic>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "errors.h"
 #include "tutti/error.h"
@@ -215,7 +219,9 @@ TensorView from_torch(nb::handle t, const Site& site, const char* what, Keep& ke
     throw TensorTypeError(site.prefix() + ": " + what + " has no plain storage (layout " +
                           text_of(t.attr("layout")) + "): " + e.what());
   }
-  (void)keep;
+  // Kept as long as the call, or an async op's Work, may touch its memory: a temporary
+  // (`g.recv(torch.empty(n), 0, async_op=True)`) is freed once the call returns otherwise.
+  keep.add(t);
   return TensorView(reinterpret_cast<void*>(data), dtype, std::move(shape), device);
 }
 
@@ -312,8 +318,41 @@ nb::dlpack::dtype to_nb_dtype(DType dtype) {
   return d;
 }
 
-// Releases the Python references of a Keep that outlived the call (an async op's), under the
-// GIL, unless the interpreter is already gone.
+// Keeps whose last Work went on a thread without the GIL, released later under it. Waiting for
+// the GIL on such a thread (a group's worker, finishing an op whose Python handle was dropped)
+// could deadlock: the thread holding the GIL may be waiting for this one (a group collected by
+// Python joins its worker). So they queue here for a pending call, which the interpreter runs
+// on its main thread, and for the next async op, whichever comes first.
+struct DeferredKeeps {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Keep>> keeps;
+  std::atomic<bool> scheduled{false};
+};
+
+DeferredKeeps& deferred_keeps() {
+  static auto* d = new DeferredKeeps();  // never destroyed: threads may reach it at exit
+  return *d;
+}
+
+// Under the GIL.
+void release_deferred_keeps() {
+  DeferredKeeps& d = deferred_keeps();
+  std::vector<std::unique_ptr<Keep>> keeps;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    keeps.swap(d.keeps);
+  }
+  keeps.clear();
+}
+
+int release_deferred_keeps_call(void*) {
+  deferred_keeps().scheduled.store(false);
+  release_deferred_keeps();
+  return 0;
+}
+
+// Releases the Python references of a Keep that outlived the call (an async op's): at once
+// under the GIL, later where this thread does not hold it, never once the interpreter is gone.
 struct KeptForWork {
   std::unique_ptr<Keep> keep;
   ~KeptForWork() {
@@ -321,8 +360,21 @@ struct KeptForWork {
       (void)keep.release();  // leaked: nothing may touch Python objects any more
       return;
     }
-    nb::gil_scoped_acquire gil;
-    keep.reset();
+    if (PyGILState_Check() != 0) {
+      keep.reset();
+      return;
+    }
+    DeferredKeeps& d = deferred_keeps();
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      d.keeps.push_back(std::move(keep));
+    }
+    // One pending call at a time (the interpreter's queue of them is short); when it is full,
+    // the next async op releases them.
+    if (!d.scheduled.exchange(true) &&
+        Py_AddPendingCall(release_deferred_keeps_call, nullptr) != 0) {
+      d.scheduled.store(false);
+    }
   }
 };
 
@@ -355,6 +407,7 @@ void Keep::drop_last_buffer() {
 }
 
 void Keep::attach_to(Work& work) {
+  release_deferred_keeps();
   auto moved = std::make_unique<Keep>();
   moved->objects_ = std::move(objects_);
   moved->buffers_ = std::move(buffers_);

@@ -127,10 +127,22 @@ TensorRef to_ref(nb::handle ref, const char* op) {
       nb::cast<std::string>(nb::repr(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(ref.ptr()))))));
 }
 
+// A get's or an agent's timeout: positive (in C++ zero means the agent's default, which a
+// Python caller's 0 must not silently become).
+std::chrono::milliseconds positive_timeout(nb::handle timeout, const char* op, const char* what) {
+  const auto ms = to_milliseconds(timeout, op, what);
+  if (ms.count() == 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(op) + ": " + what + " must be positive (None: the agent's " +
+                    "fetch timeout), got " + nb::cast<std::string>(nb::repr(timeout)));
+  }
+  return ms;
+}
+
 GetOptions get_options(nb::handle timeout, bool allow_fallback, const char* op,
                        bool copy_on_write = false) {
   GetOptions o;
-  if (!timeout.is_none()) o.timeout = to_milliseconds(timeout, op, "timeout");
+  if (!timeout.is_none()) o.timeout = positive_timeout(timeout, op, "timeout");
   o.allow_fallback = allow_fallback;
   o.copy_on_write = copy_on_write;
   return o;
@@ -208,6 +220,21 @@ struct PyFetch {
   nb::object targets;
   std::unique_ptr<Keep> keep;
   Framework framework = Framework::kNumpy;
+
+  PyFetch() = default;
+  PyFetch(const PyFetch&) = delete;
+  PyFetch& operator=(const PyFetch&) = delete;
+  // A get still running writes into the targets, which go with this: it is cancelled and waited
+  // for first (without the GIL: a get may take a moment to see its cancel).
+  ~PyFetch() {
+    if (fetch.is_completed()) return;
+    fetch.cancel();
+    nb::gil_scoped_release release;
+    try {
+      fetch.wait();
+    } catch (...) {  // its error (kAborted) is nobody's now
+    }
+  }
 };
 
 std::shared_ptr<PyAgent>& default_wrapper() {
@@ -309,7 +336,9 @@ void bind_transfer(nb::module_& parent) {
         b.borrowed.reset();
       });
 
-  nb::class_<PyFetch>(m, "Fetch", "An asynchronous get (get_async), with Work's verbs.")
+  nb::class_<PyFetch>(m, "Fetch",
+                      "An asynchronous get (get_async), with Work's verbs. Dropped while it "
+                      "runs, it cancels the get and waits for its end (its targets may go).")
       .def(
           "is_completed", [](PyFetch& f) { return f.fetch.is_completed(); },
           "True once the get has finished, successfully or not. Never blocks.")
@@ -347,7 +376,7 @@ void bind_transfer(nb::module_& parent) {
             TransferAgentOptions o;
             o.name = name;
             if (!fetch_timeout.is_none()) {
-              o.fetch_timeout = to_milliseconds(fetch_timeout, "TransferAgent", "fetch_timeout");
+              o.fetch_timeout = positive_timeout(fetch_timeout, "TransferAgent", "fetch_timeout");
             }
             o.listen_tcp = listen_tcp;
             o.tcp_host = tcp_host;

@@ -1,7 +1,12 @@
 """Every op and dtype through the bindings, ranks as threads (the ops release the GIL: a rank
 that held it would stall the others into a timeout), against numpy references."""
 
+import gc
+import subprocess
+import sys
+import textwrap
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -369,6 +374,67 @@ def test_abort_ends_a_waiting_op_promptly():
         return "idle"
 
     assert run_threads(2, body, "shm", timeout=30) == ["aborted", "idle"]
+
+
+def test_an_async_op_keeps_its_torch_tensor_alive():
+    """The Work of an async op holds its torch tensor until the op is done: a tensor the caller
+    dropped (or a temporary, g.recv(torch.empty(n), 1, async_op=True)) is not freed under it."""
+    torch = pytest.importorskip("torch")
+    go = threading.Event()
+
+    def body(g):
+        if g.rank == 0:
+            x = torch.zeros(4)
+            alive = weakref.ref(x)
+            w = g.recv(x, 1, async_op=True)
+            del x
+            gc.collect()
+            try:
+                assert alive() is not None, "the Work dropped the tensor it writes into"
+            finally:
+                go.set()
+            w.wait(timeout=20)
+            return alive().tolist()
+        assert go.wait(30)
+        g.send(torch.arange(1.0, 5.0), 0)
+        return None
+
+    assert run_threads(2, body, "shm", timeout=30)[0] == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_group_collected_with_an_op_in_flight_does_not_deadlock():
+    """A group Python collects (no destroy()) while an async op whose handle was dropped is in
+    flight: its worker ends the op and drops the op's tensors without waiting for the GIL, which
+    the collecting thread holds while it joins that worker (a deadlock before)."""
+    script = textwrap.dedent("""
+        import threading
+        import numpy as np
+        import tutti
+
+        store = tutti.HashStore()
+        done = threading.Event()
+
+        def rank1():
+            g1 = tutti.CollectiveGroup.create(2, 1, "shm", "collected", store=store, timeout=20)
+            done.wait(60)
+            g1.destroy()
+
+        t = threading.Thread(target=rank1)
+        t.start()
+
+        def scope():
+            g = tutti.CollectiveGroup.create(2, 0, "shm", "collected", store=store, timeout=20)
+            w = g.recv(np.zeros(4), 1, async_op=True)  # rank 1 never sends
+            del w  # g goes with this frame, its recv still waiting
+
+        scope()
+        done.set()
+        t.join(60)
+        print("collected")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=90)
+    assert done.returncode == 0 and "collected" in done.stdout, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("backend", ["shm", "gloo"])

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -158,6 +159,41 @@ def test_reserve_fulfil_and_fail(agents):
         g.wait()
     assert isinstance(g.exception(), tutti.RemoteError)
     assert "the producer crashed" in str(g.exception())
+
+
+def test_a_dropped_fetch_ends_its_get_before_its_targets_go(agents):
+    """A Fetch dropped while its get waits (here for a reservation) cancels the get and waits for
+    its end: the targets it held may be freed at once, and nothing writes into them later."""
+    owner, consumer = agents
+    h = owner.reserve([("float32", (4,))])
+    target = np.zeros(4, dtype=np.float32)
+    f = consumer.get_async(h.ref, targets=[target], timeout=30)
+    with pytest.raises(tutti.TimeoutError):
+        f.wait(timeout=0.05)
+    start = time.monotonic()
+    del f
+    assert time.monotonic() - start < 10, "dropping the fetch waited for the get's timeout"
+    owner.fulfil(h, [np.full(4, 3.0, dtype=np.float32)])
+    got = consumer.get(h.ref, timeout=10)[0]  # the agent serves the next get
+    np.testing.assert_array_equal(got, np.full(4, 3.0))
+    np.testing.assert_array_equal(target, np.zeros(4))  # the dropped get never wrote it
+    h.release()
+
+
+def test_a_get_timeout_of_zero_is_refused_not_the_default(agents):
+    """In C++ a zero timeout means the agent's default (60 s); from Python 0 is refused by name,
+    and a fraction of a millisecond is a millisecond, not zero."""
+    owner, consumer = agents
+    h = owner.reserve([("float32", (1,))])
+    with pytest.raises(tutti.InvalidArgumentError, match="timeout must be positive"):
+        consumer.get(h.ref, timeout=0)
+    with pytest.raises(tutti.InvalidArgumentError, match="fetch_timeout must be positive"):
+        transfer.TransferAgent("zero", fetch_timeout=0)
+    start = time.monotonic()
+    with pytest.raises(tutti.TimeoutError):
+        consumer.get(h.ref, timeout=0.0004)
+    assert time.monotonic() - start < 5
+    h.release()
 
 
 def test_two_sided_gloo_between_agents_in_a_ring():

@@ -799,7 +799,12 @@ void TuttiBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
   const auto timeout = opts.timeout.count() < 0 ? options_->timeout : opts.timeout;
   const std::string base = "tutti/monitored_barrier/" + std::to_string(issuer_->monitored++) + "/";
   auto& store = *issuer_->store;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Saturating: a timeout of milliseconds::max() (torch's timedelta.max) is no deadline.
+  const auto start = std::chrono::steady_clock::now();
+  const auto room = std::chrono::steady_clock::time_point::max() - start;
+  const auto deadline = timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(room)
+                            ? std::chrono::steady_clock::time_point::max()
+                            : start + timeout;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(1),
                     std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -4,6 +4,9 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <cmath>
+#include <string>
+
 #include "torch_backend.h"
 
 namespace py = pybind11;
@@ -37,8 +40,16 @@ PYBIND11_MODULE(_torch, m) {
       "create",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
          const std::string& backend, const std::string& group_name) {
+        // torch's timedelta in seconds: up to the next millisecond, "never" from ~292 years on
+        // (timedelta.max), and no NaN or negative one.
+        if (!(timeout_s >= 0)) {
+          throw py::value_error("tutti: the process group's timeout must be >= 0 seconds, got " +
+                                std::to_string(timeout_s));
+        }
+        const double ms = std::ceil(timeout_s * 1000.0);
         auto options = c10::make_intrusive<TuttiBackend::Options>(
-            std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
+            ms >= 9.2e15 ? std::chrono::milliseconds::max()
+                         : std::chrono::milliseconds(static_cast<int64_t>(ms)));
         options->tutti_backend = backend;
         options->group_name = group_name;
         py::gil_scoped_release release;  // the rendezvous waits for the other ranks

@@ -106,13 +106,15 @@ def _allow_fallback() -> bool:
     return os.environ.get("TUTTI_RAY_TRANSFER_FALLBACK", "1") != "0"
 
 
-def _fetch_timeout_s() -> float:
+def _fetch_timeout_s() -> Optional[float]:
+    """Ray's RDT fetch timeout (seconds), or None (the agent's own) where Ray sets none."""
     try:
         from ray._private import ray_constants
 
-        return float(ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS)
+        seconds = float(ray_constants.RDT_FETCH_FAIL_TIMEOUT_SECONDS)
     except Exception:
         return 60.0
+    return seconds if seconds > 0 else None
 
 
 class TuttiTensorTransport(TensorTransportManager):
@@ -224,15 +226,21 @@ class TuttiTensorTransport(TensorTransportManager):
         fetch = getattr(fetch_request, "fetch", None)
         if fetch is None:
             return fetch_request.tensors
+        # Ray's timeout (seconds; negative or None: none) bounds this wait; the get's own timeout
+        # (Ray's RDT fetch timeout, set at fetch) bounds it in any case. A wait that times out
+        # raises TimeoutError (tutti.TimeoutError is one) and leaves the fetch running, where
+        # abort_transport still finds it.
+        if timeout == 0 and not fetch.done():
+            raise TimeoutError(f"tutti: fetch of object {fetch_request.obj_id} not done")
         try:
-            if timeout == 0 and not fetch.done():
-                raise TimeoutError(f"tutti: fetch of object {fetch_request.obj_id} not done")
-            # Bounded by the get's own timeout (Ray's RDT fetch timeout, set at fetch).
-            return fetch.wait()
+            if timeout is None or timeout <= 0:
+                return fetch.wait()
+            return fetch.wait(timeout=timeout)
         finally:
-            with self._lock:
-                if self._fetches.get(fetch_request.obj_id) is fetch:
-                    del self._fetches[fetch_request.obj_id]
+            if fetch.done():
+                with self._lock:
+                    if self._fetches.get(fetch_request.obj_id) is fetch:
+                        del self._fetches[fetch_request.obj_id]
 
     def recv_multiple_tensors(self, obj_id: str, tensor_transport_metadata,
                               communicator_metadata, target_buffers: Optional[List[Any]] = None):
@@ -256,7 +264,16 @@ class TuttiTensorTransport(TensorTransportManager):
         with self._lock:
             fetch = self._fetches.get(obj_id)
         if fetch is not None:
+            # Ended before Ray may reuse the targets: the cancel, then the get's end (its
+            # kAborted, or what it reached first).
             fetch.cancel()
+            try:
+                fetch.wait()
+            except Exception:  # noqa: BLE001 (the get's error is nobody's now)
+                pass
+            with self._lock:
+                if self._fetches.get(obj_id) is fetch:
+                    del self._fetches[obj_id]
 
 
 def wait_tensor_freed(tensor, timeout: Optional[float] = None) -> None:
