@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <asio.hpp>
+#include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -142,15 +143,57 @@ void check_keys(const std::string& where, const std::vector<std::string>& keys) 
 
 }  // namespace
 
+// One request at a time on a client's connection: the turn is taken by a deadline, and who has
+// it is known to those waiting. (A std::timed_mutex would do, but ThreadSanitizer does not see
+// the pthread_mutex_clocklock under its try_lock_until: a mutex, a flag and a condition.)
+class Turn {
+ public:
+  // False at the deadline; `holder` then says whose turn it was.
+  bool take(Clock::time_point deadline, const std::string& who, std::string& holder) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!free_.wait_until(lock, deadline, [&] { return !taken_; })) {
+      holder = who_;
+      return false;
+    }
+    taken_ = true;
+    who_ = who;
+    return true;
+  }
+  void give_back() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      taken_ = false;
+      who_.clear();
+    }
+    free_.notify_one();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable free_;
+  bool taken_ = false;
+  std::string who_;
+};
+
+// Holds a turn until it goes.
+class TurnHeld {
+ public:
+  explicit TurnHeld(Turn& t) : t_(t) {}
+  ~TurnHeld() { t_.give_back(); }
+  TurnHeld(const TurnHeld&) = delete;
+  TurnHeld& operator=(const TurnHeld&) = delete;
+
+ private:
+  Turn& t_;
+};
+
 struct TCPStore::Impl {
   std::string host;
   uint16_t port = 0;
   std::string secret;
   std::shared_ptr<TCPStoreServer> server;  // when hosting
   std::string hosting_error;               // why hosting failed (the address was in use)
-  std::timed_mutex mutex;                  // one request at a time on the connection
-  std::mutex busy_mutex;                   // guards busy_with, read by the threads waiting
-  std::string busy_with;                   // the request that holds `mutex`
+  Turn turn;                               // one request at a time on the connection
   asio::io_context io;
   std::unique_ptr<asio::ssl::context> tls;  // with TCPStoreOptions::tls
   std::optional<detail::StoreStream> socket;
@@ -425,13 +468,8 @@ struct TCPStore::Impl {
                       Clock::duration io_grace = Clock::duration::zero()) {
     // Another thread's request on this client's one connection goes first, within this one's
     // deadline (another thread's wait may hold it as long as its own timeout).
-    std::unique_lock<std::timed_mutex> lock(mutex, std::defer_lock);
-    if (!lock.try_lock_until(deadline)) {
-      std::string other;
-      {
-        std::lock_guard<std::mutex> g(busy_mutex);
-        other = busy_with;
-      }
+    std::string other;
+    if (!turn.take(deadline, op, other)) {
       throw Error(ErrorCode::kTimeout,
                   where() + ": " + op +
                       " timed out waiting for this client's connection, which another thread's " +
@@ -439,10 +477,7 @@ struct TCPStore::Impl {
                       " held throughout (a TCPStore sends one request at a time; use a store per "
                       "thread for long waits)");
     }
-    {
-      std::lock_guard<std::mutex> g(busy_mutex);
-      busy_with = op;
-    }
+    TurnHeld held(turn);
     std::string broken;  // why the connection last broke under this request
     bool maybe_applied = false;
     std::string sent_to;  // the server instance that may have applied it
@@ -532,7 +567,9 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
 }
 
 TCPStore::~TCPStore() {
-  std::lock_guard<std::timed_mutex> lock(impl_->mutex);
+  std::string unused;
+  impl_->turn.take(Clock::time_point::max(), "the client's destruction", unused);
+  TurnHeld held(impl_->turn);
   if (impl_->socket) impl_->drop();
 }
 
@@ -682,11 +719,15 @@ void TCPStore::set_on_close(const std::string& key, const std::string& value) {
   // Listed first, so that a reconnection during the request registers it too (twice on one
   // connection is harmless: the key is set twice).
   {
-    std::lock_guard<std::timed_mutex> lock(impl_->mutex);
+    std::string unused;
+    impl_->turn.take(Clock::time_point::max(), "set_on_close", unused);
+    TurnHeld held(impl_->turn);
     impl_->on_close.emplace_back(key, value);
   }
   const auto unlist = [&] {
-    std::lock_guard<std::timed_mutex> lock(impl_->mutex);
+    std::string unused;
+    impl_->turn.take(Clock::time_point::max(), "set_on_close", unused);
+    TurnHeld held(impl_->turn);
     auto& list = impl_->on_close;
     for (auto it = list.rbegin(); it != list.rend(); ++it) {
       if (it->first == key && it->second == value) {
