@@ -73,6 +73,7 @@ Options make_options(nb::handle timeout, bool async_op, const Site& site) {
 // holds the op's Python objects until it goes.
 template <typename F>
 nb::object run(Keep& keep, bool async_op, F&& issue) {
+  release_deferred_keeps();
   WorkPtr work;
   {
     nb::gil_scoped_release release;
@@ -456,8 +457,11 @@ void bind_groups(nb::module_& m) {
           [](Work& w, nb::handle timeout) {
             const auto ms = timeout.is_none() ? kUseGroupTimeout
                                               : to_milliseconds(timeout, "Work.wait", "timeout");
-            nb::gil_scoped_release release;
-            w.wait(ms);
+            release_deferred_keeps();
+            {
+              nb::gil_scoped_release release;
+              w.wait(ms);
+            }
             return true;
           },
           "timeout"_a = nb::none(),

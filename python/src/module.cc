@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -37,8 +38,10 @@ std::chrono::milliseconds to_milliseconds(nb::handle value, const char* where, c
     return std::chrono::milliseconds::max();
   }
   // Up to the next millisecond: a wait never ends before it was asked to (0.0004 s is 1 ms, not
-  // the 0 that means "the default" to some calls).
-  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(ms)));
+  // the 0 that means "the default" to some calls); less a float's error (0.007 s is 7 ms).
+  if (ms <= 0) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(ms - 1e-6))));
 }
 
 std::string to_bytes(nb::handle value, const char* where) {

@@ -327,22 +327,12 @@ struct DeferredKeeps {
   std::mutex mutex;
   std::vector<std::unique_ptr<Keep>> keeps;
   std::atomic<bool> scheduled{false};
+  std::atomic<bool> any{false};  // keeps is not empty (read without the mutex)
 };
 
 DeferredKeeps& deferred_keeps() {
   static auto* d = new DeferredKeeps();  // never destroyed: threads may reach it at exit
   return *d;
-}
-
-// Under the GIL.
-void release_deferred_keeps() {
-  DeferredKeeps& d = deferred_keeps();
-  std::vector<std::unique_ptr<Keep>> keeps;
-  {
-    std::lock_guard<std::mutex> lock(d.mutex);
-    keeps.swap(d.keeps);
-  }
-  keeps.clear();
 }
 
 int release_deferred_keeps_call(void*) {
@@ -368,9 +358,11 @@ struct KeptForWork {
     {
       std::lock_guard<std::mutex> lock(d.mutex);
       d.keeps.push_back(std::move(keep));
+      d.any.store(true);
     }
     // One pending call at a time (the interpreter's queue of them is short); when it is full,
-    // the next async op releases them.
+    // or the main thread runs no Python code for a while, the next op or Work.wait releases
+    // them (release_deferred_keeps).
     if (!d.scheduled.exchange(true) &&
         Py_AddPendingCall(release_deferred_keeps_call, nullptr) != 0) {
       d.scheduled.store(false);
@@ -379,6 +371,18 @@ struct KeptForWork {
 };
 
 }  // namespace
+
+void release_deferred_keeps() {
+  DeferredKeeps& d = deferred_keeps();
+  if (!d.any.load(std::memory_order_relaxed)) return;
+  std::vector<std::unique_ptr<Keep>> keeps;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    keeps.swap(d.keeps);
+    d.any.store(false);
+  }
+  keeps.clear();
+}
 
 std::string Site::prefix() const {
   std::string s = op;

@@ -54,6 +54,12 @@ class Keep {
   std::vector<std::unique_ptr<Py_buffer>> buffers_;
 };
 
+// Releases, under the GIL, the Python objects of async ops whose Works went on threads without
+// it (they wait for a pending call on the main thread; every op and Work.wait drains them too,
+// since the main thread may not run Python code for a while, e.g. in a Ray actor). Cheap when
+// there are none. Subinterpreters are not supported (PyGILState_Check decides who holds the GIL).
+void release_deferred_keeps();
+
 // One tensor argument. `what` names it in messages ("tensor", "tensor_list[2]").
 TensorView to_view(nb::handle object, Access access, const Site& site, const char* what,
                    Keep& keep);

@@ -11,6 +11,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <unistd.h>
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -220,6 +222,7 @@ struct PyFetch {
   nb::object targets;
   std::unique_ptr<Keep> keep;
   Framework framework = Framework::kNumpy;
+  long pid = static_cast<long>(::getpid());  // a forked child's copy has no get to wait for
 
   PyFetch() = default;
   PyFetch(const PyFetch&) = delete;
@@ -227,6 +230,12 @@ struct PyFetch {
   // A get still running writes into the targets, which go with this: it is cancelled and waited
   // for first (without the GIL: a get may take a moment to see its cancel).
   ~PyFetch() {
+    if (static_cast<long>(::getpid()) != pid) {
+      // A forked child: the get's worker (and any lock it held) stayed in the parent. Its state
+      // is left alone, never waited for.
+      (void)new Fetch(std::move(fetch));
+      return;
+    }
     if (fetch.is_completed()) return;
     fetch.cancel();
     nb::gil_scoped_release release;

@@ -4,6 +4,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -40,13 +41,13 @@ PYBIND11_MODULE(_torch, m) {
       "create",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_s,
          const std::string& backend, const std::string& group_name) {
-        // torch's timedelta in seconds: up to the next millisecond, "never" from ~292 years on
-        // (timedelta.max), and no NaN or negative one.
-        if (!(timeout_s >= 0)) {
-          throw py::value_error("tutti: the process group's timeout must be >= 0 seconds, got " +
-                                std::to_string(timeout_s));
+        // torch's timedelta in seconds: up to the next millisecond, "never" from ~292,000 years
+        // on (timedelta.max is more), and positive.
+        if (!(timeout_s > 0)) {
+          throw py::value_error("tutti: the process group's timeout must be positive, got " +
+                                std::to_string(timeout_s) + " s");
         }
-        const double ms = std::ceil(timeout_s * 1000.0);
+        const double ms = std::max(1.0, std::ceil(timeout_s * 1000.0 - 1e-6));
         auto options = c10::make_intrusive<TuttiBackend::Options>(
             ms >= 9.2e15 ? std::chrono::milliseconds::max()
                          : std::chrono::milliseconds(static_cast<int64_t>(ms)));

@@ -219,7 +219,14 @@ class TuttiTensorTransport(TensorTransportManager):
                                     meta.tensor_meta, target_buffers, _fetch_timeout_s(),
                                     _allow_fallback())
         with self._lock:
+            # Fetches that ended are dropped here too: one whose wait timed out stays until it
+            # ends (Ray's ray.get gives such a request up without abort_transport).
+            for done in [k for k, f in self._fetches.items() if f.done()]:
+                del self._fetches[done]
+            replaced = self._fetches.pop(obj_id, None)
             self._fetches[obj_id] = fetch
+        # Outside the lock: a replaced fetch still running is cancelled and waited for as it goes.
+        del replaced
         return TuttiFetchRequest(obj_id=obj_id, tensors=targets or [], fetch=fetch)
 
     def wait_fetch_complete(self, fetch_request, timeout: float = -1) -> List[Any]:
