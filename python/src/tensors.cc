@@ -413,6 +413,7 @@ void Keep::drop_last_buffer() {
 void Keep::attach_to(Work& work) {
   release_deferred_keeps();
   auto moved = std::make_unique<Keep>();
+  moved->first_ = std::move(first_);
   moved->objects_ = std::move(objects_);
   moved->buffers_ = std::move(buffers_);
   auto holder = std::make_shared<KeptForWork>();

@@ -42,14 +42,22 @@ class Keep {
   Keep& operator=(const Keep&) = delete;
   ~Keep();
 
-  void add(nb::handle object) { objects_.push_back(nb::borrow(object)); }
+  // The first object in place (one tensor per call is the common case: no allocation).
+  void add(nb::handle object) {
+    if (!first_) {
+      first_ = nb::borrow(object);
+    } else {
+      objects_.push_back(nb::borrow(object));
+    }
+  }
   Py_buffer& add_buffer();
   void drop_last_buffer();
-  bool empty() const { return objects_.empty() && buffers_.empty(); }
+  bool empty() const { return !first_ && objects_.empty() && buffers_.empty(); }
   // Moves what this holds into `work` (kept until the Work goes, then released under the GIL).
   void attach_to(Work& work);
 
  private:
+  nb::object first_;
   std::vector<nb::object> objects_;
   std::vector<std::unique_ptr<Py_buffer>> buffers_;
 };
