@@ -83,6 +83,61 @@ TEST(Launcher, TimeoutBoundsTheJob) {
   EXPECT_NE(r.output.find("--timeout 1 s"), std::string::npos) << r.output;
 }
 
+// A rank that ends leaving a process it started holding its output (here a background sleep)
+// does not keep tutti-run waiting for that output: 2 s after the last rank, that process group
+// gets SIGTERM, and the job ends with the ranks' status.
+TEST(Launcher, ARanksLeftoverProcessDoesNotHoldTheJob) {
+  const auto start = Clock::now();
+  auto r = tutti_run({"-n", "1", "sh", "-c", "sleep 1000 & echo started"}, milliseconds(60000));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[0]: started"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("processes they started still hold their output; stopping them"),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+}
+
+// A job whose every rank failed within --max-failures failed: it exits with the last status.
+TEST(Launcher, EveryRankFailingWithinMaxFailuresIsAFailedJob) {
+  auto one = tutti_run({"--max-failures", "1", "sh", "-c", "exit 3"});
+  EXPECT_EQ(one.exit_code, 3) << one.output;
+  auto two = tutti_run({"-n", "2", "--max-failures", "2", "false"});
+  EXPECT_EQ(two.exit_code, 1) << two.output;
+}
+
+// Ranks read stdin as /dev/null (in their own process groups, in the background, a read of the
+// terminal would stop them for good); here tutti-run's stdin has a line they must not see.
+TEST(Launcher, RanksReadStdinAsDevNull) {
+  auto r = run_command({"sh", "-c",
+                        "echo secret | '" + std::string(TUTTI_RUN) +
+                            "' -n 1 sh -c 'if read x; then echo read:$x; else echo eof; fi'"},
+                       milliseconds(60000));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[0]: eof"), std::string::npos) << r.output;
+}
+
+// A hangup (the terminal or the ssh session went) ends the ranks as SIGTERM does.
+TEST(Launcher, AHangupEndsTheRanks) {
+  const auto start = Clock::now();
+  auto r = run_command({"sh", "-c",
+                        "'" + std::string(TUTTI_RUN) +
+                            "' -n 2 sleep 60 & p=$!; sleep 1; kill -HUP $p; wait $p; "
+                            "echo status:$?"},
+                       milliseconds(60000));
+  EXPECT_NE(r.output.find("got signal 1; stopping the ranks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("status:129"), std::string::npos) << r.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+}
+
+// The job's store's sockets are not inherited by the ranks (they kept its port after tutti-run
+// was gone).
+TEST(Launcher, RanksInheritNoSocketOfTheStore) {
+  auto r = tutti_run({"-n", "1", "sh", "-c", "ls -l /proc/$$/fd"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pipe:"), std::string::npos) << r.output;  // the listing is there
+  EXPECT_EQ(r.output.find("socket:"), std::string::npos) << r.output;
+}
+
 // "0-2,5" as the set {0, 1, 2, 5}.
 std::set<int> cpu_list(const std::string& text) {
   std::set<int> cpus;

@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -68,11 +69,17 @@ tutti-run makes a random one for the job unless the environment sets one; with s
 the same TUTTI_STORE_SECRET on every node (without it the store is open to anyone who can
 reach its port, and tutti-run says so).
 The first rank to fail ends the others; tutti-run exits with its status (128+N for signal N).
+A job whose every rank failed (within --max-failures) exits with the last one's status.
+SIGINT, SIGTERM, SIGHUP and SIGQUIT end the ranks (SIGTERM to each rank's process group, SIGKILL
+5 s later, or at once on a second signal). Ranks read stdin as /dev/null. Once every rank has
+ended, what they started and left holding their output gets 2 s, then SIGTERM, then SIGKILL.
 )";
 
 volatile sig_atomic_t g_signal = 0;
+volatile sig_atomic_t g_signals = 0;  // how many came: a second one kills at once
 void on_signal(int sig) {
   g_signal = sig;
+  g_signals = g_signals + 1;
 }
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -276,9 +283,16 @@ int main(int argc, char** argv) {
 
   struct sigaction sa {};
   sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  // SIGHUP too (the terminal or the ssh session went): the ranks lead process groups of their
+  // own, so a hangup reaches them only through this launcher.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // Two pipes per rank: many ranks need more descriptors than the usual soft limit of 1024.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
 
   // Binding: the CPUs this launcher may use, split between the ranks, each on its own share.
   // Left to the scheduler, two ranks can end up on one core (a futex wake pulls the woken task
@@ -340,11 +354,18 @@ int main(int argc, char** argv) {
 
     int out_pipe[2], err_pipe[2];
     if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
-      std::perror("tutti-run: pipe");
+      std::fprintf(stderr, "tutti-run: cannot make the pipes of rank %d: %s\n", r.rank,
+                   std::strerror(errno));
+      for (auto& other : ranks) {
+        if (other.running) kill(-other.pid, SIGKILL);
+      }
       return 1;
     }
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
+    // stdin: /dev/null. A rank is in a process group of its own, in the background: reading
+    // the terminal would stop it (SIGTTIN) and the job would wait for ever.
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
     posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
     posix_spawnattr_t attr;
@@ -361,8 +382,7 @@ int main(int argc, char** argv) {
     sigset_t defaults;
     sigemptyset(&defaults);
     sigaddset(&defaults, SIGPIPE);
-    sigaddset(&defaults, SIGINT);
-    sigaddset(&defaults, SIGTERM);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&defaults, sig);
     posix_spawnattr_setsigdefault(&attr, &defaults);
     // A spawned process starts with its parent's CPUs: this launcher takes the rank's share for
     // the spawn and its own back after it.
@@ -394,11 +414,21 @@ int main(int argc, char** argv) {
   std::optional<int> result;                 // the job's exit code, once decided
   int running = o.nproc;
   long failures = 0;  // ranks that failed, up to --max-failures, while the others went on
+  std::optional<int> last_failure;  // the exit code of the last rank that failed
+  bool any_success = false;
+  // Every rank's process group, ended ranks' too: what a rank started may outlive it.
   auto stop_all = [&](int sig) {
     for (auto& r : ranks) {
-      if (r.running) kill(-r.pid, sig);
+      if (r.pid > 0) kill(-r.pid, sig);
     }
   };
+  auto groups_left = [&] {
+    return std::any_of(ranks.begin(), ranks.end(),
+                       [](const Rank& r) { return r.pid > 0 && kill(-r.pid, 0) == 0; });
+  };
+  // Once every rank has ended: how long their output may stay open (what they started holds it).
+  std::optional<Clock::time_point> drain_until;
+  int drain_step = 0;  // 0: waiting, 1: SIGTERM sent, 2: SIGKILL sent
 
   while (running > 0 ||
          std::any_of(streams.begin(), streams.end(), [](const Stream& s) { return s.fd >= 0; })) {
@@ -431,6 +461,11 @@ int main(int argc, char** argv) {
       r.status = status;
       --running;
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed) {
+        last_failure = exit_code_of(status);
+      } else {
+        any_success = true;
+      }
       if (failed && !result && failures < o.max_failures) {
         ++failures;
         std::fprintf(stderr,
@@ -451,6 +486,10 @@ int main(int argc, char** argv) {
       result = 128 + g_signal;
       stop_all(SIGTERM);
       kill_at = Clock::now() + std::chrono::seconds(5);
+    } else if (g_signals > 1 && kill_at) {
+      std::fprintf(stderr, "tutti-run: a second signal; killing the ranks\n");
+      stop_all(SIGKILL);
+      kill_at.reset();
     }
     if (o.timeout_s > 0 && !result && Clock::now() - start > std::chrono::seconds(o.timeout_s)) {
       std::fprintf(stderr, "tutti-run: the job ran past --timeout %ld s; stopping the ranks\n",
@@ -459,10 +498,36 @@ int main(int argc, char** argv) {
       stop_all(SIGTERM);
       kill_at = Clock::now() + std::chrono::seconds(5);
     }
-    if (kill_at && Clock::now() > *kill_at && running > 0) {
+    if (kill_at && Clock::now() > *kill_at) {
       stop_all(SIGKILL);
       kill_at.reset();
     }
+    // Every rank ended and some output is still open: a process a rank started holds it.
+    if (running == 0 && !drain_until) drain_until = Clock::now() + std::chrono::seconds(2);
+    if (running == 0 && Clock::now() > *drain_until) {
+      if (drain_step == 0 && groups_left()) {
+        std::fprintf(stderr,
+                     "tutti-run: every rank has ended, and processes they started still hold "
+                     "their output; stopping them\n");
+        stop_all(SIGTERM);
+        drain_step = 1;
+        drain_until = Clock::now() + std::chrono::seconds(3);
+      } else if (drain_step == 1 && groups_left()) {
+        stop_all(SIGKILL);
+        drain_step = 2;
+        drain_until = Clock::now() + std::chrono::seconds(1);
+      } else {
+        // Nothing left to stop (or nothing that a SIGKILL ended): the rest of the output goes.
+        for (auto& st : streams) {
+          if (st.fd < 0) continue;
+          st.flush_rest();
+          close(st.fd);
+          st.fd = -1;
+        }
+      }
+    }
   }
-  return result.value_or(0);
+  if (result) return *result;
+  // Failures within --max-failures: the job succeeds when another rank did, else it failed.
+  return !any_success && last_failure ? *last_failure : 0;
 }

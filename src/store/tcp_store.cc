@@ -1,5 +1,6 @@
 #include "tutti/tcp_store.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -281,6 +282,8 @@ struct TCPStore::Impl {
       return false;
     }
     socket->socket().set_option(tcp::no_delay(true), ec);
+    // Not inherited by programs this process starts (asio opens it without close-on-exec).
+    ::fcntl(socket->socket().native_handle(), F_SETFD, FD_CLOEXEC);
     if (socket->tls() && !tls_handshake(deadline, error)) return false;
     // The server greets at once. A would-be host that lost its address to another program gives
     // the listener only a little while to do so.

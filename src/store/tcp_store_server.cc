@@ -1,3 +1,4 @@
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -551,6 +552,9 @@ void TCPStoreServer::Impl::accept() {
       return;
     }
     accept_pause = Clock::duration::zero();
+    // Not inherited by programs this process starts (asio opens sockets without close-on-exec;
+    // tutti-run's ranks held the store's port after it was gone).
+    ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
     if (sessions.size() >= options.max_connections) {
       refused_connections.fetch_add(1, std::memory_order_relaxed);
       cap_warning.warn("tcp store: refusing a connection: {} connections open (max_connections)",
@@ -620,6 +624,7 @@ TCPStoreServer::TCPStoreServer(const std::string& host, uint16_t port,
   }
   const tcp::endpoint endpoint = endpoints.begin()->endpoint();
   impl_->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) ::fcntl(impl_->acceptor.native_handle(), F_SETFD, FD_CLOEXEC);  // as accept()'s
   if (!ec) impl_->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) impl_->acceptor.bind(endpoint, ec);
   // With SO_REUSEADDR two sockets may both bind a port that neither listens on yet; the loser of
