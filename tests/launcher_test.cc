@@ -116,14 +116,23 @@ TEST(Launcher, RanksReadStdinAsDevNull) {
   EXPECT_NE(r.output.find("[0]: eof"), std::string::npos) << r.output;
 }
 
-// A hangup (the terminal or the ssh session went) ends the ranks as SIGTERM does.
+// A hangup (the terminal or the ssh session went) ends the ranks as SIGTERM does. The hangup
+// comes once both ranks run (so tutti-run has its handlers).
 TEST(Launcher, AHangupEndsTheRanks) {
   const auto start = Clock::now();
-  auto r = run_command({"sh", "-c",
-                        "'" + std::string(TUTTI_RUN) +
-                            "' -n 2 sleep 60 & p=$!; sleep 1; kill -HUP $p; wait $p; "
-                            "echo status:$?"},
-                       milliseconds(60000));
+  TempDir dir;
+  const std::string out = dir.path() + "/out";
+  auto r = run_command(
+      {"sh", "-c",
+       "'" + std::string(TUTTI_RUN) + "' -n 2 sh -c 'echo up; exec sleep 60' > '" + out +
+           "' 2>&1 & p=$!; i=0; "
+           "until [ \"$(grep -c up '" +
+           out +
+           "')\" = 2 ] || [ $i = 200 ]; do "
+           "sleep 0.05; i=$((i+1)); done; kill -HUP $p; wait $p; "
+           "echo status:$?; cat '" +
+           out + "'"},
+      milliseconds(60000));
   EXPECT_NE(r.output.find("got signal 1; stopping the ranks"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("status:129"), std::string::npos) << r.output;
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));

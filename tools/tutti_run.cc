@@ -69,7 +69,8 @@ tutti-run makes a random one for the job unless the environment sets one; with s
 the same TUTTI_STORE_SECRET on every node (without it the store is open to anyone who can
 reach its port, and tutti-run says so).
 The first rank to fail ends the others; tutti-run exits with its status (128+N for signal N).
-A job whose every rank failed (within --max-failures) exits with the last one's status.
+A job whose every rank on this node failed (within --max-failures) exits with the last one's
+status.
 SIGINT, SIGTERM, SIGHUP and SIGQUIT end the ranks (SIGTERM to each rank's process group, SIGKILL
 5 s later, or at once on a second signal). Ranks read stdin as /dev/null. Once every rank has
 ended, what they started and left holding their output gets 2 s, then SIGTERM, then SIGKILL.
@@ -228,6 +229,7 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
+  bool group_gone = false;  // reaped, and its process group found empty: never signalled again
 };
 
 std::string describe_status(int status) {
@@ -288,9 +290,11 @@ int main(int argc, char** argv) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
   // Two pipes per rank: many ranks need more descriptors than the usual soft limit of 1024.
+  // Raised only as far as needed (the ranks inherit it; select() breaks past 1024).
   rlimit files{};
-  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
+  const rlim_t needed = static_cast<rlim_t>(2 * o.nproc + 64);
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < needed) {
+    files.rlim_cur = std::min(files.rlim_max, needed);
     setrlimit(RLIMIT_NOFILE, &files);
   }
 
@@ -363,11 +367,17 @@ int main(int argc, char** argv) {
     }
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    // stdin: /dev/null. A rank is in a process group of its own, in the background: reading
-    // the terminal would stop it (SIGTTIN) and the job would wait for ever.
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
     posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+    // stdin: /dev/null (after the pipes, which may have taken descriptor 0). A rank is in a
+    // process group of its own, in the background: reading the terminal would stop it
+    // (SIGTTIN) and the job would wait for ever.
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+    // Nothing else of this launcher's: the store's sockets accepted while ranks start, whatever
+    // else lacks close-on-exec.
+    posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+#endif
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
     // Each rank leads its own process group, so ending a rank ends what it started too.
@@ -417,18 +427,29 @@ int main(int argc, char** argv) {
   std::optional<int> last_failure;  // the exit code of the last rank that failed
   bool any_success = false;
   // Every rank's process group, ended ranks' too: what a rank started may outlive it.
+  // (A reaped rank's group, once empty, is not signalled again: its number may be reused.)
   auto stop_all = [&](int sig) {
     for (auto& r : ranks) {
-      if (r.pid > 0) kill(-r.pid, sig);
+      if (r.pid > 0 && !r.group_gone) kill(-r.pid, sig);
     }
   };
   auto groups_left = [&] {
-    return std::any_of(ranks.begin(), ranks.end(),
-                       [](const Rank& r) { return r.pid > 0 && kill(-r.pid, 0) == 0; });
+    bool any = false;
+    for (auto& r : ranks) {
+      if (r.pid <= 0 || r.group_gone) continue;
+      if (!r.running && kill(-r.pid, 0) != 0 && errno == ESRCH) {
+        r.group_gone = true;
+      } else {
+        any = true;
+      }
+    }
+    return any;
   };
   // Once every rank has ended: how long their output may stay open (what they started holds it).
   std::optional<Clock::time_point> drain_until;
-  int drain_step = 0;  // 0: waiting, 1: SIGTERM sent, 2: SIGKILL sent
+  int drain_step = 0;                          // 0: waiting, 1: SIGTERM sent, 2: SIGKILL sent
+  std::optional<Clock::time_point> signal_at;  // when the first signal was handled
+  sig_atomic_t signal_seen = 0;                // signals counted by then (and copies after)
 
   while (running > 0 ||
          std::any_of(streams.begin(), streams.end(), [](const Stream& s) { return s.fd >= 0; })) {
@@ -466,6 +487,7 @@ int main(int argc, char** argv) {
       } else {
         any_success = true;
       }
+      if (kill(-r.pid, 0) != 0 && errno == ESRCH) r.group_gone = true;
       if (failed && !result && failures < o.max_failures) {
         ++failures;
         std::fprintf(stderr,
@@ -481,15 +503,25 @@ int main(int argc, char** argv) {
         kill_at = Clock::now() + std::chrono::seconds(5);
       }
     }
-    if (g_signal != 0 && !result) {
-      std::fprintf(stderr, "tutti-run: got signal %d; stopping the ranks\n", int(g_signal));
-      result = 128 + g_signal;
-      stop_all(SIGTERM);
-      kill_at = Clock::now() + std::chrono::seconds(5);
-    } else if (g_signals > 1 && kill_at) {
-      std::fprintf(stderr, "tutti-run: a second signal; killing the ranks\n");
-      stop_all(SIGKILL);
-      kill_at.reset();
+    if (g_signal != 0 && !signal_at) {
+      if (!result) {  // (else the ranks are being stopped already)
+        std::fprintf(stderr, "tutti-run: got signal %d; stopping the ranks\n", int(g_signal));
+        result = 128 + g_signal;
+        stop_all(SIGTERM);
+        kill_at = Clock::now() + std::chrono::seconds(5);
+      }
+      signal_seen = g_signals;
+      signal_at = Clock::now();
+    } else if (signal_at && g_signals > signal_seen) {
+      // Copies of the first signal (GNU timeout sends it to tutti-run and again to its process
+      // group) come within moments: only one a second later is the user's second.
+      if (Clock::now() - *signal_at < std::chrono::seconds(1)) {
+        signal_seen = g_signals;
+      } else if (kill_at) {
+        std::fprintf(stderr, "tutti-run: a second signal; killing the ranks\n");
+        stop_all(SIGKILL);
+        kill_at.reset();
+      }
     }
     if (o.timeout_s > 0 && !result && Clock::now() - start > std::chrono::seconds(o.timeout_s)) {
       std::fprintf(stderr, "tutti-run: the job ran past --timeout %ld s; stopping the ranks\n",
@@ -517,9 +549,17 @@ int main(int argc, char** argv) {
         drain_step = 2;
         drain_until = Clock::now() + std::chrono::seconds(1);
       } else {
-        // Nothing left to stop (or nothing that a SIGKILL ended): the rest of the output goes.
+        // Nothing left to stop (or nothing that a SIGKILL ended): what the pipes hold is
+        // forwarded, then they close.
         for (auto& st : streams) {
           if (st.fd < 0) continue;
+          fcntl(st.fd, F_SETFL, fcntl(st.fd, F_GETFL) | O_NONBLOCK);
+          char buf[65536];
+          for (int k = 0; k < 64; ++k) {
+            const ssize_t n = read(st.fd, buf, sizeof(buf));
+            if (n <= 0) break;
+            st.forward(buf, static_cast<size_t>(n));
+          }
           st.flush_rest();
           close(st.fd);
           st.fd = -1;
