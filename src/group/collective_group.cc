@@ -25,6 +25,7 @@
 #include "tutti/prefix_store.h"
 #include "tutti/store.h"
 #include "tutti/tcp_store.h"
+#include "util/deadline.h"
 #include "util/host_identity.h"
 #include "util/local_processes.h"
 #include "util/logging.h"
@@ -566,7 +567,11 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
   }
   // Twice the group's timeout by default: a survivor whose op ends only at that timeout (its
   // peer stopped, not dead) comes to shrink that much later than one that saw the death at once.
-  const std::chrono::milliseconds timeout = subgroup_timeout(ctx, options.timeout, 2 * s.timeout);
+  // (Saturating: twice an infinite timeout, milliseconds::max(), is still infinite.)
+  const std::chrono::milliseconds twice = s.timeout >= std::chrono::milliseconds::max() / 2
+                                              ? std::chrono::milliseconds::max()
+                                              : 2 * s.timeout;
+  const std::chrono::milliseconds timeout = subgroup_timeout(ctx, options.timeout, twice);
   BackendInfo info;
   const std::string requested = subgroup_backend(ctx, options.backend, s.backend_name, &info);
   // A live group's ops end first (they would wait on the dead rank): shrink aborts it. Then it
@@ -602,7 +607,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::shrink(const ShrinkOptions& op
   std::string decided;
   prefixed(ctx, [&] {
     s.ledger->set(here_key(s.rank), "1");
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = detail::deadline_after(timeout);
     auto pause = std::chrono::milliseconds(1);
     while (true) {
       if (s.ledger->check({members_key})) {  // the members were decided
@@ -857,10 +862,12 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
   a.requested = requested;
   a.inherited = options.backend.empty();
   a.name = options.name.empty() ? *s.name + ".grow" + std::to_string(n) : options.name;
-  a.timeout_ms = s.timeout.count();
+  // The record carries at most 2^40 ms (35 years, "never" in practice): an infinite timeout,
+  // milliseconds::max(), is written as that.
+  a.timeout_ms = std::min<int64_t>(s.timeout.count(), int64_t{1} << 40);
   a.instance = s.instance + ".g" + std::to_string(n);
   a.check_ops = s.check_ops;
-  a.meet_ms = timeout.count();
+  a.meet_ms = std::min<int64_t>(timeout.count(), int64_t{1} << 40);
   const int world = a.world + a.add;
   const std::string sub_ctx = ctx + " into " + where(a.name, s.rank, world);
   // Rank 0 opens the admission; the new processes take tickets for the new ranks under it.
@@ -924,10 +931,9 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
                     "(e.g. tcp://HOST:PORT), or run under a launcher (env://)");
   }
   detail::register_local_process();
-  const auto deadline = Clock::now() + options.timeout;
+  const auto deadline = detail::deadline_after(options.timeout);
   const auto left = [&] {
-    return std::max(std::chrono::milliseconds(1),
-                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    return std::max(std::chrono::milliseconds(1), detail::time_left(deadline));
   };
   // A client of the members' store (world 2, rank 1: never its host).
   const detail::StoreChoice choice =
