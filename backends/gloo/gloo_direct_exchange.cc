@@ -64,10 +64,15 @@ const char* kind_name(uint32_t magic) {
 // that is late by a scheduling slice takes milliseconds: polling covers the first and gives up
 // long before the second. Every turn yields the core, so polling costs a peer that shares the
 // core little.
+// TUTTI_GLOO_SPIN_US sets it: 0 to 10000 us (more would hold a core for each wait; a value
+// that is not a number in that range leaves the default, 200).
 std::chrono::microseconds spin_budget() {
   static const std::chrono::microseconds budget = [] {
     const char* v = std::getenv("TUTTI_GLOO_SPIN_US");
-    return std::chrono::microseconds(v != nullptr && *v != '\0' ? std::atol(v) : 200);
+    char* end = nullptr;
+    const long us = v != nullptr ? std::strtol(v, &end, 10) : -1;
+    const bool valid = v != nullptr && *v != '\0' && end != nullptr && *end == '\0' && us >= 0;
+    return std::chrono::microseconds(valid ? std::min(us, 10000L) : 200L);
   }();
   return budget;
 }
