@@ -67,17 +67,20 @@ TEST(Grow, NewRanksJoinAndEverySumIsRight) {
   grow_and_check("gloo", 1, 2);
 }
 
-TEST(Grow, AShrunkGroupGrowsBackUnderItsRootsName) {
+// Three ranks; rank 2 "dies" (destroys its group) and a replacement joins under the job's group
+// name while ranks 0 and 1 shrink the group and grow it back; the grown group's sum counts all
+// three. Every group and the joiner use `timeout`.
+void shrink_and_grow_back(const std::string& prefix, milliseconds timeout) {
   auto store = std::make_shared<HashStore>();
-  const std::string name = unique_name("grow-back");
-  auto groups = create_groups(3, "gloo", name, milliseconds(20000), store);
+  const std::string name = unique_name(prefix);
+  auto groups = create_groups(3, "gloo", name, timeout, store);
   std::vector<std::shared_ptr<CollectiveGroup>> grown(3);
   ShrinkOptions s;
   s.exclude = {2};
   run_ranks(3, [&](int r) {
-    if (r == 2) {  // "rank 2 died"; a replacement joins under the job's group name
+    if (r == 2) {
       groups[2]->destroy();
-      grown[2] = CollectiveGroup::join(name, through(store));
+      grown[2] = CollectiveGroup::join(name, through(store, timeout));
     } else {
       auto small = groups[r]->shrink(s);
       EXPECT_EQ(small->world_size(), 2);
@@ -93,33 +96,16 @@ TEST(Grow, AShrunkGroupGrowsBackUnderItsRootsName) {
   for (auto& x : groups) x->destroy();
 }
 
+TEST(Grow, AShrunkGroupGrowsBackUnderItsRootsName) {
+  shrink_and_grow_back("grow-back", milliseconds(20000));
+}
+
 // The same with every timeout infinite (milliseconds::max(), as Python's math.inf arrives): the
 // shrink's default of twice the group's timeout, the admission record and the joiner's deadline
 // all mean "never", not an overflow (a shrink refused "timeout must be positive, got -2 ms", a
 // joiner refused the record as damaged).
 TEST(Grow, AnInfiniteTimeoutShrinksGrowsAndJoins) {
-  auto store = std::make_shared<HashStore>();
-  const std::string name = unique_name("grow-inf");
-  auto groups = create_groups(3, "gloo", name, milliseconds::max(), store);
-  std::vector<std::shared_ptr<CollectiveGroup>> grown(3);
-  ShrinkOptions s;
-  s.exclude = {2};
-  run_ranks(3, [&](int r) {
-    if (r == 2) {
-      groups[2]->destroy();
-      grown[2] = CollectiveGroup::join(name, through(store, milliseconds::max()));
-    } else {
-      auto small = groups[r]->shrink(s);
-      EXPECT_EQ(small->world_size(), 2);
-      grown[r] = small->grow();
-      small->destroy();
-    }
-    std::vector<float> v(16, static_cast<float>(grown[r]->rank() + 1));
-    grown[r]->allreduce(v);
-    EXPECT_EQ(v[0], 6.0f);
-  });
-  for (auto& x : grown) x->destroy();
-  for (auto& x : groups) x->destroy();
+  shrink_and_grow_back("grow-inf", milliseconds::max());
 }
 
 TEST(Grow, BadInputIsRefusedBeforeAnyIo) {

@@ -222,6 +222,12 @@ struct Stream {
     pending.push_back('\n');
     forward("", 0);
   }
+  // The end of the output: what is pending goes, the pipe closes.
+  void finish() {
+    flush_rest();
+    close(fd);
+    fd = -1;
+  }
 };
 
 struct Rank {
@@ -230,6 +236,14 @@ struct Rank {
   bool running = false;
   int status = 0;
   bool group_gone = false;  // reaped, and its process group found empty: never signalled again
+
+  // For a reaped rank: whether its process group is empty now (then marked gone for good).
+  bool group_emptied() {
+    if (!group_gone && !running && pid > 0 && kill(-pid, 0) != 0 && errno == ESRCH) {
+      group_gone = true;
+    }
+    return group_gone;
+  }
 };
 
 std::string describe_status(int status) {
@@ -329,6 +343,12 @@ int main(int argc, char** argv) {
   };
 
   std::vector<Rank> ranks(o.nproc);
+  // A start that fails part-way ends the ranks already started.
+  const auto kill_started = [&] {
+    for (auto& other : ranks) {
+      if (other.running) kill(-other.pid, SIGKILL);
+    }
+  };
   std::vector<Stream> streams;
   for (int local = 0; local < o.nproc; ++local) {
     Rank& r = ranks[local];
@@ -360,9 +380,7 @@ int main(int argc, char** argv) {
     if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) {
       std::fprintf(stderr, "tutti-run: cannot make the pipes of rank %d: %s\n", r.rank,
                    std::strerror(errno));
-      for (auto& other : ranks) {
-        if (other.running) kill(-other.pid, SIGKILL);
-      }
+      kill_started();
       return 1;
     }
     posix_spawn_file_actions_t actions;
@@ -408,9 +426,7 @@ int main(int argc, char** argv) {
     close(err_pipe[1]);
     if (rc != 0) {
       std::fprintf(stderr, "tutti-run: cannot start '%s': %s\n", argvp[0], std::strerror(rc));
-      for (auto& other : ranks) {
-        if (other.running) kill(-other.pid, SIGKILL);
-      }
+      kill_started();
       return 127;
     }
     r.running = true;
@@ -435,14 +451,7 @@ int main(int argc, char** argv) {
   };
   auto groups_left = [&] {
     bool any = false;
-    for (auto& r : ranks) {
-      if (r.pid <= 0 || r.group_gone) continue;
-      if (!r.running && kill(-r.pid, 0) != 0 && errno == ESRCH) {
-        r.group_gone = true;
-      } else {
-        any = true;
-      }
-    }
+    for (auto& r : ranks) any = (r.pid > 0 && !r.group_emptied()) || any;
     return any;
   };
   // Once every rank has ended: how long their output may stay open (what they started holds it).
@@ -469,9 +478,7 @@ int main(int argc, char** argv) {
       if (n > 0) {
         owners[k]->forward(buf, static_cast<size_t>(n));
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        owners[k]->flush_rest();
-        close(owners[k]->fd);
-        owners[k]->fd = -1;
+        owners[k]->finish();
       }
     }
     for (auto& r : ranks) {
@@ -487,7 +494,7 @@ int main(int argc, char** argv) {
       } else {
         any_success = true;
       }
-      if (kill(-r.pid, 0) != 0 && errno == ESRCH) r.group_gone = true;
+      r.group_emptied();
       if (failed && !result && failures < o.max_failures) {
         ++failures;
         std::fprintf(stderr,
@@ -560,9 +567,7 @@ int main(int argc, char** argv) {
             if (n <= 0) break;
             st.forward(buf, static_cast<size_t>(n));
           }
-          st.flush_rest();
-          close(st.fd);
-          st.fd = -1;
+          st.finish();
         }
       }
     }

@@ -322,7 +322,8 @@ nb::dlpack::dtype to_nb_dtype(DType dtype) {
 // the GIL on such a thread (a group's worker, finishing an op whose Python handle was dropped)
 // could deadlock: the thread holding the GIL may be waiting for this one (a group collected by
 // Python joins its worker). So they queue here for a pending call, which the interpreter runs
-// on its main thread, and for the next async op, whichever comes first.
+// on its main thread, or for the next op or Work.wait (release_deferred_keeps), whichever comes
+// first.
 struct DeferredKeeps {
   std::mutex mutex;
   std::vector<std::unique_ptr<Keep>> keeps;
@@ -411,7 +412,6 @@ void Keep::drop_last_buffer() {
 }
 
 void Keep::attach_to(Work& work) {
-  release_deferred_keeps();
   auto moved = std::make_unique<Keep>();
   moved->first_ = std::move(first_);
   moved->objects_ = std::move(objects_);

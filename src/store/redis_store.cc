@@ -191,11 +191,7 @@ void RedisStore::wait(const std::vector<std::string>& keys, std::chrono::millise
     if (check(keys)) return;
     const auto now = Clock::now();
     if (now >= deadline) {
-      std::vector<std::string> missing;
-      for (const auto& k : keys) {
-        if (!check({k})) missing.push_back(k);
-      }
-      throw detail::store_timeout("RedisStore", timeout, missing);
+      throw detail::store_timeout("RedisStore", timeout, detail::missing_keys(*this, keys));
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
     pause = std::min(pause * 2, std::chrono::microseconds(20000));

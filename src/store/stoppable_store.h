@@ -77,12 +77,8 @@ class StoppableStore final : public Store {
     if (timeout <= kSlice) return e;
     const std::string text = e.what();
     const size_t at = text.find(": timed out after ");
-    std::vector<std::string> missing;
-    for (const auto& k : keys) {
-      if (!inner_->check({k})) missing.push_back(k);
-    }
     return store_timeout(at == std::string::npos ? "store" : text.substr(0, at).c_str(), timeout,
-                         missing);
+                         missing_keys(*inner_, keys));
   }
 
   void check_stop() {

@@ -6,8 +6,19 @@
 #include <vector>
 
 #include "tutti/error.h"
+#include "tutti/store.h"
 
 namespace tutti::detail {
+
+// The keys of `keys` that `store` does not hold now, in order (one check each): what a timeout
+// names.
+inline std::vector<std::string> missing_keys(Store& store, const std::vector<std::string>& keys) {
+  std::vector<std::string> missing;
+  for (const auto& k : keys) {
+    if (!store.check({k})) missing.push_back(k);
+  }
+  return missing;
+}
 
 // The kTimeout error every store throws when keys are still missing at the deadline.
 inline Error store_timeout(const char* store, std::chrono::milliseconds timeout,

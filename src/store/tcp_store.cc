@@ -176,10 +176,15 @@ class Turn {
   std::string who_;
 };
 
-// Holds a turn until it goes.
+// Holds a turn until it goes: one taken already (by a deadline), or taken here, waiting as long
+// as the request before it takes.
 class TurnHeld {
  public:
-  explicit TurnHeld(Turn& t) : t_(t) {}
+  TurnHeld(Turn& t, std::adopt_lock_t) : t_(t) {}
+  TurnHeld(Turn& t, const std::string& who) : t_(t) {
+    std::string holder;
+    t_.take(Clock::time_point::max(), who, holder);
+  }
   ~TurnHeld() { t_.give_back(); }
   TurnHeld(const TurnHeld&) = delete;
   TurnHeld& operator=(const TurnHeld&) = delete;
@@ -480,7 +485,7 @@ struct TCPStore::Impl {
                       " held throughout (a TCPStore sends one request at a time; use a store per "
                       "thread for long waits)");
     }
-    TurnHeld held(turn);
+    TurnHeld held(turn, std::adopt_lock);
     std::string broken;  // why the connection last broke under this request
     bool maybe_applied = false;
     std::string sent_to;  // the server instance that may have applied it
@@ -570,9 +575,7 @@ TCPStore::TCPStore(std::string host, uint16_t port, TCPStoreOptions options)
 }
 
 TCPStore::~TCPStore() {
-  std::string unused;
-  impl_->turn.take(Clock::time_point::max(), "the client's destruction", unused);
-  TurnHeld held(impl_->turn);
+  TurnHeld held(impl_->turn, "the client's destruction");
   if (impl_->socket) impl_->drop();
 }
 
@@ -679,11 +682,7 @@ void TCPStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
     const std::string body = impl_->request(op, Repeat::kSafe, slice_end, frame, kWaitGrace);
     if (status_of(body) == proto::Status::kOk) return;
     if (Clock::now() < deadline) continue;  // the server answered a slice of a longer wait
-    std::vector<std::string> missing;
-    for (const auto& k : keys) {
-      if (!check({k})) missing.push_back(k);
-    }
-    throw detail::store_timeout("TCPStore", timeout, missing);
+    throw detail::store_timeout("TCPStore", timeout, detail::missing_keys(*this, keys));
   }
 }
 
@@ -722,15 +721,11 @@ void TCPStore::set_on_close(const std::string& key, const std::string& value) {
   // Listed first, so that a reconnection during the request registers it too (twice on one
   // connection is harmless: the key is set twice).
   {
-    std::string unused;
-    impl_->turn.take(Clock::time_point::max(), "set_on_close", unused);
-    TurnHeld held(impl_->turn);
+    TurnHeld held(impl_->turn, "set_on_close");
     impl_->on_close.emplace_back(key, value);
   }
   const auto unlist = [&] {
-    std::string unused;
-    impl_->turn.take(Clock::time_point::max(), "set_on_close", unused);
-    TurnHeld held(impl_->turn);
+    TurnHeld held(impl_->turn, "set_on_close");
     auto& list = impl_->on_close;
     for (auto it = list.rbegin(); it != list.rend(); ++it) {
       if (it->first == key && it->second == value) {

@@ -37,19 +37,20 @@ constexpr std::chrono::microseconds kReplySpin{200};
 
 // A wait a request asks for travels as milliseconds: the consumer sends what is left until its
 // deadline (at least 1 ms), the owner reads it back as a deadline; both cap it at a day.
+constexpr uint64_t kMaxWireWaitMs = 86400000;
 inline uint64_t wire_timeout(Clock::time_point deadline) {
-  const auto left = time_left(deadline).count();
-  return static_cast<uint64_t>(left < 1 ? 1 : left > 86400000 ? 86400000 : left);
+  const auto left = static_cast<uint64_t>(std::max<int64_t>(1, time_left(deadline).count()));
+  return std::min(left, kMaxWireWaitMs);
 }
 inline Clock::time_point wire_deadline(uint64_t ms) {
-  return deadline_after(std::chrono::milliseconds(ms < 86400000 ? ms : 86400000));
+  return deadline_after(std::chrono::milliseconds(std::min(ms, kMaxWireWaitMs)));
 }
 // An owner's wait for what a consumer asked for within `ms`: it ends a little before the
 // consumer gives up (a quarter of the time, at most 500 ms), so that the owner's answer, a refusal
 // naming why at the latest, reaches the consumer rather than a closed connection.
 inline Clock::time_point wire_answer_deadline(uint64_t ms) {
-  const std::chrono::milliseconds timeout(ms < 86400000 ? ms : 86400000);
-  return deadline_after(timeout) -
+  const std::chrono::milliseconds timeout(std::min(ms, kMaxWireWaitMs));
+  return wire_deadline(ms) -
          std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::milliseconds(500));
 }
 

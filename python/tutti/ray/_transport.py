@@ -245,9 +245,7 @@ class TuttiTensorTransport(TensorTransportManager):
             return fetch.wait(timeout=timeout)
         finally:
             if fetch.done():
-                with self._lock:
-                    if self._fetches.get(fetch_request.obj_id) is fetch:
-                        del self._fetches[fetch_request.obj_id]
+                self._forget_fetch(fetch_request.obj_id, fetch)
 
     def recv_multiple_tensors(self, obj_id: str, tensor_transport_metadata,
                               communicator_metadata, target_buffers: Optional[List[Any]] = None):
@@ -278,9 +276,13 @@ class TuttiTensorTransport(TensorTransportManager):
                 fetch.wait()
             except Exception:  # noqa: BLE001 (the get's error is nobody's now)
                 pass
-            with self._lock:
-                if self._fetches.get(obj_id) is fetch:
-                    del self._fetches[obj_id]
+            self._forget_fetch(obj_id, fetch)
+
+    def _forget_fetch(self, obj_id: str, fetch) -> None:
+        """Drops obj_id's entry if it is still this fetch (a newer fetch of it stays)."""
+        with self._lock:
+            if self._fetches.get(obj_id) is fetch:
+                del self._fetches[obj_id]
 
 
 def wait_tensor_freed(tensor, timeout: Optional[float] = None) -> None:
