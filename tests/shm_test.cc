@@ -212,6 +212,27 @@ TEST(HierProcesses, ACrashedRankIsNoticedOnEveryLevel) {
       << results[2].output;
 }
 
+// A rank that never calls an op under hier (hosts a a b; rank 2, host b's only rank, is silent,
+// and rank 1 calls 300 ms late, so host a's leader begins the leaders' level with ~600 ms of the
+// op's 900 left): ranks 0 and 1 fail with kTimeout near the op's deadline, and each message gives
+// the op's timeout, not only what a level had left of it.
+TEST(HierProcesses, ALevelsTimeoutNamesTheOpsTimeout) {
+  TempDir dir;
+  const std::vector<std::string> hosts = {"a", "a", "b"};
+  auto results = run_ranks_env(
+      3, "hier", unique_name("hier-silent"),
+      [&](int r) {
+        return std::vector<std::string>{"TUTTI_HOST_ID=host-" + hosts[r],
+                                        "TUTTI_TEST_SILENT_RANK=2", "TUTTI_TEST_LATE_RANK=1"};
+      },
+      dir, "env_silent_rank");
+  for (int r : {0, 1}) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("timed out in"), std::string::npos) << results[r].output;
+  }
+  EXPECT_EQ(results[2].exit_code, 0) << results[2].output;
+}
+
 TEST(ShmThreads, TwoJobsWithoutJobIdsShareAGroupName) {
   // Separate stores, the same group name and incarnation: segment names must not collide.
   auto a = create_groups(2, "shm", "same-name", std::chrono::seconds(20));

@@ -467,6 +467,44 @@ void scenario_env_crash_noticed(const Args&) {
   }
 }
 
+// Rank TUTTI_TEST_SILENT_RANK never calls the allreduce (it waits 4 s, then leaves); rank
+// TUTTI_TEST_LATE_RANK calls it 300 ms late. Every other rank's allreduce (timeout 900 ms) must
+// fail with kTimeout (or kRemoteError quoting a peer's timeout) within 0.85-3 s of its call (the
+// late one 0.3 s less), and its message must give the op's timeout, 900 ms (under hier a level
+// that began late has less of it left), which it prints.
+void scenario_env_silent_rank(const Args&) {
+  init_collective_group_from_env("", "silent");
+  auto g = get_group("silent");
+  const int rank = g->rank();
+  std::vector<int32_t> v(1000, rank + 1);
+  g->allreduce(v);  // everyone is there
+  require(v[0] == g->world_size() * (g->world_size() + 1) / 2, "first allreduce");
+  if (rank == std::atoi(std::getenv("TUTTI_TEST_SILENT_RANK"))) {
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    std::fflush(stdout);
+    std::_Exit(0);  // its peers have failed by now; no teardown that waits for them
+  }
+  const bool late = rank == std::atoi(std::getenv("TUTTI_TEST_LATE_RANK"));
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  AllreduceOptions opts;
+  opts.timeout = std::chrono::milliseconds(900);
+  const auto start = Clock::now();
+  try {
+    g->allreduce(v, opts);
+    throw std::runtime_error("allreduce succeeded without the silent rank");
+  } catch (const Error& e) {
+    const double ms = ms_since(start);
+    // kRemoteError: a rank that learned of the timeout from a peer (hier: a host's leader).
+    require(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kRemoteError,
+            std::string("error code ") + to_string(e.code()) + ": " + e.what());
+    require(ms >= (late ? 550 : 850) && ms < 3000,
+            "failed after " + std::to_string(ms) + " ms: " + e.what());
+    require(std::string(e.what()).find("900 ms") != std::string::npos,
+            std::string("the op's timeout named: ") + e.what());
+    std::printf("rank %d timed out in %.0f ms: %s\n", rank, ms, e.what());
+  }
+}
+
 // Every op on the group the environment describes, each result checked against values computed
 // here from the ranks' inputs: what the hier backend must get right on any layout of hosts
 // (its composed allreduce, broadcast and barrier, and the ops it hands to the flat level).
@@ -653,9 +691,13 @@ int main(int argc, char** argv) {
   // Scenarios launched through an environment (tutti-run, torchrun-style variables) take no
   // positional arguments; the others take rank, world size, store URL and a timeout.
   const std::map<std::string, void (*)(const Args&)> from_env = {
-      {"env_allreduce", scenario_env_allreduce}, {"env_until_cut", scenario_env_until_cut},
-      {"env_backend", scenario_env_backend},     {"env_every_op", scenario_env_every_op},
-      {"env_symmetric", scenario_env_symmetric}, {"env_crash_noticed", scenario_env_crash_noticed},
+      {"env_allreduce", scenario_env_allreduce},
+      {"env_until_cut", scenario_env_until_cut},
+      {"env_backend", scenario_env_backend},
+      {"env_every_op", scenario_env_every_op},
+      {"env_symmetric", scenario_env_symmetric},
+      {"env_crash_noticed", scenario_env_crash_noticed},
+      {"env_silent_rank", scenario_env_silent_rank},
   };
   const std::map<std::string, void (*)(const Args&)> positional = {
       {"allreduce", scenario_allreduce},

@@ -204,7 +204,14 @@ void HierBackend::run(Level& level, OpType op, const OpSignature& signature,
     WorkPtr work = issue(*level.backend, c);
     if (work) work->wait();
   } catch (const Error& e) {
-    throw Error(e.code(), parent.description() + ": " + e.what() + " (" + level.legend + ")");
+    // A level's timeout is what was left of the op's when the level began: say the op's too.
+    std::string whole;
+    if (e.code() == ErrorCode::kTimeout && c.timeout != parent.timeout) {
+      whole = "; the op's timeout is " + std::to_string(parent.timeout.count()) + " ms, of which " +
+              std::to_string(c.timeout.count()) + " ms were left when this level began";
+    }
+    throw Error(e.code(),
+                parent.description() + ": " + e.what() + " (" + level.legend + whole + ")");
   }
 }
 
