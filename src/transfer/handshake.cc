@@ -75,8 +75,10 @@ std::vector<int> offer_hello(Connection& conn, const HelloOffer& offer, Clock::t
   if (offer.local && offer.lane_fd >= 0) lane.push_back(offer.lane_fd);
   conn.send(MsgType::kHello, w.out(), lane, deadline, cancelled);
   Message m = conn.receive(deadline, cancelled);
-  std::string their_nonce;  // the owner's, when it has a secret
+  std::string their_nonce;      // the owner's, when it has a secret
+  bool proved_nothing = false;  // challenged without a secret: the owner refuses
   if (m.type == MsgType::kChallenge) {
+    proved_nothing = offer.secret.empty();
     ReceivedFds stray(m.fds);
     WireReader r(m.payload, "the hello's challenge from " + owner_text(owner));
     their_nonce = r.str8("nonce");
@@ -89,6 +91,15 @@ std::vector<int> offer_hello(Connection& conn, const HelloOffer& offer, Clock::t
     m = conn.receive(deadline, cancelled);
   }
   ReceivedFds fds(m.fds);
+  if (m.type == MsgType::kError && proved_nothing) {
+    try {
+      throw_error_payload(m.payload);
+    } catch (const Error& e) {
+      throw Error(e.code(), std::string(e.what()) +
+                                " (this agent has no secret: give it the owner's when it is made, "
+                                "TransferAgentOptions::secret or TUTTI_TRANSFER_SECRET)");
+    }
+  }
   if (m.type == MsgType::kError) throw_error_payload(m.payload);
   WireReader r(m.payload, "the hello's reply from " + owner_text(owner));
   const AgentIdentity them = decode_identity(r.str32("identity", 4096));
