@@ -134,6 +134,20 @@ TEST(GlooDirect, ASilentPeerTimesOutNamingIt) {
   EXPECT_TUTTI_ERROR(groups[0]->barrier(), ErrorCode::kAborted);
 }
 
+// Through Gloo's own pairs (TUTTI_GLOO_ALLREDUCE=gloo), a ring reduce_scatter where rank 2 never
+// calls: rank 1 gets its left neighbour's block and then waits to send to rank 2; rank 0 waits
+// for rank 2's block. Both time out naming rank 2, the neighbour each was waiting for.
+TEST(GlooDirect, GloosRingReduceScatterNamesTheNeighbourItWaitsFor) {
+  auto groups =
+      groups_with("TUTTI_GLOO_ALLREDUCE", "gloo", 3, unique_name("ring-blame"), milliseconds(600));
+  run_ranks(2, [&](int r) {
+    std::vector<float> in(3 * 1024, 1.0f), out(1024);
+    EXPECT_TUTTI_ERROR(groups[r]->reduce_scatter(TensorView(out), TensorView(in)),
+                       ErrorCode::kTimeout, "reduce_scatter #0", "timed out after 600 ms",
+                       "waiting for rank 2");
+  });
+}
+
 TEST(GlooDirect, BarrierThenAllreduceStayInStep) {
   auto groups = create_groups(4, "gloo", unique_name("direct-barrier"));
   run_ranks(4, [&](int r) {

@@ -512,14 +512,21 @@ Backend::WorkPtr GlooBackend::reduce_scatter(const std::vector<TensorView>& outp
     const int left = (rank_ - 1 + w) % w;
     const auto slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, ctx.tag);
     const auto deadline = ctx.deadline();
-    guarded(ctx, "rank " + std::to_string(left) + " (ring neighbour)", [&] {
+    // Gloo's timeouts carry no address: the neighbour of the wait in progress names it.
+    const std::string from_left = "rank " + std::to_string(left) + " (ring neighbour, its block)";
+    const std::string to_right =
+        "rank " + std::to_string(right) + " (ring neighbour, to take this rank's block)";
+    std::string waiting_for = from_left;
+    guarded(ctx, waiting_for, [&] {
       auto recv_buf = context_->createUnboundBuffer(incoming, bytes);
       const void* sending = in[(rank_ - 1 + w) % w].data();
       for (int s = 0; s < w - 1; ++s) {
         auto send_buf = context_->createUnboundBuffer(const_cast<void*>(sending), bytes);
         send_buf->send(right, slot);
         recv_buf->recv(left, slot);
+        waiting_for = from_left;
         wait_buffer(*recv_buf, /*sending=*/false, left, deadline, ctx);
+        waiting_for = to_right;
         wait_buffer(*send_buf, /*sending=*/true, right, deadline, ctx);
         const int block = ((rank_ - s - 2) % w + w) % w;
         char* target = (s == w - 2) ? static_cast<char*>(out.data()) : acc[s % 2];
