@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <thread>
 
 #include "test_util.h"
@@ -184,7 +185,104 @@ TEST_P(WorkTest, EveryFinishHookRunsInOrderBeforeTheWaitersWake) {
   EXPECT_EQ(a, b);
 }
 
-// synchronize() on the CPU waits for every async op queued so far.
+// A completion hook runs on the group's worker thread. It may destroy the group (0), hold the
+// group's last reference (1), or the Work it belongs to may (keep_alive) once the caller dropped
+// it (2): the group goes on the worker, which must neither join itself (std::terminate) nor take
+// its queue's lock twice (a hang), and the op's result stands. Rank 1 calls only once rank 0's
+// hook is in place, so the hook runs on the worker, not at once.
+TEST_P(WorkTest, AHookMayDestroyTheGroupOrHoldItsLastReference) {
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    auto groups =
+        create_groups(2, backend(), unique_name("work-hook-ends-group"), milliseconds(10000));
+    std::weak_ptr<CollectiveGroup> watch = groups[0];
+    std::promise<void> hooked;
+    std::thread peer([&, ready = hooked.get_future()] {
+      ready.wait();
+      std::vector<int32_t> v(1 << 12, 2);
+      groups[1]->allreduce(v);
+      EXPECT_EQ(v[0], 3);
+    });
+    std::vector<int32_t> v(1 << 12, 1);
+    {
+      std::shared_ptr<CollectiveGroup> g = std::move(groups[0]);
+      AllreduceOptions o;
+      o.async_op = true;
+      auto w = g->allreduce(v, o);
+      if (variant == 0)
+        w->on_finish([raw = g.get()](const std::exception_ptr&) { raw->destroy(); });
+      if (variant == 1) w->on_finish([g](const std::exception_ptr&) {});
+      if (variant == 2) w->keep_alive(g);
+      if (variant != 0) g.reset();
+      hooked.set_value();
+      if (variant == 2) {
+        w.reset();
+      } else {
+        w->wait();
+        EXPECT_TRUE(w->is_success());
+      }
+    }
+    peer.join();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!watch.expired() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+    EXPECT_TRUE(watch.expired()) << "the group is still there 10 s after its op";
+    EXPECT_EQ(v[0], 3);
+    groups[1]->destroy();
+  }
+}
+
+// A hook added while finish() runs the earlier ones (from another thread) runs too, before the
+// waiters wake.
+TEST(WorkHooks, AHookAddedWhileTheHooksRunIsNotLost) {
+  auto work = std::make_shared<Work>(OpContext{});
+  std::atomic<bool> in_first{false}, go_on{false}, late_ran{false};
+  work->on_finish([&](const std::exception_ptr&) {
+    in_first = true;
+    while (!go_on) std::this_thread::yield();
+  });
+  std::thread finisher([&] { work->finish(); });
+  while (!in_first) std::this_thread::yield();
+  work->on_finish([&](const std::exception_ptr&) { late_ran = true; });
+  go_on = true;
+  work->wait();
+  EXPECT_TRUE(late_ran.load()) << "the waiter woke before the late hook ran, or it never ran";
+  finisher.join();
+  EXPECT_TRUE(late_ran.load());
+}
+
+// An op issued from a hook, on the group's worker (what torch's PowerSGD hook does from its
+// future's callback: an async allreduce, then a wait for it), runs there: queued behind the op
+// whose hook issued it, it would never run.
+TEST_P(WorkTest, AnOpIssuedFromAHookRunsAndCanBeWaitedFor) {
+  auto groups = create_groups(2, backend(), unique_name("work-hook-issues"), milliseconds(10000));
+  run_ranks(2, [&](int r) {
+    std::vector<int32_t> v(1 << 16, r + 1), inner(4, 10 * (r + 1));
+    AllreduceOptions o;
+    o.async_op = true;
+    auto w = groups[r]->allreduce(v, o);
+    std::atomic<bool> inner_done{false};
+    w->on_finish([&](const std::exception_ptr&) {
+      groups[r]->issue_from_this_thread();  // torch's backend hands the group to each caller
+      auto x = groups[r]->allreduce(inner, o);
+      try {
+        x->wait(milliseconds(5000));
+        inner_done = true;
+      } catch (const Error& e) {
+        ADD_FAILURE() << e.what();
+      }
+    });
+    w->wait();
+    EXPECT_TRUE(inner_done.load());
+    EXPECT_EQ(v[0], 3);
+    EXPECT_EQ(inner[3], 30);
+    groups[r]->issue_from_this_thread();
+  });
+}
+
+// synchronize() on the CPU waits for every async op queued so far.// synchronize() on the CPU waits
+// for every async op queued so far.
 TEST_P(WorkTest, SynchronizeWaitsForQueuedOps) {
   auto groups = create_groups(2, backend(), unique_name("work-sync"));
   run_ranks(2, [&](int r) {

@@ -84,6 +84,7 @@ class TUTTI_API Work {
     std::exception_ptr error;
     std::function<void(const std::exception_ptr&)> hook;
     std::vector<std::shared_ptr<const void>> keep_alive;
+    bool finishing = false;  // finish() runs the hooks: one added meanwhile runs there too
   };
   Sync& sync();
 

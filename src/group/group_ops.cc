@@ -241,7 +241,10 @@ CollectiveGroup::WorkPtr CollectiveGroup::submit(Call& call, Issue&& issue) {
 template <typename Issue>
 CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
   State& s = *state_;
-  const bool queue_it = s.runs_inline && (call.async || s.queued.load() > 0);
+  // An op issued on the group's own worker (from a completion hook: a torch future's callback)
+  // runs there and then: queued behind the op whose hook issued it, a wait for it would never end.
+  const bool queue_it =
+      s.runs_inline && (call.async || s.queued.load() > 0) && !s.queue.on_worker();
   if (s.recorder) call.record = s.recorder->issue(call.ctx, call.peer, !queue_it);
   if (queue_it) {
     // On the group's worker, after the ops queued before it. A blocking call behind async ones
@@ -252,10 +255,10 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
     s.queue.push([state, work, queued_ctx = call.ctx, fingerprint = call.fingerprint,
                   record = call.record, fn = std::decay_t<Issue>(std::forward<Issue>(issue))] {
       OpContext ctx = queued_ctx;
+      std::exception_ptr error;
       if (state->aborted.load() || state->destroyed.load()) {
-        auto error = aborted_error(*state, ctx);
+        error = aborted_error(*state, ctx);
         note_finish(*state, record, what_of(error));
-        work->finish(error);
       } else {
         // Its deadline counts from when it starts, not from when it was queued.
         ctx.started = detail::op_now();
@@ -265,19 +268,22 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
           WorkPtr inner = fn(*state->backend, ctx);
           if (inner) inner->wait();
           note_finish(*state, record);
-          work->finish();
         } catch (const Error& e) {
           note_finish(*state, record, e.what());
           state->record_failure(ctx, e);
-          work->finish(std::current_exception());
+          error = std::current_exception();
         } catch (const std::exception& e) {
           Error wrapped(ErrorCode::kInternal, ctx.description() + ": " + e.what());
           note_finish(*state, record, wrapped.what());
           state->record_failure(ctx, wrapped);
-          work->finish(std::make_exception_ptr(wrapped));
+          error = std::make_exception_ptr(wrapped);
         }
       }
+      // No longer queued before it completes: a caller that sees it complete and destroys the
+      // group finds nothing running. Then nothing of the group is touched: the Work's hooks may
+      // destroy the group, or drop its last reference.
       state->queued.fetch_sub(1);
+      work->finish(error);
     });
     call.lock.unlock();
     if (!call.async) work->wait();
@@ -795,8 +801,8 @@ void CollectiveGroup::State::drain() {
     std::lock_guard<std::mutex> lock(op_mutex);
     queued.fetch_add(1);
     queue.push([this, marker] {
-      marker->finish();
       queued.fetch_sub(1);
+      marker->finish();
     });
   }
   marker->wait();

@@ -112,17 +112,35 @@ void Work::finish(std::exception_ptr error) {
   std::function<void(const std::exception_ptr&)> hook;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (done_.load(std::memory_order_relaxed)) return;
+    if (done_.load(std::memory_order_relaxed) || s.finishing) return;
+    s.finishing = true;
     s.error = error;
     hook = std::move(s.hook);
     s.hook = nullptr;
   }
-  // The hook runs before any waiter wakes: a caller whose wait() returned sees its effect (the
-  // group is marked aborted).
-  if (hook) hook(error);
-  {
+  // The hooks run before any waiter wakes: a caller whose wait() returned sees their effect (the
+  // group is marked aborted). A hook added while they run (on_finish from another thread) runs
+  // here after them, not never.
+  // The hooks that ran are destroyed on return, as before (what they hold may be this Work's
+  // last other reference, or its group's).
+  std::function<void(const std::exception_ptr&)> ran;
+  std::vector<std::function<void(const std::exception_ptr&)>> ran_late;
+  while (true) {
+    if (hook) {
+      hook(error);
+      if (ran) {
+        ran_late.push_back(std::move(hook));
+      } else {
+        ran = std::move(hook);
+      }
+    }
     std::lock_guard<std::mutex> lock(s.mutex);
-    done_.store(true, std::memory_order_release);
+    hook = std::move(s.hook);
+    s.hook = nullptr;
+    if (!hook) {
+      done_.store(true, std::memory_order_release);
+      break;
+    }
   }
   s.cv.notify_all();
 }
