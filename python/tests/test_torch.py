@@ -69,6 +69,97 @@ def test_empty_symmetric_takes_the_single_copy_path(tmp_path):
     assert out.count("single copy") == 2, out[-3000:]
 
 
+def test_async_ops_keep_their_inputs_and_callbacks_issue_ops(tmp_path):
+    """Found by reading (helper-37): an op issued from a future's callback on the group's worker
+    (PowerSGD's hooks) and waited for; async all_gather, all_gather_into_tensor, gather and
+    scatter holding their inputs while in flight (rank 1 holds back until rank 0 has dropped
+    them); all_to_all whose blocks are alike on one rank and not on the other; an empty
+    coalescing block."""
+    script = tmp_path / "held.py"
+    script.write_text(textwrap.dedent("""
+        import datetime, gc, weakref
+        import torch, torch.distributed as dist, tutti.torch
+        dist.init_process_group("tutti", timeout=datetime.timedelta(seconds=20))
+        rank, world = dist.get_rank(), dist.get_world_size()
+        store = dist.distributed_c10d._get_default_store()
+        n = 1 << 18
+
+        # A callback on the worker issues an async all_reduce and waits for it (rank 0's runs on
+        # the worker: rank 1 calls only once rank 0's callback is attached).
+        if rank == 1:
+            store.wait(["then"])
+        big = torch.ones(1 << 20)
+        def then(fut):
+            small = torch.full((4,), float(rank + 1))
+            dist.all_reduce(small, async_op=True).wait(timeout=datetime.timedelta(seconds=20))
+            return small
+        fut = dist.all_reduce(big, async_op=True).get_future().then(then)
+        if rank == 0:
+            store.set("then", "1")
+        assert fut.wait().tolist() == [3.0] * 4 and big[0].item() == 2.0
+        print("ok callback", flush=True)
+
+        def held_back(name, issue, check):
+            if rank == 1:
+                store.wait([name])
+            x = torch.full((n,), float(rank + 1))
+            ref = weakref.ref(x)
+            w, out = issue(x)
+            del x
+            gc.collect()
+            kept = ref() is not None
+            junk = [torch.full((n,), -7.0) for _ in range(8)]  # would take its memory
+            if rank == 0:
+                store.set(name, "1")
+            w.wait()
+            assert rank == 1 or kept, name + ": its input was freed while the op was in flight"
+            assert check(out), name + ": wrong result"
+            del junk
+            print("ok " + name, flush=True)
+
+        def all_gather(x):
+            outs = [torch.empty(n) for _ in range(world)]
+            return dist.all_gather(outs, x, async_op=True), outs
+        held_back("all_gather", all_gather,
+                  lambda outs: [float(o[5]) for o in outs] == [1.0, 2.0])
+        def into_tensor(x):
+            out = torch.empty(world * n)
+            return dist.all_gather_into_tensor(out, x, async_op=True), out
+        held_back("all_gather_into_tensor", into_tensor,
+                  lambda out: (float(out[0]), float(out[n])) == (1.0, 2.0))
+        def gather(x):
+            outs = [torch.empty(n) for _ in range(world)] if rank == 1 else None
+            return dist.gather(x, outs, dst=1, async_op=True), outs
+        held_back("gather", gather,
+                  lambda outs: rank == 0 or [float(o[7]) for o in outs] == [1.0, 2.0])
+        def scatter(x):
+            out = torch.empty(n)
+            blocks = [x] + [x * (q + 1) for q in range(1, world)] if rank == 0 else None
+            return dist.scatter(out, blocks, src=0, async_op=True), out
+        held_back("scatter", scatter, lambda out: float(out[3]) == rank + 1.0)
+
+        # all_to_all: rank 0's blocks are all of 2 elements, rank 1 keeps 3 for itself.
+        if rank == 0:
+            ins = [torch.full((2,), 10.0), torch.full((2,), 11.0)]
+            outs = [torch.empty(2), torch.empty(2)]
+        else:
+            ins = [torch.full((2,), 20.0), torch.full((3,), 21.0)]
+            outs = [torch.empty(2), torch.empty(3)]
+        dist.all_to_all(outs, ins)
+        want = [[10.0] * 2, [20.0] * 2] if rank == 0 else [[11.0] * 2, [21.0] * 3]
+        assert [o.tolist() for o in outs] == want, [o.tolist() for o in outs]
+        print("ok all_to_all uneven on one rank", flush=True)
+
+        with dist._coalescing_manager(device=torch.device("cpu")):
+            pass
+        print("ok empty coalescing", flush=True)
+        dist.destroy_process_group()
+        print("checks passed", flush=True)
+    """))
+    out = torchrun(2, str(script))
+    assert out.count("checks passed") == 2, out[-3000:]
+
+
 def train(tmp_path, nproc, wrap):
     """Trains with tutti, then with gloo, in one torchrun (the same processes, one after the
     other); returns each one's parameters and tutti's overlap counts."""

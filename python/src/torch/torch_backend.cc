@@ -475,10 +475,13 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::allgather(
   }
   const TensorView input = view_of(in_staged[0].work, Use::kMove, "allgather");
   const auto output_views = views(out_staged, Use::kMove, "allgather");
-  return run(c10d::OpType::ALLGATHER, in.device(), opts.asyncOp, bytes_of(outputs[0]), out_staged,
-             outputs[0], {}, [&](CollectiveGroup& g, const OpOptions& o) {
-               return g.allgather(output_views, input, with<AllgatherOptions>(o, opts.timeout));
-             });
+  auto keep = std::make_shared<std::vector<Staged>>(in_staged);  // read until the op is done
+  return run(
+      c10d::OpType::ALLGATHER, in.device(), opts.asyncOp, bytes_of(outputs[0]), out_staged,
+      outputs[0], [keep] {},
+      [&](CollectiveGroup& g, const OpOptions& o) {
+        return g.allgather(output_views, input, with<AllgatherOptions>(o, opts.timeout));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> TuttiBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -487,10 +490,13 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::_allgather_base(at::Tensor& output,
   auto out_staged = stage_all({output});
   const TensorView in = flat(in_staged[0].work, Use::kMove, "all_gather_into_tensor");
   const TensorView out = flat(out_staged[0].work, Use::kMove, "all_gather_into_tensor");
-  return run(c10d::OpType::_ALLGATHER_BASE, input.device(), opts.asyncOp, output.nbytes(),
-             out_staged, {output}, {}, [&](CollectiveGroup& g, const OpOptions& o) {
-               return g.allgather(out, in, with<AllgatherOptions>(o, opts.timeout));
-             });
+  auto keep = std::make_shared<std::vector<Staged>>(in_staged);  // read until the op is done
+  return run(
+      c10d::OpType::_ALLGATHER_BASE, input.device(), opts.asyncOp, output.nbytes(), out_staged,
+      {output}, [keep] {},
+      [&](CollectiveGroup& g, const OpOptions& o) {
+        return g.allgather(out, in, with<AllgatherOptions>(o, opts.timeout));
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> TuttiBackend::allgather_coalesced(
@@ -535,13 +541,15 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::gather(std::vector<std::vector<at::
   auto out_staged = root ? stage_all(outputs[0]) : std::vector<Staged>{};
   const TensorView input = view_of(in_staged[0].work, Use::kMove, "gather");
   const auto output_views = views(out_staged, Use::kMove, "gather");
-  return run(c10d::OpType::GATHER, in.device(), opts.asyncOp, in.nbytes() * getSize(), out_staged,
-             root ? outputs[0] : std::vector<at::Tensor>{}, {},
-             [&](CollectiveGroup& g, const OpOptions& o) {
-               auto go = with<GatherOptions>(o, opts.timeout);
-               go.root_rank = static_cast<int>(opts.rootRank);
-               return g.gather(output_views, input, go);
-             });
+  auto keep = std::make_shared<std::vector<Staged>>(in_staged);  // read until the op is done
+  return run(
+      c10d::OpType::GATHER, in.device(), opts.asyncOp, in.nbytes() * getSize(), out_staged,
+      root ? outputs[0] : std::vector<at::Tensor>{}, [keep] {},
+      [&](CollectiveGroup& g, const OpOptions& o) {
+        auto go = with<GatherOptions>(o, opts.timeout);
+        go.root_rank = static_cast<int>(opts.rootRank);
+        return g.gather(output_views, input, go);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> TuttiBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -554,12 +562,15 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::scatter(std::vector<at::Tensor>& ou
   auto in_staged = root ? stage_all(inputs[0]) : std::vector<Staged>{};
   const TensorView output = view_of(out_staged[0].work, Use::kMove, "scatter");
   const auto input_views = views(in_staged, Use::kMove, "scatter");
-  return run(c10d::OpType::SCATTER, out.device(), opts.asyncOp, out.nbytes() * getSize(),
-             out_staged, outputs, {}, [&](CollectiveGroup& g, const OpOptions& o) {
-               auto so = with<ScatterOptions>(o, opts.timeout);
-               so.root_rank = static_cast<int>(opts.rootRank);
-               return g.scatter(output, input_views, so);
-             });
+  auto keep = std::make_shared<std::vector<Staged>>(in_staged);  // read until the op is done
+  return run(
+      c10d::OpType::SCATTER, out.device(), opts.asyncOp, out.nbytes() * getSize(), out_staged,
+      outputs, [keep] {},
+      [&](CollectiveGroup& g, const OpOptions& o) {
+        auto so = with<ScatterOptions>(o, opts.timeout);
+        so.root_rank = static_cast<int>(opts.rootRank);
+        return g.scatter(output, input_views, so);
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> TuttiBackend::reduce_scatter(
@@ -710,7 +721,16 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::alltoall(std::vector<at::Tensor>& o
       c10d::OpType::ALLTOALL, device, opts.asyncOp, bytes_of(inputs), out_staged, outputs,
       [keep] {},
       [&](CollectiveGroup& g, const OpOptions& o) {
-        if (uniform) return g.alltoall(out_views, in_views, with<AlltoallOptions>(o, opts.timeout));
+        // Every rank takes the same path: one whose blocks are all alike may face one whose are
+        // not (its own block, or another pair's, differs), and the two paths never meet.
+        int32_t all_uniform = uniform ? 1 : 0;
+        auto agree = with<AllreduceOptions>(OpOptions{}, opts.timeout);
+        agree.reduce_op = ReduceOp::kMin;
+        issuer_->group_for(at::Device(at::kCPU))
+            .allreduce(TensorView(&all_uniform, DType::kInt32, {1}), agree);
+        if (all_uniform == 1) {
+          return g.alltoall(out_views, in_views, with<AlltoallOptions>(o, opts.timeout));
+        }
         // Blocks of different sizes: this rank's own block copied, every other send and
         // receive posted as one batch.
         const int me = getRank();

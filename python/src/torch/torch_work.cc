@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include "tutti/error.h"
+#include "tutti/op_type.h"
 
 namespace tutti::torch_backend {
 
@@ -156,9 +157,19 @@ void TuttiWork::synchronize() {
 bool TuttiWork::wait(std::chrono::milliseconds timeout) {
   post();
   if (!parts_.empty()) {
-    for (const auto& p : parts_) p->wait(timeout);
+    // One timeout for the whole, not one per part.
+    const bool bounded = timeout.count() > 0;
+    const auto deadline =
+        bounded ? deadline_after(timeout) : std::chrono::steady_clock::time_point::max();
+    for (const auto& p : parts_) {
+      p->wait(bounded ? std::max(std::chrono::milliseconds(1),
+                                 std::chrono::ceil<std::chrono::milliseconds>(
+                                     deadline - std::chrono::steady_clock::now()))
+                      : timeout);
+    }
     return true;
   }
+  if (!work_) return true;  // an empty coalescing block, or a batch with nothing for this rank
   if (issue_stream_) {
     if (work_->is_completed()) {
       if (auto e = exception()) std::rethrow_exception(e);
