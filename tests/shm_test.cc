@@ -233,6 +233,43 @@ TEST(HierProcesses, ALevelsTimeoutNamesTheOpsTimeout) {
   EXPECT_EQ(results[2].exit_code, 0) << results[2].output;
 }
 
+// A /dev/shm too small for the group's segment (an 8 MiB tmpfs in a mount namespace of its own,
+// where the segment takes 36 MiB): the group's creation fails by name on every rank. tmpfs does
+// not reserve a file's pages when it is sized, so before, creation succeeded and the first touch
+// of a page past the room killed the rank with SIGBUS.
+TEST(ShmProcesses, ASegmentDevShmHasNoRoomForFailsCreationByName) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small /dev/shm needs root";
+  const std::string script =
+      "mount --make-rprivate / && mount -t tmpfs -o size=8m tmpfs /dev/shm "
+      "|| exit 77; exec " TUTTI_RUN " -n 2 --backend shm " TUTTI_TEST_WORKER " env_allreduce";
+  auto r = run_command({"unshare", "-m", "sh", "-c", script}, milliseconds(60000),
+                       {"TUTTI_SHM_MAILBOX_BYTES=4194304"});
+  if (r.exit_code == 77) GTEST_SKIP() << "cannot mount a tmpfs here: " << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("signal 7"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("reserving the group's segment of"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("give /dev/shm more room"), std::string::npos) << r.output;
+}
+
+// TUTTI_SHM_CHUNK_BYTES past what strtoull can hold (or 0, or negative) falls back to the default
+// with a warning: it wrapped to a chunk of 0 bytes, and a broadcast looped forever.
+TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {
+  for (const char* bad : {"99999999999999999999", "0", "-4096", "4611686018427387904"}) {
+    SCOPED_TRACE(bad);
+    ::setenv("TUTTI_SHM_CHUNK_BYTES", bad, 1);
+    auto groups = create_groups(2, "shm", unique_name("shm-bad-chunk"));
+    ::unsetenv("TUTTI_SHM_CHUNK_BYTES");
+    run_ranks(2, [&](int r) {
+      std::vector<int32_t> v(3 << 16, r == 0 ? 7 : 0);  // 768 KiB
+      groups[r]->broadcast(v);
+      EXPECT_EQ(v[(3 << 16) - 1], 7);
+      std::vector<float> big(1 << 19, static_cast<float>(r + 1));  // 2 MiB
+      groups[r]->allreduce(big);
+      EXPECT_EQ(big[(1 << 19) - 1], 3.0f);
+    });
+  }
+}
+
 TEST(ShmThreads, TwoJobsWithoutJobIdsShareAGroupName) {
   // Separate stores, the same group name and incarnation: segment names must not collide.
   auto a = create_groups(2, "shm", "same-name", std::chrono::seconds(20));

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -27,13 +28,22 @@ namespace tutti::shm_backend {
 
 namespace {
 
-// A number from the environment, or the fallback when unset or below `min_value`.
-size_t env_size(const char* name, size_t fallback, size_t min_value = 4096) {
+// A number from the environment in [min_value, max_value]; the fallback when unset, or (with a
+// warning) when it is not such a number: one past the range wrapped the segment's arithmetic
+// (a chunk of 0 bytes looped forever, one of 2^62 bytes pointed outside the mapping) or an int.
+size_t env_size(const char* name, size_t fallback, size_t min_value = 4096,
+                size_t max_value = size_t{1} << 30) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
+  errno = 0;
   const unsigned long long n = std::strtoull(v, &end, 10);
-  return (*end == '\0' && n >= min_value) ? static_cast<size_t>(n) : fallback;
+  if (*end != '\0' || errno == ERANGE || *v == '-' || n < min_value || n > max_value) {
+    TUTTI_LOG_WARN("shm: {}='{}' is not a number from {} to {}: using {}", name, v, min_value,
+                   max_value, fallback);
+    return fallback;
+  }
+  return static_cast<size_t>(n);
 }
 
 size_t align_up(size_t n, size_t a) {
@@ -123,11 +133,14 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   // the ranks may run on together (shm_cpus.h). TUTTI_SHM_ADAPT (default 1: fixed) lets the
   // budget grow up to that many times after waits that slept briefly (AdaptiveSpin, shm_wait.h).
   SpinPolicy spin;
-  spin.spins = static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kMinSpins, 0));
-  spin.spin_for = std::chrono::microseconds(env_size(
-      "TUTTI_SHM_SPIN_US", oversubscribed ? 0 : static_cast<size_t>(kLongSpin.count()), 0));
-  spin.yields = static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0));
-  spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 1, 0)));
+  spin.spins =
+      static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kMinSpins, 0, 100'000'000));
+  spin.spin_for = std::chrono::microseconds(
+      env_size("TUTTI_SHM_SPIN_US", oversubscribed ? 0 : static_cast<size_t>(kLongSpin.count()), 0,
+               10'000'000));
+  spin.yields =
+      static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0, 1'000'000));
+  spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 1, 0, 1000)));
   TUTTI_LOG_DEBUG(
       "shm: {} ranks ({} tutti processes here) on {} usable CPUs ({}): polls for {} "
       "us (at least {}) then yields {}",

@@ -55,6 +55,18 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
       ::shm_unlink(name.c_str());
       throw_errno("sizing segment '" + name + "' to " + std::to_string(size_) + " bytes");
     }
+    // Reserved now: tmpfs grows a file's pages on first touch, and a page /dev/shm has no room
+    // for then kills the process that touches it (SIGBUS), in the middle of some later op.
+    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size_)); err != 0) {
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      throw Error(err == ENOSPC ? ErrorCode::kUnavailable : ErrorCode::kIoError,
+                  "shm: reserving the group's segment of " + std::to_string(size_) +
+                      " bytes in /dev/shm: " + std::strerror(err) +
+                      (err == ENOSPC ? " (give /dev/shm more room, e.g. docker's --shm-size, "
+                                       "or lower TUTTI_SHM_CHUNK_BYTES / TUTTI_SHM_MAILBOX_BYTES)"
+                                     : ""));
+    }
     store.set("shm/segment", name);
   } else {
     name = store.get("shm/segment");
@@ -78,18 +90,26 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
   }
   // Everyone attached: then the name goes, so nothing outlives the processes. The last rank to
   // attach takes the name away too, so that it goes even when rank 0 died after making it.
-  store.set("shm/attached/" + std::to_string(rank), "1");
-  if (store.add("shm/attached-count", 1) == parties) ::shm_unlink(name.c_str());
-  if (rank == 0) {
-    std::vector<std::string> keys;
-    for (int r = 0; r < parties; ++r) keys.push_back("shm/attached/" + std::to_string(r));
-    try {
-      store.wait(keys);
-    } catch (...) {
+  // A failure here (the store, a peer that never attaches) unmaps the segment: a constructor
+  // that throws runs no destructor.
+  try {
+    store.set("shm/attached/" + std::to_string(rank), "1");
+    if (store.add("shm/attached-count", 1) == parties) ::shm_unlink(name.c_str());
+    if (rank == 0) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < parties; ++r) keys.push_back("shm/attached/" + std::to_string(r));
+      try {
+        store.wait(keys);
+      } catch (...) {
+        ::shm_unlink(name.c_str());
+        throw;
+      }
       ::shm_unlink(name.c_str());
-      throw;
     }
-    ::shm_unlink(name.c_str());
+  } catch (...) {
+    ::munmap(base_, size_);
+    base_ = nullptr;
+    throw;
   }
   TUTTI_LOG_DEBUG("shm: rank {}/{} attached '{}' ({} bytes)", rank, parties, name, size_);
 }
