@@ -311,6 +311,36 @@ TEST(ShmThreads, MismatchedOpsFailWithRemoteErrorNamingTheRank) {
   });
 }
 
+// Ops on either side of the small-message path's 16 KiB (a small op waits on the peers' slots,
+// a large one in the barrier) or a large broadcast one rank skipped: each rank waits on another
+// word, so neither wait ends by itself; one sees the other's tag for the same op after a nap and
+// fails at once with kRemoteError naming both ops (the other, whose group it aborts, quotes it),
+// not at the 20 s timeout.
+TEST(ShmThreads, OpsOfDifferentSizeClassesFailAtOnceNamingThePeer) {
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    auto groups = create_groups(2, "shm", unique_name("shm-size-class"), milliseconds(20000));
+    run_ranks(2, [&](int r) {
+      const auto start = std::chrono::steady_clock::now();
+      if (variant == 0) {
+        std::vector<float> v(r == 0 ? 4096 : 4097, 1.0f);  // 16384 B (small) and 16388 B
+        // Whichever rank sees it first aborts the group; the other's message quotes it.
+        EXPECT_TUTTI_ERROR(groups[r]->allreduce(v), ErrorCode::kRemoteError, "allreduce #0",
+                           "allreduce float32[4097] sum", "allreduce float32[4096] sum");
+      } else if (r == 0) {
+        std::vector<float> big(1 << 18, 1.0f);  // rank 1 skips it
+        EXPECT_TUTTI_ERROR(groups[0]->broadcast(big), ErrorCode::kRemoteError, "broadcast #0",
+                           "allreduce float32[4] sum", "broadcast float32[262144]");
+      } else {
+        std::vector<float> small(4, 1.0f);
+        EXPECT_TUTTI_ERROR(groups[1]->allreduce(small), ErrorCode::kRemoteError, "allreduce #0",
+                           "allreduce float32[4] sum", "broadcast float32[262144]");
+      }
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    });
+  }
+}
+
 TEST(ShmThreads, SendToASizeMismatchFails) {
   auto groups = create_groups(2, "shm", unique_name("shm-p2p"), milliseconds(5000));
   run_ranks(2, [&](int r) {

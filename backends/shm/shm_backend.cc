@@ -94,7 +94,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   mailboxes_ = base + mail_off;
   const long pid = static_cast<long>(::getpid());
   slots_[rank_].start.store(detail::process_start_time(pid));
-  slots_[rank_].pid.store(pid);
+  slots_[rank_].pid.store(static_cast<int32_t>(pid));
   // Each rank says it is here, and which CPUs it may run on: whether the ranks have a core each
   // depends on the union of their masks (ranks bound one CPU each are not oversubscribed;
   // shm_cpus.h).
@@ -278,7 +278,19 @@ ShmBackend::Op ShmBackend::begin_op(const OpContext& ctx) {
   slots_[rank_].signature[op.parity][0].store(sig[0], std::memory_order_relaxed);
   slots_[rank_].signature[op.parity][1].store(sig[1], std::memory_order_relaxed);
   slots_[rank_].tag[op.parity].store(ctx.tag);
+  slots_[rank_].begun.store(seq, std::memory_order_release);
   return op;
+}
+
+void ShmBackend::check_agreement(const Op& op) const {
+  // A peer in the same collective (by number) under another tag called another op: it may wait
+  // on other words than this rank (a small op's slot, a large one's barrier), so neither wait
+  // would ever end on its own. Looked at after each of the wait's naps.
+  for (int r = 0; r < world_size_; ++r) {
+    if (r == rank_ || slots_[r].begun.load(std::memory_order_acquire) != op.seq) continue;
+    const uint32_t theirs = slots_[r].tag[op.parity].load();
+    if (theirs != op.ctx.tag && (theirs ^ kSymmetricTag) != op.ctx.tag) mismatch(op, r, theirs);
+  }
 }
 
 void ShmBackend::end_op(const Op& op) {
@@ -346,7 +358,8 @@ void ShmBackend::sync(Op& op) {
                                                       std::to_string(op.ctx.timeout.count()) +
                                                       " ms waiting for rank(s) " +
                                                       ranks_where(missing) + " (shm barrier)");
-               });
+               },
+               &op);
   }
   if (!op.checked) {
     op.checked = true;
@@ -379,7 +392,8 @@ void ShmBackend::exchange(Op& op, const void* payload, size_t bytes) {
                                                       std::to_string(op.ctx.timeout.count()) +
                                                       " ms waiting for rank(s) " +
                                                       ranks_where(missing) + " (shm)");
-               });
+               },
+               &op);
     if (theirs.tag != op.ctx.tag) mismatch(op, q, theirs.tag);
   }
   op.checked = true;

@@ -116,11 +116,14 @@ class ShmBackend : public Backend {
   // Waits until ready() holds. Throws kAborted (this process aborted), kRemoteError (a peer
   // aborted, or left while waiting_on(it)), kIoError (the process of a peer waiting_on(it)
   // died), or what on_timeout() throws. op_seq: the collective waited in (0: point-to-point,
-  // which any peer's abort ends). Defined in shm_internal.h.
+  // which any peer's abort ends). `op`: the collective's, whose tag each nap compares with
+  // every peer's that began the same collective (check_agreement). Defined in shm_internal.h.
   template <typename Ready, typename WaitingOn, typename OnTimeout>
   void wait_until(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
                   const OpContext& ctx, uint64_t op_seq, Clock::time_point deadline,
-                  WaitingOn waiting_on, OnTimeout on_timeout);
+                  WaitingOn waiting_on, OnTimeout on_timeout, const Op* op = nullptr);
+  // kRemoteError (mismatch) when a peer began collective op.seq under another tag.
+  void check_agreement(const Op& op) const;
   bool stopped(uint64_t op_seq) const;
   void throw_if_stopped(const OpContext& ctx, uint64_t op_seq) const;
   std::optional<Error> gone_peer(const OpContext& ctx,

@@ -34,14 +34,15 @@ struct ShmBackend::Transfer {
 template <typename Ready, typename WaitingOn, typename OnTimeout>
 void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
                             std::atomic<uint32_t>& sleepers, const OpContext& ctx, uint64_t op_seq,
-                            Clock::time_point deadline, WaitingOn waiting_on,
-                            OnTimeout on_timeout) {
+                            Clock::time_point deadline, WaitingOn waiting_on, OnTimeout on_timeout,
+                            const Op* op) {
   if (ready() && !aborted_.load(std::memory_order_relaxed)) return;
   const std::function<bool(int)> waiting(waiting_on);
   // After each sleep: a peer we wait on that is gone ends the wait, unless what it did before
   // going satisfied the condition.
   auto check_peers = [&] {
     if (auto gone = gone_peer(ctx, waiting); gone && !ready()) throw *gone;
+    if (op != nullptr && !ready()) check_agreement(*op);
   };
   // Polling makes sense only while the ranks waited for run elsewhere: one that shares this
   // rank's CPU (unbound ranks, placed there by the scheduler) runs only once this rank gives the

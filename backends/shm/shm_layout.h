@@ -32,7 +32,8 @@ struct alignas(64) RankSlot {
   std::atomic<uint32_t> arrived{0};  // the last barrier epoch this rank entered
   std::atomic<uint32_t> tag[2];      // the tag of its current collective, by op parity
   std::atomic<uint32_t> left{0};     // 1 once this rank has destroyed its group
-  std::atomic<int64_t> pid{0};       // its process, and when it started (clock ticks since
+  std::atomic<int32_t> pid{0};       // its process, and when it started (clock ticks since
+  std::atomic<uint32_t> begun{0};    // the seq of the last collective it began (after its tag)
   std::atomic<uint64_t> start{0};    // boot), so that a reused pid is never taken for it
   // What its current collective is (by op parity), for mismatch messages: see pack_signature.
   std::atomic<uint64_t> signature[2][2];
