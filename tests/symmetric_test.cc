@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -461,6 +462,12 @@ TEST(Symmetric, ViewsAreChecked) {
                      "dimension 0 is -1");
   EXPECT_TUTTI_ERROR(groups[0]->allocate_symmetric(0), ErrorCode::kInvalidArgument,
                      "allocate_symmetric on group", "bytes is 0");
+  // Sizes past any address space are refused: they wrapped the roundings to a page or a cache
+  // line, and came back as a page that claimed SIZE_MAX bytes.
+  for (size_t huge : {SIZE_MAX, SIZE_MAX - 8, (size_t{1} << 46) + 1}) {
+    EXPECT_TUTTI_ERROR(groups[0]->allocate_symmetric(huge), ErrorCode::kInvalidArgument,
+                       std::to_string(huge) + " bytes is more than a process can map");
+  }
   groups[0]->destroy();
   EXPECT_TUTTI_ERROR(groups[0]->allocate_symmetric(64), ErrorCode::kInvalidUsage, "destroyed");
 }

@@ -176,6 +176,19 @@ TEST_F(TwoRankValidation, ListFormsRefuseEntriesOverlappingTheirOtherTensor) {
                      "(this rank's) may be input 0 itself, in place");
   EXPECT_TUTTI_ERROR(g.reduce_scatter_multigpu({at(2)}, {{at(0), at(8)}}),
                      ErrorCode::kInvalidArgument, "input list 0 entry 0 and output 0 overlap");
+  // scatter's root copies its own block before it sends the others: an output over another
+  // input overwrote that input first (helper-35; it went out as the root's block).
+  EXPECT_TUTTI_ERROR(g.scatter(at(4), {at(0), at(4)}), ErrorCode::kInvalidArgument,
+                     "scatter on group", "input 1 and output overlap");
+  // alltoall's lists: only this rank's output may be its own input.
+  EXPECT_TUTTI_ERROR(g.alltoall({at(0), at(4)}, {at(0), at(4)}), ErrorCode::kInvalidArgument,
+                     "alltoall on group",
+                     "output 1 and input 1 overlap: only output 0 (this rank's) may be input 0 "
+                     "itself, in place");
+  EXPECT_TUTTI_ERROR(g.alltoall({at(8), at(12)}, {at(0), at(10)}), ErrorCode::kInvalidArgument,
+                     "output 0 and input 1 overlap");
+  EXPECT_TUTTI_ERROR(g.alltoall({at(0), at(8)}, {at(0), at(2)}), ErrorCode::kInvalidArgument,
+                     "output 0 and input 1 overlap");
   run_ranks(2, [&](int r) {
     std::vector<float> mine(8, 0.0f);
     std::fill(mine.begin() + 4 * r, mine.begin() + 4 * r + 4, static_cast<float>(r + 1));
@@ -187,7 +200,28 @@ TEST_F(TwoRankValidation, ListFormsRefuseEntriesOverlappingTheirOtherTensor) {
     TensorView part0(parts.data(), 4), part1(parts.data() + 4, 4);
     groups_[r]->reduce_scatter(r == 0 ? part0 : part1, {part0, part1});  // in place: input r
     EXPECT_EQ((r == 0 ? parts[0] : parts[4]), 3.0f);
+    // alltoall with this rank's block in place, the other received elsewhere.
+    std::vector<float> blocks(8, 0.0f), other(4, -1.0f);
+    std::fill(blocks.begin(), blocks.begin() + 4, 10.0f * (r + 1));       // to rank 0
+    std::fill(blocks.begin() + 4, blocks.end(), 10.0f * (r + 1) + 1.0f);  // to rank 1
+    TensorView to0(blocks.data(), 4), to1(blocks.data() + 4, 4), elsewhere(other.data(), 4);
+    std::vector<TensorView> outs =
+        r == 0 ? std::vector<TensorView>{to0, elsewhere} : std::vector<TensorView>{elsewhere, to1};
+    groups_[r]->alltoall(outs, {to0, to1});
+    EXPECT_EQ(blocks[4 * r], 10.0f * (r + 1) + r) << "its own block, in place";
+    EXPECT_EQ(other[0], r == 0 ? 20.0f : 11.0f) << "the other rank's block for this one";
   });
+}
+
+// Counts that wrap int64 to the right total (3 ranks: 2^63-1, 2^63-1 and 2 add up to 0 mod 2^64)
+// are refused before any I/O, naming the entry.
+TEST(Validation, CountsThatWrapAreRefused) {
+  auto groups = create_groups(3, "gloo", unique_name("valid-wrap"), milliseconds(20000));
+  std::vector<float> empty_out(0), empty_in(0);
+  const int64_t max = INT64_MAX;
+  EXPECT_TUTTI_ERROR(
+      groups[0]->alltoallv(TensorView(empty_out), TensorView(empty_in), {0, 0, 0}, {max, max, 2}),
+      ErrorCode::kInvalidArgument, "alltoallv on group", "input counts add up to more than 2^63");
 }
 
 TEST_F(TwoRankValidation, NewOpsCheckCountsListsAndOverlap) {

@@ -523,6 +523,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
           return s.abort_reason;
         }() + ")");
   }
+  // A destroy from another thread since the check above (it ran whole before the op lock came).
+  if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
   const uint64_t n = options.local ? 0 : s.split_count++;
   if (me == ranks.end()) return nullptr;
   const int sub_rank = static_cast<int>(me - ranks.begin());
@@ -703,10 +705,21 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   // the list of ranks. The parent's abort or destroy from another thread ends the split's waits
   // (the meeting, the backend's rendezvous, the round after it) within StoppableStore::kSlice;
   // a shrink, made after the parent failed, is ended by its destroy only.
+  // The parent's stores, taken as a destroy from another thread would leave them (a local split
+  // runs outside the op lock): the split holds its own references from here on.
+  std::shared_ptr<Store> store, ledger;
+  {
+    std::lock_guard<std::mutex> guard(s.state_mutex);
+    if (s.destroyed.load() || !s.ledger) {
+      throw Error(ErrorCode::kInvalidUsage, sub_ctx + ": the group was destroyed");
+    }
+    store = s.store;
+    ledger = s.ledger;
+  }
   std::weak_ptr<State> parent = state_;
   using Stop = detail::StoppableStore::Stop;
   auto stoppable =
-      std::make_shared<detail::StoppableStore>(s.ledger, [parent, after_failure]() -> Stop {
+      std::make_shared<detail::StoppableStore>(ledger, [parent, after_failure]() -> Stop {
         auto p = parent.lock();
         if (!p) return {ErrorCode::kAborted, "the parent group is gone"};
         if (p->aborted.load() && !after_failure) {
@@ -735,8 +748,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
     sub->pids.push_back(s.pids[r]);
     sub->starts.push_back(s.starts[r]);
   }
-  sub->store = s.store;
-  sub->ledger = s.ledger;  // its keys go with the root group's incarnation
+  sub->store = store;
+  sub->ledger = ledger;  // its keys go with the root group's incarnation
   sub->admit_key = s.admit_key;
   sub->ledger_prefix = s.ledger_prefix;
   // A split uses the parent's store: the parent leaves it. A shrink's parent failed (it leaves
@@ -1118,8 +1131,13 @@ void CollectiveGroup::leave_store() {
   // their store timeout. Only the timeout of a store the group opened is the group's to cut.
   const bool lingers = s.owns_store || (s.caller_store && !s.aborted.load());
   if (tcp != nullptr && s.world_size > 1 && lingers) {
-    // Best effort and brief: a host that is already gone must not hold destroy up.
-    if (s.owns_store) tcp->set_timeout(std::chrono::milliseconds(2000));
+    // Best effort and brief: a host that is already gone must not hold destroy up. Not while
+    // splits or a shrink's survivors share the store object: their requests would be cut too
+    // (and the timeout changed under their threads).
+    // Alone: the group's own reference and its ledger's (which wraps the store) are the only ones.
+    const bool alone =
+        s.store.use_count() == (s.ledger ? 2 : 1) && (!s.ledger || s.ledger.use_count() == 1);
+    if (s.owns_store && alone) tcp->set_timeout(std::chrono::milliseconds(2000));
     try {
       detail::leave(*tcp, s.scope, s.rank, mine);
       tcp->set(s.scope + "/left/" + std::to_string(s.rank), "1");
@@ -1152,6 +1170,7 @@ void CollectiveGroup::leave_store() {
       TUTTI_LOG_DEBUG("{}: deleting earlier incarnations' keys: {}", describe(), e.what());
     }
   }
+  std::lock_guard<std::mutex> guard(s.state_mutex);  // against a local split taking them
   s.ledger.reset();
   s.store.reset();
 }

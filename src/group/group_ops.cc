@@ -483,6 +483,7 @@ WorkPtr CollectiveGroup::alltoall(const std::vector<TensorView>& output_list,
   s.check_tensor(op, input_list[0], "input 0");
   s.check_list(op, input_list, input_list[0], "input", "input 0");
   s.check_list(op, output_list, input_list[0], "output", "input 0");
+  s.check_lists_disjoint(op, output_list, input_list);
   const int64_t n = input_list[0].numel();
   auto call = begin(op, signature_of(op, input_list[0]), opts, &input_list[0].shape());
   call.skip = n == 0;
@@ -573,7 +574,12 @@ WorkPtr CollectiveGroup::scatter(TensorView output, const std::vector<TensorView
   s.check_tensor(op, output, "output");
   s.check_rank(op, opts.root_rank, "root rank");
   const bool root = s.rank == opts.root_rank;
-  if (root) s.check_list(op, input_list, output, "input", "output");
+  if (root) {
+    s.check_list(op, input_list, output, "input", "output");
+    // The root's own block is copied before the others are sent: an output over another input
+    // would overwrite it first.
+    s.check_list_apart(op, input_list, "input", output, "output");
+  }
   auto call = begin(op, signature_of(op, output, opts.root_rank), opts, &output.shape());
   call.skip = output.numel() == 0;
   return submit(
@@ -825,7 +831,8 @@ void CollectiveGroup::synchronize(Device device) {
   }
   s.drain();
   std::lock_guard<std::mutex> lock(s.op_mutex);
-  if (s.backend) s.backend->synchronize(device);
+  // A destroy from another thread may have swapped the backend out meanwhile.
+  if (std::shared_ptr<Backend> backend = s.current_backend()) backend->synchronize(device);
 }
 
 }  // namespace tutti

@@ -152,6 +152,10 @@ struct CollectiveGroup::State {
   void check_lists_apart(OpType op, const std::vector<std::vector<TensorView>>& lists,
                          const char* list_name, const std::vector<TensorView>& ones,
                          const char* one_name) const;
+  // alltoall's lists: output q and input q may be one tensor for this rank's q (in place); any
+  // other output that overlaps an input is refused, naming both.
+  void check_lists_disjoint(OpType op, const std::vector<TensorView>& outs,
+                            const std::vector<TensorView>& ins) const;
   TensorView check_p2p_multigpu(OpType op, const TensorView& tensor, int peer, int64_t n_elements,
                                 int peer_device) const;
 };

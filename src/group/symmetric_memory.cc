@@ -67,6 +67,14 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
   State& s = *state_;
   const std::string what = "allocate_symmetric on " + describe();
   if (bytes == 0) throw Error(ErrorCode::kInvalidArgument, what + ": bytes is 0");
+  // Past any address space (x86-64 maps 128 TiB per process): such a size also wrapped the
+  // roundings to pages and cache lines, giving a page of memory that claimed SIZE_MAX bytes.
+  constexpr size_t kMaxBytes = size_t{1} << 46;
+  if (bytes > kMaxBytes) {
+    throw Error(ErrorCode::kInvalidArgument, what + ": " + std::to_string(bytes) +
+                                                 " bytes is more than a process can map (at most " +
+                                                 std::to_string(kMaxBytes) + ")");
+  }
   if (s.forked()) throw Error(ErrorCode::kInvalidUsage, what + ": " + s.forked_message());
   if (s.destroyed.load()) {
     throw Error(ErrorCode::kInvalidUsage, what + ": the group was destroyed");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <tuple>
 
 #include "group/group_state.h"
 #include "group/group_util.h"
@@ -161,7 +162,12 @@ void CollectiveGroup::State::check_counts(OpType op, const std::vector<int64_t>&
            std::string(what) + "[" + std::to_string(r) +
                "] is negative: " + std::to_string(counts[r]));
     }
-    sum += counts[r];
+    if (__builtin_add_overflow(sum, counts[r], &sum)) {  // it wrapped (to 0, say) and passed
+      fail(ErrorCode::kInvalidArgument, op,
+           std::string(what) + " add up to more than 2^63 elements (at entry " + std::to_string(r) +
+               ": " + std::to_string(counts[r]) + "), " + total_name + " has " +
+               std::to_string(total));
+    }
   }
   if (sum != total) {
     fail(ErrorCode::kInvalidArgument, op,
@@ -269,6 +275,70 @@ void CollectiveGroup::State::check_list_apart(OpType op, const std::vector<Tenso
                " overlap: only " + item_name + " " + std::to_string(own) +
                " (this rank's) may be " + one_name + " itself, in place");
     }
+  }
+}
+
+void CollectiveGroup::State::check_lists_disjoint(OpType op, const std::vector<TensorView>& outs,
+                                                  const std::vector<TensorView>& ins) const {
+  // Output q may be input q itself when q is this rank (its block stays in place); any other
+  // overlap between an output and an input is refused, naming both. Inputs may share bytes (they
+  // are only read), and so may outputs (as every list form allows). Sorted by address: the
+  // lists hold one tensor per rank, and a pairwise check would be quadratic in the world.
+  const auto fail_overlap = [&](size_t out, size_t in) {
+    fail(ErrorCode::kInvalidArgument, op,
+         "output " + std::to_string(out) + " and input " + std::to_string(in) +
+             " overlap: only output " + std::to_string(rank) + " (this rank's) may be input " +
+             std::to_string(rank) + " itself, in place");
+  };
+  const size_t own = static_cast<size_t>(rank);
+  const bool in_place =
+      own < outs.size() && own < ins.size() && outs[own].data() == ins[own].data() &&
+      outs[own].nbytes() == ins[own].nbytes() && outs[own].device() == ins[own].device();
+  if (in_place) {
+    for (size_t q = 0; q < ins.size(); ++q) {
+      if (q != own && overlap(outs[own], ins[q])) fail_overlap(own, q);
+    }
+  }
+  struct Span {
+    int device_type;
+    int device_index;
+    const char* lo;
+    const char* hi;
+    bool output;
+    size_t index;
+  };
+  std::vector<Span> spans;
+  spans.reserve(outs.size() + ins.size());
+  auto add = [&](const TensorView& t, bool output, size_t index) {
+    if (t.nbytes() == 0) return;
+    const auto* lo = static_cast<const char*>(t.data());
+    spans.push_back(
+        {static_cast<int>(t.device().type), t.device().index, lo, lo + t.nbytes(), output, index});
+  };
+  for (size_t q = 0; q < outs.size(); ++q) {
+    if (!(in_place && q == own)) add(outs[q], true, q);
+  }
+  for (size_t q = 0; q < ins.size(); ++q) add(ins[q], false, q);
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return std::tie(a.device_type, a.device_index, a.lo) <
+           std::tie(b.device_type, b.device_index, b.lo);
+  });
+  // The farthest-reaching output and input so far on the current device: a span that begins
+  // before one of the other kind ends overlaps it.
+  const Span* far_out = nullptr;
+  const Span* far_in = nullptr;
+  for (size_t k = 0; k < spans.size(); ++k) {
+    const Span& sp = spans[k];
+    if (k > 0 && (sp.device_type != spans[k - 1].device_type ||
+                  sp.device_index != spans[k - 1].device_index)) {
+      far_out = far_in = nullptr;
+    }
+    const Span* other = sp.output ? far_in : far_out;
+    if (other != nullptr && other->hi > sp.lo) {
+      sp.output ? fail_overlap(sp.index, other->index) : fail_overlap(other->index, sp.index);
+    }
+    const Span*& far = sp.output ? far_out : far_in;
+    if (far == nullptr || sp.hi > far->hi) far = &sp;
   }
 }
 
