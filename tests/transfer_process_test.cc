@@ -12,6 +12,10 @@
 #include <sstream>
 #include <thread>
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <cstddef>
+#include <cstring>
 #include "test_util.h"
 #include "tutti/transfer_agent.h"
 
@@ -315,6 +319,50 @@ TEST_F(OwnerThere, TheOwnersDeathFailsWaitingAndLaterGetsFastAndBorrowsStayReada
     }
   }
   b.release();
+}
+
+// An owner whose listening socket's backlog is full (it is stopped, and raw connections fill
+// it): a get keeps trying to connect until its timeout and says so (kTimeout). Before, the
+// connect's EAGAIN was taken for "in progress", the unconnected socket returned, and the get
+// failed at once with kIoError (ENOTCONN). After SIGCONT, with the backlog drained, gets work.
+TEST_F(OwnerThere, AGetFacingAFullBacklogWaitsItsTimeoutNotFailsAtOnce) {
+  const TensorRef heap = ref("heap");
+  ASSERT_TRUE(testing::stop_process(owner->pid())) << "the owner did not stop";
+  const std::string name = "tutti-agent/" + heap.owner().uuid_text();
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());  // abstract: a leading NUL
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  std::vector<int> fillers;
+  bool full = false;
+  for (int i = 0; i < 4096 && !full; ++i) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+      full = errno == EAGAIN;
+      ::close(fd);
+      ASSERT_TRUE(full) << std::strerror(errno);
+    } else {
+      fillers.push_back(fd);
+    }
+  }
+  ASSERT_TRUE(full) << "the backlog never filled";
+  GetOptions quick;
+  quick.timeout = 300ms;
+  const auto start = Clock::now();
+  try {
+    agent->get(heap, quick);
+    FAIL() << "a get from a stopped owner succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+  }
+  EXPECT_GE(ms_since(start), 250.0);
+  for (int fd : fillers) ::close(fd);
+  ASSERT_EQ(::kill(owner->pid(), SIGCONT), 0);
+  GetOptions patient;
+  patient.timeout = 20s;
+  Received after = agent->get(heap, patient);
+  EXPECT_EQ(static_cast<const int32_t*>(after.tensors()[0].data())[1000], 3000);
 }
 
 TEST_F(OwnerThere, ARefNamingAReusedPidOrAStaleGenerationIsRefused) {

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 
 #include "transfer/channel.h"
 #include "tutti/error.h"
@@ -76,14 +77,31 @@ int connect_unix(const std::string& name, Clock::time_point deadline) {
   if (fd < 0) io_error("socket");
   socklen_t len;
   sockaddr_un addr = abstract_address(name, len);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-    if (errno != EINPROGRESS && errno != EAGAIN) {
+  // EAGAIN on a Unix socket: the listener's backlog is full (it is busy, or stopped) and the
+  // socket is not connected (poll says writable at once): try again until the deadline, every
+  // 1 ms at first, then less often.
+  auto pause = std::chrono::milliseconds(1);
+  while (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == EINPROGRESS) {
+      finish_connect(fd, deadline, "connecting to @" + name);
+      return fd;
+    }
+    if (errno != EAGAIN) {
       const int saved = errno;
       ::close(fd);
       errno = saved;
       io_error("connecting to @" + name);
     }
-    finish_connect(fd, deadline, "connecting to @" + name);
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      ::close(fd);
+      throw Error(ErrorCode::kTimeout, "connecting to @" + name +
+                                           ": its backlog stayed full until the deadline (the "
+                                           "owner accepts no connection)");
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
   return fd;
 }
