@@ -1264,6 +1264,48 @@ TEST(TransferTimeouts, AProbeOfOneByteCostsTheOwnerNoCpu) {
 
 // A get of a reserved object that is never fulfilled fails at the consumer's timeout with the
 // owner's reason, which the owner sends before the consumer gives up.
+// A connect that fails on this side (out of descriptors) while the owner lives keeps the peer
+// and its lease lane: a borrow after it is in the lane the owner reads, so the object outlives
+// its handle while borrowed. Before, the peer was forgotten and made again with a second lane
+// that the owner closed unread: the borrow's lease held nothing, and the owner freed the object
+// under the borrower (wait_tensor_freed returned).
+TEST_F(Transfer, AConnectFailingOnThisSideKeepsTheLeaseLane) {
+  TensorView shared = owner->allocate(256 * sizeof(float), DType::kFloat32);
+  ObjectHandle h = owner->put({shared});
+  // The peer, its lane and a connection, held by a get that waits (a reservation never
+  // fulfilled): the next request needs a connection of its own.
+  ObjectHandle pending = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
+  GetOptions waiting;
+  waiting.timeout = 3s;
+  Fetch busy = consumer->get_async(pending.ref(), waiting);
+  std::this_thread::sleep_for(100ms);  // its request reaches the owner (it fails either way)
+  int open_fds = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++open_fds;
+    ::closedir(d);
+  }
+  rlimit was{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &was), 0);
+  rlimit tight = was;
+  // "." and "..", and the directory's own descriptor (closed since), were counted: none is free.
+  tight.rlim_cur = static_cast<rlim_t>(open_fds - 3);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  const Error e = expect_error([&] { consumer->get(pending.ref(), waiting); }, ErrorCode::kIoError);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &was), 0);
+  EXPECT_NE(std::string(e.what()).find("Too many open files"), std::string::npos) << e.what();
+  EXPECT_EQ(std::string(e.what()).find("is gone"), std::string::npos)
+      << "a live owner taken for dead: " << e.what();
+  {
+    Borrowed b = consumer->borrow(h.ref());
+    h.release();
+    expect_error([&] { owner->wait_tensor_freed(shared, 300ms); }, ErrorCode::kTimeout);
+  }
+  owner->wait_tensor_freed(shared, 5s);
+  busy.cancel();
+  expect_error([&] { busy.wait(); }, ErrorCode::kAborted);
+  owner->deallocate(shared);
+}
+
 TEST_F(Transfer, AGetOfAReservationNeverFulfilledSaysSo) {
   ObjectHandle pending = owner->reserve({{DType::kFloat32, {3}, Device::cpu()}});
   GetOptions g;

@@ -1,10 +1,13 @@
 // The consumer's owners, the connections to them and one get's line to its owner (peers.h).
 #include "transfer/peers.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 
 #include "transfer/handshake.h"
@@ -41,7 +44,19 @@ bool split_endpoint(const std::string& endpoint, std::string& host, uint16_t& po
 }  // namespace
 
 bool owner_alive(const AgentIdentity& owner) {
-  return process_start_time(static_cast<long>(owner.pid)) == owner.start_time;
+  const long pid = static_cast<long>(owner.pid);
+  const uint64_t start = process_start_time(pid);
+  if (start != 0) return start == owner.start_time;
+  // Not read. Gone, unless this process could not look (out of descriptors): then a process of
+  // that pid is taken for the owner, rather than a live owner for dead.
+  const int fd =
+      ::open(("/proc/" + std::to_string(pid)).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::close(fd);
+    return false;
+  }
+  if (errno != EMFILE && errno != ENFILE) return false;
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
 }
 
 void rethrow_with(const std::string& context, const Error& e) {
@@ -204,12 +219,16 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
     }
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kIoError) throw;
-    // Nobody answers at the owner's address: it is gone. Forget it.
-    {
+    // Nobody answers at the owner's address. Forgotten only where the owner is surely gone (its
+    // process, on this host) or has no lane (another host): a live owner keeps the lane its
+    // leases are in, and a Peer made again would bring a second lane it never reads (this side
+    // failed to connect for its own reasons, e.g. out of descriptors), so its later leases would
+    // not hold the owner's objects.
+    const bool dead = peer.local && !owner_alive(owner);
+    if (!peer.local || dead) {
       std::lock_guard<std::mutex> lock(peers_mutex);
       peers.erase({owner.uuid, peer.local});
     }
-    const bool dead = peer.local && !owner_alive(owner);
     throw Error(ErrorCode::kIoError, owner_text(owner) +
                                          (dead ? " is gone (its process exited or died)"
                                                : " does not answer (its agent was destroyed?)") +
