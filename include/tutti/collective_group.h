@@ -101,6 +101,10 @@ class TUTTI_API CollectiveGroup : public std::enable_shared_from_this<Collective
   CollectiveGroup& operator=(const CollectiveGroup&) = delete;
 
   const std::string& name() const;
+  // This formation of the group, the same on every rank: each incarnation of a name (created
+  // again after a destroy) and each subgroup has its own. What the group's OS resources are named
+  // after; also a prefix for keys a layer above writes to the group's store.
+  const std::string& instance() const;
   int rank() const;
   int world_size() const;
   const std::string& backend_name() const;

@@ -160,6 +160,39 @@ def test_async_ops_keep_their_inputs_and_callbacks_issue_ops(tmp_path):
     assert out.count("checks passed") == 2, out[-3000:]
 
 
+def test_monitored_barrier_after_a_re_init_still_names_the_missing_rank(tmp_path):
+    """torchrun's agent store outlives destroy_process_group: a group made again there, whose
+    monitored_barrier keys were those of the first incarnation, passed every wait at once. Now
+    the keys are under the group's formation: rank 1 skipping the second incarnation's barrier
+    is named (helper-37's finding)."""
+    script = tmp_path / "monitored.py"
+    script.write_text(textwrap.dedent("""
+        import datetime
+        import torch.distributed as dist, tutti.torch
+        for incarnation in range(2):
+            dist.init_process_group("tutti", timeout=datetime.timedelta(seconds=20))
+            rank = dist.get_rank()
+            store = dist.distributed_c10d._get_default_store()
+            if incarnation == 0 or rank == 0:
+                try:
+                    dist.monitored_barrier(timeout=datetime.timedelta(seconds=2))
+                    outcome = "passed"
+                except RuntimeError as e:
+                    outcome = "failed naming rank 1" if "rank(s) 1 did not reach it" in str(e) \
+                        else "failed: " + str(e)
+                want = "passed" if incarnation == 0 else "failed naming rank 1"
+                assert outcome == want, (incarnation, outcome)
+                print(f"incarnation {incarnation}: {outcome}", flush=True)
+            store.set(f"left{incarnation}/{rank}", "1")
+            store.wait([f"left{incarnation}/{r}" for r in range(dist.get_world_size())])
+            dist.destroy_process_group()
+        print("checks passed", flush=True)
+    """))
+    out = torchrun(2, str(script))
+    assert out.count("checks passed") == 2, out[-3000:]
+    assert "incarnation 1: failed naming rank 1" in out, out[-3000:]
+
+
 def train(tmp_path, nproc, wrap):
     """Trains with tutti, then with gloo, in one torchrun (the same processes, one after the
     other); returns each one's parameters and tutti's overlap counts."""

@@ -297,6 +297,9 @@ CollectiveGroup::~CollectiveGroup() {
 const std::string& CollectiveGroup::name() const {
   return *state_->name;
 }
+const std::string& CollectiveGroup::instance() const {
+  return state_->instance;
+}
 int CollectiveGroup::rank() const {
   return state_->rank;
 }

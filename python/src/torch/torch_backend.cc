@@ -817,7 +817,11 @@ void TuttiBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_
     rethrow_as_torch(std::current_exception());
   }
   const auto timeout = opts.timeout.count() < 0 ? options_->timeout : opts.timeout;
-  const std::string base = "tutti/monitored_barrier/" + std::to_string(issuer_->monitored++) + "/";
+  // Under this formation of the group: a group made again in a store that outlives it (torchrun's
+  // agent store, a reused store=) or a split sharing it would find the earlier keys there, and
+  // every wait would pass at once.
+  const std::string base = "tutti/monitored_barrier/" + issuer_->cpu->instance() + "/" +
+                           std::to_string(issuer_->monitored++) + "/";
   auto& store = *issuer_->store;
   // Saturating: a timeout of milliseconds::max() (torch's timedelta.max) is no deadline.
   const auto start = std::chrono::steady_clock::now();
