@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -370,7 +371,11 @@ void FlightRecorder::dump(const std::string& reason) const {
     ::mkdir(dir.c_str(), 0755);  // one level; an existing directory is fine
     const std::string path = dir + "/tutti-flight." + escape_name(identity_.instance) + ".rank" +
                              std::to_string(identity_.rank) + ".txt";
-    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    // A temporary name of this dump's own: an abort's dump and a signal's (SIGUSR1) of the same
+    // group at once wrote one file (O_TRUNC), and the record renamed into place could be both.
+    static std::atomic<uint64_t> dumps{0};
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." +
+                            std::to_string(dumps.fetch_add(1, std::memory_order_relaxed));
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
       TUTTI_LOG_WARN("flight recorder: cannot write {}: {}", tmp, std::strerror(errno));
