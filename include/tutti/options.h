@@ -27,7 +27,9 @@ constexpr std::chrono::milliseconds kUseGroupTimeout{-1};
 // - `async_op`: return at once with a Work that completes when the op has finished (c10d's
 //   async_op). CPU backends then run the op on the group's worker thread, in issue order; the
 //   op's buffers are the op's until Work::wait() returns. Without it, a CPU op has finished
-//   when the call returns.
+//   when the call returns. An op issued on the worker itself (from a Work::on_finish hook) runs
+//   there at once, before ops queued behind the one whose hook issued it: every rank must
+//   issue it at the same point of its order, as with any op.
 // - `stream`: an opaque accelerator stream (a cudaStream_t for the NCCL backend): a GPU op runs
 //   after the work already queued there and returns once enqueued, its result ready for what is
 //   queued after it. Null means the device's *legacy* default stream (tutti is not built with

@@ -1104,10 +1104,15 @@ void CollectiveGroup::destroy() noexcept {
       }
     }
     {
-      std::lock_guard<std::mutex> lock(s.op_mutex);  // no inline op runs past this point
+      // No inline op runs past this point, and none is queued after it (begin() sees
+      // `destroyed` under this lock).
+      std::lock_guard<std::mutex> lock(s.op_mutex);
       if (s.queued.load() > 0) s.abort("the group was destroyed while an op was queued");
-      s.queue.stop();
     }
+    // Without the op lock: a hook still running on the worker may issue an op (it fails,
+    // destroyed) rather than wait for the lock while this joins the worker; and from a hook on
+    // the worker itself, the ops drained here run on this thread.
+    s.queue.stop();
     std::shared_ptr<Backend> backend;
     {
       std::lock_guard<std::mutex> lock(s.state_mutex);

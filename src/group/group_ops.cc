@@ -180,6 +180,9 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
   // CPU backends only: the NCCL backend's ops are enqueued on streams, and its users (and
   // tests) issue from a second thread while the first holds an async op; see collective_group.h.
   if (s.runs_inline) s.check_thread(op);
+  // Before the op lock too: a hook that destroy() runs on the worker (it drains the queue there)
+  // may issue an op on the thread that holds it.
+  if (s.destroyed.load()) s.fail(ErrorCode::kInvalidUsage, op, "the group was destroyed");
   Call call{std::unique_lock<std::mutex>(s.op_mutex), {}, false, opts.async_op, false, -1, 0, {}};
   if (s.destroyed.load()) s.fail(ErrorCode::kInvalidUsage, op, "the group was destroyed");
   if (s.aborted.load()) {
@@ -795,7 +798,11 @@ WorkPtr CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t 
 }
 
 void CollectiveGroup::State::drain() {
-  if (queued.load() == 0) return;
+  // On the worker (a hook): whatever was queued before the op it runs in is done, and what was
+  // queued after cannot be waited for there.
+  if (queue.on_worker()) return;
+  // A marker even when nothing is queued: the last op leaves the count before its Work
+  // completes (its hooks may still run), and this returns only once they have.
   // A marker behind everything queued so far: once it has run, they all have.
   OpContext ctx;
   ctx.op = OpType::kBarrier;

@@ -21,33 +21,35 @@ void OpQueue::push(std::function<void()> task) {
 void OpQueue::stop() {
   Shared& sh = *shared_;
   std::thread worker;
+  bool here = false;
   {
     std::lock_guard<std::mutex> lock(sh.mutex);
     sh.stopping = true;
     worker = std::move(worker_);
+    // On the worker, its generation ends now, with the lock held: a push from here on starts a
+    // worker of the next one, which this one leaves alone.
+    here = worker.joinable() && worker.get_id() == std::this_thread::get_id();
+    if (here) ++sh.generation;
   }
   sh.wake.notify_all();
   if (!worker.joinable()) return;
-  if (worker.get_id() != std::this_thread::get_id()) {
+  if (!here) {
     worker.join();
     return;
   }
   // On the worker, inside a task: joining would wait for itself. What is queued behind the
   // task runs here, in order; the thread then ends once the task returns (a later push starts
   // a worker of a new generation, which the old one leaves alone).
+  // (A task pushed meanwhile that a new worker took is run there, not here.)
   while (true) {
     std::function<void()> next;
     {
       std::lock_guard<std::mutex> lock(sh.mutex);
-      if (sh.tasks.empty()) break;
+      if (sh.tasks.empty() || worker_.joinable()) break;
       next = std::move(sh.tasks.front());
       sh.tasks.pop_front();
     }
     next();
-  }
-  {
-    std::lock_guard<std::mutex> lock(sh.mutex);
-    ++sh.generation;
   }
   worker.detach();
 }

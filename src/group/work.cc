@@ -86,7 +86,9 @@ Work::Sync& Work::sync() {
 
 bool Work::is_completed() {
   if (done_.load(std::memory_order_acquire)) return true;
-  return poll();
+  // poll() finishing the op is not enough: another thread may be running its hooks (finish()
+  // then returns at once), and the Work is complete only once they have run.
+  return poll() && done_.load(std::memory_order_acquire);
 }
 
 bool Work::is_success() {
