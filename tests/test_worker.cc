@@ -505,6 +505,25 @@ void scenario_env_silent_rank(const Args&) {
   }
 }
 
+// Ranks 0 and 1 exchange 1 MiB each way (send, recv), checked; prints "p2p checked".
+void scenario_env_sendrecv(const Args&) {
+  init_collective_group_from_env("", "p2p");
+  auto g = get_group("p2p");
+  const int rank = g->rank();
+  std::vector<float> v(1 << 18, static_cast<float>(rank + 1));
+  if (rank == 0) {
+    g->send(v, 1);
+    g->recv(v, 1);
+    require(v[(1 << 18) - 1] == 2.0f, "received rank 1's values");
+  } else if (rank == 1) {
+    std::vector<float> got(1 << 18);
+    g->recv(got, 0);
+    require(got[0] == 1.0f, "received rank 0's values");
+    g->send(v, 0);
+  }
+  std::printf("rank %d: p2p checked\n", rank);
+}
+
 // Every op on the group the environment describes, each result checked against values computed
 // here from the ranks' inputs: what the hier backend must get right on any layout of hosts
 // (its composed allreduce, broadcast and barrier, and the ops it hands to the flat level).
@@ -698,6 +717,7 @@ int main(int argc, char** argv) {
       {"env_symmetric", scenario_env_symmetric},
       {"env_crash_noticed", scenario_env_crash_noticed},
       {"env_silent_rank", scenario_env_silent_rank},
+      {"env_sendrecv", scenario_env_sendrecv},
   };
   const std::map<std::string, void (*)(const Args&)> positional = {
       {"allreduce", scenario_allreduce},

@@ -4,6 +4,7 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -46,6 +47,12 @@ size_t env_size(const char* name, size_t fallback, size_t min_value = 4096,
   return static_cast<size_t>(n);
 }
 
+#ifdef MADV_POPULATE_WRITE
+constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kPopulateWrite = 23;  // Linux 5.14's
+#endif
+
 size_t align_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;
 }
@@ -82,7 +89,8 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   const size_t staging_off = align_up(small_off + w * 2 * kSmallSlotBytes, 4096);
   const size_t mail_off = staging_off + w * 2 * chunk_;
   const size_t size = mail_off + w * w * 2 * mail_;
-  segment_ = ShmSegment(*ctx.store, ctx.instance, rank_, world_size_, size);
+  segment_ = ShmSegment(*ctx.store, ctx.instance, rank_, world_size_, size, mail_off);
+  mail_ready_.assign(w * w, 0);
   char* base = segment_.data();
   header_ = reinterpret_cast<Header*>(base);
   slots_ = reinterpret_cast<RankSlot*>(base + slots_off);
@@ -302,6 +310,24 @@ void ShmBackend::end_op(const Op& op) {
 
 char* ShmBackend::stage(int rank, int half) const {
   return staging_ + (static_cast<size_t>(rank) * 2 + static_cast<size_t>(half)) * chunk_;
+}
+
+void ShmBackend::ensure_mailbox(int src, int dst, const OpContext& ctx) {
+  uint8_t& ready = mail_ready_[static_cast<size_t>(src) * world_size_ + static_cast<size_t>(dst)];
+  if (ready != 0) return;
+  // Its pages, both slots, now: a page /dev/shm has no room for fails here by name instead of
+  // killing the rank that first touches it (SIGBUS). A kernel without MADV_POPULATE_WRITE
+  // (before 5.14) leaves them to their first touch, as before.
+  const size_t len = 2 * mail_;
+  if (::madvise(mailbox(src, dst, 0), len, kPopulateWrite) != 0 && errno != EINVAL) {
+    throw Error(ErrorCode::kUnavailable,
+                ctx.description() + ": /dev/shm has no room for the mailbox of ranks " +
+                    std::to_string(src) + " -> " + std::to_string(dst) + " (" +
+                    std::to_string(len) + " bytes): " + std::strerror(errno) +
+                    " (give /dev/shm more room, e.g. docker's --shm-size, or lower "
+                    "TUTTI_SHM_MAILBOX_BYTES)");
+  }
+  ready = 1;
 }
 
 char* ShmBackend::mailbox(int src, int dst, int slot) const {

@@ -138,12 +138,16 @@ class ShmBackend : public Backend {
   char* small_payload(int rank, uint32_t parity, size_t bytes) const;
   char* stage(int rank, int half) const;
   char* mailbox(int src, int dst, int slot) const;
+  // Populates mailbox (src, dst) on its first use here; kUnavailable naming /dev/shm when it
+  // has no room.
+  void ensure_mailbox(int src, int dst, const OpContext& ctx);
   Channel& channel(int src, int dst) const;
 
   int rank_;
   int world_size_;
-  size_t chunk_ = 0;  // bytes per staging half
-  size_t mail_ = 0;   // bytes per mailbox slot
+  size_t chunk_ = 0;                 // bytes per staging half
+  size_t mail_ = 0;                  // bytes per mailbox slot
+  std::vector<uint8_t> mail_ready_;  // by src x w + dst: its pages populated (ensure_mailbox)
   AdaptiveSpin spin_;
   ShmSegment segment_;
   Header* header_ = nullptr;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,12 @@
 
 namespace tutti::shm_backend {
 namespace {
+
+#ifdef MADV_POPULATE_WRITE
+constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kPopulateWrite = 23;  // Linux 5.14's
+#endif
 
 [[noreturn]] void throw_errno(const std::string& what) {
   throw Error(ErrorCode::kIoError, "shm: " + what + ": " + std::strerror(errno));
@@ -42,7 +49,7 @@ std::string segment_name(const std::string& instance) {
 }  // namespace
 
 ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int parties,
-                       size_t bytes)
+                       size_t bytes, size_t reserve)
     : size_(bytes) {
   std::string name;
   int fd = -1;
@@ -57,11 +64,13 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
     }
     // Reserved now: tmpfs grows a file's pages on first touch, and a page /dev/shm has no room
     // for then kills the process that touches it (SIGBUS), in the middle of some later op.
-    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size_)); err != 0) {
+    // The collectives' part only: the mailboxes (w x w of them) are populated on first use.
+    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(std::min(reserve, size_)));
+        err != 0) {
       ::close(fd);
       ::shm_unlink(name.c_str());
       throw Error(err == ENOSPC ? ErrorCode::kUnavailable : ErrorCode::kIoError,
-                  "shm: reserving the group's segment of " + std::to_string(size_) +
+                  "shm: reserving the group's segment of " + std::to_string(reserve) +
                       " bytes in /dev/shm: " + std::strerror(err) +
                       (err == ENOSPC ? " (give /dev/shm more room, e.g. docker's --shm-size, "
                                        "or lower TUTTI_SHM_CHUNK_BYTES / TUTTI_SHM_MAILBOX_BYTES)"
@@ -81,12 +90,22 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
                       " (ranks disagree on TUTTI_SHM_CHUNK_BYTES or TUTTI_SHM_MAILBOX_BYTES)");
     }
   }
-  base_ = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Not MAP_POPULATE: it would fault in the mailboxes too, as far as /dev/shm has room, and take
+  // the room other files there need (whose first touch then dies of SIGBUS). The reserved part's
+  // pages are mapped now; the mailboxes' on first use (ShmBackend::ensure_mailbox).
+  base_ = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (base_ == MAP_FAILED) {
     base_ = nullptr;
     if (rank == 0) ::shm_unlink(name.c_str());
     throw_errno("mapping segment '" + name + "'");
+  }
+  reserve = std::min(reserve, size_);
+  if (::madvise(base_, reserve, kPopulateWrite) != 0) {
+    // A kernel before 5.14: a read of each page maps it (rank 0 allocated them all).
+    const long page = ::sysconf(_SC_PAGESIZE);
+    const volatile char* p = static_cast<const volatile char*>(base_);
+    for (size_t off = 0; off < reserve; off += static_cast<size_t>(page)) (void)p[off];
   }
   // Everyone attached: then the name goes, so nothing outlives the processes. The last rank to
   // attach takes the name away too, so that it goes even when rank 0 died after making it.

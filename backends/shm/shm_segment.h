@@ -18,8 +18,11 @@ class ShmSegment {
  public:
   ShmSegment() = default;
   // Collective over `parties` ranks. Throws Error(kIoError) when the segment cannot be made,
-  // kRemoteError when the ranks disagree on its size.
-  ShmSegment(Store& store, const std::string& instance, int rank, int parties, size_t bytes);
+  // kUnavailable when /dev/shm has no room for its first `reserve` bytes (reserved at once: the
+  // rest, the point-to-point mailboxes, the backend populates on first use), kRemoteError when
+  // the ranks disagree on its size.
+  ShmSegment(Store& store, const std::string& instance, int rank, int parties, size_t bytes,
+             size_t reserve);
   ~ShmSegment();
   ShmSegment(ShmSegment&& other) noexcept;
   ShmSegment& operator=(ShmSegment&& other) noexcept;
