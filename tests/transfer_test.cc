@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "sanitizers.h"
 #include "test_util.h"
 #include "tutti/tensor_ref.h"
 #include "tutti/tensor_transport.h"
@@ -1270,6 +1271,12 @@ TEST(TransferTimeouts, AProbeOfOneByteCostsTheOwnerNoCpu) {
 // that the owner closed unread: the borrow's lease held nothing, and the owner freed the object
 // under the borrower (wait_tensor_freed returned).
 TEST_F(Transfer, AConnectFailingOnThisSideKeepsTheLeaseLane) {
+  if (testing::light_test_run()) {
+    // Out of descriptors, the sanitizers' runtime cannot check memory (it does so through a
+    // pipe) and reports objects that are there as invalid: the plain run checks this.
+    GTEST_SKIP() << "needs a process out of descriptors, which the sanitizers' runtime is not "
+                    "made for";
+  }
   TensorView shared = owner->allocate(256 * sizeof(float), DType::kFloat32);
   ObjectHandle h = owner->put({shared});
   // The peer, its lane and a connection, held by a get that waits (a reservation never

@@ -371,6 +371,8 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
 
 // A transport's name as the registry keys it (lower case).
 std::string transport_key(std::string_view name);
+// Whether the registry holds `name`, available here or not (a plugin may not take it).
+bool transport_name_taken(std::string_view name);
 // "auto"'s choice for tensors on `device` (transport_registry.cc); kUnavailable when none.
 std::string auto_transport(DeviceType device);
 // For a consumer on another host whose ref's transport cannot reach it: this process's available

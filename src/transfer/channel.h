@@ -155,7 +155,9 @@ bool looks_like_tls(const std::string& first);
 // transfer/sockets.cc. Abstract Unix sockets (no file system entry; one namespace per network
 // namespace).
 int listen_unix(const std::string& name);
-int connect_unix(const std::string& name, Clock::time_point deadline);
+// A full backlog (the owner is busy or stopped) is tried again until the deadline or `cancelled`.
+int connect_unix(const std::string& name, Clock::time_point deadline,
+                 const std::atomic<bool>* cancelled = nullptr);
 // TCP; port 0 picks one (returned in `port`).
 int listen_tcp(const std::string& host, uint16_t& port);
 int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadline);

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "transfer/handshake.h"
 #include "transfer/wire.h"
@@ -206,7 +207,7 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
   int fd;
   try {
     if (peer.local) {
-      fd = connect_unix("tutti-agent/" + owner.uuid_text(), deadline);
+      fd = connect_unix("tutti-agent/" + owner.uuid_text(), deadline, cancelled);
     } else {
       std::string host;
       uint16_t port = 0;
@@ -219,13 +220,16 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
     }
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kIoError) throw;
-    // Nobody answers at the owner's address. Forgotten only where the owner is surely gone (its
-    // process, on this host) or has no lane (another host): a live owner keeps the lane its
-    // leases are in, and a Peer made again would bring a second lane it never reads (this side
-    // failed to connect for its own reasons, e.g. out of descriptors), so its later leases would
-    // not hold the owner's objects.
+    // Nobody answers at the owner's address: forgotten, unless the failure was this side's
+    // (out of descriptors or memory) and the owner lives on this host. Such an owner keeps the
+    // lane its leases are in, and a Peer made again would bring a second lane it never reads: the
+    // later leases would not hold the owner's objects. (An owner whose agent went while its
+    // process lives refuses the connection: forgotten, its leases are nobody's now.)
+    const std::string what = e.what();
+    auto says = [&](int err) { return what.find(std::strerror(err)) != std::string::npos; };
+    const bool this_side = says(EMFILE) || says(ENFILE) || says(ENOBUFS) || says(ENOMEM);
     const bool dead = peer.local && !owner_alive(owner);
-    if (!peer.local || dead) {
+    if (!peer.local || dead || !this_side) {
       std::lock_guard<std::mutex> lock(peers_mutex);
       peers.erase({owner.uuid, peer.local});
     }

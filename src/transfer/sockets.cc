@@ -72,7 +72,8 @@ int listen_unix(const std::string& name) {
   return fd;
 }
 
-int connect_unix(const std::string& name, Clock::time_point deadline) {
+int connect_unix(const std::string& name, Clock::time_point deadline,
+                 const std::atomic<bool>* cancelled) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) io_error("socket");
   socklen_t len;
@@ -83,7 +84,8 @@ int connect_unix(const std::string& name, Clock::time_point deadline) {
   auto pause = std::chrono::milliseconds(1);
   while (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     if (errno == EINTR) continue;
-    if (errno == EINPROGRESS) {
+    if (errno == EISCONN) break;  // an interrupted try that went through
+    if (errno == EINPROGRESS || errno == EALREADY) {
       finish_connect(fd, deadline, "connecting to @" + name);
       return fd;
     }
@@ -92,6 +94,10 @@ int connect_unix(const std::string& name, Clock::time_point deadline) {
       ::close(fd);
       errno = saved;
       io_error("connecting to @" + name);
+    }
+    if (cancelled != nullptr && cancelled->load()) {
+      ::close(fd);
+      throw Error(ErrorCode::kAborted, "connecting to @" + name + ": cancelled");
     }
     const auto now = Clock::now();
     if (now >= deadline) {

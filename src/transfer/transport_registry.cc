@@ -174,6 +174,12 @@ std::vector<std::string> registered_tensor_transports() {
 
 namespace detail {
 
+bool transport_name_taken(std::string_view name) {
+  register_builtins();
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return registry().count(transport_key(name)) != 0;
+}
+
 std::string transport_key(std::string_view name) {
   std::string out(name);
   std::transform(out.begin(), out.end(), out.begin(),
