@@ -708,45 +708,30 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::alltoall(std::vector<at::Tensor>& o
   auto in_staged = stage_all(inputs);
   const auto out_views = views(out_staged, Use::kMove, "all_to_all");
   const auto in_views = views(in_staged, Use::kMove, "all_to_all");
-  bool uniform = true;
-  for (size_t i = 0; i < in_views.size(); ++i) {
-    uniform = uniform && in_views[i].nbytes() == in_views[0].nbytes() &&
-              out_views[i].nbytes() == in_views[0].nbytes() &&
-              in_views[i].dtype() == in_views[0].dtype() &&
-              out_views[i].dtype() == in_views[0].dtype();
-  }
+  const int me = getRank();
+  TORCH_CHECK(out_views[me].nbytes() == in_views[me].nbytes(),
+              "tutti: all_to_all: ", "this rank's output block ", me, " has ",
+              out_views[me].nbytes(), " bytes for ", in_views[me].nbytes(), " sent to itself");
+  // Every other block is a send and a receive of one batch, on every rank: a rank whose blocks
+  // are all alike may face one whose are not (its own block, or another pair's), so a path chosen
+  // by each rank's own blocks (the collective for alike ones) met another on the peer. This
+  // rank's own block is copied once the batch is done: its output may lie over an input that
+  // goes to another rank.
   auto keep = std::make_shared<std::vector<Staged>>(in_staged);
+  auto own = [out = out_staged[me].work, in = in_staged[me].work, keep]() mutable {
+    out.view(-1).copy_(in.view(-1));
+  };
   const at::Device device = inputs[0].device();
-  return run(
-      c10d::OpType::ALLTOALL, device, opts.asyncOp, bytes_of(inputs), out_staged, outputs,
-      [keep] {},
-      [&](CollectiveGroup& g, const OpOptions& o) {
-        // Every rank takes the same path: one whose blocks are all alike may face one whose are
-        // not (its own block, or another pair's, differs), and the two paths never meet.
-        int32_t all_uniform = uniform ? 1 : 0;
-        auto agree = with<AllreduceOptions>(OpOptions{}, opts.timeout);
-        agree.reduce_op = ReduceOp::kMin;
-        issuer_->group_for(at::Device(at::kCPU))
-            .allreduce(TensorView(&all_uniform, DType::kInt32, {1}), agree);
-        if (all_uniform == 1) {
-          return g.alltoall(out_views, in_views, with<AlltoallOptions>(o, opts.timeout));
-        }
-        // Blocks of different sizes: this rank's own block copied, every other send and
-        // receive posted as one batch.
-        const int me = getRank();
-        TORCH_CHECK(out_views[me].nbytes() == in_views[me].nbytes(),
-                    "tutti: all_to_all: ", "this rank's output block ", me, " has ",
-                    out_views[me].nbytes(), " bytes for ", in_views[me].nbytes(),
-                    " sent to itself");
-        out_staged[me].work.view(-1).copy_(in_staged[me].work.view(-1));
-        std::vector<P2POp> ops;
-        for (int r = 0; r < getSize(); ++r) {
-          if (r == me) continue;
-          ops.push_back(P2POp::send(in_views[r], r));
-          ops.push_back(P2POp::recv(out_views[r], r));
-        }
-        return g.batch_isend_irecv(ops, with<BatchP2POptions>(o, opts.timeout));
-      });
+  return run(c10d::OpType::ALLTOALL, device, opts.asyncOp, bytes_of(inputs), out_staged, outputs,
+             std::move(own), [&](CollectiveGroup& g, const OpOptions& o) {
+               std::vector<P2POp> ops;
+               for (int r = 0; r < getSize(); ++r) {
+                 if (r == me) continue;
+                 ops.push_back(P2POp::send(in_views[r], r));
+                 ops.push_back(P2POp::recv(out_views[r], r));
+               }
+               return g.batch_isend_irecv(ops, with<BatchP2POptions>(o, opts.timeout));
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> TuttiBackend::p2p(std::vector<at::Tensor>& tensors, int peer,
