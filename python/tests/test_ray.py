@@ -323,6 +323,36 @@ def test_groups_side_by_side_destroy_and_recreate(workers):
     assert time.monotonic() - start < OP_TIMEOUT_S / 4
 
 
+def test_a_dead_incarnations_kv_entry_does_not_hold_up_a_new_group(workers):
+    """A rank 0 killed during init leaves its entry in Ray's KV (found by helper-39): rank 1 of
+    the next group of that name read it, and its store client waited its whole timeout on a port
+    nobody answers. Now it tries for a few seconds, reads the KV again, and finds the new rank 0's
+    entry (here written a second after rank 1 started)."""
+    import socket
+
+    from ray.experimental import internal_kv
+    from tutti.ray._group import _group_key
+
+    name = unique("stale")
+    with socket.socket() as s:  # a port that was free a moment ago, and nobody's now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    node = ray.get_runtime_context().get_node_id()
+    internal_kv._internal_kv_put(_group_key(name), f"{port}\n{'ab' * 16}\n{node}\n127.0.0.1",
+                                 overwrite=True)
+    start = time.monotonic()
+    late = workers[1].setup.remote(name, 2, 1)
+    time.sleep(1.0)  # rank 1 reads the dead entry first
+    early = workers[0].setup.remote(name, 2, 0)
+    assert ray.get([early, late]) == [(0, 2), (1, 2)]
+    assert time.monotonic() - start < OP_TIMEOUT_S / 2
+    out = ray.get([workers[0].allreduce_value.remote(name, 1.0),
+                   workers[1].allreduce_value.remote(name, 2.0)])
+    for x in out:
+        np.testing.assert_array_equal(x, np.full(4, 3.0))
+    ray.get([w.destroy.remote(name) for w in workers[:2]])
+
+
 def test_group_declared_from_the_driver(workers):
     name = unique("declared")
     col.create_collective_group(workers[:2], 2, [1, 0], backend="tutti", group_name=name)

@@ -3,6 +3,10 @@
 (a non-contiguous tensor copied once at put; Ray's target buffers or new tensors). CUDA objects:
 test_gpu.py."""
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -75,3 +79,46 @@ def test_a_cuda_object_without_a_cuda_device_is_refused_naming_it():
         _rdt.fetch(_Recorder(), handle.ref.to_bytes(), "cuda", [((2,), torch.float32)], None, 5.0,
                    True)
     handle.release()
+
+
+def test_the_transports_shared_storage_counts_hold_under_failure_and_threads():
+    """tutti.ray's transport (Ray-free here: no cluster, a process of its own for its default
+    agent): a put that fails gives back the shared storages it counted (before, they stayed
+    registered for the process's life); two threads publishing and collecting objects of one
+    shared storage leave no error and no registration behind (before, a release could unregister
+    a storage another thread had just counted again, and two first uses both registered it)."""
+    pytest.importorskip("ray")
+    script = textwrap.dedent("""
+        import os, threading
+        import torch
+        import tutti
+        from tutti.ray._transport import TuttiTensorTransport
+        tr = TuttiTensorTransport()
+        weights = torch.ones(1 << 16).share_memory_()
+        os.environ["TUTTI_RAY_TRANSFER_TRANSPORT"] = "no-such-transport"
+        try:
+            tr.extract_tensor_transport_metadata("failed", [weights])
+            raise SystemExit("a put over a transport the agent lacks succeeded")
+        except tutti.Error:
+            pass
+        assert tr._regions == {}, tr._regions
+        del os.environ["TUTTI_RAY_TRANSFER_TRANSPORT"]
+        errors = []
+        def loop(k):
+            try:
+                for i in range(200):
+                    name = f"obj-{k}-{i}"
+                    tr.extract_tensor_transport_metadata(name, [weights])
+                    tr.garbage_collect(name, None, [weights])
+            except Exception as e:
+                errors.append(repr(e))
+        threads = [threading.Thread(target=loop, args=(k,)) for k in range(2)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        assert not errors, errors
+        assert tr._regions == {}, tr._regions
+        print("counts hold")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "counts hold" in done.stdout, done.stdout + done.stderr

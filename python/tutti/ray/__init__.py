@@ -34,8 +34,10 @@ def register(timeout: Optional[float] = None, collective: bool = True,
              tensor_transport: bool = True) -> None:
     """Registers TuttiGroup as Ray's collective backend "TUTTI" and TuttiTensorTransport as the
     RDT tensor transport "TUTTI" in this process. Idempotent. timeout: seconds each op and the
-    rendezvous may take (default 30, or TUTTI_RAY_TIMEOUT_S). Without torch, only the collective
-    backend is registered (numpy is all it needs), with a warning saying so."""
+    rendezvous may take in groups this process makes (default 30, or TUTTI_RAY_TIMEOUT_S). The
+    actors make their own groups: for them, set TUTTI_RAY_TIMEOUT_S in the job's runtime_env
+    (``env_vars``), which the worker setup hook's register() reads. Without torch, only the
+    collective backend is registered (numpy is all it needs), with a warning saying so."""
     if timeout is not None:
         _group.DEFAULT_TIMEOUT_S = float(timeout)
     if tensor_transport:

@@ -2,8 +2,9 @@
 
 Rendezvous (no server to start by hand): rank 0 hosts tutti's embedded TCP store in its own
 process, on a free port of every interface, guarded by a random secret, and publishes
-"port, secret, node" in Ray's internal KV under ``tutti:group:<name>``; the other ranks read it
-there (waiting up to the group's timeout), connect (over loopback when they share rank 0's Ray
+"port, secret, node" in Ray's internal KV under ``tutti:group:<Ray namespace>:<name>``; the
+other ranks read it there (waiting up to the group's timeout, and again while what they read
+does not answer: a killed incarnation's entry), connect (over loopback when they share rank 0's Ray
 node, else to rank 0's node address) and meet in the store. Every incarnation of a group name
 gets its own secret, which also scopes the store's keys, so a re-created group never meets a
 stale one; rank 0 deletes the KV entry once the group has formed, and on destroy.
@@ -61,6 +62,17 @@ def _kv():
     return kv
 
 
+def _group_key(group_name: str) -> str:
+    """The group's entry in Ray's internal KV, under the job's Ray namespace, as Ray's own groups
+    are (a job without one has an anonymous namespace of its own): two jobs that each make a
+    group "default" must never read each other's store (their ranks would meet in one group)."""
+    try:
+        namespace = ray.get_runtime_context().namespace or ""
+    except Exception:  # noqa: BLE001 (not connected: the key is never used then)
+        namespace = ""
+    return f"{_KV_PREFIX}{namespace}:{group_name}"
+
+
 def _node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
@@ -110,7 +122,7 @@ class TuttiGroup(BaseGroup):
     def __init__(self, world_size: int, rank: int, group_name: str, timeout_s: Optional[float] = None):
         super().__init__(world_size, rank, group_name)
         self._timeout = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
-        self._key = _KV_PREFIX + group_name
+        self._key = _group_key(group_name)
         self._store = None
         self._cuda = None
         self._token = ""
@@ -163,20 +175,35 @@ class TuttiGroup(BaseGroup):
             return store
         deadline = time.monotonic() + self._timeout
         delay = 0.001
+        last_error = None
         while True:
             value = kv._internal_kv_get(self._key)
             if value is not None:
                 port, token, node, address = value.decode().split("\n")
                 host = "127.0.0.1" if node == _node_id() else address
                 remaining = max(deadline - time.monotonic(), 0.001)
-                self._token = token
-                return tutti.TCPStore(host, int(port), timeout=min(self._timeout, remaining),
-                                      secret=token)
+                # A few seconds per try: the entry may be a dead incarnation's (its rank 0 was
+                # killed before deleting it), whose port nobody answers, or another store now
+                # answers there (refusing this secret). Then the KV is read again, where the new
+                # rank 0 writes its entry, until the timeout.
+                try:
+                    store = tutti.TCPStore(host, int(port), timeout=min(3.0, remaining),
+                                           secret=token)
+                    store.check(["tutti:ray:reached"])  # the client connects on its first request
+                except (tutti.TimeoutError, tutti.IoError, tutti.InvalidArgumentError) as e:
+                    last_error = e
+                else:
+                    store.timeout = self._timeout  # later requests get the group's whole timeout
+                    self._token = token
+                    return store
             if time.monotonic() >= deadline:
+                said = (f"rank 0 did not publish its store in Ray's internal KV ('{self._key}')"
+                        if last_error is None else
+                        f"the store rank 0 published in Ray's internal KV ('{self._key}') did not "
+                        f"answer: {last_error}")
                 raise tutti.TimeoutError(
                     f"init_collective_group on group '{self.group_name}' (rank {self.rank}/"
-                    f"{self.world_size}), backend TUTTI: rank 0 did not publish its store in "
-                    f"Ray's internal KV ('{self._key}') within {self._timeout:g} s")
+                    f"{self.world_size}), backend TUTTI: {said} within {self._timeout:g} s")
             time.sleep(delay)  # Ray's KV has no blocking get: back off, at most 50 ms
             delay = min(delay * 2, 0.05)
 

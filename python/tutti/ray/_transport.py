@@ -31,6 +31,7 @@ place. The Ray-free part of this is tutti._rdt.
 import os
 import secrets
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -123,6 +124,9 @@ class TuttiTensorTransport(TensorTransportManager):
         # registered before ray.init gets its secret here), before the agent exists.
         serve_other_nodes()
         self._lock = threading.Lock()
+        # Held across a storage's registration and its release, agent calls included: two
+        # threads must not both register a storage, nor one unregister what another just took.
+        self._regions_lock = threading.Lock()
         self._handles: Dict[str, Any] = {}  # obj_id -> ObjectHandle (source side)
         self._fetches: Dict[str, Any] = {}  # obj_id -> Fetch in progress (destination side)
         # Shared storages registered with the agent (source side), by data pointer: the region
@@ -139,39 +143,37 @@ class TuttiTensorTransport(TensorTransportManager):
         ptr = storage.data_ptr()
         if storage.nbytes() == 0:
             return None
-        with self._lock:
+        with self._regions_lock:
             entry = self._regions.get(ptr)
             if entry is not None:
                 entry[1] += 1
                 return ptr
-        try:
-            fd, _ = storage._share_fd_cpu_()
-        except Exception:  # noqa: BLE001 (shared by file name: copied like any other tensor)
-            return None
-        import torch
+            try:
+                fd, _ = storage._share_fd_cpu_()
+            except Exception:  # noqa: BLE001 (shared by file name: copied like any other tensor)
+                return None
+            import torch
 
-        region = torch.empty(0, dtype=torch.uint8).set_(storage)
-        agent.register_memory(region, fd, 0)
-        with self._lock:
+            region = torch.empty(0, dtype=torch.uint8).set_(storage)
+            agent.register_memory(region, fd, 0)
             self._regions[ptr] = [region, 1]
-        return ptr
+            return ptr
 
     def _release_storages(self, agent, ptrs: List[int]) -> None:
         """One object fewer uses these storages; unregisters those no object uses any more (a
         storage a destination still maps stays registered until a later call finds it free)."""
-        with self._lock:
+        with self._regions_lock:
             for ptr in ptrs:
                 if ptr in self._regions:
                     self._regions[ptr][1] -= 1
-            idle = [(ptr, e[0]) for ptr, e in self._regions.items() if e[1] <= 0]
-        for ptr, region in idle:
-            try:
-                agent.unregister_memory(region)
-            except tutti.InvalidUsageError:
-                continue  # still mapped by a destination: try again later
-            with self._lock:
-                if self._regions.get(ptr, [None, 1])[1] <= 0:
-                    del self._regions[ptr]
+            for ptr, entry in [(p, e) for p, e in self._regions.items() if e[1] <= 0]:
+                try:
+                    agent.unregister_memory(entry[0])
+                except tutti.InvalidUsageError:
+                    continue  # still mapped by a destination: try again later
+                except tutti.Error:  # noqa: BLE001 (no longer registered: nothing to keep)
+                    pass
+                del self._regions[ptr]
 
     def tensor_transport_backend(self) -> str:
         return NAME
@@ -198,8 +200,22 @@ class TuttiTensorTransport(TensorTransportManager):
         # Contiguous tensors are published in place; a non-contiguous one (a transpose, a slice
         # with a step) is copied once, as from Ray's object store (see _rdt.publish).
         agent = transfer.default_agent()
-        handle, device, storages = _rdt.publish(agent, what, tensors,
-                                                lambda t: self._register_shared(agent, t))
+        registered: List[int] = []
+
+        def share(t):
+            ptr = self._register_shared(agent, t)
+            if ptr is not None:
+                registered.append(ptr)
+            return ptr
+
+        try:
+            handle, device, storages = _rdt.publish(agent, what, tensors, share)
+        except BaseException:
+            # The put failed (a transport the agent does not have, say): the storages it counted
+            # are not this object's, or they would stay registered for the process's life.
+            if registered:
+                self._release_storages(agent, registered)
+            raise
         with self._lock:
             self._handles[obj_id] = handle
             if storages:
@@ -227,7 +243,11 @@ class TuttiTensorTransport(TensorTransportManager):
             self._fetches[obj_id] = fetch
         # Outside the lock: a replaced fetch still running is cancelled and waited for as it goes.
         del replaced
-        return TuttiFetchRequest(obj_id=obj_id, tensors=targets or [], fetch=fetch)
+        request = TuttiFetchRequest(obj_id=obj_id, tensors=targets or [], fetch=fetch)
+        # Ray drops the request when it gives up on the get (ray.get's timeout) without calling
+        # abort_transport: the fetch then ends with it, before Ray's caller may reuse the targets.
+        weakref.finalize(request, _end_fetch, fetch)
+        return request
 
     def wait_fetch_complete(self, fetch_request, timeout: float = -1) -> List[Any]:
         fetch = getattr(fetch_request, "fetch", None)
@@ -283,6 +303,17 @@ class TuttiTensorTransport(TensorTransportManager):
         with self._lock:
             if self._fetches.get(obj_id) is fetch:
                 del self._fetches[obj_id]
+
+
+def _end_fetch(fetch) -> None:
+    """A fetch whose request Ray dropped: cancelled, and waited for, unless it ended."""
+    if fetch.done():
+        return
+    fetch.cancel()
+    try:
+        fetch.wait()
+    except Exception:  # noqa: BLE001 (the get's end is nobody's now)
+        pass
 
 
 def wait_tensor_freed(tensor, timeout: Optional[float] = None) -> None:
