@@ -224,6 +224,23 @@ TEST(Plugin, AHangingInitIsRefusedAtItsDeadline) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// An init that leaves a forked helper running (it holds the trial's pipe): refused at once, not
+// once the helper is gone (the loader read the pipe to its end, 8 s here, and held its lock).
+TEST(Plugin, AnInitLeavingAHelperRunningIsRefusedAtOnce) {
+  ASSERT_EQ(::setenv("BAD_INIT", "daemon", 1), 0);
+  const auto start = std::chrono::steady_clock::now();
+  expect_refused(TUTTI_PLUGIN_BAD_INIT, {"its init failed (unavailable): no device here"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  ASSERT_EQ(::unsetenv("BAD_INIT"), 0);
+}
+
+// One name twice (in two cases): refused before anything registers (before, the first backend
+// registered, the second threw "already registered" naming no plugin, and the first stayed).
+TEST(Plugin, ANameGivenTwiceIsRefusedAndNothingOfItRegisters) {
+  expect_refused(TUTTI_PLUGIN_DUP_NAMES, {"it names backend 'DUPE' twice"});
+  EXPECT_FALSE(is_registered_collective_backend("dupe"));
+}
+
 TEST(Plugin, NotAPluginIsRefusedByName) {
   expect_refused(TUTTI_PLUGIN_NOT_A_PLUGIN, {"exports no tuttiPlugin_v<N>"});
   EXPECT_TUTTI_ERROR(load_plugin("no-such-plugin"), ErrorCode::kUnavailable,

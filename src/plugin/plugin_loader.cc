@@ -10,15 +10,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "plugin/plugin_backend.h"
 #include "tutti/backend.h"
 #include "tutti/tensor_transport.h"
 #include "util/logging.h"
+
+namespace tutti::detail {
+bool transport_name_taken(std::string_view name);  // transfer/transport_registry.cc
+}  // namespace tutti::detail
 
 namespace tutti {
 namespace detail {
@@ -214,6 +220,9 @@ void trial(const std::string& what, const std::string& path) {
            "its init did not return within " + std::to_string(timeout.count()) +
                " ms (tried in a child process; TUTTI_PLUGIN_INIT_TIMEOUT_MS)");
   }
+  // What the child wrote is in the pipe by its exit; reading on to end-of-file could wait for
+  // good: a process its init forked (without exec) holds the pipe's write end.
+  ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
   char buf[1024];
   ssize_t n;
   while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) verdict.append(buf, static_cast<size_t>(n));
@@ -257,16 +266,34 @@ LoadedPlugin load_plugin(const std::string& path_or_name) {
   lib->plugin = open_plugin(what, path, &lib->handle, &version);
   const tuttiPlugin_v1_t& p = *lib->plugin;
   lib->name = p.name;
+  // Every name checked before anything registers (names ignore case): a refused plugin leaves
+  // nothing behind, and a transport another plugin or tutti registered is taken even where it
+  // is not available here (cuda_ipc without a GPU).
+  auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  std::set<std::string> backends, transports;
   for (size_t i = 0; i < p.num_backends; ++i) {
     if (is_registered_collective_backend(p.backends[i]->name)) {
       refuse(what, path,
              std::string("backend '") + p.backends[i]->name + "' is registered already");
     }
+    if (!backends.insert(lower(p.backends[i]->name)).second) {
+      refuse(
+          what, path,
+          std::string("it names backend '") + p.backends[i]->name + "' twice (names ignore case)");
+    }
   }
   for (size_t i = 0; i < p.num_transports; ++i) {
-    if (is_registered_tensor_transport(p.transports[i]->name)) {
+    if (detail::transport_name_taken(p.transports[i]->name)) {
       refuse(what, path,
              std::string("transport '") + p.transports[i]->name + "' is registered already");
+    }
+    if (!transports.insert(lower(p.transports[i]->name)).second) {
+      refuse(what, path,
+             std::string("it names transport '") + p.transports[i]->name +
+                 "' twice (names ignore case)");
     }
   }
   if (p.init != nullptr) {
