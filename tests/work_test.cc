@@ -204,6 +204,9 @@ TEST_P(WorkTest, AHookMayDestroyTheGroupOrHoldItsLastReference) {
       EXPECT_EQ(v[0], 3);
     });
     std::vector<int32_t> v(1 << 12, 1);
+    // Set (release) as the Work goes, after the op wrote v: the read of v below acquires it
+    // (variant 2 waits on no Work; a weak_ptr's expiry orders nothing).
+    std::atomic<bool> work_gone{false};
     {
       std::shared_ptr<CollectiveGroup> g = std::move(groups[0]);
       AllreduceOptions o;
@@ -212,7 +215,13 @@ TEST_P(WorkTest, AHookMayDestroyTheGroupOrHoldItsLastReference) {
       if (variant == 0)
         w->on_finish([raw = g.get()](const std::exception_ptr&) { raw->destroy(); });
       if (variant == 1) w->on_finish([g](const std::exception_ptr&) {});
-      if (variant == 2) w->keep_alive(g);
+      if (variant == 2) {
+        w->keep_alive(g);
+        w->keep_alive(std::shared_ptr<int>(new int(0), [&work_gone](int* p) {
+          delete p;
+          work_gone.store(true, std::memory_order_release);
+        }));
+      }
       if (variant != 0) g.reset();
       hooked.set_value();
       if (variant == 2) {
@@ -224,11 +233,15 @@ TEST_P(WorkTest, AHookMayDestroyTheGroupOrHoldItsLastReference) {
     }
     peer.join();
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!watch.expired() && std::chrono::steady_clock::now() < until) {
+    while ((!watch.expired() || (variant == 2 && !work_gone.load(std::memory_order_acquire))) &&
+           std::chrono::steady_clock::now() < until) {
       std::this_thread::yield();
     }
     EXPECT_TRUE(watch.expired()) << "the group is still there 10 s after its op";
-    EXPECT_EQ(v[0], 3);
+    if (variant == 2) {
+      EXPECT_TRUE(work_gone.load(std::memory_order_acquire)) << "the Work is still there";
+    }
+    if (variant != 2 || work_gone.load(std::memory_order_acquire)) EXPECT_EQ(v[0], 3);
     groups[1]->destroy();
   }
 }

@@ -797,12 +797,15 @@ WorkPtr CollectiveGroup::recv_multigpu(TensorView tensor, int src_rank, int64_t 
   });
 }
 
-void CollectiveGroup::State::drain() {
-  // On the worker (a hook): whatever was queued before the op it runs in is done, and what was
-  // queued after cannot be waited for there.
-  if (queue.on_worker()) return;
-  // A marker even when nothing is queued: the last op leaves the count before its Work
-  // completes (its hooks may still run), and this returns only once they have.
+void CollectiveGroup::State::drain(bool hooks_too) {
+  // No queue (NCCL's ops are the streams'); or on the worker (a hook): whatever was queued
+  // before the op it runs in is done, and what was queued after cannot be waited for there.
+  if (!runs_inline || queue.on_worker()) return;
+  // With hooks_too (synchronize), a marker even when nothing is queued: the last op leaves the
+  // count before its Work completes (its hooks may still run), and this returns only once they
+  // have. Without (a split's ordering), only what is queued: a hook of the last op may wait for
+  // a lock the caller holds (torch's backend splits its CUDA group under its issuer's lock).
+  if (!hooks_too && queued.load() == 0) return;
   // A marker behind everything queued so far: once it has run, they all have.
   OpContext ctx;
   ctx.op = OpType::kBarrier;
@@ -812,6 +815,7 @@ void CollectiveGroup::State::drain() {
   auto marker = std::make_shared<Work>(ctx);
   {
     std::lock_guard<std::mutex> lock(op_mutex);
+    if (destroyed.load()) return;  // its queue is stopped: a push would start a worker again
     queued.fetch_add(1);
     queue.push([this, marker] {
       queued.fetch_sub(1);
@@ -836,7 +840,7 @@ void CollectiveGroup::synchronize(Device device) {
                                                  " is not a device of backend '" + s.backend_name +
                                                  "'");
   }
-  s.drain();
+  s.drain(/*hooks_too=*/true);
   std::lock_guard<std::mutex> lock(s.op_mutex);
   // A destroy from another thread may have swapped the backend out meanwhile.
   if (std::shared_ptr<Backend> backend = s.current_backend()) backend->synchronize(device);

@@ -110,8 +110,9 @@ struct CollectiveGroup::State {
   void abort(const std::string& reason);
   // An op's failure: aborts the group for the codes that leave it in an unknown state.
   void record_failure(const OpContext& ctx, const Error& e);
-  // Waits until every async op queued so far has finished.
-  void drain();
+  // Waits until the ops queued so far have run (hooks_too: and their Works' hooks), unless on
+  // the worker or destroyed; see group_ops.cc.
+  void drain(bool hooks_too = false);
 
   // The checks (validation.cc). Each throws Error naming op, group and value.
   [[noreturn]] void fail(ErrorCode code, OpType op, const std::string& what) const;
