@@ -78,15 +78,18 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
     }
   }
 
-  chunk_ = align_up(env_size("TUTTI_SHM_CHUNK_BYTES", 1 << 20), 4096);
-  mail_ = align_up(env_size("TUTTI_SHM_MAILBOX_BYTES", 256 << 10), 4096);
+  // Pages of this host's size (64 KiB on some arm64 kernels): a mailbox's pages are populated
+  // on first use, which takes page-aligned ranges.
+  const size_t page = std::max<size_t>(4096, static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
+  chunk_ = align_up(env_size("TUTTI_SHM_CHUNK_BYTES", 1 << 20), page);
+  mail_ = align_up(env_size("TUTTI_SHM_MAILBOX_BYTES", 256 << 10), page);
   const size_t w = static_cast<size_t>(world_size_);
   const size_t slots_off = align_up(sizeof(Header), 64);
   const size_t bells_off = slots_off + w * sizeof(RankSlot);
   const size_t channels_off = bells_off + w * sizeof(Bell);
   const size_t sym_off = align_up(channels_off + w * w * sizeof(Channel), 64);
   const size_t small_off = align_up(sym_off + w * sizeof(SymSlot), 64);
-  const size_t staging_off = align_up(small_off + w * 2 * kSmallSlotBytes, 4096);
+  const size_t staging_off = align_up(small_off + w * 2 * kSmallSlotBytes, page);
   const size_t mail_off = staging_off + w * 2 * chunk_;
   const size_t size = mail_off + w * w * 2 * mail_;
   segment_ = ShmSegment(*ctx.store, ctx.instance, rank_, world_size_, size, mail_off);
