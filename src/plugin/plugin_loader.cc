@@ -286,6 +286,9 @@ LoadedPlugin load_plugin(const std::string& path_or_name) {
     }
   }
   for (size_t i = 0; i < p.num_transports; ++i) {
+    if (lower(p.transports[i]->name) == "auto") {
+      refuse(what, path, "it names a transport 'auto' (PutOptions::transport's own choice)");
+    }
     if (detail::transport_name_taken(p.transports[i]->name)) {
       refuse(what, path,
              std::string("transport '") + p.transports[i]->name + "' is registered already");

@@ -718,7 +718,20 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::alltoall(std::vector<at::Tensor>& o
   // rank's own block is copied once the batch is done: its output may lie over an input that
   // goes to another rank.
   auto keep = std::make_shared<std::vector<Staged>>(in_staged);
-  auto own = [out = out_staged[me].work, in = in_staged[me].work, keep]() mutable {
+  // And its own input kept apart where another rank's block lands over it (a receive would
+  // overwrite it before the copy).
+  at::Tensor own_in = in_staged[me].work;
+  const auto* in_lo = static_cast<const char*>(own_in.data_ptr());
+  for (int r = 0; r < getSize() && own_in.nbytes() > 0; ++r) {
+    const at::Tensor& o = out_staged[r].work;
+    const auto* lo = static_cast<const char*>(o.data_ptr());
+    if (r != me && o.nbytes() > 0 && o.device() == own_in.device() &&
+        lo < in_lo + own_in.nbytes() && in_lo < lo + o.nbytes()) {
+      own_in = own_in.clone();
+      break;
+    }
+  }
+  auto own = [out = out_staged[me].work, in = own_in, keep]() mutable {
     out.view(-1).copy_(in.view(-1));
   };
   const at::Device device = inputs[0].device();

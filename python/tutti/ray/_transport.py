@@ -246,7 +246,7 @@ class TuttiTensorTransport(TensorTransportManager):
         request = TuttiFetchRequest(obj_id=obj_id, tensors=targets or [], fetch=fetch)
         # Ray drops the request when it gives up on the get (ray.get's timeout) without calling
         # abort_transport: the fetch then ends with it, before Ray's caller may reuse the targets.
-        weakref.finalize(request, _end_fetch, fetch)
+        weakref.finalize(request, _end_fetch, fetch, os.getpid())
         return request
 
     def wait_fetch_complete(self, fetch_request, timeout: float = -1) -> List[Any]:
@@ -305,9 +305,10 @@ class TuttiTensorTransport(TensorTransportManager):
                 del self._fetches[obj_id]
 
 
-def _end_fetch(fetch) -> None:
-    """A fetch whose request Ray dropped: cancelled, and waited for, unless it ended."""
-    if fetch.done():
+def _end_fetch(fetch, pid: int) -> None:
+    """A fetch whose request Ray dropped: cancelled, and waited for, unless it ended (or this is
+    a forked child at its exit: the get's thread is the parent's)."""
+    if os.getpid() != pid or fetch.done():
         return
     fetch.cancel()
     try:
