@@ -4,7 +4,6 @@
 
 #include <poll.h>
 #include <sched.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -46,12 +45,6 @@ size_t env_size(const char* name, size_t fallback, size_t min_value = 4096,
   }
   return static_cast<size_t>(n);
 }
-
-#ifdef MADV_POPULATE_WRITE
-constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
-#else
-constexpr int kPopulateWrite = 23;  // Linux 5.14's
-#endif
 
 size_t align_up(size_t n, size_t a) {
   return (n + a - 1) / a * a;
@@ -322,11 +315,12 @@ void ShmBackend::ensure_mailbox(int src, int dst, const OpContext& ctx) {
   // killing the rank that first touches it (SIGBUS). A kernel without MADV_POPULATE_WRITE
   // (before 5.14) leaves them to their first touch, as before.
   const size_t len = 2 * mail_;
-  if (::madvise(mailbox(src, dst, 0), len, kPopulateWrite) != 0 && errno != EINVAL) {
+  const int err = populate_pages(mailbox(src, dst, 0), len);
+  if (err != 0 && err != EINVAL) {
     throw Error(ErrorCode::kUnavailable,
                 ctx.description() + ": /dev/shm has no room for the mailbox of ranks " +
                     std::to_string(src) + " -> " + std::to_string(dst) + " (" +
-                    std::to_string(len) + " bytes): " + std::strerror(errno) +
+                    std::to_string(len) + " bytes): " + std::strerror(err) +
                     " (give /dev/shm more room, e.g. docker's --shm-size, or lower "
                     "TUTTI_SHM_MAILBOX_BYTES)");
   }

@@ -21,12 +21,6 @@
 namespace tutti::shm_backend {
 namespace {
 
-#ifdef MADV_POPULATE_WRITE
-constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
-#else
-constexpr int kPopulateWrite = 23;  // Linux 5.14's
-#endif
-
 [[noreturn]] void throw_errno(const std::string& what) {
   throw Error(ErrorCode::kIoError, "shm: " + what + ": " + std::strerror(errno));
 }
@@ -47,6 +41,15 @@ std::string segment_name(const std::string& instance) {
 }
 
 }  // namespace
+
+int populate_pages(void* addr, size_t len) {
+#ifdef MADV_POPULATE_WRITE
+  constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
+#else
+  constexpr int kPopulateWrite = 23;  // Linux 5.14's
+#endif
+  return ::madvise(addr, len, kPopulateWrite) == 0 ? 0 : errno;
+}
 
 ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int parties,
                        size_t bytes, size_t reserve)
@@ -101,7 +104,7 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
     throw_errno("mapping segment '" + name + "'");
   }
   reserve = std::min(reserve, size_);
-  if (::madvise(base_, reserve, kPopulateWrite) != 0) {
+  if (populate_pages(base_, reserve) != 0) {
     // A kernel before 5.14: a read of each page maps it (rank 0 allocated them all).
     const long page = ::sysconf(_SC_PAGESIZE);
     const volatile char* p = static_cast<const volatile char*>(base_);

@@ -14,6 +14,11 @@
 
 namespace tutti::shm_backend {
 
+// Maps the pages of [addr, addr + len) now, allocating them in /dev/shm (MADV_POPULATE_WRITE):
+// 0, or the errno (EINVAL on a kernel before 5.14; EFAULT or ENOMEM where /dev/shm has no room,
+// where a first touch would have died of SIGBUS).
+int populate_pages(void* addr, size_t len);
+
 class ShmSegment {
  public:
   ShmSegment() = default;

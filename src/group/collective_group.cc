@@ -526,8 +526,6 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
           return s.abort_reason;
         }() + ")");
   }
-  // A destroy from another thread since the check above (it ran whole before the op lock came).
-  if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
   const uint64_t n = options.local ? 0 : s.split_count++;
   if (me == ranks.end()) return nullptr;
   const int sub_rank = static_cast<int>(me - ranks.begin());
@@ -709,7 +707,8 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::form_subgroup(
   // (the meeting, the backend's rendezvous, the round after it) within StoppableStore::kSlice;
   // a shrink, made after the parent failed, is ended by its destroy only.
   // The parent's stores, taken as a destroy from another thread would leave them (a local split
-  // runs outside the op lock): the split holds its own references from here on.
+  // runs outside the op lock; a split or shrink whose destroy ran whole before it took the op
+  // lock is refused here): the split holds its own references from here on.
   std::shared_ptr<Store> store, ledger;
   {
     std::lock_guard<std::mutex> guard(s.state_mutex);

@@ -10,20 +10,22 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
 
+#include "group/backend_registry.h"
 #include "plugin/plugin_backend.h"
 #include "tutti/backend.h"
 #include "tutti/tensor_transport.h"
 #include "util/logging.h"
 
 namespace tutti::detail {
-bool transport_name_taken(std::string_view name);  // transfer/transport_registry.cc
+// transfer/transport_registry.cc (agent_core.h)
+std::string transport_key(std::string_view name);
+bool transport_name_taken(std::string_view name);
 }  // namespace tutti::detail
 
 namespace tutti {
@@ -269,31 +271,27 @@ LoadedPlugin load_plugin(const std::string& path_or_name) {
   // Every name checked before anything registers (names ignore case): a refused plugin leaves
   // nothing behind, and a transport another plugin or tutti registered is taken even where it
   // is not available here (cuda_ipc without a GPU).
-  auto lower = [](std::string s) {
-    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-  };
   std::set<std::string> backends, transports;
   for (size_t i = 0; i < p.num_backends; ++i) {
     if (is_registered_collective_backend(p.backends[i]->name)) {
       refuse(what, path,
              std::string("backend '") + p.backends[i]->name + "' is registered already");
     }
-    if (!backends.insert(lower(p.backends[i]->name)).second) {
+    if (!backends.insert(detail::backend_key(p.backends[i]->name)).second) {
       refuse(
           what, path,
           std::string("it names backend '") + p.backends[i]->name + "' twice (names ignore case)");
     }
   }
   for (size_t i = 0; i < p.num_transports; ++i) {
-    if (lower(p.transports[i]->name) == "auto") {
+    if (detail::transport_key(p.transports[i]->name) == "auto") {
       refuse(what, path, "it names a transport 'auto' (PutOptions::transport's own choice)");
     }
     if (detail::transport_name_taken(p.transports[i]->name)) {
       refuse(what, path,
              std::string("transport '") + p.transports[i]->name + "' is registered already");
     }
-    if (!transports.insert(lower(p.transports[i]->name)).second) {
+    if (!transports.insert(detail::transport_key(p.transports[i]->name)).second) {
       refuse(what, path,
              std::string("it names transport '") + p.transports[i]->name +
                  "' twice (names ignore case)");

@@ -721,12 +721,8 @@ c10::intrusive_ptr<c10d::Work> TuttiBackend::alltoall(std::vector<at::Tensor>& o
   // And its own input kept apart where another rank's block lands over it (a receive would
   // overwrite it before the copy).
   at::Tensor own_in = in_staged[me].work;
-  const auto* in_lo = static_cast<const char*>(own_in.data_ptr());
-  for (int r = 0; r < getSize() && own_in.nbytes() > 0; ++r) {
-    const at::Tensor& o = out_staged[r].work;
-    const auto* lo = static_cast<const char*>(o.data_ptr());
-    if (r != me && o.nbytes() > 0 && o.device() == own_in.device() &&
-        lo < in_lo + own_in.nbytes() && in_lo < lo + o.nbytes()) {
+  for (int r = 0; r < getSize(); ++r) {
+    if (r != me && share_memory(out_staged[r].work, own_in)) {
       own_in = own_in.clone();
       break;
     }
