@@ -86,9 +86,9 @@ Work::Sync& Work::sync() {
 
 bool Work::is_completed() {
   if (done_.load(std::memory_order_acquire)) return true;
-  // poll() finishing the op is not enough: another thread may be running its hooks (finish()
-  // then returns at once), and the Work is complete only once they have run.
-  return poll() && done_.load(std::memory_order_acquire);
+  // True once poll() sees the op done, even while another thread still runs its hooks (NCCL's
+  // watchdog): a later op waited on the same stream makes the earlier complete at once.
+  return poll();
 }
 
 bool Work::is_success() {
