@@ -5,8 +5,13 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <regex>
 
 #include "fault_util.h"
@@ -52,6 +57,41 @@ TEST_P(Faults, TheFlightRecorderShowsWhichRankIsBehind) {
             std::string::npos)
       << merged.output;
   std::printf("%s", merged.output.c_str());
+}
+
+// A rank that dies while the group's backend is being made (after the rendezvous): the others'
+// init fails within 2 s naming it, where the group's timeout is 20 s (the backend's waits in the
+// store watch the processes of the ranks on this host). With shm, also where the dead rank is
+// the one that made the segment and another rank never mapped it: no segment of the group stays
+// in /dev/shm (before, only the last rank to map it, or rank 0, removed its name).
+TEST_P(Faults, ARankDyingInTheBackendsSetUpIsNamedAtOnce) {
+  const int self = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+  if (self < 0) {
+    GTEST_SKIP() << "pidfd_open is not available here (" << std::strerror(errno)
+                 << "): the ranks' processes cannot be watched";
+  }
+  ::close(self);
+  std::vector<std::string> modes = {"peer"};
+  if (GetParam() == "shm") modes.push_back("creator");
+  for (const std::string& who : modes) {
+    SCOPED_TRACE(who);
+    TempDir dir;
+    const std::string name = unique_name("setup-death");
+    auto results = run("setup_death", 3, "file://" + dir.path() + "/store", milliseconds(60000),
+                       {backend(), "who=" + who, "name=" + name});
+    const int dying = who == "creator" ? 0 : 1;
+    for (int r = 0; r < 3; ++r) {
+      if (r == dying) {
+        EXPECT_EQ(results[r].exit_code, 7) << results[r].output;
+      } else {
+        expect_all_ok({results[r]});
+      }
+    }
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      EXPECT_EQ(entry.path().filename().string().find(name), std::string::npos)
+          << entry.path() << " was left behind";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("gloo", "shm"),

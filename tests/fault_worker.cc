@@ -841,6 +841,49 @@ void scenario_shrink(const Args& a) {
   require(ms < 1000, "the last destroy is local and finds the store");
 }
 
+// World 3: a rank dies while the group's backend is being made, after the rendezvous, and the
+// others fail their init within `bound` ms (the group's timeout is 20 s), naming it. The
+// backend is `backend` made through a wrapper ("dying-<backend>") that kills the rank:
+//   who=peer: rank 1 exits as its backend is about to be made; ranks 0 and 2 wait for it there.
+//   who=creator (shm): rank 0 makes the segment and exits once its name is in the store; rank 1
+//     maps it, rank 2 never does (it waits in the store). The test then finds no segment of the
+//     group in /dev/shm.
+void scenario_setup_death(const Args& a) {
+  require(a.world == 3, "setup_death runs with 3 ranks");
+  const std::string inner = a.backend(), who = a.get("who", "peer"), name = a.name();
+  require(who == "peer" || (who == "creator" && inner == "shm"), "who=" + who);
+  const int dying = who == "creator" ? 0 : 1;
+  const double bound = static_cast<double>(a.num("bound", 2000));
+  register_collective_backend(
+      "dying-" + inner, [inner, who](const BackendContext& ctx) -> std::unique_ptr<Backend> {
+        if (who == "peer" && ctx.rank == 1) ::_exit(7);
+        if (who == "creator" && ctx.rank == 0) {
+          std::thread([store = ctx.store] {
+            try {
+              store->wait({"shm/segment"}, milliseconds(20000));
+            } catch (...) {
+            }
+            ::_exit(7);
+          }).detach();
+        }
+        if (who == "creator" && ctx.rank == 2) {
+          ctx.store->wait({"never"});
+          throw std::runtime_error("the wait for a key nobody writes returned");
+        }
+        return create_collective_backend(inner, ctx);
+      });
+  GroupOptions o = a.options();
+  o.timeout = milliseconds(20000);
+  const auto start = Clock::now();
+  expect_error([&] { init_collective_group(3, a.rank, "dying-" + inner, name, o); },
+               {ErrorCode::kIoError, ErrorCode::kRemoteError},
+               {"rank " + std::to_string(dying), "exited"});
+  const double ms = ms_since(start);
+  std::printf("FIGURE setup_death %s %s rank %d: init failed in %.0f ms\n", inner.c_str(),
+              who.c_str(), a.rank, ms);
+  require(ms < bound, "the init fails within " + std::to_string(bound) + " ms, not at the timeout");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -850,7 +893,7 @@ int main(int argc, char** argv) {
       {"rejoin", scenario_rejoin},     {"cycles", scenario_cycles},
       {"mismatch", scenario_mismatch}, {"delay", scenario_delay},
       {"timeouts", scenario_timeouts}, {"stale", scenario_stale},
-      {"shrink", scenario_shrink},
+      {"shrink", scenario_shrink},     {"setup_death", scenario_setup_death},
   };
   if (argc < 5) {
     std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [key=value...]\n",

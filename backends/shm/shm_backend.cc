@@ -85,7 +85,15 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   const size_t staging_off = align_up(small_off + w * 2 * kSmallSlotBytes, page);
   const size_t mail_off = staging_off + w * 2 * chunk_;
   const size_t size = mail_off + w * w * 2 * mail_;
-  segment_ = ShmSegment(*ctx.store, ctx.instance, rank_, world_size_, size, mail_off);
+  try {
+    segment_ = ShmSegment(*ctx.store, ctx.instance, rank_, world_size_, size, mail_off);
+  } catch (...) {
+    // Perhaps before this rank knew the segment's name (a peer died, the store failed): the
+    // group cannot be made now, and the rank that made the segment may be dead. (A rank that
+    // mapped it and fails later takes its name away when its ShmSegment goes.)
+    remove_segments_of(ctx.instance);
+    throw;
+  }
   mail_ready_.assign(w * w, 0);
   char* base = segment_.data();
   header_ = reinterpret_cast<Header*>(base);
@@ -107,6 +115,9 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   std::vector<std::string> keys;
   for (int r = 0; r < world_size_; ++r) keys.push_back("shm/ready/" + std::to_string(r));
   ctx.store->wait(keys);
+  // Every rank has the segment mapped (each says it is ready after mapping it): its name goes,
+  // so that neither destroy nor a crash leaves it in /dev/shm.
+  segment_.unlink_name();
   std::vector<std::string> masks;
   for (const std::string& k : keys) {
     std::string m = ctx.store->get(k);

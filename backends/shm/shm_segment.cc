@@ -1,5 +1,6 @@
 #include "shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -25,22 +26,45 @@ namespace {
   throw Error(ErrorCode::kIoError, "shm: " + what + ": " + std::strerror(errno));
 }
 
-// "/tutti-<instance>-<random>": the job's and group's identity (long ones shortened with a
-// hash) and a random suffix, so two jobs without job ids, using one group name on one host,
-// never collide.
-std::string segment_name(const std::string& instance) {
+// "/tutti-<instance>": the job's and group's identity (long ones shortened with a hash).
+std::string segment_base(const std::string& instance) {
   std::string name = "/tutti-" + instance;
   if (name.size() > 200) {
     name = name.substr(0, 180) + "-" +
            std::to_string(detail::Fnv1a().mix(std::hash<std::string>()(instance)).value());
   }
+  return name;
+}
+
+constexpr size_t kSuffixLength = 9;  // "-%08x"
+
+// The base and a random suffix, so two jobs without job ids, using one group name on one host,
+// never collide.
+std::string segment_name(const std::string& instance) {
   std::random_device rd;
   char suffix[16];
   std::snprintf(suffix, sizeof(suffix), "-%08x", rd());
-  return name + suffix;
+  return segment_base(instance) + suffix;
 }
 
 }  // namespace
+
+void remove_segments_of(const std::string& instance) {
+  // The instance names one incarnation of one group on this host: a name of its base and a
+  // suffix is this incarnation's segment, made by a rank whose set-up failed or died.
+  const std::string base = segment_base(instance).substr(1);
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string n = e->d_name;
+    if (n.size() == base.size() + kSuffixLength && n.compare(0, base.size(), base) == 0 &&
+        n[base.size()] == '-' &&
+        n.find_first_not_of("0123456789abcdef", base.size() + 1) == std::string::npos) {
+      ::shm_unlink(("/" + n).c_str());
+    }
+  }
+  ::closedir(dir);
+}
 
 int populate_pages(void* addr, size_t len) {
 #ifdef MADV_POPULATE_WRITE
@@ -83,10 +107,15 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
   } else {
     name = store.get("shm/segment");
     fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) throw_errno("opening segment '" + name + "' (is /dev/shm shared?)");
+    if (fd < 0) {
+      throw_errno("opening segment '" + name +
+                  "' (gone: another rank's set-up failed and removed it, or this rank's /dev/shm "
+                  "is not the others')");
+    }
     struct stat st;
     if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != size_) {
       ::close(fd);
+      ::shm_unlink(name.c_str());  // the group cannot be made: nobody else needs the name
       throw Error(ErrorCode::kRemoteError,
                   "shm: segment '" + name + "' has " + std::to_string(st.st_size) +
                       " bytes, this rank expects " + std::to_string(size_) +
@@ -100,7 +129,7 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
   ::close(fd);
   if (base_ == MAP_FAILED) {
     base_ = nullptr;
-    if (rank == 0) ::shm_unlink(name.c_str());
+    ::shm_unlink(name.c_str());
     throw_errno("mapping segment '" + name + "'");
   }
   reserve = std::min(reserve, size_);
@@ -110,44 +139,37 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
     const volatile char* p = static_cast<const volatile char*>(base_);
     for (size_t off = 0; off < reserve; off += static_cast<size_t>(page)) (void)p[off];
   }
-  // Everyone attached: then the name goes, so nothing outlives the processes. The last rank to
-  // attach takes the name away too, so that it goes even when rank 0 died after making it.
-  // A failure here (the store, a peer that never attaches) unmaps the segment: a constructor
-  // that throws runs no destructor.
-  try {
-    store.set("shm/attached/" + std::to_string(rank), "1");
-    if (store.add("shm/attached-count", 1) == parties) ::shm_unlink(name.c_str());
-    if (rank == 0) {
-      std::vector<std::string> keys;
-      for (int r = 0; r < parties; ++r) keys.push_back("shm/attached/" + std::to_string(r));
-      try {
-        store.wait(keys);
-      } catch (...) {
-        ::shm_unlink(name.c_str());
-        throw;
-      }
-      ::shm_unlink(name.c_str());
-    }
-  } catch (...) {
-    ::munmap(base_, size_);
-    base_ = nullptr;
-    throw;
-  }
-  TUTTI_LOG_DEBUG("shm: rank {}/{} attached '{}' ({} bytes)", rank, parties, name, size_);
+  name_ = std::move(name);
+  TUTTI_LOG_DEBUG("shm: rank {}/{} attached '{}' ({} bytes)", rank, parties, name_, size_);
+}
+
+void ShmSegment::unlink_name() {
+  // Another rank may have taken it away already (ENOENT): the random suffix means no other
+  // segment has the name since.
+  if (!name_.empty()) ::shm_unlink(name_.c_str());
+  name_.clear();
 }
 
 ShmSegment::~ShmSegment() {
+  unlink_name();
   if (base_ != nullptr) ::munmap(base_, size_);
 }
 
 ShmSegment::ShmSegment(ShmSegment&& other) noexcept
-    : base_(std::exchange(other.base_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : base_(std::exchange(other.base_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      name_(std::move(other.name_)) {
+  other.name_.clear();
+}
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
   if (this != &other) {
+    unlink_name();
     if (base_ != nullptr) ::munmap(base_, size_);
     base_ = std::exchange(other.base_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    name_ = std::move(other.name_);
+    other.name_.clear();
   }
   return *this;
 }

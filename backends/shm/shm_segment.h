@@ -2,9 +2,12 @@
 // (internal to the shm backend).
 //
 // Rank 0 creates it under a name carrying the group's identity and a random suffix, sizes it
-// and publishes the name in the group's store; the others open it, checking its size. Once
-// every rank has mapped it, rank 0 unlinks the name, so neither destroy nor a crash leaves it in
-// /dev/shm. Pages are populated up front: first-touch faults stay out of the ops.
+// and publishes the name in the group's store; the others open it, checking its size. Each rank
+// takes the name away (unlink_name) once the set-up knows every rank mapped it, or when its
+// set-up fails (a segment not yet unlinked does so when it goes), so neither destroy nor a crash
+// leaves it in /dev/shm: a set-up ends on every rank, by success or by a named error, when a
+// rank dies in it. The collectives' part is reserved and mapped up front; first-touch faults stay
+// out of the ops.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +21,11 @@ namespace tutti::shm_backend {
 // 0, or the errno (EINVAL on a kernel before 5.14; EFAULT or ENOMEM where /dev/shm has no room,
 // where a first touch would have died of SIGBUS).
 int populate_pages(void* addr, size_t len);
+
+// Removes from /dev/shm every segment name of group incarnation `instance` (BackendContext's):
+// what a rank whose set-up failed does, since the group cannot be made then, and the rank that
+// made the segment may be dead. Never throws.
+void remove_segments_of(const std::string& instance);
 
 class ShmSegment {
  public:
@@ -36,10 +44,14 @@ class ShmSegment {
 
   char* data() const { return static_cast<char*>(base_); }
   size_t size() const { return size_; }
+  // Removes the name from /dev/shm (once every rank has the segment mapped, or the set-up failed);
+  // the mapping stays. Idempotent.
+  void unlink_name();
 
  private:
   void* base_ = nullptr;
   size_t size_ = 0;
+  std::string name_;  // until unlinked
 };
 
 }  // namespace tutti::shm_backend

@@ -245,12 +245,19 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
     }
   };
   // The backend's waits in the store end as soon as another rank's backend failed (the round
-  // after this one would fail anyway), instead of at their timeout.
+  // after this one would fail anyway), or a rank's process on this host exited, instead of at
+  // their timeout. The exits are looked at first and said last: a rank whose backend failed
+  // says why in the store before it exits, and its reason is the better message.
+  const auto peers = std::make_shared<const detail::PeerProcesses>(s.pids, s.starts, s.rank);
+  const char* const exited_while = " exited while the group's backend was being made";
   auto watched = std::make_shared<detail::StoppableStore>(
-      bctx.store, [&round_store, &s]() -> detail::StoppableStore::Stop {
-        const auto failed = detail::backend_failed(round_store, s.scope);
-        if (!failed) return {};
-        return {failed->code(), failed->what()};
+      bctx.store, [&round_store, &s, peers, exited_while]() -> detail::StoppableStore::Stop {
+        const std::string gone = peers->exited();
+        if (const auto failed = detail::backend_failed(round_store, s.scope)) {
+          return {failed->code(), failed->what()};
+        }
+        if (gone.empty()) return {};
+        return {ErrorCode::kIoError, gone + exited_while};
       });
   watched->set_timeout(bctx.store->timeout());
   bctx.store = watched;
@@ -265,8 +272,19 @@ void attach_backend(CollectiveGroup::State& s, const BackendInfo& info, BackendC
     if (!backend) backend = info.factory(bctx);
     if (!backend) throw Error(ErrorCode::kInternal, "the factory returned null");
   } catch (const Error& e) {
-    tell_failed(e.what());
-    throw Error(e.code(), label + ": " + e.what());
+    // A failure of this rank's own that follows a rank's death (the shm segment removed, a
+    // connection closed) names the death first: it is the cause. Not one that already names
+    // another rank's failure (kRemoteError) or an abort.
+    const std::string gone = peers->exited();
+    std::string why = e.what();
+    ErrorCode code = e.code();
+    if (!gone.empty() && code != ErrorCode::kRemoteError && code != ErrorCode::kAborted &&
+        why.find(exited_while) == std::string::npos) {
+      why = gone + exited_while + " (then this rank: " + why + ")";
+      code = ErrorCode::kIoError;
+    }
+    tell_failed(why);
+    throw Error(code, label + ": " + why);
   } catch (const std::exception& e) {
     tell_failed(e.what());
     throw Error(ErrorCode::kInternal, label + ": " + e.what());
@@ -422,7 +440,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::create(int world_size, int ran
   std::iota(s->global_ranks.begin(), s->global_ranks.end(), 0);
   s->hosts = m.hosts();
   s->pids = m.pids();
-  for (const auto& r : m.ranks) s->starts.push_back(r.start);
+  for (const auto& r : m.ranks) s->starts.push_back(r.start_seen_from(s->hosts[s->rank]));
   s->store = choice.store;
   s->owns_store = choice.owned;
   s->caller_store = !choice.owned;
@@ -811,7 +829,7 @@ std::shared_ptr<CollectiveGroup::State> grown_state(
   std::iota(g->global_ranks.begin(), g->global_ranks.end(), 0);
   g->hosts = m.hosts();
   g->pids = m.pids();
-  for (const auto& r : m.ranks) g->starts.push_back(r.start);
+  for (const auto& r : m.ranks) g->starts.push_back(r.start_seen_from(g->hosts[g->rank]));
   g->store = std::move(store);
   g->ledger = std::move(ledger);
   g->owns_store = owns_store;

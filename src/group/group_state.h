@@ -41,7 +41,9 @@ struct CollectiveGroup::State {
   std::vector<int> global_ranks;
   std::vector<std::string> hosts;
   std::vector<long> pids;
-  std::vector<uint64_t> starts;  // each rank's process start time (0: unknown)
+  // Each rank's process start time, where its pid names it here (one host and pid namespace;
+  // else 0: unknown).
+  std::vector<uint64_t> starts;
 
   std::shared_ptr<Store> store;  // the store the group met through
   std::string scope;             // this incarnation's key prefix in store

@@ -1,6 +1,13 @@
 #include "group/group_util.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
 #include "tutti/types.h"
+#include "util/host_identity.h"
 
 namespace tutti::detail {
 
@@ -28,6 +35,49 @@ std::string escape_name(std::string_view name) {
       out.push_back(kHex[c >> 4]);
       out.push_back(kHex[c & 15]);
     }
+  }
+  return out;
+}
+
+PeerProcesses::PeerProcesses(const std::vector<long>& pids, const std::vector<uint64_t>& starts,
+                             int rank) {
+  const size_t n = std::min(pids.size(), starts.size());
+  const long me = static_cast<long>(::getpid());  // ranks as threads of this process: not watched
+  for (size_t r = 0; r < n; ++r) {
+    if (static_cast<int>(r) == rank || pids[r] <= 0 || pids[r] == me || starts[r] == 0) continue;
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pids[r]), 0));
+    // Compared after the descriptor is taken: it then names the process compared. A start time
+    // of 0 is no answer (/proc hidden by hidepid, or a leader thread that ended while its others
+    // run): the descriptor's poll says when the process ends. Another start time: the pid was
+    // reused, the rank's process is gone.
+    const int err = errno;
+    const uint64_t start = fd >= 0 ? process_start_time(pids[r]) : 0;
+    if (fd < 0 || (start != 0 && start != starts[r])) {
+      if (fd >= 0) ::close(fd);
+      if (fd >= 0 || err == ESRCH) {
+        gone_before_ += (gone_before_.empty() ? "" : ", ") + std::string("rank ") +
+                        std::to_string(r) + " (pid " + std::to_string(pids[r]) + ")";
+      }
+      continue;  // else pidfds are not to be had here (ENOSYS, EPERM): not watched
+    }
+    fds_.push_back(pollfd{fd, POLLIN, 0});
+    ranks_.push_back(static_cast<int>(r));
+    pids_.push_back(pids[r]);
+  }
+}
+
+PeerProcesses::~PeerProcesses() {
+  for (const pollfd& p : fds_) ::close(p.fd);
+}
+
+std::string PeerProcesses::exited() const {
+  std::string out = gone_before_;
+  std::vector<pollfd> fds = fds_;
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return out;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if ((fds[i].revents & POLLIN) == 0) continue;
+    out += (out.empty() ? "" : ", ") + std::string("rank ") + std::to_string(ranks_[i]) + " (pid " +
+           std::to_string(pids_[i]) + ")";
   }
   return out;
 }

@@ -29,6 +29,7 @@ JoinRecord JoinRecord::mine(int world_size, const std::string& backend) {
   r.host = host_identity();
   r.pid = static_cast<long>(::getpid());
   r.start = process_start_time(r.pid);
+  r.pidns = pid_namespace();
   std::random_device rd;
   r.nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   return r;
@@ -36,13 +37,19 @@ JoinRecord JoinRecord::mine(int world_size, const std::string& backend) {
 
 std::string JoinRecord::encode() const {
   return std::to_string(world_size) + "\n" + backend + "\n" + host + "\n" + std::to_string(pid) +
-         "\n" + std::to_string(start) + "\n" + std::to_string(nonce) + (left ? "\nleft" : "");
+         "\n" + std::to_string(start) + "\n" + std::to_string(nonce) + (left ? "\nleft" : "\n-") +
+         "\n" + std::to_string(pidns);
+}
+
+uint64_t JoinRecord::start_seen_from(const std::string& my_host) const {
+  static const uint64_t mine = pid_namespace();
+  return pidns != 0 && pidns == mine && host == my_host ? start : 0;
 }
 
 JoinRecord JoinRecord::decode(const std::string& text) {
   JoinRecord r;
   std::istringstream in(text);
-  std::string ws, pid, start, nonce, left;
+  std::string ws, pid, start, nonce, left, pidns;
   std::getline(in, ws);
   std::getline(in, r.backend);
   std::getline(in, r.host);
@@ -50,7 +57,9 @@ JoinRecord JoinRecord::decode(const std::string& text) {
   std::getline(in, start);
   std::getline(in, nonce);
   std::getline(in, left);
+  std::getline(in, pidns);
   r.left = left == "left";
+  r.pidns = std::strtoull(pidns.c_str(), nullptr, 10);
   r.world_size = std::atoi(ws.c_str());
   r.pid = std::atol(pid.c_str());
   r.start = std::strtoull(start.c_str(), nullptr, 10);

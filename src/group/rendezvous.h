@@ -32,6 +32,12 @@ struct JoinRecord {
   uint64_t start = 0;  // the process's start time (process_start_time)
   uint64_t nonce = 0;  // random: tells two joins of one process apart (ranks as threads)
   bool left = false;   // the rank's group was destroyed: the record names no live member
+  uint64_t pidns = 0;  // the process's pid namespace (pid_namespace(); 0: unknown)
+
+  // The start time where `pid` means the same process to this one (on `my_host`, the caller's
+  // host_identity(), and in its pid namespace), else 0 (unknown): what a group keeps to tell a
+  // rank's exit by.
+  uint64_t start_seen_from(const std::string& my_host) const;
 
   // A record for this process (host, pid, start time, a fresh nonce).
   static JoinRecord mine(int world_size, const std::string& backend);

@@ -3,7 +3,8 @@
 // While a group is being made, its ranks wait in the store: for the members of a split (holding
 // the parent's op lock), in their backend's rendezvous, in the round after it. Those waits must
 // end when waiting is pointless, not at their timeout: when the parent is aborted or destroyed
-// from another thread (kAborted), or when another rank's backend failed (kRemoteError). A wait is
+// from another thread (kAborted), when another rank's backend failed (kRemoteError), or when a
+// rank's process on this host exited (kIoError). A wait is
 // cut into slices of at most kSlice and the condition checked before each, so it is seen within
 // kSlice of turning true; calls that do not block pass straight through. Once disarmed it is a
 // plain pass-through (a backend keeps the store it was made with).

@@ -1,6 +1,7 @@
 #include "util/host_identity.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -43,6 +44,12 @@ uint64_t process_start_time(long pid) {
     if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
   }
   return 0;
+}
+
+uint64_t pid_namespace() {
+  struct stat st;
+  if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
 }
 
 }  // namespace tutti::detail

@@ -18,4 +18,9 @@ std::string host_identity();
 // start time.
 uint64_t process_start_time(long pid);
 
+// This process's pid namespace (the inode of /proc/self/ns/pid), or 0 where it cannot be read.
+// Two processes of one host see each other's pids only within one namespace: a pid taken from
+// another process means something here only where both say the same.
+uint64_t pid_namespace();
+
 }  // namespace tutti::detail
