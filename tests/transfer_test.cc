@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -1261,6 +1262,65 @@ TEST(TransferTimeouts, AProbeOfOneByteCostsTheOwnerNoCpu) {
   const auto start = std::chrono::steady_clock::now();
   owner.reset();  // waits for its serving threads
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// A get whose connect to an owner on another host gets no answer (here the owner's listening
+// socket's queue is full, so its SYNs are dropped) ends when cancelled, within a poll's slice,
+// not at the get's 20 s timeout: before, the TCP connect looked only at its deadline. (Ray's
+// dropped fetches are cancelled so, from its finaliser thread.)
+TEST(TransferTimeouts, ACancelledGetStopsWaitingForATcpConnect) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  // Connections nobody accepts, until one stays unanswered.
+  std::vector<int> fillers;
+  bool unanswered = false;
+  for (int i = 0; i < 16 && !unanswered; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    fillers.push_back(fd);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) continue;
+    ASSERT_EQ(errno, EINPROGRESS) << std::strerror(errno);
+    pollfd p{fd, POLLOUT, 0};
+    unanswered = ::poll(&p, 1, 200) == 0;
+  }
+  ASSERT_TRUE(unanswered) << "every connect was answered";
+
+  AgentIdentity owner;
+  for (int i = 0; i < 16; ++i) {
+    owner.uuid[i] = static_cast<uint8_t>(0xa0 + i);
+    owner.host_key[i] = static_cast<uint8_t>(0x50 + i);  // another host: the get goes by TCP
+  }
+  owner.pid = 1;
+  owner.start_time = 1;
+  owner.name = "unanswering";
+  owner.tcp_endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  const TensorRef ref(owner, ObjectId{1, 1, 0}, "socket", {{DType::kFloat32, {4}, Device::cpu()}},
+                      {{0, 0}}, "", false);
+  TransferAgentOptions o;
+  o.name = "consumer";
+  auto consumer = TransferAgent::create(o);
+  GetOptions patient;
+  patient.timeout = 20s;
+  Fetch f = consumer->get_async(ref, patient);
+  std::this_thread::sleep_for(300ms);
+  ASSERT_FALSE(f.done()) << "the get ended before it was cancelled";
+  const auto cancelled = std::chrono::steady_clock::now();
+  f.cancel();
+  const Error e = expect_error([&] { f.wait(); }, ErrorCode::kAborted);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - cancelled)
+          .count();
+  std::printf("the cancelled get ended %.1f ms after cancel(): %s\n", ms, e.what());
+  EXPECT_LT(ms, 1000.0);
+  for (int fd : fillers) ::close(fd);
+  ::close(listener);
 }
 
 // A get of a reserved object that is never fulfilled fails at the consumer's timeout with the

@@ -160,6 +160,8 @@ int connect_unix(const std::string& name, Clock::time_point deadline,
                  const std::atomic<bool>* cancelled = nullptr);
 // TCP; port 0 picks one (returned in `port`).
 int listen_tcp(const std::string& host, uint16_t& port);
-int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadline);
+// A connect nobody answers (SYNs dropped) waits until the deadline, or `cancelled` (within 20 ms).
+int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadline,
+                const std::atomic<bool>* cancelled = nullptr);
 
 }  // namespace tutti::detail

@@ -216,7 +216,7 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
             ErrorCode::kUnavailable,
             owner_text(owner) + " does not listen on TCP (TransferAgentOptions::listen_tcp)");
       }
-      fd = connect_tcp(host, port, deadline);
+      fd = connect_tcp(host, port, deadline, cancelled);
     }
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kIoError) throw;

@@ -31,9 +31,16 @@ sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
   return addr;
 }
 
-// Waits for a non-blocking connect; throws kIoError/kTimeout.
-void finish_connect(int fd, Clock::time_point deadline, const std::string& what) {
+// Waits for a non-blocking connect; throws kIoError/kTimeout, or kAborted once `cancelled`
+// (looked at every 20 ms: a peer that drops the SYNs answers nothing until the deadline).
+void finish_connect(int fd, Clock::time_point deadline, const std::string& what,
+                    const std::atomic<bool>* cancelled) {
+  const int64_t slice_ms = cancelled != nullptr ? 20 : 1000;
   while (true) {
+    if (cancelled != nullptr && cancelled->load()) {
+      ::close(fd);
+      throw Error(ErrorCode::kAborted, what + ": cancelled");
+    }
     const auto now = Clock::now();
     if (now >= deadline) {
       ::close(fd);
@@ -41,7 +48,7 @@ void finish_connect(int fd, Clock::time_point deadline, const std::string& what)
     }
     pollfd p{fd, POLLOUT, 0};
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    const int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, 1000)));
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, slice_ms)));
     if (rc < 0 && errno == EINTR) continue;
     if (rc <= 0) continue;
     int error = 0;
@@ -86,7 +93,7 @@ int connect_unix(const std::string& name, Clock::time_point deadline,
     if (errno == EINTR) continue;
     if (errno == EISCONN) break;  // an interrupted try that went through
     if (errno == EINPROGRESS || errno == EALREADY) {
-      finish_connect(fd, deadline, "connecting to @" + name);
+      finish_connect(fd, deadline, "connecting to @" + name, cancelled);
       return fd;
     }
     if (errno != EAGAIN) {
@@ -142,7 +149,8 @@ int listen_tcp(const std::string& host, uint16_t& port) {
   return fd;
 }
 
-int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadline) {
+int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadline,
+                const std::atomic<bool>* cancelled) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -168,7 +176,7 @@ int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadli
       errno = saved;
       io_error("connecting to " + where);
     }
-    finish_connect(fd, deadline, "connecting to " + where);
+    finish_connect(fd, deadline, "connecting to " + where, cancelled);
   }
   return fd;
 }
