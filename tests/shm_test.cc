@@ -1,8 +1,13 @@
 // The shm backend as real processes: what it leaves in /dev/shm, crashes, hosts, and "auto".
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <regex>
 
 #include "test_util.h"
@@ -185,6 +190,48 @@ TEST(ShmProcesses, ARankThatCannotMakeItsPartLeavesEveryRankOrdinaryMemory) {
         << "rank " << r << ":\n"
         << out;
   }
+}
+
+// The files of symmetric memory a dead process left in /dev/shm are removed by the next process
+// that makes some, where that process is of this pid namespace; a file of another namespace
+// (containers sharing /dev/shm under one uid) is left whatever its pid says here, and so is one
+// named before names carried the namespace. Before, each process removed every file of the uid
+// whose pid was not alive in its own namespace: another container's live memory too.
+TEST(ShmProcesses, TheSymmetricSweepRemovesOnlyItsOwnNamespacesDeadFiles) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);    // its pid names no process now
+  const std::string mine = symmetric_file_prefix();  // "...-n<ns>-<this pid>-"
+  const std::string uid_part = "tutti-sym-" + std::to_string(::getuid()) + "-";
+  const std::string ns =
+      mine.substr(uid_part.size() + 1, mine.find('-', uid_part.size()) - uid_part.size() - 1);
+  const std::string dead = std::to_string(child);
+  const std::string ours = uid_part + "n" + ns + "-" + dead + "-1-" + unique_name("t");
+  const std::string theirs =
+      uid_part + "n" + std::to_string(std::stoull(ns) + 1) + "-" + dead + "-1-" + unique_name("t");
+  const std::string old_style = uid_part + dead + "-1-" + unique_name("t");
+  for (const std::string& name : {ours, theirs, old_style}) {
+    const int fd = ::open(("/dev/shm/" + name).c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    ASSERT_GE(fd, 0) << name << ": " << std::strerror(errno);
+    ::close(fd);
+  }
+  TempDir dir;
+  auto results = run_ranks_env(
+      2, "shm", unique_name("sym-sweep"), [](int) { return std::vector<std::string>{}; }, dir,
+      "env_symmetric");
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("backend shm symmetric 1"), std::string::npos)
+        << results[r].output;
+  }
+  auto exists = [](const std::string& name) {
+    return ::access(("/dev/shm/" + name).c_str(), F_OK) == 0;
+  };
+  EXPECT_FALSE(exists(ours)) << ours << " (a dead process's, of this namespace) was left";
+  EXPECT_TRUE(exists(theirs)) << theirs << " (another namespace's) was removed";
+  EXPECT_TRUE(exists(old_style)) << old_style << " (of no known namespace) was removed";
+  for (const std::string& name : {ours, theirs, old_style}) ::unlink(("/dev/shm/" + name).c_str());
 }
 
 // A rank that dies under hier (two hosts of two ranks; rank 3 is not a leader): its host's

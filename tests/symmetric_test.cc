@@ -41,8 +41,7 @@ T reduced(ReduceOp op, int world, size_t i) {
 
 // This process's names in /dev/shm for symmetric memory.
 std::vector<std::string> symmetric_files() {
-  const std::string prefix =
-      "tutti-sym-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid()) + "-";
+  const std::string prefix = symmetric_file_prefix();
   std::vector<std::string> out;
   if (DIR* d = ::opendir("/dev/shm")) {
     while (dirent* e = ::readdir(d)) {
@@ -62,8 +61,7 @@ std::string joined(const std::vector<std::string>& names) {
 // How many mappings of symmetric memory this process has (each rank's own part and its
 // mappings of the others', one line each in /proc/self/maps).
 int symmetric_mappings() {
-  const std::string needle =
-      "/dev/shm/tutti-sym-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid()) + "-";
+  const std::string needle = "/dev/shm/" + symmetric_file_prefix();
   std::ifstream maps("/proc/self/maps");
   int n = 0;
   for (std::string line; std::getline(maps, line);) n += line.find(needle) != std::string::npos;
@@ -353,6 +351,17 @@ TEST(Symmetric, DifferentSizesFailOnEveryRankAndTheGroupGoesOn) {
     std::vector<int32_t> v(10, r);
     groups[r]->allreduce(v);
     EXPECT_EQ(v[9], 3);
+    // A size no rank may have, asked for by one rank: every rank fails at once, naming it
+    // (before, the others waited in the exchange until their 5 s timeout); by all: each fails.
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TUTTI_ERROR(
+        groups[r]->allocate_symmetric(r == 2 ? 0 : 4096), ErrorCode::kInvalidArgument,
+        r == 2 ? "rank 0 asked for 4096 bytes, rank 2 for 0"
+               : "rank 2 asked for 0 bytes, rank " + std::to_string(r) + " for 4096");
+    EXPECT_TUTTI_ERROR(groups[r]->allocate_symmetric(0), ErrorCode::kInvalidArgument, "bytes is 0");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+    groups[r]->allreduce(v);
+    EXPECT_EQ(v[9], 9);
   });
   EXPECT_EQ(joined(symmetric_files()), "");
 }

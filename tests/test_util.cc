@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,6 +61,14 @@ std::vector<std::shared_ptr<CollectiveGroup>> create_groups(int world_size,
 std::string unique_name(const std::string& prefix) {
   static std::atomic<int> counter{0};
   return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+std::string symmetric_file_prefix() {
+  struct stat st {};
+  const unsigned long long ns =
+      ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<unsigned long long>(st.st_ino) : 0;
+  return "tutti-sym-" + std::to_string(::getuid()) + "-n" + std::to_string(ns) + "-" +
+         std::to_string(::getpid()) + "-";
 }
 
 TempDir::TempDir() {

@@ -29,6 +29,10 @@ std::vector<std::shared_ptr<CollectiveGroup>> create_groups(
 // A name unique within this process run: "<prefix>-<pid>-<counter>".
 std::string unique_name(const std::string& prefix);
 
+// "tutti-sym-<uid>-n<pid namespace>-<pid>-": how the names of this process's symmetric memory
+// begin in /dev/shm (the pid namespace read from /proc/self/ns/pid, as the backend does).
+std::string symmetric_file_prefix();
+
 // A fresh temporary directory, removed with its contents when the object goes.
 class TempDir {
  public:

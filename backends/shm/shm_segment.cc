@@ -66,6 +66,26 @@ void remove_segments_of(const std::string& instance) {
   ::closedir(dir);
 }
 
+int reserve_file(int fd, size_t len) {
+  // 2 MiB takes ~0.2-0.5 ms here. An interrupted piece is tried again at half its size (down to
+  // a page, a few microseconds), so that signals however frequent cannot stop the reservation.
+  constexpr size_t kMaxPiece = size_t{2} << 20;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  size_t piece = kMaxPiece;
+  for (size_t off = 0; off < len;) {
+    const size_t n = std::min(piece, len - off);
+    const int err = ::posix_fallocate(fd, static_cast<off_t>(off), static_cast<off_t>(n));
+    if (err == EINTR) {
+      piece = std::max(page, piece / 2);
+      continue;
+    }
+    if (err != 0) return err;
+    off += n;
+    piece = std::min(kMaxPiece, piece * 2);
+  }
+  return 0;
+}
+
 int populate_pages(void* addr, size_t len) {
 #ifdef MADV_POPULATE_WRITE
   constexpr int kPopulateWrite = MADV_POPULATE_WRITE;
@@ -92,16 +112,16 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
     // Reserved now: tmpfs grows a file's pages on first touch, and a page /dev/shm has no room
     // for then kills the process that touches it (SIGBUS), in the middle of some later op.
     // The collectives' part only: the mailboxes (w x w of them) are populated on first use.
-    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(std::min(reserve, size_)));
-        err != 0) {
+    if (const int err = reserve_file(fd, std::min(reserve, size_)); err != 0) {
       ::close(fd);
       ::shm_unlink(name.c_str());
-      throw Error(err == ENOSPC ? ErrorCode::kUnavailable : ErrorCode::kIoError,
+      throw Error(err == ENOSPC || err == ENOMEM ? ErrorCode::kUnavailable : ErrorCode::kIoError,
                   "shm: reserving the group's segment of " + std::to_string(reserve) +
                       " bytes in /dev/shm: " + std::strerror(err) +
-                      (err == ENOSPC ? " (give /dev/shm more room, e.g. docker's --shm-size, "
-                                       "or lower TUTTI_SHM_CHUNK_BYTES / TUTTI_SHM_MAILBOX_BYTES)"
-                                     : ""));
+                      (err == ENOSPC || err == ENOMEM
+                           ? " (give /dev/shm more room, e.g. docker's --shm-size, "
+                             "or lower TUTTI_SHM_CHUNK_BYTES / TUTTI_SHM_MAILBOX_BYTES)"
+                           : ""));
     }
     store.set("shm/segment", name);
   } else {

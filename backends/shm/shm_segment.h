@@ -22,6 +22,12 @@ namespace tutti::shm_backend {
 // where a first touch would have died of SIGBUS).
 int populate_pages(void* addr, size_t len);
 
+// posix_fallocate of [0, len) of `fd`, in pieces of up to 2 MiB, each tried again (smaller) when
+// a signal interrupts it (tmpfs gives up a whole call at a pending signal, undoing what it
+// allocated, and SA_RESTART does not restart it: a profiler's timer, an operator's SIGUSR1 to dump
+// the flight recorder). 0, or the errno (ENOSPC, ENOMEM: /dev/shm or the cgroup has no room).
+int reserve_file(int fd, size_t len);
+
 // Removes from /dev/shm every segment name of group incarnation `instance` (BackendContext's):
 // what a rank whose set-up failed does, since the group cannot be made then, and the rank that
 // made the segment may be dead. Never throws.

@@ -14,7 +14,9 @@
 #include <random>
 
 #include "shm_messages.h"
+#include "shm_segment.h"
 #include "tutti/error.h"
+#include "util/host_identity.h"
 #include "util/logging.h"
 
 namespace tutti::shm_backend {
@@ -32,12 +34,22 @@ void unmap(const SymmetricMapping& m) {
   if (m.base != nullptr) ::munmap(m.base, m.mapped());
 }
 
+// "tutti-sym-<uid>-n<pid namespace>-": the start of this user's file names in this pid
+// namespace (containers sharing /dev/shm under one uid may each have their own).
+std::string own_prefix() {
+  return "tutti-sym-" + std::to_string(::getuid()) + "-n" +
+         std::to_string(detail::pid_namespace()) + "-";
+}
+
 // Removes this user's files of symmetric memory whose process is gone (a rank that died before
-// the others learnt its file's name leaves it behind). Once per process.
+// the others learnt its file's name leaves it behind). Once per process. Only files of this pid
+// namespace: a pid means nothing in another (its process may be alive there), and where the
+// namespace cannot be told, none.
 void sweep_stale_files() {
   static std::once_flag once;
   std::call_once(once, [] {
-    const std::string prefix = "tutti-sym-" + std::to_string(::getuid()) + "-";
+    if (detail::pid_namespace() == 0) return;
+    const std::string prefix = own_prefix();
     DIR* d = ::opendir("/dev/shm");
     if (d == nullptr) return;
     while (dirent* e = ::readdir(d)) {
@@ -145,17 +157,17 @@ ShmRegion::ShmRegion(std::shared_ptr<SymmetricTable> table, size_t bytes)
   mine_.bytes = (bytes + page - 1) / page * page;
   static std::atomic<uint64_t> made{0};
   std::random_device rd;
-  name_ = "/tutti-sym-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid()) + "-" +
-          std::to_string(++made) + "-" + std::to_string(rd());
+  name_ = "/" + own_prefix() + std::to_string(::getpid()) + "-" + std::to_string(++made) + "-" +
+          std::to_string(rd());
   const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) fail(ErrorCode::kIoError, "creating '" + name_ + "'", errno);
   // Reserved now: tmpfs hands out pages at first touch, and a full /dev/shm would then end the
   // process that touches it (SIGBUS), here or in a peer.
-  const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(mine_.mapped()));
+  const int err = reserve_file(fd, mine_.mapped());
   if (err != 0) {
     ::close(fd);
     ::shm_unlink(name_.c_str());
-    fail(err == ENOSPC ? ErrorCode::kUnavailable : ErrorCode::kIoError,
+    fail(err == ENOSPC || err == ENOMEM ? ErrorCode::kUnavailable : ErrorCode::kIoError,
          "reserving " + std::to_string(mine_.mapped()) + " bytes of /dev/shm for '" + name_ + "'",
          err);
   }

@@ -66,15 +66,21 @@ constexpr size_t kSlot = 8 + 1 + SymmetricRegion::kDescriptorBytes;
 std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t bytes) {
   State& s = *state_;
   const std::string what = "allocate_symmetric on " + describe();
-  if (bytes == 0) throw Error(ErrorCode::kInvalidArgument, what + ": bytes is 0");
+  // A size no rank may have is refused after the exchange, not before: a rank that asked for 0
+  // bytes while the others asked for 4096 would leave them waiting in it until their timeout.
+  // The exchange names the rank that asked for another size; where all asked for this one, each
+  // says why it is refused.
+  std::string bad_size;
   // Past any address space (x86-64 maps 128 TiB per process): such a size also wrapped the
   // roundings to pages and cache lines, giving a page of memory that claimed SIZE_MAX bytes.
   constexpr size_t kMaxBytes = size_t{1} << 46;
-  if (bytes > kMaxBytes) {
-    throw Error(ErrorCode::kInvalidArgument, what + ": " + std::to_string(bytes) +
-                                                 " bytes is more than a process can map (at most " +
-                                                 std::to_string(kMaxBytes) + ")");
+  if (bytes == 0) {
+    bad_size = what + ": bytes is 0";
+  } else if (bytes > kMaxBytes) {
+    bad_size = what + ": " + std::to_string(bytes) +
+               " bytes is more than a process can map (at most " + std::to_string(kMaxBytes) + ")";
   }
+  if (!bad_size.empty() && world_size() == 1) throw Error(ErrorCode::kInvalidArgument, bad_size);
   if (s.forked()) throw Error(ErrorCode::kInvalidUsage, what + ": " + s.forked_message());
   if (s.destroyed.load()) {
     throw Error(ErrorCode::kInvalidUsage, what + ": the group was destroyed");
@@ -89,9 +95,8 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
   std::unique_ptr<SymmetricRegion> region;
   std::string failed;  // why this rank has none, where its backend failed to make it
   try {
-    if (std::shared_ptr<Backend> backend = s.current_backend()) {
-      region = backend->create_symmetric(bytes);
-    }
+    std::shared_ptr<Backend> backend = s.current_backend();
+    if (backend && bad_size.empty()) region = backend->create_symmetric(bytes);
   } catch (const std::exception& e) {
     failed = e.what();
   }
@@ -130,6 +135,7 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
       if (len == 0) without += (without.empty() ? "" : ", ") + std::to_string(r);
       with += len > 0;
     }
+    if (!bad_size.empty()) throw Error(ErrorCode::kInvalidArgument, bad_size);  // on every rank
     if (without.empty()) {  // every rank has a region: attach them all (every rank alike)
       attached = 1;
       try {
