@@ -1264,6 +1264,57 @@ TEST(TransferTimeouts, AProbeOfOneByteCostsTheOwnerNoCpu) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }
 
+// A pooled connection whose owner's end went while it was idle (here the owner's socket is shut
+// down under it, as a reset from a NAT or firewall between hosts would do): the next get takes a
+// fresh connection and succeeds. Before, the pooled connection was used as it was and the get
+// failed with kIoError, naming a live owner as gone.
+TEST(TransferTimeouts, APooledConnectionThatWentBadWhileIdleIsNotUsed) {
+  TransferAgentOptions o;
+  o.name = "owner";
+  o.listen_tcp = true;
+  o.tcp_host = "127.0.0.1";
+  auto owner = TransferAgent::create(o);
+  o.name = "consumer";
+  o.listen_tcp = false;
+  auto consumer = TransferAgent::create(o);
+  const std::string endpoint = owner->identity().tcp_endpoint;
+  const int port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+  std::vector<float> x = {1, 2, 3, 4};
+  PutOptions p;
+  p.transport = "socket";
+  ObjectHandle h = owner->put({TensorView(x)}, p);
+  // The owner as if on another host: the consumer goes to it by TCP.
+  AgentIdentity far = owner->identity();
+  for (auto& b : far.host_key) b ^= 0x5a;
+  const TensorRef good = h.ref();
+  const TensorRef ref(far, good.object(), good.transport(), good.tensors(), good.places(),
+                      good.blob(), false);
+  EXPECT_EQ(as_floats(consumer->get(ref).tensors()[0]), x);
+  // The owner's end of the connection the consumer pooled: this process's socket whose own port
+  // is the owner's and that has a peer.
+  int shut = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) {
+      const int fd = std::atoi(e->d_name);
+      sockaddr_in mine{}, peer{};
+      socklen_t len = sizeof(mine), plen = sizeof(peer);
+      if (fd <= 2 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &len) != 0 ||
+          mine.sin_family != AF_INET || ntohs(mine.sin_port) != port ||
+          ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) != 0) {
+        continue;
+      }
+      ::shutdown(fd, SHUT_RDWR);
+      ++shut;
+    }
+    ::closedir(d);
+  }
+  ASSERT_EQ(shut, 1) << "the owner's end of the pooled connection was not found";
+  std::this_thread::sleep_for(50ms);  // idle past the pool's 5 ms: it is looked at before use
+  EXPECT_EQ(as_floats(consumer->get(ref).tensors()[0]), x);
+  h.release();
+  owner->wait_tensor_freed(TensorView(x), 10s);
+}
+
 // A get whose connect to an owner on another host gets no answer (here the owner's listening
 // socket's queue is full, so its SYNs are dropped) ends when cancelled, within a poll's slice,
 // not at the get's 20 s timeout: before, the TCP connect looked only at its deadline. (Ray's

@@ -110,7 +110,9 @@ struct Peer {
   AgentIdentity owner;
   bool local = false;  // one host: a Unix socket, a lease lane, the owner's slot page
   std::mutex mutex;
-  std::vector<std::unique_ptr<Connection>> idle;
+  // Pooled connections, each with when it was given back (one idle for long is looked at
+  // before it is used again: the owner's agent may have gone, or a NAT dropped the flow).
+  std::vector<std::pair<std::unique_ptr<Connection>, Clock::time_point>> idle;
   std::unique_ptr<Lane> lane;
   std::unique_ptr<SlotView> slots;  // set once, under `mutex`
   int pidfd = -1;                   // one host: readable once the owner's process has exited

@@ -155,6 +155,8 @@ bool looks_like_tls(const std::string& first);
 // transfer/sockets.cc. Abstract Unix sockets (no file system entry; one namespace per network
 // namespace).
 int listen_unix(const std::string& name);
+// Whether the other end of a connection hung up or reset it (one poll, no blocking).
+bool hung_up(int fd);
 // A full backlog (the owner is busy or stopped) is tried again until the deadline or `cancelled`.
 int connect_unix(const std::string& name, Clock::time_point deadline,
                  const std::atomic<bool>* cancelled = nullptr);

@@ -18,12 +18,6 @@
 namespace tutti::detail {
 namespace {
 
-// Whether the other end of a connection hung up (one poll, no blocking).
-bool hung_up(int fd) {
-  pollfd p{fd, POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-}
-
 // Settles object `id` (every object: kAll; nothing: kNone) when the scope ends, so after the
 // answer to the message that led to it went, or failed to: settling may free the object, and an
 // owner waiting for that (wait_tensor_freed) may exit at once, before a later answer went, and

@@ -14,6 +14,7 @@
 #include "transfer/handshake.h"
 #include "transfer/wire.h"
 #include "util/host_identity.h"
+#include "util/logging.h"
 
 namespace tutti::detail {
 namespace {
@@ -195,13 +196,24 @@ std::shared_ptr<Peer> AgentCore::peer_for(const AgentIdentity& owner, bool local
 
 std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point deadline,
                                                 const std::atomic<bool>* cancelled) {
-  {
-    std::lock_guard<std::mutex> lock(peer.mutex);
-    if (!peer.idle.empty()) {
-      auto c = std::move(peer.idle.back());
+  // The newest pooled connection, unless the owner's end of it hung up while it waited (its
+  // agent stopped; across hosts, a reset from anything between): such a one is closed and the
+  // next tried, so that a get is not failed by a connection that went bad while nobody used it.
+  // Looked at only after kLookAfter idle (one poll): connections passed from get to get are not.
+  constexpr auto kLookAfter = std::chrono::milliseconds(5);
+  while (true) {
+    std::unique_ptr<Connection> c;
+    Clock::time_point since;
+    {
+      std::lock_guard<std::mutex> lock(peer.mutex);
+      if (peer.idle.empty()) break;
+      c = std::move(peer.idle.back().first);
+      since = peer.idle.back().second;
       peer.idle.pop_back();
-      return c;
     }
+    if (Clock::now() - since < kLookAfter || !hung_up(c->fd())) return c;
+    TUTTI_LOG_DEBUG("direct transport: {}'s end of a pooled connection hung up while it was idle",
+                    owner_text(peer.owner));
   }
   const AgentIdentity& owner = peer.owner;
   int fd;
@@ -257,7 +269,7 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
 
 void AgentCore::checkin(Peer& peer, std::unique_ptr<Connection> connection) {
   std::lock_guard<std::mutex> lock(peer.mutex);
-  if (peer.idle.size() < 8) peer.idle.push_back(std::move(connection));
+  if (peer.idle.size() < 8) peer.idle.emplace_back(std::move(connection), Clock::now());
 }
 
 void AgentCore::reap_peers() {

@@ -65,6 +65,11 @@ void finish_connect(int fd, Clock::time_point deadline, const std::string& what,
 
 }  // namespace
 
+bool hung_up(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 int listen_unix(const std::string& name) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) io_error("socket");
