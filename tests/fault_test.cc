@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -57,6 +58,43 @@ TEST_P(Faults, TheFlightRecorderShowsWhichRankIsBehind) {
             std::string::npos)
       << merged.output;
   std::printf("%s", merged.output.c_str());
+}
+
+// A forked child's SIGUSR1 dumps the child's own groups, not its parent's (the worker checks
+// both, and that the parent's own signal still dumps the parent's).
+TEST_P(Faults, AForkedChildsDumpSignalIsItsOwn) {
+  TempDir dir;
+  expect_all_ok(
+      run("flight_fork", 1, "file://" + dir.path() + "/store", milliseconds(30000),
+          {backend(), "name=" + unique_name("fork-flight"), "dir=" + dir.path() + "/flight"}));
+}
+
+// tutti-flight reads files other processes wrote: a dump claiming a world of 2^31-1 ranks, or a
+// rank out of its world, is refused by name; a FIFO among the dumps is passed over. Before, the
+// FIFO blocked the tool forever, the huge world had it list two billion missing ranks, and
+// out-of-range numbers were undefined behaviour (atoll).
+TEST(FlightTool, DumpsThatSayTooMuchAndFilesThatAreNotFilesAreRefused) {
+  TempDir dir;
+  const std::string head = "tutti-flight-record 1\n";
+  auto write = [&](const std::string& name, const std::string& body) {
+    std::FILE* f = std::fopen((dir.path() + "/" + name).c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(body.c_str(), f);
+    std::fclose(f);
+  };
+  write("tutti-flight.huge.txt",
+        head +
+            "group name=g instance=i backend=shm host=h rank=0 "
+            "world=2147483647 pid=1 dumped_us=99999999999999999999\nend\n");
+  write("tutti-flight.outside.txt",
+        head + "group name=g instance=j backend=shm host=h rank=4294967296 world=2 pid=1\nend\n");
+  ASSERT_EQ(::mkfifo((dir.path() + "/tutti-flight.fifo.txt").c_str(), 0600), 0);
+  WorkerResult r = run_command({TUTTI_FLIGHT, dir.path()}, milliseconds(10000));
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // no dump could be read
+  EXPECT_NE(r.output.find("says rank 0 of world 2147483647"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("says rank 4294967296 of world 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no flight records found"), std::string::npos) << r.output;
+  EXPECT_LT(r.output.size(), 4096u) << "the tool listed what the dumps claimed";
 }
 
 // A rank that dies while the group's backend is being made (after the rendezvous): the others'

@@ -841,6 +841,52 @@ void scenario_shrink(const Args& a) {
   require(ms < 1000, "the last destroy is local and finds the store");
 }
 
+// World 1: a process with a flight-recorded group forks; the child makes a group of its own and
+// asks for a dump (SIGUSR1): its own group's dump appears. Before, the child's handler wrote to
+// the pipe it inherited, which its parent's thread read: the parent dumped its groups again, and
+// the child's never appeared.
+void scenario_flight_fork(const Args& a) {
+  const std::string dir = a.get("dir");
+  ::setenv("TUTTI_FLIGHT_RECORDER_DIR", dir.c_str(), 1);
+  const std::string name = a.name();
+  init_collective_group(1, 0, a.backend(), name + "-parent", a.options());
+  std::vector<float> v(10, 1.0f);
+  allreduce(v, name + "-parent");
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int code = 3;
+    try {
+      init_collective_group(1, 0, a.backend(), name + "-child", a.options());
+      allreduce(v, name + "-child");
+      ::raise(SIGUSR1);
+      const auto start = Clock::now();
+      while (ms_since(start) < 5000 && files_in(dir, name + "-child").empty()) {
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      code = files_in(dir, name + "-child").empty() ? 4 : 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: %s\n", e.what());
+    }
+    ::_exit(code);
+  }
+  require(child > 0, "fork");
+  int status = 0;
+  require(::waitpid(child, &status, 0) == child, "waitpid");
+  require(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the child's SIGUSR1 dumped the child's group (exit " +
+              std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")");
+  require(files_in(dir, name + "-parent").empty(),
+          "the parent dumped nothing: the child's signal was the child's");
+  // The parent's own signal still dumps the parent's group.
+  ::raise(SIGUSR1);
+  const auto start = Clock::now();
+  while (ms_since(start) < 5000 && files_in(dir, name + "-parent").empty()) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  require(!files_in(dir, name + "-parent").empty(), "the parent's SIGUSR1 dumped its group");
+  destroy_collective_group(name + "-parent");
+}
+
 // World 3: a rank dies while the group's backend is being made, after the rendezvous, and the
 // others fail their init within `bound` ms (the group's timeout is 20 s), naming it. The
 // backend is `backend` made through a wrapper ("dying-<backend>") that kills the rank:
@@ -888,12 +934,19 @@ void scenario_setup_death(const Args& a) {
 
 int main(int argc, char** argv) {
   const std::map<std::string, void (*)(const Args&)> scenarios = {
-      {"fork", scenario_fork},         {"threads", scenario_threads},
-      {"flight", scenario_flight},     {"crash", scenario_crash},
-      {"rejoin", scenario_rejoin},     {"cycles", scenario_cycles},
-      {"mismatch", scenario_mismatch}, {"delay", scenario_delay},
-      {"timeouts", scenario_timeouts}, {"stale", scenario_stale},
-      {"shrink", scenario_shrink},     {"setup_death", scenario_setup_death},
+      {"fork", scenario_fork},
+      {"threads", scenario_threads},
+      {"flight", scenario_flight},
+      {"crash", scenario_crash},
+      {"rejoin", scenario_rejoin},
+      {"cycles", scenario_cycles},
+      {"mismatch", scenario_mismatch},
+      {"delay", scenario_delay},
+      {"timeouts", scenario_timeouts},
+      {"stale", scenario_stale},
+      {"shrink", scenario_shrink},
+      {"setup_death", scenario_setup_death},
+      {"flight_fork", scenario_flight_fork},
   };
   if (argc < 5) {
     std::fprintf(stderr, "usage: %s <scenario> <rank> <world_size> <store_url> [key=value...]\n",

@@ -52,10 +52,19 @@ std::map<std::string, std::string> fields(const std::string& line) {
   return out;
 }
 
+// A dump is another process's file: numbers out of range read as 0 (strtoll saturates where
+// atoll's behaviour is undefined), and are then refused where they matter (rank, world).
 long long num(const std::map<std::string, std::string>& f, const std::string& key) {
   auto it = f.find(key);
-  return it == f.end() ? 0 : std::atoll(it->second.c_str());
+  if (it == f.end()) return 0;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  return errno == ERANGE || end == it->second.c_str() ? 0 : v;
 }
+
+// Larger than any job: a dump claiming more ranks is not read (the report lists each rank).
+constexpr long long kMaxWorld = 1 << 20;
 
 std::string str(const std::map<std::string, std::string>& f, const std::string& key) {
   auto it = f.find(key);
@@ -97,8 +106,14 @@ bool read_dump(const std::string& path, Dump& d) {
       d.backend = str(f, "backend");
       d.host = str(f, "host");
       d.reason = str(f, "reason");
-      d.rank = static_cast<int>(num(f, "rank"));
-      d.world = static_cast<int>(num(f, "world"));
+      const long long rank = num(f, "rank"), world = num(f, "world");
+      if (world < 1 || world > kMaxWorld || rank < 0 || rank >= world) {
+        std::fprintf(stderr, "tutti-flight: %s says rank %lld of world %lld\n", path.c_str(), rank,
+                     world);
+        return false;
+      }
+      d.rank = static_cast<int>(rank);
+      d.world = static_cast<int>(world);
       d.pid = num(f, "pid");
       d.dumped = num(f, "dumped_us");
     } else if (line.rfind("op ", 0) == 0) {
@@ -132,15 +147,22 @@ void collect(const std::string& path, std::vector<std::string>& files) {
     return;
   }
   if (!S_ISDIR(st.st_mode)) {
-    files.push_back(path);
+    // Regular files only: a FIFO would block the read forever, a device never end.
+    if (S_ISREG(st.st_mode)) {
+      files.push_back(path);
+    } else {
+      std::fprintf(stderr, "tutti-flight: %s is not a regular file\n", path.c_str());
+    }
     return;
   }
   DIR* dir = ::opendir(path.c_str());
   if (dir == nullptr) return;
   while (dirent* e = ::readdir(dir)) {
     const std::string name = e->d_name;
+    struct stat entry;
     if (name.rfind("tutti-flight.", 0) == 0 && name.size() > 4 &&
-        name.compare(name.size() - 4, 4, ".txt") == 0) {
+        name.compare(name.size() - 4, 4, ".txt") == 0 &&
+        ::stat((path + "/" + name).c_str(), &entry) == 0 && S_ISREG(entry.st_mode)) {
       files.push_back(path + "/" + name);
     }
   }
@@ -148,9 +170,12 @@ void collect(const std::string& path, std::vector<std::string>& files) {
   std::sort(files.begin(), files.end());
 }
 
-std::string seconds(long long us) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3f s", static_cast<double>(us) / 1e6);
+// The time from `from_us` to `to_us`, in floating point: the dump's stamps may be anything, and
+// their difference must not overflow.
+std::string seconds(long long to_us, long long from_us = 0) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.3f s",
+                (static_cast<double>(to_us) - static_cast<double>(from_us)) / 1e6);
   return buf;
 }
 
@@ -162,13 +187,13 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 // What one op's state says, relative to the dump.
 std::string progress(const Op& op, long long dumped) {
-  if (op.state == "completed") return "completed in " + seconds(op.ended - op.started);
+  if (op.state == "completed") return "completed in " + seconds(op.ended, op.started);
   if (op.state == "failed") {
-    return "failed after " + seconds(op.ended - op.started) +
+    return "failed after " + seconds(op.ended, op.started) +
            (op.error.empty() ? "" : ": " + op.error);
   }
-  if (op.state == "started") return "running for " + seconds(dumped - op.started) + " at the dump";
-  return "queued for " + seconds(dumped - op.issued) + " at the dump";
+  if (op.state == "started") return "running for " + seconds(dumped, op.started) + " at the dump";
+  return "queued for " + seconds(dumped, op.issued) + " at the dump";
 }
 
 void analyse(const std::string& instance, std::vector<Dump>& dumps, bool verbose) {

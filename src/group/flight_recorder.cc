@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "group/group_util.h"
@@ -48,10 +49,12 @@ std::string dump_dir() {
   return v == nullptr ? std::string() : std::string(v);
 }
 
-// Every live recorder of the process, for the signal's dump.
+// Every live recorder of the process, for the signal's dump, each with the process that made
+// it: a forked child's copies of its parent's recorders are the parent's to dump (the same files,
+// which the child's view, frozen at the fork, would overwrite).
 struct Registry {
   std::mutex mutex;
-  std::vector<std::weak_ptr<FlightRecorder>> recorders;
+  std::vector<std::pair<std::weak_ptr<FlightRecorder>, pid_t>> recorders;
 };
 
 Registry& registry() {
@@ -66,13 +69,20 @@ Registry& registry() {
 }
 
 // The signal handler only writes a byte to a pipe; a thread of the library reads it and dumps.
-int g_signal_pipe[2] = {-1, -1};
+// Both are this process's: a forked child inherits the handler and the pipe but not the thread,
+// and a byte it wrote would have its parent dump the parent's groups. So the handler writes only
+// in the process that made the pipe (getpid() is async-signal-safe), and a child that makes a
+// recorder of its own makes its own pipe and thread.
+std::atomic<int> g_signal_pipe[2] = {{-1}, {-1}};
+std::atomic<pid_t> g_signal_pid{0};
 
 extern "C" void on_dump_signal(int) {
   const int saved = errno;
-  const char byte = 1;
-  if (::write(g_signal_pipe[1], &byte, 1) < 0) {
-    // Nothing to do in a signal handler: the dump request is lost.
+  if (::getpid() == g_signal_pid.load(std::memory_order_acquire)) {
+    const char byte = 1;
+    if (::write(g_signal_pipe[1].load(std::memory_order_relaxed), &byte, 1) < 0) {
+      // Nothing to do in a signal handler: the dump request is lost.
+    }
   }
   errno = saved;
 }
@@ -81,18 +91,25 @@ void dump_everything(const std::string& reason) {
   std::vector<std::shared_ptr<FlightRecorder>> live;
   {
     std::lock_guard<std::mutex> lock(registry().mutex);
-    for (auto& weak : registry().recorders) {
+    const pid_t me = ::getpid();
+    for (auto& [weak, pid] : registry().recorders) {
+      if (pid != me) continue;
       if (auto r = weak.lock()) live.push_back(std::move(r));
     }
   }
   for (auto& r : live) r->dump(reason);
 }
 
-// Installs the dump signal once per process, where a directory is set and the program left
-// the signal at its default.
+// Installs the dump signal once per process (a forked child again), where a directory is set
+// and the program left the signal at its default (or to this handler, in a child).
 void install_signal_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  static std::atomic<pid_t> tried{0};
+  const pid_t me = ::getpid();
+  if (tried.load() == me) return;
+  static std::mutex mutex;  // two threads of one process: one installs
+  std::lock_guard<std::mutex> lock(mutex);
+  if (tried.exchange(me) == me) return;
+  [me] {
     if (dump_dir().empty()) return;
     const char* v = std::getenv("TUTTI_FLIGHT_RECORDER_SIGNAL");
     const std::string which = v == nullptr ? "USR1" : v;
@@ -107,20 +124,26 @@ void install_signal_once() {
     }
     if (sig == 0) return;
     struct sigaction current {};
-    if (::sigaction(sig, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) {
+    if (::sigaction(sig, nullptr, &current) != 0 ||
+        (current.sa_handler != SIG_DFL && current.sa_handler != on_dump_signal)) {
       TUTTI_LOG_INFO("flight recorder: {} already has a handler; dumps only at aborts",
                      ::strsignal(sig));
       return;
     }
-    if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return;
-    // The handler never blocks: in a forked child, where no thread reads the pipe, requests
-    // beyond the pipe's capacity are dropped.
-    ::fcntl(g_signal_pipe[1], F_SETFL, ::fcntl(g_signal_pipe[1], F_GETFL) | O_NONBLOCK);
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    // The handler never blocks: requests beyond the pipe's capacity are dropped.
+    ::fcntl(fds[1], F_SETFL, ::fcntl(fds[1], F_GETFL) | O_NONBLOCK);
+    // A parent's, inherited: not this process's to read or write.
+    for (int i : {0, 1}) {
+      const int old = g_signal_pipe[i].exchange(fds[i]);
+      if (old >= 0) ::close(old);
+    }
     // Started before the handler, and never joined: it lives as long as the process.
-    std::thread([sig] {
+    std::thread([sig, in = fds[0]] {
       char byte;
       while (true) {
-        const ssize_t n = ::read(g_signal_pipe[0], &byte, 1);
+        const ssize_t n = ::read(in, &byte, 1);
         if (n == 1) {
           dump_everything(std::string("on demand (") + ::strsignal(sig) + ")");
         } else if (n < 0 && errno == EINTR) {
@@ -130,12 +153,13 @@ void install_signal_once() {
         }
       }
     }).detach();
+    g_signal_pid.store(me, std::memory_order_release);
     struct sigaction action {};
     action.sa_handler = on_dump_signal;
     ::sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
     ::sigaction(sig, &action, nullptr);
-  });
+  }();
 }
 
 const char* state_name(uint8_t state) {
@@ -165,9 +189,10 @@ std::shared_ptr<FlightRecorder> FlightRecorder::create(Identity identity) {
   {
     std::lock_guard<std::mutex> lock(registry().mutex);
     auto& all = registry().recorders;
-    all.erase(std::remove_if(all.begin(), all.end(), [](auto& w) { return w.expired(); }),
-              all.end());
-    all.push_back(recorder);
+    all.erase(
+        std::remove_if(all.begin(), all.end(), [](auto& entry) { return entry.first.expired(); }),
+        all.end());
+    all.emplace_back(recorder, ::getpid());
   }
   install_signal_once();
   return recorder;
