@@ -1265,9 +1265,10 @@ TEST(TransferTimeouts, AProbeOfOneByteCostsTheOwnerNoCpu) {
 }
 
 // A pooled connection whose owner's end went while it was idle (here the owner's socket is shut
-// down under it, as a reset from a NAT or firewall between hosts would do): the next get takes a
-// fresh connection and succeeds. Before, the pooled connection was used as it was and the get
-// failed with kIoError, naming a live owner as gone.
+// down under it, as a reset from a NAT or firewall between hosts would do): the consumer's
+// housekeeping closes it, and the next get takes a fresh connection and succeeds. Before, the
+// pooled connection was used as it was and the get failed with kIoError, naming a live owner as
+// gone.
 TEST(TransferTimeouts, APooledConnectionThatWentBadWhileIdleIsNotUsed) {
   TransferAgentOptions o;
   o.name = "owner";
@@ -1309,7 +1310,27 @@ TEST(TransferTimeouts, APooledConnectionThatWentBadWhileIdleIsNotUsed) {
     ::closedir(d);
   }
   ASSERT_EQ(shut, 1) << "the owner's end of the pooled connection was not found";
-  std::this_thread::sleep_for(50ms);  // idle past the pool's 5 ms: it is looked at before use
+  // The consumer's housekeeping (every 100-200 ms) closes its end: its socket whose peer's port is
+  // the owner's goes.
+  auto consumer_ends = [&] {
+    int n = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+      while (dirent* e = ::readdir(d)) {
+        const int fd = std::atoi(e->d_name);
+        sockaddr_in peer{};
+        socklen_t plen = sizeof(peer);
+        n += fd > 2 && ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 &&
+             peer.sin_family == AF_INET && ntohs(peer.sin_port) == port;
+      }
+      ::closedir(d);
+    }
+    return n;
+  };
+  const auto shut_at = std::chrono::steady_clock::now();
+  while (consumer_ends() > 0 && std::chrono::steady_clock::now() - shut_at < 5s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(consumer_ends(), 0) << "the pooled connection was kept after its owner's end went";
   EXPECT_EQ(as_floats(consumer->get(ref).tensors()[0]), x);
   h.release();
   owner->wait_tensor_freed(TensorView(x), 10s);

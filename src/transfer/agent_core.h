@@ -110,9 +110,10 @@ struct Peer {
   AgentIdentity owner;
   bool local = false;  // one host: a Unix socket, a lease lane, the owner's slot page
   std::mutex mutex;
-  // Pooled connections, each with when it was given back (one idle for long is looked at
-  // before it is used again: the owner's agent may have gone, or a NAT dropped the flow).
-  std::vector<std::pair<std::unique_ptr<Connection>, Clock::time_point>> idle;
+  // Pooled connections. The agent's housekeeping closes those whose other end hung up while
+  // they waited (the owner's agent stopped; across hosts, a reset from anything between), and
+  // forgets the peer when all had.
+  std::vector<std::unique_ptr<Connection>> idle;
   std::unique_ptr<Lane> lane;
   std::unique_ptr<SlotView> slots;  // set once, under `mutex`
   int pidfd = -1;                   // one host: readable once the owner's process has exited
@@ -293,8 +294,11 @@ struct AgentCore : std::enable_shared_from_this<AgentCore> {
                                        const std::atomic<bool>* cancelled);
   void checkin(Peer& peer, std::unique_ptr<Connection> connection);
   void abort_gets();
-  // Forgets the owners whose process has exited (their lanes, mappings, sockets and pidfds).
+  // Forgets the owners whose process has exited (their lanes, mappings, sockets and pidfds), or
+  // whose agent hung up every pooled connection; closes pooled connections that hung up. The
+  // housekeeping thread's (next_idle_look is its own).
   void reap_peers();
+  Clock::time_point next_idle_look{};
 
   // ---- get and borrow (consumer.cc, consumer_lease.cc) ----
   struct Resolved;

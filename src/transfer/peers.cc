@@ -196,24 +196,13 @@ std::shared_ptr<Peer> AgentCore::peer_for(const AgentIdentity& owner, bool local
 
 std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point deadline,
                                                 const std::atomic<bool>* cancelled) {
-  // The newest pooled connection, unless the owner's end of it hung up while it waited (its
-  // agent stopped; across hosts, a reset from anything between): such a one is closed and the
-  // next tried, so that a get is not failed by a connection that went bad while nobody used it.
-  // Looked at only after kLookAfter idle (one poll): connections passed from get to get are not.
-  constexpr auto kLookAfter = std::chrono::milliseconds(5);
-  while (true) {
-    std::unique_ptr<Connection> c;
-    Clock::time_point since;
-    {
-      std::lock_guard<std::mutex> lock(peer.mutex);
-      if (peer.idle.empty()) break;
-      c = std::move(peer.idle.back().first);
-      since = peer.idle.back().second;
+  {
+    std::lock_guard<std::mutex> lock(peer.mutex);
+    if (!peer.idle.empty()) {
+      auto c = std::move(peer.idle.back());
       peer.idle.pop_back();
+      return c;
     }
-    if (Clock::now() - since < kLookAfter || !hung_up(c->fd())) return c;
-    TUTTI_LOG_DEBUG("direct transport: {}'s end of a pooled connection hung up while it was idle",
-                    owner_text(peer.owner));
   }
   const AgentIdentity& owner = peer.owner;
   int fd;
@@ -269,14 +258,44 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
 
 void AgentCore::checkin(Peer& peer, std::unique_ptr<Connection> connection) {
   std::lock_guard<std::mutex> lock(peer.mutex);
-  if (peer.idle.size() < 8) peer.idle.emplace_back(std::move(connection), Clock::now());
+  if (peer.idle.size() < 8) peer.idle.push_back(std::move(connection));
 }
 
+namespace {
+
+// Closes the pooled connections of `peer` whose other end hung up (one poll for all, no
+// blocking); true when it had some and every one had: its owner's agent is gone.
+bool close_hung_up(Peer& peer) {
+  std::lock_guard<std::mutex> lock(peer.mutex);
+  if (peer.idle.empty()) return false;
+  std::vector<pollfd> fds;
+  for (const auto& c : peer.idle) fds.push_back(pollfd{c->fd(), POLLRDHUP, 0});
+  if (::poll(fds.data(), fds.size(), 0) <= 0) return false;
+  std::vector<std::unique_ptr<Connection>> live;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if ((fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) {
+      live.push_back(std::move(peer.idle[i]));
+    }
+  }
+  TUTTI_LOG_DEBUG("direct transport: {} hung up {} of its {} pooled connection(s)",
+                  owner_text(peer.owner), fds.size() - live.size(), fds.size());
+  peer.idle = std::move(live);
+  return peer.idle.empty();
+}
+
+}  // namespace
+
 void AgentCore::reap_peers() {
+  // Pooled connections looked at every 100 ms at most (housekeeping may run more often): so
+  // that a get does not take one that went bad while nobody used it, nor a get's path pay a poll.
+  const auto now = Clock::now();
+  const bool look = now >= next_idle_look;
+  if (look) next_idle_look = now + std::chrono::milliseconds(100);
   std::lock_guard<std::mutex> lock(peers_mutex);
   for (auto it = peers.begin(); it != peers.end();) {
-    // A borrow that still reads from it holds its own reference to the Peer.
-    it = it->second->owner_exited() ? peers.erase(it) : std::next(it);
+    // A get or borrow that still uses it holds its own reference to the Peer.
+    const bool gone = it->second->owner_exited() || (look && close_hung_up(*it->second));
+    it = gone ? peers.erase(it) : std::next(it);
   }
 }
 
