@@ -404,7 +404,9 @@ TEST(TransferGroup, AGetInFlightDoesNotHoldUpTheConsumersOtherRequests) {
               kBytes >> 20, big_ms, small_ms);
   EXPECT_EQ(fresh[kBytes - 1], 9);
   EXPECT_TRUE(in_flight) << "the big get ended before its first byte was seen";
-  EXPECT_LT(small_ms, big_ms / 4);  // it waited as long as the big get's send, before
+  // It waited as long as the big get's send, before (151-173 ms against 0.4 ms now). Half, not a
+  // quarter: the sanitizer run beside another test once took 102 ms of 325 (2026-12-05).
+  EXPECT_LT(small_ms, big_ms / 2);
   release_and_wait(*agents[0], big, {TensorView(source)});
   over_socket.release();
   release_and_wait(*agents[0], warm, {TensorView(small)});
