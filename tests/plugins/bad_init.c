@@ -6,6 +6,8 @@
 #include <tutti/plugin.h>
 #include <unistd.h>
 
+#include "inert_backend.h"
+
 static tuttiResult_t init(void** state, tuttiError_v1_t* err) {
   (void)state;
   const char* how = getenv("BAD_INIT");
@@ -24,23 +26,9 @@ static tuttiResult_t init(void** state, tuttiError_v1_t* err) {
   return TUTTI_ERR_UNAVAILABLE;
 }
 
-static tuttiResult_t create(void* s, const tuttiBackendArgs_v1_t* a, void** c, tuttiError_v1_t* e) {
-  (void)s;
-  (void)a;
-  (void)c;
-  (void)e;
-  return TUTTI_ERR_INTERNAL;
-}
-static void destroy(void* comm) {
-  (void)comm;
-}
-static void abort_comm(void* comm, const char* reason) {
-  (void)comm;
-  (void)reason;
-}
-
 static const tuttiBackend_v1_t never = {
-    "never", TUTTI_SCOPE_ANY_HOST, 0, 1u << TUTTI_DEVICE_CPU, NULL, create, destroy, abort_comm,
+    "never",      TUTTI_SCOPE_ANY_HOST, 0,           1u << TUTTI_DEVICE_CPU, NULL,
+    inert_create, inert_destroy,        inert_abort,
 };
 static const tuttiBackend_v1_t* const backends[] = {&never};
 

@@ -2,17 +2,11 @@
 #include <stddef.h>
 #include <tutti/plugin.h>
 
-static void destroy(void* comm) {
-  (void)comm;
-}
-static void abort_comm(void* comm, const char* reason) {
-  (void)comm;
-  (void)reason;
-}
+#include "inert_backend.h"
 
 static const tuttiBackend_v1_t incomplete = {
-    "incomplete", TUTTI_SCOPE_ANY_HOST, 0,       1u << TUTTI_DEVICE_CPU,
-    NULL,         NULL /* create */,    destroy, abort_comm,
+    "incomplete",      TUTTI_SCOPE_ANY_HOST, 0,           1u << TUTTI_DEVICE_CPU, NULL,
+    NULL /* create */, inert_destroy,        inert_abort,
 };
 static const tuttiBackend_v1_t* const backends[] = {&incomplete};
 

@@ -3,26 +3,15 @@
 #include <stddef.h>
 #include <tutti/plugin.h>
 
-static tuttiResult_t create(void* s, const tuttiBackendArgs_v1_t* a, void** c, tuttiError_v1_t* e) {
-  (void)s;
-  (void)a;
-  (void)c;
-  (void)e;
-  return TUTTI_ERR_INTERNAL;
-}
-static void destroy(void* comm) {
-  (void)comm;
-}
-static void abort_comm(void* comm, const char* reason) {
-  (void)comm;
-  (void)reason;
-}
+#include "inert_backend.h"
 
 static const tuttiBackend_v1_t lower = {
-    "dupe", TUTTI_SCOPE_ANY_HOST, 0, 1u << TUTTI_DEVICE_CPU, NULL, create, destroy, abort_comm,
+    "dupe",       TUTTI_SCOPE_ANY_HOST, 0,           1u << TUTTI_DEVICE_CPU, NULL,
+    inert_create, inert_destroy,        inert_abort,
 };
 static const tuttiBackend_v1_t upper = {
-    "DUPE", TUTTI_SCOPE_ANY_HOST, 0, 1u << TUTTI_DEVICE_CPU, NULL, create, destroy, abort_comm,
+    "DUPE",       TUTTI_SCOPE_ANY_HOST, 0,           1u << TUTTI_DEVICE_CPU, NULL,
+    inert_create, inert_destroy,        inert_abort,
 };
 static const tuttiBackend_v1_t* const backends[] = {&lower, &upper};
 
