@@ -115,13 +115,12 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
     if (const int err = reserve_file(fd, std::min(reserve, size_)); err != 0) {
       ::close(fd);
       ::shm_unlink(name.c_str());
-      throw Error(err == ENOSPC || err == ENOMEM ? ErrorCode::kUnavailable : ErrorCode::kIoError,
+      throw Error(no_room(err) ? ErrorCode::kUnavailable : ErrorCode::kIoError,
                   "shm: reserving the group's segment of " + std::to_string(reserve) +
                       " bytes in /dev/shm: " + std::strerror(err) +
-                      (err == ENOSPC || err == ENOMEM
-                           ? " (give /dev/shm more room, e.g. docker's --shm-size, "
-                             "or lower TUTTI_SHM_CHUNK_BYTES / TUTTI_SHM_MAILBOX_BYTES)"
-                           : ""));
+                      (no_room(err) ? " (give /dev/shm more room, e.g. docker's --shm-size, "
+                                      "or lower TUTTI_SHM_CHUNK_BYTES / TUTTI_SHM_MAILBOX_BYTES)"
+                                    : ""));
     }
     store.set("shm/segment", name);
   } else {
@@ -135,7 +134,6 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
     struct stat st;
     if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != size_) {
       ::close(fd);
-      ::shm_unlink(name.c_str());  // the group cannot be made: nobody else needs the name
       throw Error(ErrorCode::kRemoteError,
                   "shm: segment '" + name + "' has " + std::to_string(st.st_size) +
                       " bytes, this rank expects " + std::to_string(size_) +
@@ -149,7 +147,7 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
   ::close(fd);
   if (base_ == MAP_FAILED) {
     base_ = nullptr;
-    ::shm_unlink(name.c_str());
+    if (rank == 0) ::shm_unlink(name.c_str());
     throw_errno("mapping segment '" + name + "'");
   }
   reserve = std::min(reserve, size_);

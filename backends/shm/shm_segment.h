@@ -10,6 +10,7 @@
 // out of the ops.
 #pragma once
 
+#include <cerrno>
 #include <cstddef>
 #include <string>
 
@@ -27,6 +28,11 @@ int populate_pages(void* addr, size_t len);
 // allocated, and SA_RESTART does not restart it: a profiler's timer, an operator's SIGUSR1 to dump
 // the flight recorder). 0, or the errno (ENOSPC, ENOMEM: /dev/shm or the cgroup has no room).
 int reserve_file(int fd, size_t len);
+// Whether reserve_file's errno says /dev/shm (or the cgroup) has no room: kUnavailable, with what
+// to do, rather than kIoError.
+inline bool no_room(int err) {
+  return err == ENOSPC || err == ENOMEM;
+}
 
 // Removes from /dev/shm every segment name of group incarnation `instance` (BackendContext's):
 // what a rank whose set-up failed does, since the group cannot be made then, and the rank that

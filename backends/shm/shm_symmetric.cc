@@ -167,7 +167,7 @@ ShmRegion::ShmRegion(std::shared_ptr<SymmetricTable> table, size_t bytes)
   if (err != 0) {
     ::close(fd);
     ::shm_unlink(name_.c_str());
-    fail(err == ENOSPC || err == ENOMEM ? ErrorCode::kUnavailable : ErrorCode::kIoError,
+    fail(no_room(err) ? ErrorCode::kUnavailable : ErrorCode::kIoError,
          "reserving " + std::to_string(mine_.mapped()) + " bytes of /dev/shm for '" + name_ + "'",
          err);
   }

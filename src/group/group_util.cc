@@ -39,6 +39,16 @@ std::string escape_name(std::string_view name) {
   return out;
 }
 
+namespace {
+
+// Adds "rank 2 (pid 1234)" to a ", "-separated list.
+void add_rank(std::string& list, size_t rank, long pid) {
+  list += (list.empty() ? "rank " : ", rank ") + std::to_string(rank) + " (pid " +
+          std::to_string(pid) + ")";
+}
+
+}  // namespace
+
 PeerProcesses::PeerProcesses(const std::vector<long>& pids, const std::vector<uint64_t>& starts,
                              int rank) {
   const size_t n = std::min(pids.size(), starts.size());
@@ -54,10 +64,7 @@ PeerProcesses::PeerProcesses(const std::vector<long>& pids, const std::vector<ui
     const uint64_t start = fd >= 0 ? process_start_time(pids[r]) : 0;
     if (fd < 0 || (start != 0 && start != starts[r])) {
       if (fd >= 0) ::close(fd);
-      if (fd >= 0 || err == ESRCH) {
-        gone_before_ += (gone_before_.empty() ? "" : ", ") + std::string("rank ") +
-                        std::to_string(r) + " (pid " + std::to_string(pids[r]) + ")";
-      }
+      if (fd >= 0 || err == ESRCH) add_rank(gone_before_, r, pids[r]);
       continue;  // else pidfds are not to be had here (ENOSYS, EPERM): not watched
     }
     fds_.push_back(pollfd{fd, POLLIN, 0});
@@ -75,9 +82,7 @@ std::string PeerProcesses::exited() const {
   std::vector<pollfd> fds = fds_;
   if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return out;
   for (size_t i = 0; i < fds.size(); ++i) {
-    if ((fds[i].revents & POLLIN) == 0) continue;
-    out += (out.empty() ? "" : ", ") + std::string("rank ") + std::to_string(ranks_[i]) + " (pid " +
-           std::to_string(pids_[i]) + ")";
+    if ((fds[i].revents & POLLIN) != 0) add_rank(out, static_cast<size_t>(ranks_[i]), pids_[i]);
   }
   return out;
 }

@@ -263,22 +263,20 @@ void AgentCore::checkin(Peer& peer, std::unique_ptr<Connection> connection) {
 
 namespace {
 
-// Closes the pooled connections of `peer` whose other end hung up (one poll for all, no
-// blocking); true when it had some and every one had: its owner's agent is gone.
+// Closes the pooled connections of `peer` whose other end hung up (no blocking); true when it
+// had some and every one had: its owner's agent is gone.
 bool close_hung_up(Peer& peer) {
   std::lock_guard<std::mutex> lock(peer.mutex);
-  if (peer.idle.empty()) return false;
-  std::vector<pollfd> fds;
-  for (const auto& c : peer.idle) fds.push_back(pollfd{c->fd(), POLLRDHUP, 0});
-  if (::poll(fds.data(), fds.size(), 0) <= 0) return false;
+  const size_t had = peer.idle.size();
+  if (had == 0) return false;
   std::vector<std::unique_ptr<Connection>> live;
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if ((fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) {
-      live.push_back(std::move(peer.idle[i]));
-    }
+  for (auto& c : peer.idle) {
+    if (!hung_up(c->fd())) live.push_back(std::move(c));
   }
-  TUTTI_LOG_DEBUG("direct transport: {} hung up {} of its {} pooled connection(s)",
-                  owner_text(peer.owner), fds.size() - live.size(), fds.size());
+  if (live.size() < had) {
+    TUTTI_LOG_DEBUG("direct transport: {} hung up {} of its {} pooled connection(s)",
+                    owner_text(peer.owner), had - live.size(), had);
+  }
   peer.idle = std::move(live);
   return peer.idle.empty();
 }
