@@ -243,6 +243,14 @@ TEST_P(Faults, ARankDelayedUnderTheTimeoutIsWaitedForAndOverItFailsBoth) {
   }
 }
 
+// A rank 3 s late to a 64 MiB allreduce, with the link's bound at 1 s: its peer's connection to
+// it stays full all that time, and that is no cut link (util/tcp_link.h); both sum right.
+TEST(LinkWatch, ARankLongLateIsNotACutLink) {
+  TempDir dir;
+  expect_all_ok(run("late_reader", 2, "file://" + dir.path() + "/store", milliseconds(60000),
+                    {"backend=gloo", "timeout=30000", "link=1000", "delay=3000"}));
+}
+
 // Timeouts of 1 ms and of milliseconds::max() (the group's and an op's).
 TEST_P(Faults, TimeoutsOfOneMillisecondAndOfMillisecondsMax) {
   TempDir dir;

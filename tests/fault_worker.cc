@@ -673,6 +673,29 @@ void scenario_delay(const Args& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// late_reader (world 2, TUTTI_LINK_TIMEOUT_MS=link): rank 1 comes `delay` ms late to a 64 MiB
+// allreduce, far past the link's bound and under the op's timeout. Rank 0's connection to it
+// stands full (a zero window rank 1's kernel keeps answering probes for) the whole time: a late
+// rank is not a cut link, and both get the right sum.
+// ---------------------------------------------------------------------------------------------
+void scenario_late_reader(const Args& a) {
+  require(a.world == 2, "late_reader runs with 2 ranks");
+  ::setenv("TUTTI_LINK_TIMEOUT_MS", std::to_string(a.num("link", 1000)).c_str(), 1);
+  const long delay = a.num("delay", 3000);
+  const std::string name = a.name();
+  init_collective_group(2, a.rank, a.backend(), name, a.options());
+  std::vector<float> v(16 << 20, static_cast<float>(a.rank + 1));
+  if (a.rank == 1) std::this_thread::sleep_for(milliseconds(delay));
+  const auto start = Clock::now();
+  allreduce(v, name);
+  std::printf("FIGURE late_reader %s rank %d: OK after %.0f ms (rank 1 %ld ms late)\n",
+              a.backend().c_str(), a.rank, ms_since(start), delay);
+  for (size_t i = 0; i < v.size(); i += 4099) require(v[i] == 3.0f, "allreduce sum");
+  require(v.back() == 3.0f, "allreduce sum");
+  destroy_collective_group(name);
+}
+
+// ---------------------------------------------------------------------------------------------
 // timeouts: an op timeout of 1 ms with the peer 50 ms late fails with kTimeout at once; a group
 // and an op timeout of milliseconds::max() work (no overflow), and a peer's death under them is
 // still found by the transport.
@@ -942,6 +965,7 @@ int main(int argc, char** argv) {
       {"cycles", scenario_cycles},
       {"mismatch", scenario_mismatch},
       {"delay", scenario_delay},
+      {"late_reader", scenario_late_reader},
       {"timeouts", scenario_timeouts},
       {"stale", scenario_stale},
       {"shrink", scenario_shrink},

@@ -77,17 +77,98 @@ class TwoHosts : public ::testing::Test {
   }
 
   // A worker scenario as `rank` of 2 inside namespace `ns`, binding `addr`.
+  // `extra_env`: more NAME=value for it.
   WorkerResult rank_in(const std::string& ns, int rank, const std::string& addr,
                        const std::string& scenario = "env_allreduce",
-                       const std::string& ready_dir = "") {
-    return run_command(
-        {"ip", "netns", "exec", ns, "env", "TUTTI_RANK=" + std::to_string(rank),
-         "TUTTI_WORLD_SIZE=2", "TUTTI_STORE=tcp://" + addr_a_ + ":29611", "TUTTI_JOB_ID=two-hosts",
-         "TUTTI_GLOO_HOSTNAME=" + addr,
-         // Separate hosts as far as tutti can tell (so "auto" picks Gloo, as on
-         // two machines): the namespaces share this kernel and its /dev/shm.
-         "TUTTI_HOST_ID=" + ns, "TUTTI_TEST_READY_DIR=" + ready_dir, TUTTI_TEST_WORKER, scenario},
-        milliseconds(90000));
+                       const std::string& ready_dir = "",
+                       const std::vector<std::string>& extra_env = {}) {
+    std::vector<std::string> argv = {
+        "ip", "netns", "exec", ns, "env", "TUTTI_RANK=" + std::to_string(rank),
+        "TUTTI_WORLD_SIZE=2", "TUTTI_STORE=tcp://" + addr_a_ + ":29611", "TUTTI_JOB_ID=two-hosts",
+        "TUTTI_GLOO_HOSTNAME=" + addr,
+        // Separate hosts as far as tutti can tell (so "auto" picks Gloo, as on
+        // two machines): the namespaces share this kernel and its /dev/shm.
+        "TUTTI_HOST_ID=" + ns, "TUTTI_TEST_READY_DIR=" + ready_dir};
+    argv.insert(argv.end(), extra_env.begin(), extra_env.end());
+    argv.push_back(TUTTI_TEST_WORKER);
+    argv.push_back(scenario);
+    return run_command(argv, milliseconds(90000));
+  }
+  // Both ranks run env_until_cut (with `extra_env`); once both are ready, host B's link goes
+  // down. Each rank's "CUT after N ms, <code>: <error>" line.
+  std::vector<std::string> cut_while_running(const std::vector<std::string>& extra_env) {
+    TempDir ready;
+    WorkerResult a, b;
+    std::thread host_a(
+        [&] { a = rank_in(ns_a_, 0, addr_a_, "env_until_cut", ready.path(), extra_env); });
+    std::thread host_b(
+        [&] { b = rank_in(ns_b_, 1, addr_b_, "env_until_cut", ready.path(), extra_env); });
+    // Both ranks have completed an allreduce over the link; now take host B off the network.
+    const bool both =
+        eventually_file(ready.path() + "/rank0") && eventually_file(ready.path() + "/rank1");
+    EXPECT_TRUE(both) << "the ranks never got ready";
+    auto [rc, out] = sh("ip -n " + ns_b_ + " link set " + veth_b_ + " down");
+    EXPECT_EQ(rc, 0) << out;
+    host_a.join();
+    host_b.join();
+    std::vector<std::string> lines;
+    for (const auto* r : {&a, &b}) {
+      EXPECT_EQ(r->exit_code, 0) << r->output;
+      EXPECT_NE(r->output.find("allreduce #"), std::string::npos) << r->output;
+      std::smatch m;
+      EXPECT_TRUE(std::regex_search(r->output, m, std::regex("CUT after [^\n]*"))) << r->output;
+      lines.push_back(m.empty() ? std::string() : m.str());
+      std::printf("%s", r->output.c_str());
+    }
+    return lines;
+  }
+  static long cut_after_ms(const std::string& line) {
+    std::smatch m;
+    return std::regex_search(line, m, std::regex("CUT after ([0-9]+) ms")) ? std::stol(m[1]) : -1;
+  }
+
+  // An owner on host a (under the command prefix `owner_env`), and a consumer on host b (under
+  // `consumer_env`) getting from it in a loop (transfer_worker `mode`: ucx-loop, socket-loop),
+  // each get with this timeout, ms; once a get has succeeded, `fault` strikes (given the exchange
+  // directory). Returns the consumer's output, which must say how long its failing get took.
+  std::string loop_then(const std::vector<std::string>& owner_env,
+                        const std::vector<std::string>& consumer_env, const std::string& mode,
+                        const char* get_timeout_ms,
+                        const std::function<void(const std::string&)>& fault) {
+    TempDir dir;
+    WorkerResult owner, loop;
+    auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+      a.insert(a.end(), b.begin(), b.end());
+      return a;
+    };
+    std::thread host_a([&] {
+      owner = run_command(with(owner_env, {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
+                          milliseconds(90000));
+    });
+    std::thread host_b([&] {
+      loop =
+          run_command(with(consumer_env, {TUTTI_TRANSFER_WORKER, mode, dir.path(), get_timeout_ms}),
+                      milliseconds(90000));
+    });
+    if (eventually_file(dir.path() + "/getting")) {
+      fault(dir.path());
+    } else {
+      ADD_FAILURE() << "no get succeeded";
+    }
+    host_b.join();
+    std::ofstream(dir.path() + "/done") << "1";  // an owner still alive may go
+    host_a.join();
+    EXPECT_EQ(loop.exit_code, 0) << loop.output;
+    std::printf("%s", loop.output.c_str());
+    return loop.output;
+  }
+  static long failed_after_ms(const std::string& out) {
+    std::smatch m;
+    if (!std::regex_search(out, m, std::regex("failed after ([0-9]+) ms"))) {
+      ADD_FAILURE() << "no failed get in:\n" << out;
+      return -1;
+    }
+    return std::stol(m[1]);
   }
 
   std::string ns_a_, ns_b_, veth_a_, veth_b_;
@@ -117,30 +198,29 @@ TEST_F(TwoHosts, GlooGroupAcrossNamespacesThroughTheTCPStore) {
 
 TEST_F(TwoHosts, CuttingAHostOffFailsBothRanksWithinTheTimeout) {
   ASSERT_TRUE(made_);
-  TempDir ready;
-  WorkerResult a, b;
-  std::thread host_a([&] { a = rank_in(ns_a_, 0, addr_a_, "env_until_cut", ready.path()); });
-  std::thread host_b([&] { b = rank_in(ns_b_, 1, addr_b_, "env_until_cut", ready.path()); });
-  // Both ranks have completed an allreduce over the link; now take host B off the network.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline &&
-         (::access((ready.path() + "/rank0").c_str(), F_OK) != 0 ||
-          ::access((ready.path() + "/rank1").c_str(), F_OK) != 0)) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  auto [rc, out] = sh("ip -n " + ns_b_ + " link set " + veth_b_ + " down");
-  EXPECT_EQ(rc, 0) << out;
-  host_a.join();
-  host_b.join();
-  for (const auto* r : {&a, &b}) {
-    EXPECT_EQ(r->exit_code, 0) << r->output;
-    EXPECT_NE(r->output.find("CUT after"), std::string::npos) << r->output;
-    EXPECT_NE(r->output.find("allreduce #"), std::string::npos) << r->output;
+  for (const std::string& line : cut_while_running({})) {
     // The failing op ended within its 3 s timeout plus a margin.
-    std::smatch m;
-    ASSERT_TRUE(std::regex_search(r->output, m, std::regex("CUT after ([0-9]+) ms"))) << r->output;
-    EXPECT_LT(std::stoi(m[1]), 3000 + 2000) << r->output;
-    std::printf("%s", r->output.c_str());
+    const long ms = cut_after_ms(line);
+    EXPECT_GE(ms, 0) << line;
+    EXPECT_LT(ms, 3000 + 2000) << line;
+  }
+}
+
+// With an op timeout of a minute, a cut link is named within its own bound
+// (TUTTI_LINK_TIMEOUT_MS, 2 s here), by both ranks: the one whose bytes go unacknowledged and the
+// one whose keepalive probes do (util/tcp_link.h). Before the link's watch, both waited out the
+// op's minute.
+TEST_F(TwoHosts, ACutLinkIsNamedWithinItsBoundNotAtTheOpsTimeout) {
+  ASSERT_TRUE(made_);
+  for (const std::string& line :
+       cut_while_running({"TUTTI_TEST_OP_TIMEOUT_MS=60000", "TUTTI_LINK_TIMEOUT_MS=2000"})) {
+    const long ms = cut_after_ms(line);
+    EXPECT_GE(ms, 0) << line;
+    // The bound, a poll's slice (a quarter of it) and a keepalive probe's second of rounding.
+    EXPECT_LT(ms, 2000 + 500 + 1000 + 1000) << line;
+    EXPECT_NE(line.find("I/O error"), std::string::npos) << line;
+    EXPECT_NE(line.find("the link or the host is gone"), std::string::npos) << line;
+    EXPECT_NE(line.find("rank "), std::string::npos) << line;
   }
 }
 
@@ -178,6 +258,30 @@ TEST_F(TwoHosts, DirectTransportFallsBackToTheSocketAcrossHosts) {
   ASSERT_NE(at, std::string::npos) << fetch.output;
   EXPECT_LT(std::atof(fetch.output.c_str() + at + 24), 10000.0) << fetch.output;
   std::printf("%s", fetch.output.c_str());
+}
+
+// A consumer getting 16 MiB over the socket transport in a loop, each get with a minute's
+// timeout, from an owner whose host is cut off: the get in flight fails within the link's bound
+// (TUTTI_LINK_TIMEOUT_MS, 2 s here), naming the cut. Before the link's watch it took the minute.
+TEST_F(TwoHosts, AGetFromAHostCutOffFailsWithinTheLinksBound) {
+  ASSERT_TRUE(made_);
+  auto on = [](const std::string& ns, const std::string& addr) {
+    return std::vector<std::string>{"ip",
+                                    "netns",
+                                    "exec",
+                                    ns,
+                                    "env",
+                                    "TUTTI_LINK_TIMEOUT_MS=2000",
+                                    "TUTTI_GLOO_HOSTNAME=" + addr};
+  };
+  const std::string out = loop_then(
+      on(ns_a_, addr_a_), on(ns_b_, addr_b_), "socket-loop", "60000",
+      [&](const std::string&) { sh("ip -n " + ns_a_ + " link set " + veth_a_ + " down"); });
+  const long ms = failed_after_ms(out);
+  EXPECT_GE(ms, 0) << out;
+  EXPECT_LT(ms, 2000 + 1000 + 1000 + 1000) << out;  // the bound, a wait's slice, probe rounding
+  EXPECT_NE(out.find("(I/O error)"), std::string::npos) << out;
+  EXPECT_NE(out.find("the link or the host is gone"), std::string::npos) << out;
 }
 
 #ifdef TUTTI_UCX_PLUGIN
@@ -227,43 +331,6 @@ class TwoHostsUcx : public TwoHosts {
                               const std::vector<std::string>& fetch_env,
                               const std::string& get_timeout_ms = "0") {
     return owner_and(owner_env, fetch_env, "fetch", {get_timeout_ms});
-  }
-  // An owner on host a, and a consumer on host b getting from it over ucx in a loop (each get
-  // with this timeout, ms); once a get has succeeded, `fault` strikes (given the exchange
-  // directory). Returns the consumer's output, which must say how long its failing get took.
-  std::string loop_then(const char* get_timeout_ms,
-                        const std::function<void(const std::string&)>& fault) {
-    TempDir dir;
-    WorkerResult owner, loop;
-    std::thread host_a([&] {
-      owner = run_command(
-          with(env(ns_a_, addr_a_), {TUTTI_TRANSFER_WORKER, "owner", dir.path(), addr_a_}),
-          milliseconds(90000));
-    });
-    std::thread host_b([&] {
-      loop = run_command(with(env(ns_b_, addr_b_),
-                              {TUTTI_TRANSFER_WORKER, "ucx-loop", dir.path(), get_timeout_ms}),
-                         milliseconds(90000));
-    });
-    if (eventually_file(dir.path() + "/getting")) {
-      fault(dir.path());
-    } else {
-      ADD_FAILURE() << "no get succeeded";
-    }
-    host_b.join();
-    std::ofstream(dir.path() + "/done") << "1";  // an owner still alive may go
-    host_a.join();
-    EXPECT_EQ(loop.exit_code, 0) << loop.output;
-    std::printf("%s", loop.output.c_str());
-    return loop.output;
-  }
-  static long failed_after_ms(const std::string& out) {
-    std::smatch m;
-    if (!std::regex_search(out, m, std::regex("failed after ([0-9]+) ms"))) {
-      ADD_FAILURE() << "no failed get in:\n" << out;
-      return -1;
-    }
-    return std::stol(m[1]);
   }
 };
 
@@ -374,13 +441,14 @@ TEST_F(TwoHostsUcx, ConcurrentGetsArriveRightAndInNetworkTime) {
 
 TEST_F(TwoHostsUcx, AnOwnerKilledMidGetFailsTheGetByName) {
   ASSERT_TRUE(made_);
-  const std::string out = loop_then("20000", [](const std::string& dir) {
-    std::ifstream ready(dir + "/ready");
-    long pid = 0;
-    ready >> pid;
-    ASSERT_GT(pid, 0);
-    ::kill(static_cast<pid_t>(pid), SIGKILL);
-  });
+  const std::string out = loop_then(env(ns_a_, addr_a_), env(ns_b_, addr_b_), "ucx-loop", "20000",
+                                    [](const std::string& dir) {
+                                      std::ifstream ready(dir + "/ready");
+                                      long pid = 0;
+                                      ready >> pid;
+                                      ASSERT_GT(pid, 0);
+                                      ::kill(static_cast<pid_t>(pid), SIGKILL);
+                                    });
   EXPECT_LT(failed_after_ms(out), 5000) << out;  // far below the get's 20 s timeout
   EXPECT_NE(out.find("owner-proc"), std::string::npos) << out;
 }
@@ -388,7 +456,8 @@ TEST_F(TwoHostsUcx, AnOwnerKilledMidGetFailsTheGetByName) {
 TEST_F(TwoHostsUcx, AHostCutOffFailsTheGetAtItsTimeout) {
   ASSERT_TRUE(made_);
   const std::string out = loop_then(
-      "3000", [&](const std::string&) { sh("ip -n " + ns_a_ + " link set " + veth_a_ + " down"); });
+      env(ns_a_, addr_a_), env(ns_b_, addr_b_), "ucx-loop", "3000",
+      [&](const std::string&) { sh("ip -n " + ns_a_ + " link set " + veth_a_ + " down"); });
   EXPECT_LT(failed_after_ms(out), 3000 + 2000) << out;
 }
 #endif

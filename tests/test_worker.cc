@@ -379,8 +379,8 @@ void scenario_env_allreduce(const Args&) {
 }
 
 // From env://: one allreduce, then a ready file (TUTTI_TEST_READY_DIR/rank<r>), then allreduces
-// with a 3 s timeout until the test cuts the network: the failure must be a tutti::Error naming
-// the op and the group, within the timeout.
+// with a 3 s timeout (TUTTI_TEST_OP_TIMEOUT_MS) until the test cuts the network: the failure must
+// be a tutti::Error naming the op and the group, within the timeout.
 void scenario_env_until_cut(const Args&) {
   init_collective_group_from_env("", "cut");
   const int rank = get_rank("cut");
@@ -390,7 +390,8 @@ void scenario_env_until_cut(const Args&) {
   require(dir != nullptr, "TUTTI_TEST_READY_DIR is set");
   std::fclose(std::fopen((std::string(dir) + "/rank" + std::to_string(rank)).c_str(), "w"));
   AllreduceOptions opts;
-  opts.timeout = std::chrono::seconds(3);
+  const char* op_ms = std::getenv("TUTTI_TEST_OP_TIMEOUT_MS");
+  opts.timeout = std::chrono::milliseconds(op_ms != nullptr ? std::atol(op_ms) : 3000);
   const auto start = Clock::now();
   while (Clock::now() - start < std::chrono::seconds(60)) {
     Clock::time_point t0 = Clock::now();
@@ -400,7 +401,7 @@ void scenario_env_until_cut(const Args&) {
       require(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kIoError,
               std::string("a timeout or I/O error, got: ") + e.what());
       require(std::string(e.what()).find("on group 'cut'") != std::string::npos, e.what());
-      std::printf("CUT after %.0f ms: %s\n", ms_since(t0), e.what());
+      std::printf("CUT after %.0f ms, %s: %s\n", ms_since(t0), to_string(e.code()), e.what());
       return;  // exits without destroy: the exit hook must not hang on the dead peer
     }
   }

@@ -19,6 +19,7 @@
 //   transfer_worker ucx-loop <dir> <ms>      get ref.ucx_big over and over (timeout <ms> each)
 //                                            until one fails; print how, and how long after
 //                                            the last good one
+//   transfer_worker socket-loop <dir> <ms>   the same with ref.big (16 MiB over "socket")
 // With TUTTI_RDT_GROUP_STORE set, owner (rank 0) and fetch (rank 1) also join a gloo group
 // through that store and move ref.gloo over it. Where the ucx plugin is loaded (TUTTI_PLUGINS),
 // the owner also publishes over "ucx": ref.ucx (the heap), ref.ucx_views (1000 views of the
@@ -44,8 +45,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int64_t kArena = 1 << 20;  // floats: value i * 0.5
-constexpr int64_t kHeap = 1 << 16;   // int32: value 3 * i
+constexpr int64_t kArena = 1 << 20;      // floats: value i * 0.5
+constexpr int64_t kHeap = 1 << 16;       // int32: value 3 * i
+constexpr int64_t kBigSocket = 4 << 20;  // floats: 2.5 (ref.big)
+constexpr int64_t kBigUcx = 16 << 20;    // floats: 2.5 (ref.ucx_big)
 
 void write_file(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
@@ -128,6 +131,8 @@ int owner(const std::string& dir, const std::string& tcp) {
   ObjectHandle h_socket = a->put({TensorView(heap)}, socket);
   std::vector<float> tiny = {1.5f, 2.5f};  // 8 bytes: the answer's payload is one small write
   ObjectHandle h_tiny = a->put({TensorView(tiny)}, socket);
+  std::vector<float> big_socket(kBigSocket, 2.5f);
+  ObjectHandle h_big = a->put({TensorView(big_socket)}, socket);
   ObjectHandle h_reserved = a->reserve({{DType::kFloat32, {4}, Device::cpu()}});
   ObjectHandle h_gloo;
   if (group_store != nullptr) {
@@ -145,7 +150,7 @@ int owner(const std::string& dir, const std::string& tcp) {
     std::vector<TensorView> views;
     for (int64_t i = 0; i < 1000; ++i) views.push_back(arena.slice(i * 1000, 1000));
     h_ucx_views = a->put(views, ucx);
-    big.assign(16 << 20, 2.5f);
+    big.assign(kBigUcx, 2.5f);
     h_ucx_big = a->put({TensorView(big)}, ucx);
     write_file(dir + "/ref.ucx", h_ucx.ref().to_text());
     write_file(dir + "/ref.ucx_views", h_ucx_views.ref().to_text());
@@ -155,6 +160,7 @@ int owner(const std::string& dir, const std::string& tcp) {
   write_file(dir + "/ref.heap", h_heap.ref().to_text());
   write_file(dir + "/ref.socket", h_socket.ref().to_text());
   write_file(dir + "/ref.tiny", h_tiny.ref().to_text());
+  write_file(dir + "/ref.big", h_big.ref().to_text());
   write_file(dir + "/ref.reserved", h_reserved.ref().to_text());
   write_file(dir + "/ready", std::to_string(::getpid()));
   return wait_file(dir + "/done", 120s) ? 0 : 2;
@@ -346,12 +352,12 @@ int fetch(const std::string& dir, std::chrono::milliseconds timeout) {
   return rc;
 }
 
-// Gets the big ucx object until a get fails: prints the error's code and words, and how long
-// after the start of the failed get it came.
-int ucx_loop(const std::string& dir, long timeout_ms) {
-  auto a = agent("ucx-loop");
-  const TensorRef ref = ref_from(dir, "ucx_big");
-  std::vector<float> into(16 << 20);
+// Gets a big object (ref.<which>, `count` floats of 2.5) until a get fails: prints the error's
+// code and words, and how long after the start of the failed get it came.
+int get_loop(const std::string& dir, long timeout_ms, const std::string& which, int64_t count) {
+  auto a = agent(which + "-loop");
+  const TensorRef ref = ref_from(dir, which);
+  std::vector<float> into(count);
   GetOptions g;
   g.targets = {TensorView(into)};
   g.timeout = std::chrono::milliseconds(timeout_ms);
@@ -359,14 +365,15 @@ int ucx_loop(const std::string& dir, long timeout_ms) {
     const auto start = std::chrono::steady_clock::now();
     try {
       a->get(ref, g);
-      if (into[(16 << 20) - 1] != 2.5f) return 3;
+      if (into[0] != 2.5f || into[count - 1] != 2.5f) return 3;
       if (i == 0) write_file(dir + "/getting", "1");
     } catch (const Error& e) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::steady_clock::now() - start)
                           .count();
-      std::printf("ucx loop: get %ld failed after %lld ms, code %d: %s\n", i,
-                  static_cast<long long>(ms), static_cast<int>(e.code()), e.what());
+      std::printf("%s loop: get %ld failed after %lld ms, code %d (%s): %s\n", which.c_str(), i,
+                  static_cast<long long>(ms), static_cast<int>(e.code()), to_string(e.code()),
+                  e.what());
       std::fflush(stdout);
       return 0;
     }
@@ -433,7 +440,12 @@ int main(int argc, char** argv) {
     if (mode == "owner-exits") return owner_exits(dir);
     if (mode == "threads") return threads(dir);
     if (mode == "ucx-threads") return ucx_threads(dir);
-    if (mode == "ucx-loop") return ucx_loop(dir, argc > 3 ? std::atol(argv[3]) : 10000);
+    if (mode == "ucx-loop") {
+      return get_loop(dir, argc > 3 ? std::atol(argv[3]) : 10000, "ucx_big", kBigUcx);
+    }
+    if (mode == "socket-loop") {
+      return get_loop(dir, argc > 3 ? std::atol(argv[3]) : 10000, "big", kBigSocket);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "transfer_worker %s: %s\n", mode.c_str(), e.what());
     return 1;

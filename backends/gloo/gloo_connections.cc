@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "util/logging.h"
+#include "util/tcp_link.h"
 
 namespace tutti::gloo_backend {
 namespace {
@@ -148,6 +149,7 @@ void GlooConnections::find(int rank, int world_size) {
     const int peer = accepted != accepted_on.end() ? accepted->second : connected->second;
     // Gloo names an accepted connection's peer by the address it connected from.
     gloo_names_[gloo_name_of(remote)] = peer;
+    detail::watch_link(static_cast<int>(fd));  // a peer's host cut off is seen within the bound
     sockets_.push_back(Socket{static_cast<int>(fd), static_cast<unsigned long>(st.st_ino), peer});
   }
   ::closedir(dir);

@@ -15,6 +15,7 @@
 #include "gloo_store.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"
+#include "util/tcp_link.h"
 
 namespace tutti::gloo_backend {
 namespace {
@@ -146,8 +147,11 @@ DirectExchange::~DirectExchange() {
 void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
                          const OpContext& ctx) {
   auto failed = [&](int peer, int err) {
-    throw Error(ErrorCode::kIoError, ctx.description() + ": the connection to rank " +
-                                         std::to_string(peer) + " failed: " + std::strerror(err));
+    // ETIMEDOUT: the connection's keepalive probes went unanswered (util/tcp_link.h).
+    throw Error(
+        ErrorCode::kIoError,
+        ctx.description() + ": the connection to rank " + std::to_string(peer) + " failed: " +
+            (err == ETIMEDOUT ? detail::link_cut_text(0) : std::string(std::strerror(err))));
   };
   std::vector<pollfd> polls;
   auto spin_end = Clock::now() + spin_budget();
@@ -228,10 +232,24 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
           static_cast<short>((left_in(f.out) > 0 ? POLLOUT : 0) | (left_in(f.in) > 0 ? POLLIN : 0));
       if (events != 0) polls.push_back(pollfd{fds_[f.peer], events, 0});
     }
-    // Whole milliseconds, rounded up, and at most a minute per poll (deadlines can be far).
+    // Whole milliseconds, rounded up, and at most a minute per poll (deadlines can be far), or a
+    // quarter of a link's bound: a peer whose host went silent is named within it, not at the
+    // op's deadline.
+    const int64_t bound = detail::link_timeout().count();
     const auto ms = std::min<int64_t>(
-        60000, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1);
-    ::poll(polls.data(), polls.size(), static_cast<int>(ms));  // then the loop reads what came
+        bound > 0 ? bound / 4 : 60000,
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1);
+    if (::poll(polls.data(), polls.size(), static_cast<int>(ms)) == 0) {
+      for (const Flow& f : flows) {
+        if (left_in(f.out) == 0 && left_in(f.in) == 0) continue;
+        const long silent = detail::link_silent_ms(fds_[f.peer]);
+        if (silent > bound && bound > 0) {
+          throw Error(ErrorCode::kIoError, ctx.description() + ": the connection to rank " +
+                                               std::to_string(f.peer) +
+                                               " failed: " + detail::link_cut_text(silent));
+        }
+      }
+    }
     spin_end = Clock::now() + spin_budget();
   }
 }

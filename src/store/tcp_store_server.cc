@@ -16,6 +16,7 @@
 #include "util/crypto.h"
 #include "util/deadline.h"
 #include "util/logging.h"
+#include "util/tcp_link.h"
 #include "util/tls.h"
 
 namespace tutti {
@@ -555,6 +556,9 @@ void TCPStoreServer::Impl::accept() {
     // Not inherited by programs this process starts (asio opens sockets without close-on-exec;
     // tutti-run's ranks held the store's port after it was gone).
     ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
+    // A client's host cut off closes its session within the link's bound (its departure key
+    // then says "closed", which shrink reads).
+    detail::watch_link(socket.native_handle());
     if (sessions.size() >= options.max_connections) {
       refused_connections.fetch_add(1, std::memory_order_relaxed);
       cap_warning.warn("tcp store: refusing a connection: {} connections open (max_connections)",

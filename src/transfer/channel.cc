@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "tutti/error.h"
+#include "util/tcp_link.h"
 #include "util/tls.h"
 
 namespace tutti::detail {
@@ -25,6 +26,12 @@ constexpr std::chrono::milliseconds kSlice{20};  // how often a wait looks at `c
 
 [[noreturn]] void io_error(const std::string& what) {
   throw Error(ErrorCode::kIoError, what + ": " + std::strerror(errno));
+}
+
+[[noreturn]] void Connection::failed(const std::string& doing) const {
+  // ETIMEDOUT on a connection made: its keepalive probes went unanswered (util/tcp_link.h).
+  if (errno == ETIMEDOUT) throw Error(ErrorCode::kIoError, doing + ": " + link_cut_text(0));
+  io_error(doing);
 }
 
 Connection::~Connection() {
@@ -132,7 +139,9 @@ size_t Connection::tls_io(bool write, void* data, size_t bytes, Clock::time_poin
     throw Error(
         ErrorCode::kIoError,
         std::string(write ? "sending to " : "receiving from ") + peer_ + ": " +
-            (e == SSL_ERROR_SYSCALL ? std::string(std::strerror(errno)) : tls_error_text()));
+            (e == SSL_ERROR_SYSCALL
+                 ? (errno == ETIMEDOUT ? link_cut_text(0) : std::string(std::strerror(errno)))
+                 : tls_error_text()));
   }
 }
 
@@ -153,7 +162,11 @@ void Connection::wait_for(short events, Clock::time_point deadline,
     pollfd p{fd_, events, 0};
     const int rc = ::poll(&p, 1, static_cast<int>(left.count()));
     if (rc < 0 && errno != EINTR) io_error(std::string(doing) + " " + peer_);
-    if (rc > 0) return;  // ready, or an error/hang-up the next call reports
+    if (rc > 0) return;              // ready, or an error/hang-up the next call reports
+    if (rc == 0 && link_cut(fd_)) {  // across hosts: nothing has answered for the link's bound
+      throw Error(ErrorCode::kIoError,
+                  std::string(doing) + " " + peer_ + ": " + link_cut_text(link_silent_ms(fd_)));
+    }
   }
 }
 
@@ -189,7 +202,7 @@ void Connection::send(MsgType type, std::string_view payload, const std::vector<
     const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (n == 1) break;
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    io_error("sending to " + peer_);
+    failed("sending to " + peer_);
   }
   send_raw({{header + 1, 4}, {const_cast<char*>(payload.data()), payload.size()}}, deadline,
            cancelled);
@@ -222,7 +235,7 @@ void Connection::send_raw(std::vector<iovec> parts, Clock::time_point deadline,
         wait_for(POLLOUT, deadline, cancelled, "sending to");
         continue;
       }
-      io_error("sending to " + peer_);
+      failed("sending to " + peer_);
     }
     size_t sent = static_cast<size_t>(n);
     while (sent > 0 && at < parts.size()) {
@@ -261,7 +274,7 @@ void Connection::await_readable(ssize_t n, Clock::time_point deadline,
                                 const std::atomic<bool>* cancelled) {
   if (n == 0)
     throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
-  if (errno != EAGAIN && errno != EINTR) io_error("receiving from " + peer_);
+  if (errno != EAGAIN && errno != EINTR) failed("receiving from " + peer_);
   wait_for(POLLIN, deadline, cancelled, "waiting for");
 }
 

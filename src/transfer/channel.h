@@ -124,12 +124,15 @@ class Connection {
   long peer_uid() const;
 
  private:
-  // Waits until the socket is ready for `events`; false at EOF is not its business.
   // After a read that returned `n` < 1: throws kIoError for a closed connection or a failed
   // read, else waits until the socket is readable again.
   void await_readable(ssize_t n, Clock::time_point deadline, const std::atomic<bool>* cancelled);
+  // Waits until the socket is ready for `events`; kIoError once a link to another host has
+  // answered nothing for its bound (util/tcp_link.h).
   void wait_for(short events, Clock::time_point deadline, const std::atomic<bool>* cancelled,
                 const char* doing);
+  // Throws kIoError for a failed read or write (errno), naming a cut link as such.
+  [[noreturn]] void failed(const std::string& doing) const;
 
   // Up to `bytes` of a message's first bytes from the socket (at least one), with the descriptors
   // sent along the first; how many came. Never more than the header, so never into the next

@@ -15,6 +15,7 @@
 #include "transfer/agent_core.h"
 #include "transfer/wire.h"
 #include "util/logging.h"
+#include "util/tcp_link.h"
 
 namespace tutti::detail {
 
@@ -88,6 +89,7 @@ bool AgentCore::take_connection(int fd, bool local) {
     // for the consumer's delayed ACK of the header (40 ms for every small get across hosts).
     const int on = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    watch_link(fd);  // a consumer's host cut off fails its connection within the bound
   }
   std::unique_ptr<Connection> conn;
   try {

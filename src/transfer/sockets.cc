@@ -17,6 +17,7 @@
 
 #include "transfer/channel.h"
 #include "tutti/error.h"
+#include "util/tcp_link.h"
 
 namespace tutti::detail {
 namespace {
@@ -172,6 +173,7 @@ int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadli
   }
   const int on = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+  watch_link(fd);  // an owner's host cut off fails the connection within the bound
   const int rc = ::connect(fd, info->ai_addr, info->ai_addrlen);
   const int saved = errno;
   ::freeaddrinfo(info);
