@@ -3,6 +3,7 @@
 // where namespaces cannot be made (not root, no `ip`).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,10 +75,23 @@ class TwoHosts : public ::testing::Test {
     if (ns_a_.empty()) return;
     sh("ip netns del " + ns_a_);  // takes its end of the veth pair with it
     sh("ip netns del " + ns_b_);
+    for (const std::string& ns : {ns_a_, ns_b_}) sh("rm -rf /etc/netns/" + ns);
   }
 
-  // A worker scenario as `rank` of 2 inside namespace `ns`, binding `addr`.
-  // `extra_env`: more NAME=value for it.
+  // /etc/<file> as namespace `ns`'s processes see it (`ip netns exec` mounts /etc/netns/<ns>/*
+  // over /etc); removed with the namespace.
+  void etc_file(const std::string& ns, const std::string& file, const std::string& text) {
+    const std::string dir = "/etc/netns/" + ns;
+    ::mkdir("/etc/netns", 0755);
+    ::mkdir(dir.c_str(), 0755);
+    std::ofstream(dir + "/" + file) << text;
+  }
+  void hosts_file(const std::string& ns, const std::string& lines) {
+    etc_file(ns, "hosts", "127.0.0.1 localhost\n" + lines);
+  }
+
+  // A worker scenario as `rank` of 2 inside namespace `ns`, binding `addr`; `extra_env`: more
+  // NAME=value for it.
   WorkerResult rank_in(const std::string& ns, int rank, const std::string& addr,
                        const std::string& scenario = "env_allreduce",
                        const std::string& ready_dir = "",
@@ -258,6 +272,84 @@ TEST_F(TwoHosts, DirectTransportFallsBackToTheSocketAcrossHosts) {
   ASSERT_NE(at, std::string::npos) << fetch.output;
   EXPECT_LT(std::atof(fetch.output.c_str() + at + 24), 10000.0) << fetch.output;
   std::printf("%s", fetch.output.c_str());
+}
+
+// An owner that publishes a host name (not an address) which the consumer's host resolves to two
+// addresses, the first refusing (its own loopback): the consumer's connect goes on to the second.
+// Each namespace reads its own /etc/hosts (`ip netns exec` mounts /etc/netns/<ns>/hosts over it).
+// Before, only the first address was tried and every get failed.
+TEST_F(TwoHosts, AnOwnersNameWithTwoAddressesIsReachedByTheSecond) {
+  ASSERT_TRUE(made_);
+  const std::string name = "tutti-owner-" + ns_a_;
+  hosts_file(ns_a_, addr_a_ + " " + name + "\n");
+  hosts_file(ns_b_, "127.0.0.1 " + name + "\n" + addr_a_ + " " + name + "\n");
+  auto [rc, order] = sh("ip netns exec " + ns_b_ + " getent ahostsv4 " + name);
+  EXPECT_EQ(rc, 0) << order;
+  // The refusing address comes first, or the test shows nothing.
+  EXPECT_EQ(order.rfind("127.0.0.1", 0), 0u) << order;
+  TempDir dir;
+  WorkerResult owner;
+  std::thread host_a([&] {
+    owner = run_command({"ip", "netns", "exec", ns_a_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_a_,
+                         TUTTI_TRANSFER_WORKER, "owner", dir.path(), name},
+                        milliseconds(90000));
+  });
+  WorkerResult fetch =
+      run_command({"ip", "netns", "exec", ns_b_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_b_,
+                   TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
+                  milliseconds(60000));
+  host_a.join();
+  EXPECT_EQ(owner.exit_code, 0) << owner.output;
+  EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
+  EXPECT_NE(fetch.output.find("socket: ok"), std::string::npos) << fetch.output;
+  std::printf("%s", fetch.output.c_str());
+}
+
+// An owner's name that the consumer's host must ask a name server for, and the server answers
+// nothing (an address on the link nobody has, asked once for 30 s): the consumer's get fails at
+// its own timeout (1.5 s), saying the name service gave no answer. Before, the lookup held the get
+// past its timeout for the resolver's 30 s.
+TEST_F(TwoHosts, AGetWhoseOwnerNameNoServerAnswersEndsAtItsTimeout) {
+  ASSERT_TRUE(made_);
+  const std::string name = "tutti-owner-" + ns_a_ + ".invalid";
+  hosts_file(ns_a_, addr_a_ + " " + name + "\n");
+  hosts_file(ns_b_, "");
+  etc_file(ns_b_, "resolv.conf", "nameserver 10.231.7.99\noptions timeout:30 attempts:1\n");
+  etc_file(ns_b_, "nsswitch.conf", "hosts: files dns\n");
+  // Its queries go to a link-layer address nobody has: dropped, never refused (without this entry
+  // the failed ARP answers "unreachable" after 3 s).
+  auto [rc, out] =
+      sh("ip -n " + ns_b_ + " neigh replace 10.231.7.99 lladdr 02:00:00:00:00:99 dev " + veth_b_ +
+         " nud permanent");
+  ASSERT_EQ(rc, 0) << out;
+  TempDir dir;
+  WorkerResult owner;
+  std::thread host_a([&] {
+    owner = run_command({"ip", "netns", "exec", ns_a_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_a_,
+                         TUTTI_TRANSFER_WORKER, "owner", dir.path(), name},
+                        milliseconds(90000));
+  });
+  // The owner is up before the consumer starts: its start is not part of the time measured.
+  const bool ready = eventually_file(dir.path() + "/ready");
+  const auto start = std::chrono::steady_clock::now();
+  WorkerResult fetch =
+      run_command({"ip", "netns", "exec", ns_b_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_b_,
+                   TUTTI_TRANSFER_WORKER, "fetch", dir.path(), "1500"},
+                  milliseconds(60000));
+  const auto took =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start).count();
+  std::ofstream(dir.path() + "/done") << "1";
+  host_a.join();
+  EXPECT_TRUE(ready);
+  EXPECT_EQ(owner.exit_code, 0) << owner.output;
+  // The fallback get (timeout 1.5 s) fails, and the worker with it.
+  EXPECT_NE(fetch.exit_code, 0) << fetch.output;
+  EXPECT_NE(fetch.output.find("the name service gave no answer before the deadline"),
+            std::string::npos)
+      << fetch.output;
+  EXPECT_LT(took, 1500 + 2000) << fetch.output;
+  std::printf("consumer ended after %lld ms:\n%s", static_cast<long long>(took),
+              fetch.output.c_str());
 }
 
 // A consumer getting 16 MiB over the socket transport in a loop, each get with a minute's

@@ -155,6 +155,8 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
   };
   std::vector<pollfd> polls;
   auto spin_end = Clock::now() + spin_budget();
+  std::vector<detail::LinkWatch> links;  // per peer, made at the first look
+  Clock::time_point next_link_look = spin_end;
   for (;;) {
     bool pending = false;
     bool moved = false;
@@ -237,20 +239,25 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
     // op's deadline.
     const int64_t bound = detail::link_timeout().count();
     const auto ms = std::min<int64_t>(
-        bound > 0 ? bound / 4 : 60000,
+        bound > 0 ? std::min<int64_t>(60000, bound / 4) : 60000,
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1);
-    if (::poll(polls.data(), polls.size(), static_cast<int>(ms)) == 0) {
+    ::poll(polls.data(), polls.size(), static_cast<int>(ms));  // then the loop reads what came
+    spin_end = Clock::now() + spin_budget();
+    // The links of the flows still waiting, every quarter of the bound whatever poll said (a
+    // signal, or another peer's bytes, may wake it every time).
+    if (bound > 0 && spin_end >= next_link_look) {
+      next_link_look = spin_end + std::chrono::milliseconds(bound / 4);
+      if (links.empty()) links.resize(world_size_);
       for (const Flow& f : flows) {
         if (left_in(f.out) == 0 && left_in(f.in) == 0) continue;
-        const long silent = detail::link_silent_ms(fds_[f.peer]);
-        if (silent > bound && bound > 0) {
+        long silent = 0;
+        if (links[f.peer].cut(fds_[f.peer], silent)) {
           throw Error(ErrorCode::kIoError, ctx.description() + ": the connection to rank " +
                                                std::to_string(f.peer) +
                                                " failed: " + detail::link_cut_text(silent));
         }
       }
     }
-    spin_end = Clock::now() + spin_budget();
   }
 }
 

@@ -290,7 +290,8 @@ struct TCPStore::Impl {
     socket->socket().set_option(tcp::no_delay(true), ec);
     // Not inherited by programs this process starts (asio opens it without close-on-exec).
     ::fcntl(socket->socket().native_handle(), F_SETFD, FD_CLOEXEC);
-    detail::watch_link(socket->socket().native_handle());  // the store's host cut off: an error
+    // Keepalive: the store's host cut off fails an idle connection (a wait) within the bound.
+    detail::watch_link(socket->socket().native_handle());
     if (socket->tls() && !tls_handshake(deadline, error)) return false;
     // The server greets at once. A would-be host that lost its address to another program gives
     // the listener only a little while to do so.

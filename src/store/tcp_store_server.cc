@@ -556,8 +556,9 @@ void TCPStoreServer::Impl::accept() {
     // Not inherited by programs this process starts (asio opens sockets without close-on-exec;
     // tutti-run's ranks held the store's port after it was gone).
     ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
-    // A client's host cut off closes its session within the link's bound (its departure key
-    // then says "closed", which shrink reads).
+    // Keepalive: a client's host cut off while the session is idle (a client waiting for a key)
+    // closes it within the link's bound, and its departure key then says "closed", which shrink
+    // reads. One cut while a reply is unacknowledged waits for the kernel's retransmissions.
     detail::watch_link(socket.native_handle());
     if (sessions.size() >= options.max_connections) {
       refused_connections.fetch_add(1, std::memory_order_relaxed);

@@ -147,6 +147,7 @@ size_t Connection::tls_io(bool write, void* data, size_t bytes, Clock::time_poin
 
 void Connection::wait_for(short events, Clock::time_point deadline,
                           const std::atomic<bool>* cancelled, const char* doing) {
+  LinkWatch link;
   while (true) {
     if (cancelled != nullptr && cancelled->load()) {
       throw Error(ErrorCode::kAborted, std::string(doing) + " " + peer_ + ": cancelled");
@@ -162,10 +163,11 @@ void Connection::wait_for(short events, Clock::time_point deadline,
     pollfd p{fd_, events, 0};
     const int rc = ::poll(&p, 1, static_cast<int>(left.count()));
     if (rc < 0 && errno != EINTR) io_error(std::string(doing) + " " + peer_);
-    if (rc > 0) return;              // ready, or an error/hang-up the next call reports
-    if (rc == 0 && link_cut(fd_)) {  // across hosts: nothing has answered for the link's bound
+    if (rc > 0) return;  // ready, or an error/hang-up the next call reports
+    long silent_ms = 0;
+    if (rc == 0 && link.cut(fd_, silent_ms)) {  // TCP: nothing heard for the link's bound
       throw Error(ErrorCode::kIoError,
-                  std::string(doing) + " " + peer_ + ": " + link_cut_text(link_silent_ms(fd_)));
+                  std::string(doing) + " " + peer_ + ": " + link_cut_text(silent_ms));
     }
   }
 }

@@ -11,9 +11,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstddef>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 #include "transfer/channel.h"
 #include "tutti/error.h"
@@ -125,28 +130,137 @@ int connect_unix(const std::string& name, Clock::time_point deadline,
   return fd;
 }
 
-int listen_tcp(const std::string& host, uint16_t& port) {
+namespace {
+
+struct Address {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  int family = AF_UNSPEC;
+};
+
+std::vector<Address> addresses_of(const addrinfo* info) {
+  std::vector<Address> out;
+  for (const addrinfo* a = info; a != nullptr; a = a->ai_next) {
+    if (a->ai_addrlen > sizeof(sockaddr_storage)) continue;
+    Address one;
+    std::memcpy(&one.storage, a->ai_addr, a->ai_addrlen);
+    one.length = a->ai_addrlen;
+    one.family = a->ai_family;
+    out.push_back(one);
+  }
+  return out;
+}
+
+// A name's lookup, on a thread of its own: a name server that does not answer holds that thread
+// (until getaddrinfo gives up), not the caller, who may have a deadline or be cancelled.
+struct Lookup {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  int rc = 0;
+  std::vector<Address> found;
+};
+
+// Every address of host:service, in getaddrinfo's order. A numeric address at once; a name
+// looked up until the deadline, and `cancelled` looked at every 20 ms.
+std::vector<Address> resolve(const std::string& host, const std::string& service, int flags,
+                             Clock::time_point deadline, const std::atomic<bool>* cancelled,
+                             const std::string& what) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
+  hints.ai_flags = flags | AI_NUMERICHOST;
   addrinfo* info = nullptr;
-  const std::string service = std::to_string(port);
-  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &info) != 0 ||
-      info == nullptr) {
-    throw Error(ErrorCode::kIoError, "cannot resolve '" + host + "' to listen on");
-  }
-  const int fd = ::socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int on = 1;
-  if (fd < 0 || ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
-      ::bind(fd, info->ai_addr, info->ai_addrlen) != 0 || ::listen(fd, 128) != 0) {
-    const int saved = errno;
+  const char* node = host.empty() ? nullptr : host.c_str();
+  int rc = ::getaddrinfo(node, service.c_str(), &hints, &info);
+  if (rc == 0) {
+    std::vector<Address> out = addresses_of(info);
     ::freeaddrinfo(info);
-    if (fd >= 0) ::close(fd);
-    errno = saved;
-    io_error("listening on " + host + ":" + service);
+    if (!out.empty()) return out;
   }
-  ::freeaddrinfo(info);
+  if (rc != EAI_NONAME) {
+    throw Error(ErrorCode::kIoError, "cannot resolve " + what + ": " + ::gai_strerror(rc));
+  }
+  auto lookup = std::make_shared<Lookup>();
+  hints.ai_flags = flags;
+  try {
+    std::thread([lookup, host, service, hints] {
+      addrinfo* found = nullptr;
+      const int result = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+      std::vector<Address> out;
+      if (result == 0) {
+        out = addresses_of(found);
+        ::freeaddrinfo(found);
+      }
+      std::lock_guard<std::mutex> lock(lookup->mutex);
+      lookup->rc = result;
+      lookup->found = std::move(out);
+      lookup->done = true;
+      lookup->done_cv.notify_all();
+    }).detach();
+  } catch (const std::system_error&) {
+    throw Error(ErrorCode::kUnavailable, "cannot resolve " + what + ": no thread to look it up");
+  }
+  std::unique_lock<std::mutex> lock(lookup->mutex);
+  while (!lookup->done) {
+    if (cancelled != nullptr && cancelled->load()) {
+      throw Error(ErrorCode::kAborted, "resolving " + what + ": cancelled");
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      throw Error(ErrorCode::kTimeout,
+                  "resolving " + what + ": the name service gave no answer before the deadline");
+    }
+    lookup->done_cv.wait_for(
+        lock, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
+  }
+  if (lookup->rc != 0 || lookup->found.empty()) {
+    throw Error(ErrorCode::kIoError,
+                "cannot resolve " + what + ": " +
+                    (lookup->rc != 0 ? ::gai_strerror(lookup->rc) : "no address"));
+  }
+  return lookup->found;
+}
+
+std::string text_of(const Address& a) {
+  char ip[INET6_ADDRSTRLEN] = {0};
+  if (a.family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr, ip,
+                sizeof(ip));
+    return ip;
+  }
+  if (a.family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr, ip,
+                sizeof(ip));
+    return std::string("[") + ip + "]";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int listen_tcp(const std::string& host, uint16_t& port) {
+  const std::string service = std::to_string(port);
+  const std::string where = (host.empty() ? std::string("*") : host) + ":" + service;
+  // A name's lookup bounded like a connect's (the agent's start has no deadline of its own).
+  const std::vector<Address> addresses =
+      resolve(host, service, AI_PASSIVE, Clock::now() + std::chrono::seconds(30), nullptr, where);
+  // The first address that binds (a name may give an IPv6 address this host cannot bind first).
+  int fd = -1;
+  std::string failures;
+  for (const Address& a : addresses) {
+    fd = ::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int on = 1;
+    if (fd >= 0 && ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) == 0 &&
+        ::bind(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.length) == 0 &&
+        ::listen(fd, 128) == 0) {
+      break;
+    }
+    failures += (failures.empty() ? "" : "; ") + text_of(a) + ": " + std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  if (fd < 0) throw Error(ErrorCode::kIoError, "listening on " + where + ": " + failures);
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
@@ -157,35 +271,45 @@ int listen_tcp(const std::string& host, uint16_t& port) {
 
 int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadline,
                 const std::atomic<bool>* cancelled) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* info = nullptr;
   const std::string service = std::to_string(port);
   const std::string where = host + ":" + service;
-  if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &info) != 0 || info == nullptr) {
-    throw Error(ErrorCode::kIoError, "cannot resolve " + where);
-  }
-  const int fd = ::socket(info->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    ::freeaddrinfo(info);
-    io_error("socket");
-  }
-  const int on = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-  watch_link(fd);  // an owner's host cut off fails the connection within the bound
-  const int rc = ::connect(fd, info->ai_addr, info->ai_addrlen);
-  const int saved = errno;
-  ::freeaddrinfo(info);
-  if (rc != 0) {
-    if (saved != EINPROGRESS) {
-      ::close(fd);
-      errno = saved;
-      io_error("connecting to " + where);
+  const std::vector<Address> addresses = resolve(host, service, 0, deadline, cancelled, where);
+  // Each address in turn, the next when one fails. One that does not answer may take its share
+  // of the time left (the last one all of it), so a dead first address leaves time for the rest.
+  std::string failures;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const Address& a = addresses[i];
+    const std::string at = addresses.size() > 1 ? where + " (" + text_of(a) + ")" : where;
+    const auto now = Clock::now();
+    const size_t left = addresses.size() - i;
+    const Clock::time_point until =
+        left == 1 || now >= deadline ? deadline : now + (deadline - now) / static_cast<int>(left);
+    const int fd = ::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) io_error("socket");
+    const int on = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+    watch_link(fd);  // an owner's host cut off fails the connection within the bound
+    try {
+      if (::connect(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.length) != 0) {
+        if (errno != EINPROGRESS) {
+          const int saved = errno;
+          ::close(fd);
+          errno = saved;
+          io_error("connecting to " + at);
+        }
+        finish_connect(fd, until, "connecting to " + at, cancelled);
+      }
+      return fd;
+    } catch (const Error& e) {
+      // Cancelled, or out of addresses: the error as it is (with the others' where there were).
+      if (e.code() == ErrorCode::kAborted || left == 1) {
+        if (failures.empty()) throw;
+        throw Error(e.code(), std::string(e.what()) + " (and before: " + failures + ")");
+      }
+      failures += (failures.empty() ? "" : "; ") + std::string(e.what());
     }
-    finish_connect(fd, deadline, "connecting to " + where, cancelled);
   }
-  return fd;
+  throw Error(ErrorCode::kIoError, "connecting to " + where + ": no address");
 }
 
 }  // namespace tutti::detail

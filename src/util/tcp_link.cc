@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "util/logging.h"
 
@@ -21,12 +22,12 @@ std::chrono::milliseconds link_timeout() {
     errno = 0;
     const long long v = std::strtoll(text, &end, 10);
     if (errno != 0 || *end != '\0' || v < 0) {
-      TUTTI_LOG_WARN("TUTTI_LINK_TIMEOUT_MS='{}' is not a number of milliseconds >= 0: {} ms",
-                     text, kDefault);
+      TUTTI_LOG_WARN("TUTTI_LINK_TIMEOUT_MS='{}' is not a number of milliseconds >= 0: {} ms", text,
+                     kDefault);
       return std::chrono::milliseconds(kDefault);
     }
     if (v == 0) return std::chrono::milliseconds(0);
-    // At most a day: the kernel's keepalive idle time is at most 32767 s.
+    // At most ~9 h: the kernel's keepalive idle time is at most 32767 s.
     return std::chrono::milliseconds(std::clamp<long long>(v, 1000, 32767000));
   }();
   return value;
@@ -41,8 +42,7 @@ bool is_tcp(int fd) {
   if (domain != AF_INET && domain != AF_INET6) return false;
   int protocol = 0;
   len = sizeof(protocol);
-  return ::getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) == 0 &&
-         protocol == IPPROTO_TCP;
+  return ::getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &len) == 0 && protocol == IPPROTO_TCP;
 }
 
 }  // namespace
@@ -50,16 +50,18 @@ bool is_tcp(int fd) {
 void watch_link(int fd) {
   const long bound_s = static_cast<long>(link_timeout().count() / 1000);
   if (bound_s == 0 || !is_tcp(fd)) return;
-  // The first probe after a third of the bound without a word from the peer, then one every
-  // sixth; the kernel gives up after `count` unanswered ones, at about the bound.
-  const int idle = static_cast<int>(std::max(1L, bound_s / 3));
-  const int interval = static_cast<int>(std::max(1L, bound_s / 6));
-  const int count = static_cast<int>(std::max(1L, (bound_s - idle + interval - 1) / interval));
+  // A probe every sixth of the bound, three of them unanswered (fewer under 3 s), after an idle
+  // time that makes the kernel give up at the bound at the latest: idle + count x interval <= it.
+  const long interval = std::max(1L, bound_s / 6);
+  const long idle = std::max(1L, bound_s - 3 * interval);
+  const long count = std::clamp((bound_s - idle) / interval, 1L, 3L);
+  const int values[] = {static_cast<int>(idle), static_cast<int>(interval),
+                        static_cast<int>(count)};
   const int on = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &values[0], sizeof(int));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &values[1], sizeof(int));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &values[2], sizeof(int));
 }
 
 long link_silent_ms(int fd) {
@@ -69,24 +71,34 @@ long link_silent_ms(int fd) {
   // Fails (ENOPROTOOPT, EOPNOTSUPP) for Unix sockets: nothing to watch there.
   if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return 0;
   if (info.tcpi_state != TCP_ESTABLISHED && info.tcpi_state != TCP_CLOSE_WAIT) return 0;
-  // The peer owes an answer: segments sent, not acknowledged and sent again at least once (a
-  // live peer's ACK comes within a round trip), or two probes (a zero window's, keepalive's) in a
-  // row unanswered (an ACK resets the count, so a peer that is alive but not reading, whose
-  // window stays shut, never gets there). tcpi_last_ack_recv is how long since its last answer.
-  const bool owed = (info.tcpi_unacked > 0 && info.tcpi_retransmits > 0) || info.tcpi_probes >= 2;
-  return owed ? static_cast<long>(info.tcpi_last_ack_recv) : 0;
+  // The peer owes an answer: segments sent, unacknowledged and sent again (a live peer's ACK
+  // comes within a round trip), or a probe (a zero window's, keepalive's) unanswered (an ACK
+  // resets the count: a peer that is alive but not reading, whose window stays shut, answers
+  // each). Silence is since the last thing heard from it, an ACK or data (the kernel does not
+  // note ACKs of a connection that only receives).
+  const bool owed = (info.tcpi_unacked > 0 && info.tcpi_retransmits > 0) || info.tcpi_probes > 0;
+  if (!owed) return 0;
+  return static_cast<long>(std::min(info.tcpi_last_ack_recv, info.tcpi_last_data_recv));
 }
 
-bool link_cut(int fd) {
+bool LinkWatch::cut(int fd, long& silent_ms) {
   const auto bound = link_timeout().count();
-  return bound > 0 && link_silent_ms(fd) > bound;
+  silent_ms = link_silent_ms(fd);
+  if (bound == 0 || silent_ms <= bound) {
+    first_seen_ = {};
+    return false;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (first_seen_ == std::chrono::steady_clock::time_point{}) first_seen_ = now;
+  return now - first_seen_ >= std::chrono::milliseconds(200);
 }
 
 std::string link_cut_text(long silent_ms) {
-  const std::string bound = std::to_string(link_timeout().count());
-  return "its host has answered nothing for " +
-         (silent_ms > 0 ? std::to_string(silent_ms) : bound) +
-         " ms (TUTTI_LINK_TIMEOUT_MS=" + bound + "): the link or the host is gone";
+  const auto bound = link_timeout().count();
+  if (bound == 0) return std::strerror(ETIMEDOUT);
+  const std::string text = std::to_string(bound);
+  return "its host has answered nothing for " + (silent_ms > 0 ? std::to_string(silent_ms) : text) +
+         " ms (TUTTI_LINK_TIMEOUT_MS=" + text + "): the link or the host is gone";
 }
 
 }  // namespace tutti::detail
