@@ -228,16 +228,22 @@ std::unique_ptr<Connection> AgentCore::checkout(Peer& peer, Clock::time_point de
     // process lives refuses the connection: forgotten, its leases are nobody's now.)
     const std::string what = e.what();
     auto says = [&](int err) { return what.find(std::strerror(err)) != std::string::npos; };
-    const bool this_side = says(EMFILE) || says(ENFILE) || says(ENOBUFS) || says(ENOMEM);
+    // This side's failures: out of descriptors or memory, or the owner's name not resolved here.
+    const bool this_side = says(EMFILE) || says(ENFILE) || says(ENOBUFS) || says(ENOMEM) ||
+                           what.rfind("cannot resolve", 0) == 0;
     const bool dead = peer.local && !owner_alive(owner);
     if (!peer.local || dead || !this_side) {
       std::lock_guard<std::mutex> lock(peers_mutex);
-      peers.erase({owner.uuid, peer.local});
+      // Only this Peer: another thread may have made a new one for the owner meanwhile.
+      auto it = peers.find({owner.uuid, peer.local});
+      if (it != peers.end() && it->second.get() == &peer) peers.erase(it);
     }
-    throw Error(ErrorCode::kIoError, owner_text(owner) +
-                                         (dead ? " is gone (its process exited or died)"
-                                               : " does not answer (its agent was destroyed?)") +
-                                         ": " + e.what());
+    throw Error(ErrorCode::kIoError,
+                owner_text(owner) +
+                    (dead        ? " is gone (its process exited or died)"
+                     : this_side ? " cannot be reached from this process"
+                                 : " does not answer (its agent was destroyed?)") +
+                    ": " + e.what());
   }
   auto conn = std::make_unique<Connection>(fd, owner_text(owner));
   if (!peer.local && tls_client) {
