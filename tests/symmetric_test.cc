@@ -340,6 +340,28 @@ TEST(Symmetric, NothingIsLeftInDevShmAndADroppedRegionIsUnmappedEverywhere) {
   EXPECT_EQ(joined(symmetric_files()), "");
 }
 
+// An aborted group refuses a new allocation before it touches its regions: the peers' maps of a
+// region both ranks dropped stay until the group's end (an op the abort left queued may still
+// copy from them), where the allocation's prune used to unmap them.
+TEST(Symmetric, AnAbortedGroupRefusesAnAllocationAndUnmapsNothing) {
+  auto groups = create_groups(2, "shm", unique_name("sym-abort"), milliseconds(20000));
+  const int before = symmetric_mappings();
+  run_ranks(2, [&](int r) {
+    auto a = groups[r]->allocate_symmetric(4096);
+    groups[r]->barrier();
+    a.reset();
+  });
+  EXPECT_EQ(symmetric_mappings() - before, 2);  // each rank's map of the other's part
+  for (auto& g : groups) g->abort("the test aborts it");
+  for (auto& g : groups) {
+    EXPECT_TUTTI_ERROR(g->allocate_symmetric(4096), ErrorCode::kAborted, "allocate_symmetric",
+                       "the test aborts it");
+  }
+  EXPECT_EQ(symmetric_mappings() - before, 2);
+  for (auto& g : groups) g->destroy();
+  EXPECT_EQ(symmetric_mappings() - before, 0);
+}
+
 // Ranks that ask for different sizes all fail, naming both, and the group goes on.
 TEST(Symmetric, DifferentSizesFailOnEveryRankAndTheGroupGoesOn) {
   auto groups = create_groups(3, "shm", unique_name("sym-sizes"), milliseconds(5000));

@@ -413,8 +413,9 @@ void FlightRecorder::dump(const std::string& reason) const {
       if (n <= 0) break;
       done += static_cast<size_t>(n);
     }
-    ::close(fd);
-    if (done != body.size() || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    // close() can report a write that failed late (NFS, a full disk's delayed allocation).
+    const bool closed = ::close(fd) == 0;
+    if (done != body.size() || !closed || ::rename(tmp.c_str(), path.c_str()) != 0) {
       TUTTI_LOG_WARN("flight recorder: writing {} failed: {}", path, std::strerror(errno));
       ::unlink(tmp.c_str());
       return;
