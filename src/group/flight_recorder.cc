@@ -334,6 +334,11 @@ FlightRecorder::Copy FlightRecorder::read(uint64_t id) const {
     std::atomic_thread_fence(std::memory_order_acquire);
     if (e.version.load(kRelaxed) == v) break;
   }
+  // A finish that claimed the entry's last op and was overtaken, before it stamped its times,
+  // by more than the ring's ops may have stamped them on the entry's new op: times the state
+  // does not have yet are not shown.
+  if (c.state == State::kIssued) c.started_us = 0;
+  if (c.state == State::kIssued || c.state == State::kStarted) c.ended_us = 0;
   if (c.state == State::kFailed) {
     std::lock_guard<std::mutex> lock(errors_mutex_);
     const auto& err = errors_[slot(id)];
