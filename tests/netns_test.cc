@@ -90,6 +90,19 @@ class TwoHosts : public ::testing::Test {
     etc_file(ns, "hosts", "127.0.0.1 localhost\n" + lines);
   }
 
+  // transfer_worker's owner on host A, listening on (and publishing) the name `tcp_host`.
+  WorkerResult owner_named(const std::string& dir, const std::string& tcp_host) {
+    return run_command({"ip", "netns", "exec", ns_a_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_a_,
+                        TUTTI_TRANSFER_WORKER, "owner", dir, tcp_host},
+                       milliseconds(90000));
+  }
+  // transfer_worker's fetch on host B, its gets with this timeout (ms; "0": the default).
+  WorkerResult fetch_on_b(const std::string& dir, const std::string& get_timeout_ms) {
+    return run_command({"ip", "netns", "exec", ns_b_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_b_,
+                        TUTTI_TRANSFER_WORKER, "fetch", dir, get_timeout_ms},
+                       milliseconds(60000));
+  }
+
   // A worker scenario as `rank` of 2 inside namespace `ns`, binding `addr`; `extra_env`: more
   // NAME=value for it.
   WorkerResult rank_in(const std::string& ns, int rank, const std::string& addr,
@@ -289,15 +302,8 @@ TEST_F(TwoHosts, AnOwnersNameWithTwoAddressesIsReachedByTheSecond) {
   EXPECT_EQ(order.rfind("127.0.0.1", 0), 0u) << order;
   TempDir dir;
   WorkerResult owner;
-  std::thread host_a([&] {
-    owner = run_command({"ip", "netns", "exec", ns_a_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_a_,
-                         TUTTI_TRANSFER_WORKER, "owner", dir.path(), name},
-                        milliseconds(90000));
-  });
-  WorkerResult fetch =
-      run_command({"ip", "netns", "exec", ns_b_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_b_,
-                   TUTTI_TRANSFER_WORKER, "fetch", dir.path()},
-                  milliseconds(60000));
+  std::thread host_a([&] { owner = owner_named(dir.path(), name); });
+  WorkerResult fetch = fetch_on_b(dir.path(), "0");
   host_a.join();
   EXPECT_EQ(owner.exit_code, 0) << owner.output;
   EXPECT_EQ(fetch.exit_code, 0) << fetch.output;
@@ -324,27 +330,17 @@ TEST_F(TwoHosts, AGetWhoseOwnerNameNoServerAnswersEndsAtItsTimeout) {
   ASSERT_EQ(rc, 0) << out;
   TempDir dir;
   WorkerResult owner;
-  std::thread host_a([&] {
-    owner = run_command({"ip", "netns", "exec", ns_a_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_a_,
-                         TUTTI_TRANSFER_WORKER, "owner", dir.path(), name},
-                        milliseconds(90000));
-  });
+  std::thread host_a([&] { owner = owner_named(dir.path(), name); });
   // The owner is up before the consumer starts: its start is not part of the time measured.
   const bool ready = eventually_file(dir.path() + "/ready");
   const auto start = std::chrono::steady_clock::now();
-  WorkerResult fetch =
-      run_command({"ip", "netns", "exec", ns_b_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_b_,
-                   TUTTI_TRANSFER_WORKER, "fetch", dir.path(), "1500"},
-                  milliseconds(60000));
+  WorkerResult fetch = fetch_on_b(dir.path(), "1500");
   const auto took =
       std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start).count();
   // Without the name server (files only), the name is not found at once: this side's failure,
   // which must not blame the owner.
   etc_file(ns_b_, "nsswitch.conf", "hosts: files\n");
-  WorkerResult unknown =
-      run_command({"ip", "netns", "exec", ns_b_, "env", "TUTTI_GLOO_HOSTNAME=" + addr_b_,
-                   TUTTI_TRANSFER_WORKER, "fetch", dir.path(), "1500"},
-                  milliseconds(60000));
+  WorkerResult unknown = fetch_on_b(dir.path(), "1500");
   std::ofstream(dir.path() + "/done") << "1";
   host_a.join();
   EXPECT_TRUE(ready);
