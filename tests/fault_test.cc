@@ -132,6 +132,22 @@ TEST_P(Faults, ARankDyingInTheBackendsSetUpIsNamedAtOnce) {
   }
 }
 
+// Every rank of a shm group dies in the set-up once rank 0 has made the segment: nobody is left
+// to take its name away. The next shm group of two or more ranks made on this host (its rank 0
+// makes a segment) sweeps it, its maker being gone
+// (segment names carry the maker's pid). Before, it stayed in /dev/shm for good.
+TEST(ShmFaults, ASegmentWhoseEveryRankDiedInTheSetUpIsSweptByTheNextGroup) {
+  TempDir dir;
+  const std::string name = unique_name("setup-all-die");
+  auto results = run("setup_death", 3, "file://" + dir.path() + "/store", milliseconds(60000),
+                     {"backend=shm", "who=all", "name=" + name});
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 7) << results[r].output;
+  ASSERT_EQ(shm_entries(name).size(), 1u) << "the set-up left no segment: the test shows nothing";
+  auto groups = create_groups(2, "shm", unique_name("sweeper"));
+  EXPECT_TRUE(shm_entries(name).empty()) << "left in /dev/shm: " << shm_entries(name)[0];
+  for (auto& g : groups) g->destroy();
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Faults, ::testing::Values("gloo", "shm"),
                          [](const auto& info) { return info.param; });
 

@@ -917,16 +917,25 @@ void scenario_flight_fork(const Args& a) {
 //   who=creator (shm): rank 0 makes the segment and exits once its name is in the store; rank 1
 //     maps it, rank 2 never does (it waits in the store). The test then finds no segment of the
 //     group in /dev/shm.
+//   who=all (shm): rank 0 makes the segment and every rank exits once its name is in the store:
+//     nobody is left to take the name away; the next group's sweep must.
 void scenario_setup_death(const Args& a) {
   require(a.world == 3, "setup_death runs with 3 ranks");
   const std::string inner = a.backend(), who = a.get("who", "peer"), name = a.name();
-  require(who == "peer" || (who == "creator" && inner == "shm"), "who=" + who);
+  require(who == "peer" || ((who == "creator" || who == "all") && inner == "shm"), "who=" + who);
   const int dying = who == "creator" ? 0 : 1;
   const double bound = static_cast<double>(a.num("bound", 2000));
   register_collective_backend(
       "dying-" + inner, [inner, who](const BackendContext& ctx) -> std::unique_ptr<Backend> {
         if (who == "peer" && ctx.rank == 1) ::_exit(7);
-        if (who == "creator" && ctx.rank == 0) {
+        if (who == "all" && ctx.rank != 0) {
+          try {
+            ctx.store->wait({"shm/segment"}, milliseconds(20000));
+          } catch (...) {
+          }
+          ::_exit(7);
+        }
+        if ((who == "creator" || who == "all") && ctx.rank == 0) {
           std::thread([store = ctx.store] {
             try {
               store->wait({"shm/segment"}, milliseconds(20000));

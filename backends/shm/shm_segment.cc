@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -17,6 +19,7 @@
 
 #include "tutti/error.h"
 #include "util/hash.h"
+#include "util/host_identity.h"
 #include "util/logging.h"
 
 namespace tutti::shm_backend {
@@ -26,42 +29,72 @@ namespace {
   throw Error(ErrorCode::kIoError, "shm: " + what + ": " + std::strerror(errno));
 }
 
-// "/tutti-<instance>": the job's and group's identity (long ones shortened with a hash).
+// The job's and group's identity (long ones shortened with a hash).
 std::string segment_base(const std::string& instance) {
-  std::string name = "/tutti-" + instance;
-  if (name.size() > 200) {
-    name = name.substr(0, 180) + "-" +
-           std::to_string(detail::Fnv1a().mix(std::hash<std::string>()(instance)).value());
-  }
-  return name;
+  if (instance.size() <= 180) return instance;
+  return instance.substr(0, 160) + "-" +
+         std::to_string(detail::Fnv1a().mix(std::hash<std::string>()(instance)).value());
 }
 
 constexpr size_t kSuffixLength = 9;  // "-%08x"
 
-// The base and a random suffix, so two jobs without job ids, using one group name on one host,
-// never collide.
+// "/tutti-seg-<uid>-n<ns>-<pid>-<base>-<suffix>": the maker, so that a segment whose every rank
+// was killed in the set-up can be swept by the next group's (sweep_dead_files), and a random
+// suffix, so two jobs without job ids, using one group name on one host, never collide.
 std::string segment_name(const std::string& instance) {
   std::random_device rd;
   char suffix[16];
   std::snprintf(suffix, sizeof(suffix), "-%08x", rd());
-  return segment_base(instance) + suffix;
+  return "/" + own_file_prefix("seg") + std::to_string(::getpid()) + "-" + segment_base(instance) +
+         suffix;
 }
 
 }  // namespace
 
+std::string own_file_prefix(const char* kind) {
+  return std::string("tutti-") + kind + "-" + std::to_string(::getuid()) + "-n" +
+         std::to_string(detail::pid_namespace()) + "-";
+}
+
+void sweep_dead_files(const char* kind) {
+  if (detail::pid_namespace() == 0) return;
+  const std::string prefix = own_file_prefix(kind);
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
+    if (pid > 0 && *end == '-' && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      ::shm_unlink(("/" + name).c_str());
+      TUTTI_LOG_DEBUG("shm: removed /dev/shm/{}, left by process {}, which is gone", name, pid);
+    }
+  }
+  ::closedir(d);
+}
+
 void remove_segments_of(const std::string& instance) {
-  // The instance names one incarnation of one group on this host: a name of its base and a
-  // suffix is this incarnation's segment, made by a rank whose set-up failed or died.
-  const std::string base = segment_base(instance).substr(1);
+  // The instance names one incarnation of one group on this host: a segment name of any maker
+  // (its uid, namespace and pid, three fields) with its base and a suffix is this incarnation's,
+  // made by a rank whose set-up failed or died.
+  const std::string base = segment_base(instance);
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return;
   while (const dirent* e = ::readdir(dir)) {
     const std::string n = e->d_name;
-    if (n.size() == base.size() + kSuffixLength && n.compare(0, base.size(), base) == 0 &&
-        n[base.size()] == '-' &&
-        n.find_first_not_of("0123456789abcdef", base.size() + 1) == std::string::npos) {
-      ::shm_unlink(("/" + n).c_str());
+    if (n.rfind("tutti-seg-", 0) != 0) continue;
+    size_t at = std::string("tutti-seg-").size();
+    for (int field = 0; field < 3 && at != std::string::npos; ++field) {
+      at = n.find('-', at);
+      if (at != std::string::npos) ++at;
     }
+    if (at == std::string::npos || n.size() != at + base.size() + kSuffixLength ||
+        n.compare(at, base.size(), base) != 0 || n[at + base.size()] != '-' ||
+        n.find_first_not_of("0123456789abcdef", at + base.size() + 1) != std::string::npos) {
+      continue;
+    }
+    ::shm_unlink(("/" + n).c_str());
   }
   ::closedir(dir);
 }
@@ -101,6 +134,7 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
   std::string name;
   int fd = -1;
   if (rank == 0) {
+    sweep_dead_files("seg");
     name = segment_name(instance);
     fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) throw_errno("creating segment '" + name + "'");

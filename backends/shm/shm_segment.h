@@ -1,7 +1,8 @@
 // ShmSegment: one POSIX shared-memory mapping that the ranks of a group on one host share
 // (internal to the shm backend).
 //
-// Rank 0 creates it under a name carrying the group's identity and a random suffix, sizes it
+// Rank 0 creates it under a name carrying its own pid (own_file_prefix("seg")), the group's
+// identity and a random suffix, first sweeping the names of makers that are gone; it sizes it
 // and publishes the name in the group's store; the others open it, checking its size. Each rank
 // takes the name away (unlink_name) once the set-up knows every rank mapped it, or when its
 // set-up fails (a segment not yet unlinked does so when it goes), so neither destroy nor a crash
@@ -38,6 +39,16 @@ inline bool no_room(int err) {
 // what a rank whose set-up failed does, since the group cannot be made then, and the rank that
 // made the segment may be dead. Never throws.
 void remove_segments_of(const std::string& instance);
+
+// "tutti-<kind>-<uid>-n<pid namespace>-": the start of the names this user's processes of this
+// pid namespace give their files in /dev/shm ("seg": a group's segment, "sym": symmetric
+// memory); the maker's pid follows, then a '-'.
+std::string own_file_prefix(const char* kind);
+// Removes this user's files of `kind` whose maker (the pid in their name) is gone: a process
+// killed before anyone took its file's name away leaves it behind. Only this pid namespace's: a
+// pid means nothing in another (its process may be alive there); where the namespace cannot be
+// told, none. Never throws.
+void sweep_dead_files(const char* kind);
 
 class ShmSegment {
  public:

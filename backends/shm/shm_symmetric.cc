@@ -34,35 +34,11 @@ void unmap(const SymmetricMapping& m) {
   if (m.base != nullptr) ::munmap(m.base, m.mapped());
 }
 
-// "tutti-sym-<uid>-n<pid namespace>-": the start of this user's file names in this pid
-// namespace (containers sharing /dev/shm under one uid may each have their own).
-std::string own_prefix() {
-  return "tutti-sym-" + std::to_string(::getuid()) + "-n" +
-         std::to_string(detail::pid_namespace()) + "-";
-}
-
 // Removes this user's files of symmetric memory whose process is gone (a rank that died before
-// the others learnt its file's name leaves it behind). Once per process. Only files of this pid
-// namespace: a pid means nothing in another (its process may be alive there), and where the
-// namespace cannot be told, none.
+// the others learnt its file's name leaves it behind). Once per process.
 void sweep_stale_files() {
   static std::once_flag once;
-  std::call_once(once, [] {
-    if (detail::pid_namespace() == 0) return;
-    const std::string prefix = own_prefix();
-    DIR* d = ::opendir("/dev/shm");
-    if (d == nullptr) return;
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name.rfind(prefix, 0) != 0) continue;
-      const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-      if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-        ::shm_unlink(("/" + name).c_str());
-        TUTTI_LOG_DEBUG("shm: removed /dev/shm/{}, left by process {}, which is gone", name, pid);
-      }
-    }
-    ::closedir(d);
-  });
+  std::call_once(once, [] { sweep_dead_files("sym"); });
 }
 
 }  // namespace
@@ -157,8 +133,8 @@ ShmRegion::ShmRegion(std::shared_ptr<SymmetricTable> table, size_t bytes)
   mine_.bytes = (bytes + page - 1) / page * page;
   static std::atomic<uint64_t> made{0};
   std::random_device rd;
-  name_ = "/" + own_prefix() + std::to_string(::getpid()) + "-" + std::to_string(++made) + "-" +
-          std::to_string(rd());
+  name_ = "/" + own_file_prefix("sym") + std::to_string(::getpid()) + "-" + std::to_string(++made) +
+          "-" + std::to_string(rd());
   const int fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) fail(ErrorCode::kIoError, "creating '" + name_ + "'", errno);
   // Reserved now: tmpfs hands out pages at first touch, and a full /dev/shm would then end the
