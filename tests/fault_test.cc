@@ -13,7 +13,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <regex>
+#include <thread>
 
 #include "fault_util.h"
 #include "test_util.h"
@@ -139,10 +141,26 @@ TEST_P(Faults, ARankDyingInTheBackendsSetUpIsNamedAtOnce) {
 TEST(ShmFaults, ASegmentWhoseEveryRankDiedInTheSetUpIsSweptByTheNextGroup) {
   TempDir dir;
   const std::string name = unique_name("setup-all-die");
-  auto results = run("setup_death", 3, "file://" + dir.path() + "/store", milliseconds(60000),
-                     {"backend=shm", "who=all", "name=" + name});
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 7) << results[r].output;
-  ASSERT_EQ(shm_entries(name).size(), 1u) << "the set-up left no segment: the test shows nothing";
+  const std::string pidfile = dir.path() + "/maker";
+  std::vector<WorkerResult> results;
+  std::thread workers([&] {
+    results = run("setup_death", 3, "file://" + dir.path() + "/store", milliseconds(60000),
+                  {"backend=shm", "who=all", "name=" + name, "pidfile=" + pidfile});
+  });
+  // The segment, while its maker lives (stopped: no sweep may take it), then the maker killed.
+  const auto start = std::chrono::steady_clock::now();
+  long maker = 0;
+  while (std::chrono::steady_clock::now() - start < milliseconds(20000)) {
+    std::ifstream(pidfile) >> maker;
+    if (maker > 0 && !shm_entries(name).empty()) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  const size_t made = shm_entries(name).size();
+  if (maker > 0) ::kill(static_cast<pid_t>(maker), SIGKILL);
+  workers.join();
+  EXPECT_EQ(results[0].signal, SIGKILL) << results[0].output;
+  for (int r = 1; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 7) << results[r].output;
+  ASSERT_EQ(made, 1u) << "the set-up made no segment: the test shows nothing";
   auto groups = create_groups(2, "shm", unique_name("sweeper"));
   EXPECT_TRUE(shm_entries(name).empty()) << "left in /dev/shm: " << shm_entries(name)[0];
   for (auto& g : groups) g->destroy();

@@ -917,8 +917,10 @@ void scenario_flight_fork(const Args& a) {
 //   who=creator (shm): rank 0 makes the segment and exits once its name is in the store; rank 1
 //     maps it, rank 2 never does (it waits in the store). The test then finds no segment of the
 //     group in /dev/shm.
-//   who=all (shm): rank 0 makes the segment and every rank exits once its name is in the store:
-//     nobody is left to take the name away; the next group's sweep must.
+//   who=all (shm): rank 0 makes the segment, and once its name is in the store writes its pid to
+//     the file `pidfile` and stops itself (SIGSTOP: alive, so no sweep takes the segment while the
+//     test looks; the test then SIGKILLs it); ranks 1 and 2 exit once the file is there. Nobody
+//     is left to take the name away: the next group's sweep must.
 void scenario_setup_death(const Args& a) {
   require(a.world == 3, "setup_death runs with 3 ranks");
   const std::string inner = a.backend(), who = a.get("who", "peer"), name = a.name();
@@ -926,20 +928,31 @@ void scenario_setup_death(const Args& a) {
   const int dying = who == "creator" ? 0 : 1;
   const double bound = static_cast<double>(a.num("bound", 2000));
   register_collective_backend(
-      "dying-" + inner, [inner, who](const BackendContext& ctx) -> std::unique_ptr<Backend> {
+      "dying-" + inner, [inner, who, a](const BackendContext& ctx) -> std::unique_ptr<Backend> {
         if (who == "peer" && ctx.rank == 1) ::_exit(7);
         if (who == "all" && ctx.rank != 0) {
-          try {
-            ctx.store->wait({"shm/segment"}, milliseconds(20000));
-          } catch (...) {
+          const std::string pidfile = a.get("pidfile", "");
+          const auto start = Clock::now();
+          while (::access(pidfile.c_str(), F_OK) != 0 && ms_since(start) < 20000) {
+            std::this_thread::sleep_for(milliseconds(2));
           }
           ::_exit(7);
         }
         if ((who == "creator" || who == "all") && ctx.rank == 0) {
-          std::thread([store = ctx.store] {
+          std::thread([store = ctx.store, pidfile = who == "all" ? a.get("pidfile", "") : ""] {
             try {
               store->wait({"shm/segment"}, milliseconds(20000));
             } catch (...) {
+            }
+            if (!pidfile.empty()) {
+              const std::string tmp = pidfile + ".tmp";
+              std::FILE* f = std::fopen(tmp.c_str(), "w");
+              if (f != nullptr) {
+                std::fprintf(f, "%d\n", static_cast<int>(::getpid()));
+                std::fclose(f);
+                std::rename(tmp.c_str(), pidfile.c_str());
+              }
+              ::raise(SIGSTOP);  // the whole process, before it can see its peers exit
             }
             ::_exit(7);
           }).detach();

@@ -190,7 +190,10 @@ ShmBackend::~ShmBackend() {
 }
 
 std::unique_ptr<SymmetricRegion> ShmBackend::create_symmetric(size_t bytes) {
-  symmetric_->prune();  // the peers' parts of regions their owners let go
+  // The peers' parts of regions their owners let go; not after an abort (the group refuses an
+  // allocation then, but an abort from another thread may come after that check): an op the
+  // abort left queued may still copy from one of them.
+  if (!aborted_.load()) symmetric_->prune();
   return std::make_unique<ShmRegion>(symmetric_, bytes);
 }
 

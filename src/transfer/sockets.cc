@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -176,30 +177,66 @@ std::vector<Address> resolve(const std::string& host, const std::string& service
   if (rc == 0) {
     std::vector<Address> out = addresses_of(info);
     ::freeaddrinfo(info);
-    if (!out.empty()) return out;
+    if (out.empty())
+      throw Error(ErrorCode::kIoError, "cannot resolve " + what + ": no address it can use");
+    return out;
   }
   if (rc != EAI_NONAME) {
-    throw Error(ErrorCode::kIoError, "cannot resolve " + what + ": " + ::gai_strerror(rc));
+    const std::string why = rc == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rc);
+    throw Error(ErrorCode::kIoError, "cannot resolve " + what + ": " + why);
   }
-  auto lookup = std::make_shared<Lookup>();
+  if (cancelled != nullptr && cancelled->load()) {
+    throw Error(ErrorCode::kAborted, "resolving " + what + ": cancelled");
+  }
+  if (Clock::now() >= deadline) {
+    throw Error(ErrorCode::kTimeout, "resolving " + what + ": no time was left to look it up");
+  }
   hints.ai_flags = flags;
-  try {
-    std::thread([lookup, host, service, hints] {
-      addrinfo* found = nullptr;
-      const int result = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-      std::vector<Address> out;
-      if (result == 0) {
-        out = addresses_of(found);
-        ::freeaddrinfo(found);
+  // One lookup of a name at a time: callers that come while it runs (a consumer whose gets keep
+  // timing out against a name server that never answers) wait for it rather than each leaving a
+  // thread behind.
+  static std::mutex running_mutex;
+  static std::map<std::string, std::weak_ptr<Lookup>> running;
+  const std::string key = host + '\0' + service + '\0' + std::to_string(flags);
+  std::shared_ptr<Lookup> lookup;
+  {
+    std::lock_guard<std::mutex> guard(running_mutex);
+    for (auto it = running.begin(); it != running.end();) {
+      it = it->second.expired() ? running.erase(it) : std::next(it);
+    }
+    lookup = running[key].lock();
+    if (lookup) {
+      std::lock_guard<std::mutex> done_guard(lookup->mutex);
+      if (lookup->done) lookup.reset();  // finished: its answer may be old, ask again
+    }
+    if (!lookup) {
+      lookup = std::make_shared<Lookup>();
+      try {
+        std::thread([lookup, host, service, hints] {
+          int result = EAI_MEMORY;
+          std::vector<Address> out;
+          try {
+            addrinfo* found = nullptr;
+            result = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+            if (result == 0) {
+              std::unique_ptr<addrinfo, void (*)(addrinfo*)> owned(found, ::freeaddrinfo);
+              out = addresses_of(found);
+            }
+          } catch (...) {  // out of memory for the addresses
+            result = EAI_MEMORY;
+          }
+          std::lock_guard<std::mutex> lock(lookup->mutex);
+          lookup->rc = result;
+          lookup->found = std::move(out);
+          lookup->done = true;
+          lookup->done_cv.notify_all();
+        }).detach();
+      } catch (const std::system_error&) {
+        throw Error(ErrorCode::kUnavailable,
+                    "cannot resolve " + what + ": no thread to look it up");
       }
-      std::lock_guard<std::mutex> lock(lookup->mutex);
-      lookup->rc = result;
-      lookup->found = std::move(out);
-      lookup->done = true;
-      lookup->done_cv.notify_all();
-    }).detach();
-  } catch (const std::system_error&) {
-    throw Error(ErrorCode::kUnavailable, "cannot resolve " + what + ": no thread to look it up");
+      running[key] = lookup;
+    }
   }
   std::unique_lock<std::mutex> lock(lookup->mutex);
   while (!lookup->done) {
@@ -217,7 +254,7 @@ std::vector<Address> resolve(const std::string& host, const std::string& service
   if (lookup->rc != 0 || lookup->found.empty()) {
     throw Error(ErrorCode::kIoError,
                 "cannot resolve " + what + ": " +
-                    (lookup->rc != 0 ? ::gai_strerror(lookup->rc) : "no address"));
+                    (lookup->rc != 0 ? ::gai_strerror(lookup->rc) : "no address it can use"));
   }
   return lookup->found;
 }
@@ -256,7 +293,8 @@ int listen_tcp(const std::string& host, uint16_t& port) {
         ::listen(fd, 128) == 0) {
       break;
     }
-    failures += (failures.empty() ? "" : "; ") + text_of(a) + ": " + std::strerror(errno);
+    const std::string why = std::strerror(errno);
+    failures += (failures.empty() ? "" : "; ") + text_of(a) + ": " + why;
     if (fd >= 0) ::close(fd);
     fd = -1;
   }
@@ -285,7 +323,15 @@ int connect_tcp(const std::string& host, uint16_t port, Clock::time_point deadli
     const Clock::time_point until =
         left == 1 || now >= deadline ? deadline : now + (deadline - now) / static_cast<int>(left);
     const int fd = ::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) io_error("socket");
+    if (fd < 0) {  // e.g. an IPv6 address where IPv6 is off: the next address
+      const std::string why = "socket for " + at + ": " + std::strerror(errno);
+      if (left == 1) {
+        throw Error(ErrorCode::kIoError,
+                    failures.empty() ? why : why + " (and before: " + failures + ")");
+      }
+      failures += (failures.empty() ? "" : "; ") + why;
+      continue;
+    }
     const int on = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
     watch_link(fd);  // an owner's host cut off fails the connection within the bound

@@ -25,8 +25,9 @@ namespace tutti::detail {
 // the kernel's keepalive counting in whole seconds up to 32767).
 std::chrono::milliseconds link_timeout();
 
-// Keepalive on a TCP socket, timed to fail within link_timeout() (whole seconds, rounded down)
-// of the peer's last word. Nothing for other sockets, or when the bound is 0.
+// Keepalive on a TCP socket, timed to fail within link_timeout() (whole seconds, rounded down;
+// 2 s for a bound under 2 s) of the peer's last word. Nothing for other sockets, or when the
+// bound is 0.
 void watch_link(int fd);
 
 // How long (ms) a TCP connection has heard nothing from its peer while the peer owes an answer
