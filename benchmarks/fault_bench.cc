@@ -11,9 +11,13 @@
 //   cancel       Fetch::cancel() of a 1 GiB get in the middle of its copy -> the get ends
 //   consumer     SIGKILL of a consumer process holding a borrow -> the owner's
 //                wait_tensor_freed returns
+//   cut          (root, gloo) the link to the peer's "host" cut (a network namespace behind a
+//                veth pair, taken down: no reset comes) in the middle of an allreduce loop whose
+//                op timeout is a minute -> this rank's op fails, within TUTTI_LINK_TIMEOUT_MS
+//                (--link-ms, default 2000 here) and a poll's quarter of it; --cut-reps of them
 //
 //   tutti-fault-bench [--reps N] [--backend gloo|shm|all] [--only NAME[,NAME...]]
-//                     [--cancel-bytes BYTES]
+//                     [--cancel-bytes BYTES] [--link-ms MS] [--cut-reps N]
 //
 // The exit status is 1 when any p99 misses its bound. A peer is this program again
 // (--child ...), started with posix_spawn; every wait in it is bounded.
@@ -68,11 +72,29 @@ uint16_t free_port() {
   return probe.port();
 }
 
+// This program's path (a command run under another, which /proc/self/exe would name there).
+std::string self_path() {
+  char path[4096] = {0};
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) throw std::runtime_error("cannot read /proc/self/exe");
+  return std::string(path, static_cast<size_t>(n));
+}
+
+// A shell command's exit status (its output to /dev/null).
+int sh(const std::string& command) {
+  const int status = std::system((command + " > /dev/null 2>&1").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // A child process running this program with `args`; killed (and reaped) when it goes.
 class Child {
  public:
-  explicit Child(const std::vector<std::string>& args) {
-    std::vector<std::string> all = {"/proc/self/exe", "--child"};
+  // `prefix`: a command this program runs under (`ip netns exec NS env ...`), which execs it.
+  explicit Child(const std::vector<std::string>& args,
+                 const std::vector<std::string>& prefix = {}) {
+    std::vector<std::string> all = prefix;
+    all.push_back(prefix.empty() ? std::string("/proc/self/exe") : self_path());
+    all.push_back("--child");
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());
@@ -82,7 +104,7 @@ class Child {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, out_[1], 1);
     posix_spawn_file_actions_addclose(&actions, out_[0]);
-    const int rc = ::posix_spawn(&pid_, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+    const int rc = ::posix_spawnp(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     ::close(out_[1]);
     if (rc != 0) throw std::runtime_error(std::string("posix_spawn: ") + std::strerror(rc));
@@ -343,6 +365,83 @@ double measure_consumer() {
   return ms_between(killed, freed);
 }
 
+// A second "host": network namespace `ns` behind a veth pair, this side 10.231.9.1 (in this
+// process's namespace), the other 10.231.9.2. Made once, removed when it goes.
+class OtherHost {
+ public:
+  OtherHost() {
+    const std::string id = std::to_string(::getpid() % 100000);
+    ns_ = "tutti-fb-" + id;
+    here_ = "tfb" + id + "a";
+    const std::string there = "tfb" + id + "b";
+    ok_ = sh("ip netns add " + ns_) == 0 &&
+          sh("ip link add " + here_ + " type veth peer name " + there) == 0 &&
+          sh("ip link set " + there + " netns " + ns_) == 0 &&
+          sh("ip addr add 10.231.9.1/24 dev " + here_) == 0 &&
+          sh("ip link set " + here_ + " up") == 0 &&
+          sh("ip -n " + ns_ + " addr add 10.231.9.2/24 dev " + there) == 0 &&
+          sh("ip -n " + ns_ + " link set " + there + " up") == 0 &&
+          sh("ip -n " + ns_ + " link set lo up") == 0;
+  }
+  ~OtherHost() {
+    sh("ip link del " + here_);  // both ends
+    sh("ip netns del " + ns_);
+  }
+  bool ok() const { return ok_; }
+  const std::string& ns() const { return ns_; }
+  bool link(bool up) { return sh("ip link set " + here_ + (up ? " up" : " down")) == 0; }
+
+ private:
+  std::string ns_, here_;
+  bool ok_ = false;
+};
+
+// This process is rank 0 (Gloo, a TCP store it hosts on 10.231.9.1, op timeout a minute); rank 1
+// runs in the other host's namespace. Once both loop, the link goes down: the time from then to
+// this rank's error, which must name the cut.
+double measure_cut(OtherHost& host) {
+  if (!host.link(true)) throw std::runtime_error("cut: cannot bring the link up");
+  const std::string url = "tcp://10.231.9.1:" + std::to_string(20000 + ::getpid() % 20000);
+  const std::string name = unique("cut");
+  ::setenv("TUTTI_GLOO_HOSTNAME", "10.231.9.1", 1);
+  GroupOptions o;
+  o.store_url = url;
+  o.timeout = milliseconds(60000);
+  std::shared_ptr<CollectiveGroup> g;
+  std::thread maker([&] { g = CollectiveGroup::create(2, 0, "gloo", name, o); });
+  auto peer =
+      std::make_unique<Child>(std::vector<std::string>{"loop", "gloo", url, "1", "2", name},
+                              std::vector<std::string>{"ip", "netns", "exec", host.ns(), "env",
+                                                       "TUTTI_GLOO_HOSTNAME=10.231.9.2",
+                                                       "TUTTI_HOST_ID=fault-bench-other"});
+  maker.join();
+  ::unsetenv("TUTTI_GLOO_HOSTNAME");
+  peer->line();  // "ready"
+  Clock::time_point cut_at;
+  std::thread cutter([&] {
+    std::this_thread::sleep_for(milliseconds(40));
+    cut_at = Clock::now();
+    host.link(false);
+  });
+  std::vector<float> v(16384, 1.0f);
+  Clock::time_point failed_at;
+  std::string why;
+  try {
+    const auto deadline = Clock::now() + std::chrono::seconds(90);
+    while (Clock::now() < deadline) g->allreduce(v);
+  } catch (const Error& e) {
+    failed_at = Clock::now();
+    why = e.what();
+  }
+  cutter.join();
+  peer.reset();
+  g->destroy();
+  if (why.find("the link or the host is gone") == std::string::npos) {
+    throw std::runtime_error("cut: the op did not fail naming the cut: " + why);
+  }
+  return ms_between(cut_at, failed_at);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -364,6 +463,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> backends = {"gloo", "shm"};
     std::set<std::string> only;
     size_t cancel_bytes = size_t{1} << 30;
+    long link_ms = 2000;
+    int cut_reps = 5;
     for (size_t i = 0; i < args.size(); ++i) {
       auto value = [&]() -> std::string {
         if (i + 1 >= args.size()) throw std::invalid_argument(args[i] + " needs a value");
@@ -380,24 +481,33 @@ int main(int argc, char** argv) {
         for (std::string item; std::getline(list, item, ',');) only.insert(item);
       } else if (args[i] == "--cancel-bytes") {
         cancel_bytes = std::stoull(value());
+      } else if (args[i] == "--link-ms") {
+        link_ms = std::stol(value());
+      } else if (args[i] == "--cut-reps") {
+        cut_reps = std::stoi(value());
       } else if (args[i] == "-h" || args[i] == "--help") {
         std::printf(
             "usage: tutti-fault-bench [--reps N] [--backend gloo|shm|all] "
-            "[--only abort,split-abort,kill,stop,shrink,cancel,consumer] "
-            "[--cancel-bytes BYTES]\n");
+            "[--only abort,split-abort,kill,stop,shrink,cancel,consumer,cut] "
+            "[--cancel-bytes BYTES] [--link-ms MS] [--cut-reps N]\n");
         return 0;
       } else {
         throw std::invalid_argument("unknown option '" + args[i] + "'");
       }
     }
-    if (reps < 1) throw std::invalid_argument("--reps must be at least 1");
+    if (reps < 1 || cut_reps < 1) throw std::invalid_argument("--reps must be at least 1");
+    if (link_ms < 1000) throw std::invalid_argument("--link-ms must be at least 1000");
+    // Read once per process by the library: set before any group. Every case runs under it
+    // (none of the others cuts a link; a SIGSTOPped peer's kernel still answers for it).
+    ::setenv("TUTTI_LINK_TIMEOUT_MS", std::to_string(link_ms).c_str(), 1);
     auto wanted = [&](const std::string& n) { return only.empty() || only.count(n) != 0; };
     std::vector<Figure> figures;
     auto run = [&](const std::string& n, const std::string& backend, const std::string& what,
                    double bound, const std::function<double()>& once) {
       if (!wanted(n)) return;
       Figure f{n, backend, what, bound, {}};
-      for (int r = 0; r < reps; ++r) f.ms.push_back(once());
+      const int times = n == "cut" ? cut_reps : reps;
+      for (int r = 0; r < times; ++r) f.ms.push_back(once());
       std::fprintf(stderr, "fault-bench: %s %s done\n", n.c_str(), backend.c_str());
       figures.push_back(std::move(f));
     };
@@ -418,6 +528,23 @@ int main(int argc, char** argv) {
         [&] { return measure_cancel(cancel_bytes); });
     run("consumer", "shm", "borrowing consumer SIGKILLed -> owner's wait_tensor_freed returns", 100,
         measure_consumer);
+    if (wanted("cut") && std::find(backends.begin(), backends.end(), "gloo") != backends.end()) {
+      std::unique_ptr<OtherHost> host;
+      if (::geteuid() == 0) host = std::make_unique<OtherHost>();
+      if (host && host->ok()) {
+        const std::string ms = std::to_string(link_ms);
+        // The bound's own quarter is a poll's slice, 200 ms the second look, 300 ms the rest.
+        run("cut", "gloo",
+            "link to the peer's host cut, op timeout 60 s -> this rank's op fails "
+            "(TUTTI_LINK_TIMEOUT_MS=" +
+                ms + ")",
+            static_cast<double>(link_ms + link_ms / 4 + 500), [&] { return measure_cut(*host); });
+      } else {
+        std::fprintf(stderr,
+                     "fault-bench: cut not measured: a second host needs root and `ip` (network "
+                     "namespaces)\n");
+      }
+    }
     bool all_met = true;
     std::printf("| fault | backend | p50 ms | p99 ms | max ms | bound ms | reps | |\n");
     std::printf("|---|---|---|---|---|---|---|---|\n");

@@ -156,7 +156,8 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
   std::vector<pollfd> polls;
   auto spin_end = Clock::now() + spin_budget();
   std::vector<detail::LinkWatch> links;  // per peer, made at the first look
-  Clock::time_point next_link_look = spin_end;
+  // The first look a quarter of the bound in (an op that ends sooner never looks).
+  Clock::time_point next_link_look = spin_end + detail::link_timeout() / 4;
   for (;;) {
     bool pending = false;
     bool moved = false;
@@ -234,13 +235,18 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
           static_cast<short>((left_in(f.out) > 0 ? POLLOUT : 0) | (left_in(f.in) > 0 ? POLLIN : 0));
       if (events != 0) polls.push_back(pollfd{fds_[f.peer], events, 0});
     }
-    // Whole milliseconds, rounded up, and at most a minute per poll (deadlines can be far), or a
-    // quarter of a link's bound: a peer whose host went silent is named within it, not at the
-    // op's deadline.
+    // Whole milliseconds, rounded up, and at most a minute per poll (deadlines can be far), or
+    // until the next look at the links (a quarter of their bound, 200 ms after one looked cut):
+    // a peer whose host went silent is named within the bound, not at the op's deadline.
     const int64_t bound = detail::link_timeout().count();
+    int64_t cap = 60000;
+    if (bound > 0) {
+      const auto to_look =
+          std::chrono::duration_cast<std::chrono::milliseconds>(next_link_look - now);
+      cap = std::clamp<int64_t>(to_look.count() + 1, 1, std::min<int64_t>(60000, bound / 4));
+    }
     const auto ms = std::min<int64_t>(
-        bound > 0 ? std::min<int64_t>(60000, bound / 4) : 60000,
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1);
+        cap, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1);
     ::poll(polls.data(), polls.size(), static_cast<int>(ms));  // then the loop reads what came
     spin_end = Clock::now() + spin_budget();
     // The links of the flows still waiting, every quarter of the bound whatever poll said (a
@@ -255,6 +261,9 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
           throw Error(ErrorCode::kIoError, ctx.description() + ": the connection to rank " +
                                                std::to_string(f.peer) +
                                                " failed: " + detail::link_cut_text(silent));
+        }
+        if (links[f.peer].suspect()) {
+          next_link_look = std::min(next_link_look, spin_end + detail::LinkWatch::kSecondLook);
         }
       }
     }

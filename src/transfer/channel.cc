@@ -159,6 +159,11 @@ void Connection::wait_for(short events, Clock::time_point deadline,
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
                 std::chrono::milliseconds(1);
     if (cancelled != nullptr) left = std::min(left, kSlice);
+    // A quarter of a link's bound at most, 200 ms once it looked cut (util/tcp_link.h).
+    const auto bound = link_timeout();
+    if (bound.count() > 0) {
+      left = std::min(left, link.suspect() ? LinkWatch::kSecondLook : bound / 4);
+    }
     left = std::min(left, std::chrono::milliseconds(1000));
     pollfd p{fd_, events, 0};
     const int rc = ::poll(&p, 1, static_cast<int>(left.count()));

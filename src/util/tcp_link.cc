@@ -90,7 +90,7 @@ bool LinkWatch::cut(int fd, long& silent_ms) {
   }
   const auto now = std::chrono::steady_clock::now();
   if (first_seen_ == std::chrono::steady_clock::time_point{}) first_seen_ = now;
-  return now - first_seen_ >= std::chrono::milliseconds(200);
+  return now - first_seen_ >= kSecondLook;
 }
 
 std::string link_cut_text(long silent_ms) {

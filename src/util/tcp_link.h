@@ -42,6 +42,9 @@ class LinkWatch {
  public:
   // Whether `fd`'s link is cut; `silent_ms` gets how long it has been silent.
   bool cut(int fd, long& silent_ms);
+  // Silent past the bound at the last look, not yet at two: the next look is due in 200 ms.
+  bool suspect() const { return first_seen_ != std::chrono::steady_clock::time_point{}; }
+  static constexpr std::chrono::milliseconds kSecondLook{200};
 
  private:
   std::chrono::steady_clock::time_point first_seen_{};
