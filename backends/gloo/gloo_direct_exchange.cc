@@ -146,13 +146,11 @@ DirectExchange::~DirectExchange() {
 
 void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
                          const OpContext& ctx) {
-  auto failed = [&](int peer, int err) {
-    // ETIMEDOUT: the connection's keepalive probes went unanswered (util/tcp_link.h).
-    throw Error(
-        ErrorCode::kIoError,
-        ctx.description() + ": the connection to rank " + std::to_string(peer) + " failed: " +
-            (err == ETIMEDOUT ? detail::link_cut_text(0) : std::string(std::strerror(err))));
+  auto failed_with = [&](int peer, const std::string& why) {
+    throw Error(ErrorCode::kIoError, ctx.description() + ": the connection to rank " +
+                                         std::to_string(peer) + " failed: " + why);
   };
+  auto failed = [&](int peer, int err) { failed_with(peer, detail::socket_error_text(err)); };
   std::vector<pollfd> polls;
   auto spin_end = Clock::now() + spin_budget();
   std::vector<detail::LinkWatch> links;  // per peer, made at the first look
@@ -258,9 +256,7 @@ void DirectExchange::run(std::vector<Flow>& flows, Clock::time_point deadline,
         if (left_in(f.out) == 0 && left_in(f.in) == 0) continue;
         long silent = 0;
         if (links[f.peer].cut(fds_[f.peer], silent)) {
-          throw Error(ErrorCode::kIoError, ctx.description() + ": the connection to rank " +
-                                               std::to_string(f.peer) +
-                                               " failed: " + detail::link_cut_text(silent));
+          failed_with(f.peer, detail::link_cut_text(silent));
         }
         if (links[f.peer].suspect()) {
           next_link_look = std::min(next_link_look, spin_end + detail::LinkWatch::kSecondLook);

@@ -1,14 +1,11 @@
 #include "shm_symmetric.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -16,7 +13,6 @@
 #include "shm_messages.h"
 #include "shm_segment.h"
 #include "tutti/error.h"
-#include "util/host_identity.h"
 #include "util/logging.h"
 
 namespace tutti::shm_backend {

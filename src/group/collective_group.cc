@@ -537,13 +537,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::split(const std::vector<int>& 
     s.drain();
     lock.lock();
   }
-  if (s.aborted.load()) {
-    throw Error(
-        ErrorCode::kAborted, ctx + ": the group was aborted (" + [&] {
-          std::lock_guard<std::mutex> guard(s.state_mutex);
-          return s.abort_reason;
-        }() + ")");
-  }
+  s.throw_if_aborted(ctx);
   const uint64_t n = options.local ? 0 : s.split_count++;
   if (me == ranks.end()) return nullptr;
   const int sub_rank = static_cast<int>(me - ranks.begin());
@@ -879,13 +873,7 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::grow(const GrowOptions& option
   s.drain();
   std::lock_guard<std::mutex> op_lock(s.op_mutex);
   if (s.destroyed.load()) throw Error(ErrorCode::kInvalidUsage, ctx + ": the group was destroyed");
-  if (s.aborted.load()) {
-    throw Error(
-        ErrorCode::kAborted, ctx + ": the group was aborted (" + [&] {
-          std::lock_guard<std::mutex> guard(s.state_mutex);
-          return s.abort_reason;
-        }() + ")");
-  }
+  s.throw_if_aborted(ctx);
   const uint64_t n = s.grow_count++;
   detail::Admission a;
   a.base = s.scope + "/grow/" + std::to_string(n);
@@ -1047,6 +1035,12 @@ std::shared_ptr<CollectiveGroup> CollectiveGroup::join(std::string_view group_na
 std::shared_ptr<Backend> CollectiveGroup::State::current_backend() const {
   std::lock_guard<std::mutex> lock(state_mutex);
   return backend;
+}
+
+void CollectiveGroup::State::throw_if_aborted(const std::string& what) const {
+  if (!aborted.load()) return;
+  std::lock_guard<std::mutex> guard(state_mutex);
+  throw Error(ErrorCode::kAborted, what + ": the group was aborted (" + abort_reason + ")");
 }
 
 void CollectiveGroup::State::abort(const std::string& reason) {

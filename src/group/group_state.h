@@ -110,6 +110,8 @@ struct CollectiveGroup::State {
   std::shared_ptr<Backend> current_backend() const;
   // Marks the group aborted (the first reason stays) and tells the backend. From any thread.
   void abort(const std::string& reason);
+  // Throws kAborted "<what>: the group was aborted (<reason>)" once it was.
+  void throw_if_aborted(const std::string& what) const;
   // An op's failure: aborts the group for the codes that leave it in an unknown state.
   void record_failure(const OpContext& ctx, const Error& e);
   // Waits until the ops queued so far have run (hooks_too: and their Works' hooks), unless on

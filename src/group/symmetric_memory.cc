@@ -87,10 +87,7 @@ std::shared_ptr<SymmetricMemory> CollectiveGroup::allocate_symmetric(size_t byte
   }
   // Before the backend's region: making one prunes the regions every rank dropped, and an op the
   // abort left queued may still copy from one of them.
-  if (s.aborted.load()) {
-    std::lock_guard<std::mutex> guard(s.state_mutex);
-    throw Error(ErrorCode::kAborted, what + ": the group was aborted (" + s.abort_reason + ")");
-  }
+  s.throw_if_aborted(what);
   if (!s.device_supported[static_cast<size_t>(DeviceType::kCPU)]) {
     throw Error(ErrorCode::kInvalidUsage, what + ": backend '" + s.backend_name +
                                               "' has no CPU tensors, and symmetric memory is "

@@ -29,9 +29,8 @@ constexpr std::chrono::milliseconds kSlice{20};  // how often a wait looks at `c
 }
 
 [[noreturn]] void Connection::failed(const std::string& doing) const {
-  // ETIMEDOUT on a connection made: its keepalive probes went unanswered (util/tcp_link.h).
-  if (errno == ETIMEDOUT) throw Error(ErrorCode::kIoError, doing + ": " + link_cut_text(0));
-  io_error(doing);
+  const std::string why = socket_error_text(errno);
+  throw Error(ErrorCode::kIoError, doing + ": " + why);
 }
 
 Connection::~Connection() {
@@ -136,12 +135,9 @@ size_t Connection::tls_io(bool write, void* data, size_t bytes, Clock::time_poin
     if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && errno == 0)) {
       throw Error(ErrorCode::kIoError, peer_ + " closed the connection (it exited or died)");
     }
-    throw Error(
-        ErrorCode::kIoError,
-        std::string(write ? "sending to " : "receiving from ") + peer_ + ": " +
-            (e == SSL_ERROR_SYSCALL
-                 ? (errno == ETIMEDOUT ? link_cut_text(0) : std::string(std::strerror(errno)))
-                 : tls_error_text()));
+    throw Error(ErrorCode::kIoError,
+                std::string(write ? "sending to " : "receiving from ") + peer_ + ": " +
+                    (e == SSL_ERROR_SYSCALL ? socket_error_text(errno) : tls_error_text()));
   }
 }
 

@@ -101,4 +101,8 @@ std::string link_cut_text(long silent_ms) {
          " ms (TUTTI_LINK_TIMEOUT_MS=" + text + "): the link or the host is gone";
 }
 
+std::string socket_error_text(int err) {
+  return err == ETIMEDOUT ? link_cut_text(0) : std::string(std::strerror(err));
+}
+
 }  // namespace tutti::detail

@@ -55,4 +55,8 @@ class LinkWatch {
 // with ETIMEDOUT (silent_ms 0: the bound); strerror(ETIMEDOUT) when the bound is 0.
 std::string link_cut_text(long silent_ms);
 
+// The words for errno `err` of a connection made: link_cut_text(0) for ETIMEDOUT (its keepalive
+// probes went unanswered), strerror otherwise.
+std::string socket_error_text(int err);
+
 }  // namespace tutti::detail
