@@ -270,7 +270,8 @@ TEST(HierProcesses, ALevelsTimeoutNamesTheOpsTimeout) {
       3, "hier", unique_name("hier-silent"),
       [&](int r) {
         return std::vector<std::string>{"TUTTI_HOST_ID=host-" + hosts[r],
-                                        "TUTTI_TEST_SILENT_RANK=2", "TUTTI_TEST_LATE_RANK=1"};
+                                        "TUTTI_TEST_SILENT_RANK=2", "TUTTI_TEST_LATE_RANK=1",
+                                        "TUTTI_TEST_STARTS=" + dir.path()};
       },
       dir, "env_silent_rank");
   for (int r : {0, 1}) {

@@ -489,20 +489,49 @@ void scenario_env_silent_rank(const Args&) {
   if (late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   AllreduceOptions opts;
   opts.timeout = std::chrono::milliseconds(900);
+  // Each rank writes when its op began (steady_clock: CLOCK_MONOTONIC, one clock for every
+  // process of this host) where the others can read it once they have failed.
+  const std::string starts = std::getenv("TUTTI_TEST_STARTS");
   const auto start = Clock::now();
+  const auto since_epoch = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  };
+  {
+    const std::string path = starts + "/start-" + std::to_string(rank);
+    FILE* f = std::fopen((path + ".tmp").c_str(), "w");
+    require(f != nullptr, "writing " + path);
+    std::fprintf(f, "%lld\n", static_cast<long long>(since_epoch(start)));
+    std::fclose(f);
+    require(std::rename((path + ".tmp").c_str(), path.c_str()) == 0, "renaming " + path);
+  }
   try {
     g->allreduce(v, opts);
     throw std::runtime_error("allreduce succeeded without the silent rank");
   } catch (const Error& e) {
+    const auto failed = Clock::now();
     const double ms = ms_since(start);
     // kRemoteError: a rank that learned of the timeout from a peer (hier: a host's leader).
     require(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kRemoteError,
             std::string("error code ") + to_string(e.code()) + ": " + e.what());
-    require(ms >= (late ? 550 : 850) && ms < 3000,
-            "failed after " + std::to_string(ms) + " ms: " + e.what());
+    // No rank fails before some rank's op reached its 900 ms: the earliest start of those that
+    // are in the op (each wrote it before its op began, so before any timeout of its).
+    long long first = since_epoch(start);
+    for (int r = 0; r < g->world_size(); ++r) {
+      FILE* f = std::fopen((starts + "/start-" + std::to_string(r)).c_str(), "r");
+      if (f == nullptr) continue;  // the silent rank
+      long long t = 0;
+      require(std::fscanf(f, "%lld", &t) == 1, "reading rank " + std::to_string(r) + "'s start");
+      std::fclose(f);
+      first = std::min(first, t);
+    }
+    const double after_first = (since_epoch(failed) - first) / 1000.0;
+    require(after_first >= 900 && ms < 3000,
+            "failed " + std::to_string(after_first) + " ms after the first rank's op began, " +
+                std::to_string(ms) + " ms after its own: " + e.what());
     require(std::string(e.what()).find("900 ms") != std::string::npos,
             std::string("the op's timeout named: ") + e.what());
-    std::printf("rank %d timed out in %.0f ms: %s\n", rank, ms, e.what());
+    std::printf("rank %d timed out in %.0f ms (%.0f ms after the first rank began): %s\n", rank, ms,
+                after_first, e.what());
   }
 }
 

@@ -261,10 +261,14 @@ def test_across_processes_and_a_dead_owner():
         np.testing.assert_array_equal(small, [7, 7, 7])
         here.send("done")
         assert here.poll(30) and here.recv() == "freed"
+        with pytest.raises(tutti.InvalidUsageError, match="freed"):
+            transfer.get(ref, timeout=10)  # the owner lives: the object was freed
         os.kill(p.pid, signal.SIGKILL)
         p.join(10)
-        with pytest.raises(tutti.InvalidUsageError, match="freed"):
-            transfer.get(ref, timeout=10)  # freed before the owner went
+        # Once the owner died every get says so, the one of an object freed before it went too,
+        # whether the consumer still held the owner's page or its housekeeping had forgotten it.
+        with pytest.raises(tutti.IoError, match="is gone"):
+            transfer.get(ref, timeout=10)
         with pytest.raises(tutti.IoError) as info:
             transfer.get(kept, timeout=10)
         print("dead owner:", info.value)

@@ -10,6 +10,10 @@ namespace tutti::detail {
 AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_point deadline,
                                        const std::atomic<bool>& cancelled) {
   const ObjectId object = r.ref.object();
+  const auto owner_gone = [&] {
+    throw Error(ErrorCode::kIoError,
+                owner_text(r.ref.owner()) + " is gone (its process exited or died)");
+  };
   bool waited = false;
   while (true) {
     if (cancelled.load()) throw Error(ErrorCode::kAborted, "cancelled");
@@ -26,16 +30,17 @@ AgentCore::Lease AgentCore::take_lease(Resolved& r, PeerLink& link, Clock::time_
       if (slot_page != nullptr && !r.ref.is_pending()) {
         const int entry = r.peer->lane->acquire(*slot_page, object.slot, object.generation, state);
         if (entry >= 0) {
-          if (r.peer->owner_exited()) {
-            r.peer->lane->release(*slot_page, entry, object.slot);
-            throw Error(ErrorCode::kIoError,
-                        owner_text(r.ref.owner()) + " is gone (its process exited or died)");
-          }
-          return Lease{entry, false};
+          if (!r.peer->owner_exited()) return Lease{entry, false};
+          r.peer->lane->release(*slot_page, entry, object.slot);
+          owner_gone();
         }
       } else {
         state = kSlotReserved;
       }
+      // A dead owner's page still says what became of its objects, but once the housekeeping
+      // has forgotten the owner (100-200 ms after) the next get finds its socket gone: every get
+      // after the owner's death says so, whichever came first.
+      if (r.peer->owner_exited()) owner_gone();
     } else {
       // No lane (another host, or a two-sided transport): the owner keeps the hold.
       WireWriter w;
