@@ -649,10 +649,17 @@ TEST_F(Transfer, CancelAndAbortEndGetsAndTheAgentStaysUsable) {
   f.cancel();
   expect_error([&] { f.wait(); }, ErrorCode::kAborted);
 
+  // abort() ends every get in progress: one of get_async's still queued for a thread too (the
+  // test once waited 50 ms for it to start, and a loaded machine could take longer: the get then
+  // waited out the fetch timeout).
   Fetch f2 = consumer->get_async(h.ref());
-  std::this_thread::sleep_for(50ms);  // let it start waiting (abort only ends gets in progress)
   consumer->abort();
   expect_error([&] { f2.wait(); }, ErrorCode::kAborted);
+  // Then one that is waiting for the owner, as before.
+  Fetch f3 = consumer->get_async(h.ref());
+  expect_error([&] { f3.wait(200ms); }, ErrorCode::kTimeout);  // still running
+  consumer->abort();
+  expect_error([&] { f3.wait(); }, ErrorCode::kAborted);
 
   std::vector<float> data = {1, 2, 3};
   owner->fulfil(h, {TensorView(data)});

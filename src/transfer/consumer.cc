@@ -166,8 +166,10 @@ Received AgentCore::get(const TensorRef& ref, const GetOptions& opts,
   ActiveGet active_get(*this, flag);
   const auto deadline = deadline_after(opts.timeout.count() > 0 ? opts.timeout : fetch_timeout);
   try {
-    // A get that begins as the agent stops (get_async's queued at stop) ends at once.
+    // A get that begins as the agent stops (get_async's queued at stop) ends at once, and so
+    // does one of get_async's that was cancelled or aborted while queued.
     if (stopping) throw Error(ErrorCode::kAborted, who() + " is shutting down");
+    if (flag->load()) throw Error(ErrorCode::kAborted, "cancelled");
     if (ref.owner().uuid == identity.uuid) {
       verify_own(ref, "get");
       const bool cuda = !ref.tensors().empty() && ref.tensors()[0].device.type == DeviceType::kCUDA;
@@ -422,7 +424,10 @@ Fetch AgentCore::get_async(const TensorRef& ref, const GetOptions& opts) {
   Fetch f;
   f.state_ = std::make_shared<FetchState>();
   f.state_->what = context("get", ref);
-  run_async([self = shared_from_this(), state = f.state_, ref, opts]() -> std::function<void()> {
+  // In progress from here, queued or not: abort() ends it (the get registers the flag again).
+  auto queued = std::make_shared<ActiveGet>(*this, &f.state_->cancelled);
+  run_async([self = shared_from_this(), state = f.state_, ref, opts,
+             queued = std::move(queued)]() mutable -> std::function<void()> {
     auto finish = [state](Received result, std::exception_ptr error) {
       std::lock_guard<std::mutex> lock(state->mutex);
       state->result = std::move(result);
@@ -432,8 +437,10 @@ Fetch AgentCore::get_async(const TensorRef& ref, const GetOptions& opts) {
     };
     try {
       auto result = std::make_shared<Received>(self->get(ref, opts, &state->cancelled));
+      queued.reset();
       return [finish, result] { finish(std::move(*result), nullptr); };
     } catch (...) {
+      queued.reset();  // before the error is out: the Fetch may go with it
       // The error at once: making the publishing closure could fail too (no memory).
       finish(Received(), std::current_exception());
       return nullptr;
