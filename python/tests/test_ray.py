@@ -467,6 +467,64 @@ def test_rdt_put_from_the_driver(workers):
     assert ray.get(workers[2].get_put.remote([ref])) == 4950.0
 
 
+EARLY_DRIVER = """
+import sys
+
+import numpy as np
+import ray
+import torch
+
+import tutti.ray
+from tutti import transfer
+
+kept = transfer.put([np.ones(4)])  # tutti.transfer first: the default agent, with no secret
+tutti.ray.register(timeout=20)
+ray.init(address=sys.argv[1], log_to_driver=False,
+         runtime_env={"worker_process_setup_hook": "tutti.ray.register",
+                      "env_vars": {"TUTTI_GLOO_HOSTNAME": "127.0.0.1"}})
+
+
+@ray.remote(enable_tensor_transport=True)
+class Producer:
+    @ray.method(tensor_transport="tutti")
+    def make(self, n):
+        return torch.arange(n, dtype=torch.float32)
+
+    def total(self, tensor):
+        return float(tensor.sum())
+
+
+p = Producer.remote()
+print("from the actor", float(ray.get(p.make.remote(1000)).sum()))
+ref = ray.put(torch.arange(100, dtype=torch.float64), _tensor_transport="tutti")
+print("to the actor", ray.get(p.total.remote(ref)))
+print("agent", tutti.ray.transport_agent().name, transfer.default_agent().name)
+kept.release()
+"""
+
+
+def test_rdt_from_a_driver_that_used_tutti_transfer_before_ray(cluster, tmp_path):
+    """A driver whose default agent was made before ray.init (it used tutti.transfer first, with
+    no secret) moves RDT objects both ways through an agent of the transport's own, with the
+    cluster's secret; before, its gets failed ("this agent has no secret"). A fresh interpreter,
+    connected to this cluster, without the secret this process's environment holds."""
+    if "TUTTI_STORE_SECRET" in os.environ:
+        pytest.skip("TUTTI_STORE_SECRET is set for the whole job: every agent has the secret")
+    script = tmp_path / "early_driver.py"
+    script.write_text(EARLY_DRIVER)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TUTTI_TRANSFER_SECRET", "TUTTI_STORE_SECRET",
+                        "TUTTI_TRANSFER_LISTEN_TCP")}
+    out = subprocess.run([sys.executable, str(script), ray.get_runtime_context().gcs_address],
+                         capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert "from the actor 499500.0" in lines, out.stdout
+    assert "to the actor 4950.0" in lines, out.stdout
+    agents = next(line for line in lines if line.startswith("agent ")).split()
+    assert agents[1].startswith("ray-rdt:") and agents[1] != agents[2], agents
+
+
 def test_rdt_non_contiguous_tensors_arrive_with_their_values(workers):
     """A transpose and a strided slice (put refused them before): made contiguous once at put,
     they arrive with every value in place."""

@@ -24,7 +24,7 @@ from typing import Optional
 
 from . import _group, _transport
 from ._group import TuttiGroup
-from ._transport import TuttiTensorTransport, wait_tensor_freed
+from ._transport import TuttiTensorTransport, transport_agent, wait_tensor_freed
 
 NAME = "TUTTI"
 _warned_no_torch = False
@@ -98,4 +98,4 @@ def _tutti_group(group_name: str, what: str) -> TuttiGroup:
 
 
 __all__ = ["NAME", "TuttiGroup", "TuttiTensorTransport", "allocate_symmetric", "is_symmetric",
-           "register", "wait_tensor_freed"]
+           "register", "transport_agent", "wait_tensor_freed"]

@@ -1,7 +1,7 @@
 """TuttiTensorTransport: tutti's direct transport as a Ray RDT tensor transport ("TUTTI").
 
 One-sided: the source actor publishes the tensors in place with its process's
-tutti.transfer agent when Ray extracts the object's metadata (no copy; the reference travels in
+tutti.transfer agent (transport_agent()) when Ray extracts the object's metadata (no copy; the reference travels in
 the metadata), and the destination actor reads them itself (shm on one node; on another node the
 socket transport, over TCP to the source's agent, which serve_other_nodes() set listening on its
 node's IP with the cluster's transfer secret). TUTTI_RAY_TRANSFER_TRANSPORT names the transport
@@ -28,6 +28,7 @@ both. A non-contiguous tensor is made contiguous once at put (one copy); the res
 place. The Ray-free part of this is tutti._rdt.
 """
 
+import atexit
 import os
 import secrets
 import threading
@@ -66,6 +67,19 @@ class TuttiFetchRequest(FetchRequest):
 
 _SECRET_KEY = b"tutti:rdt:secret"
 
+_agent_lock = threading.Lock()
+# The transport's own agent, made only where this process's default agent predates the
+# cluster's secret (see serve_other_nodes).
+_own_agent = None
+
+
+def transport_agent():
+    """The agent that RDT objects of this process go through: tutti.transfer's default agent,
+    unless that was made before Ray gave the process the cluster's secret (see
+    serve_other_nodes)."""
+    own = _own_agent
+    return own if own is not None else transfer.default_agent()
+
 
 def serve_other_nodes() -> None:
     """Before this process's transfer agent exists: lets it serve consumers on other nodes (TCP on
@@ -74,31 +88,49 @@ def serve_other_nodes() -> None:
     Needs a connected Ray process; elsewhere (a driver before ray.init) it does nothing, and the
     transport calls it again when Ray first makes it. What the environment already says is kept:
     TUTTI_TRANSFER_SECRET or TUTTI_STORE_SECRET set by the user (for processes outside Ray that
-    exchange refs with the workers) is used as is. A process whose agent already exists (it used
-    tutti.transfer before Ray made the transport) cannot change it: it is left as it is, with a
-    warning, and exchanges tensors only with processes of the same secret."""
+    exchange refs with the workers) is used as is. A process whose default agent already exists
+    without a secret or a listener (it used tutti.transfer before Ray made the transport) keeps
+    it for its own refs, and gets a second agent, with the secret and the TCP listener, for Ray's
+    objects (transport_agent()); tensors it allocated with transfer.empty() from the default
+    agent then reach Ray's consumers by a copy, not in place (allocate them with
+    agent=transport_agent() instead)."""
+    global _own_agent
     if not ray.is_initialized():
         return
-    has_secret = "TUTTI_TRANSFER_SECRET" in os.environ or "TUTTI_STORE_SECRET" in os.environ
-    if transfer.default_agent_made():
+    with _agent_lock:
+        if _own_agent is not None:
+            return
+        has_secret = "TUTTI_TRANSFER_SECRET" in os.environ or "TUTTI_STORE_SECRET" in os.environ
+        says_listen = "TUTTI_TRANSFER_LISTEN_TCP" in os.environ
+        predates = transfer.default_agent_made()
+        if predates and has_secret and says_listen:
+            return  # made as the environment has every process of the job make it
         if not has_secret:
-            import warnings
+            kv = _group._kv()
+            # The first writer wins (the GCS puts atomically); everyone reads what won.
+            kv._internal_kv_put(_SECRET_KEY, secrets.token_hex(32).encode(), overwrite=False)
+            os.environ["TUTTI_TRANSFER_SECRET"] = kv._internal_kv_get(_SECRET_KEY).decode()
+        if not says_listen:
+            # The node's address as the collective groups give it to their store (one
+            # override, TUTTI_RAY_NODE_ADDRESS, for both).
+            os.environ["TUTTI_TRANSFER_LISTEN_TCP"] = _group._node_address()
+        if not predates:
+            return
+        # As tutti.transfer's default agent reads the environment: "0" or nothing, no listener;
+        # "1", the default address; else the address to listen on. The secret from it too.
+        listen = os.environ["TUTTI_TRANSFER_LISTEN_TCP"]
+        _own_agent = transfer.TransferAgent(f"ray-rdt:{os.getpid()}",
+                                            listen_tcp=listen not in ("", "0"),
+                                            tcp_host="" if listen in ("", "0", "1") else listen)
+        # Stopped at exit, before the interpreter tears the bindings down (nanobind would
+        # report the agent as leaked).
+        atexit.register(_drop_own_agent)
 
-            warnings.warn("tutti.ray: this process used tutti.transfer before Ray made the "
-                          "tensor transport, so its agent has neither the cluster's secret nor a "
-                          "TCP listener: call tutti.ray.register() first (the worker setup hook "
-                          "does), or set TUTTI_TRANSFER_SECRET for the whole job",
-                          RuntimeWarning, stacklevel=2)
-        return
-    if not has_secret:
-        kv = _group._kv()
-        # The first writer wins (the GCS puts atomically); everyone reads what won.
-        kv._internal_kv_put(_SECRET_KEY, secrets.token_hex(32).encode(), overwrite=False)
-        os.environ["TUTTI_TRANSFER_SECRET"] = kv._internal_kv_get(_SECRET_KEY).decode()
-    if "TUTTI_TRANSFER_LISTEN_TCP" not in os.environ:
-        # The node's address as the collective groups give it to their store (one override,
-        # TUTTI_RAY_NODE_ADDRESS, for both).
-        os.environ["TUTTI_TRANSFER_LISTEN_TCP"] = _group._node_address()
+
+def _drop_own_agent() -> None:
+    global _own_agent
+    with _agent_lock:
+        _own_agent = None
 
 
 def _allow_fallback() -> bool:
@@ -199,7 +231,7 @@ class TuttiTensorTransport(TensorTransportManager):
             return TuttiTransportMetadata(tensor_meta=[], tensor_device=None, ref=b"")
         # Contiguous tensors are published in place; a non-contiguous one (a transpose, a slice
         # with a step) is copied once, as from Ray's object store (see _rdt.publish).
-        agent = transfer.default_agent()
+        agent = transport_agent()
         registered: List[int] = []
 
         def share(t):
@@ -231,7 +263,7 @@ class TuttiTensorTransport(TensorTransportManager):
         meta = tensor_transport_metadata
         if not meta.tensor_meta:
             return FetchRequest(obj_id=obj_id, tensors=[])
-        fetch, targets = _rdt.fetch(transfer.default_agent(), meta.ref, meta.tensor_device,
+        fetch, targets = _rdt.fetch(transport_agent(), meta.ref, meta.tensor_device,
                                     meta.tensor_meta, target_buffers, _fetch_timeout_s(),
                                     _allow_fallback())
         with self._lock:
@@ -283,7 +315,7 @@ class TuttiTensorTransport(TensorTransportManager):
         if handle is not None:
             handle.release()
         if storages or self._regions:
-            self._release_storages(transfer.default_agent(), storages)
+            self._release_storages(transport_agent(), storages)
 
     def abort_transport(self, obj_id: str, communicator_metadata):
         with self._lock:
@@ -327,4 +359,4 @@ def wait_tensor_freed(tensor, timeout: Optional[float] = None) -> None:
     start = time.monotonic()
     ray_wait(tensor, timeout=timeout)
     remaining = None if timeout is None else max(timeout - (time.monotonic() - start), 0.0)
-    transfer.default_agent().wait_tensor_freed(tensor, remaining)
+    transport_agent().wait_tensor_freed(tensor, remaining)
