@@ -3,6 +3,7 @@
 // op's own timeout" (seconds against 20-30 s), never a speed target: benchmarks measure speed.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "test_util.h"
@@ -120,8 +121,12 @@ TEST_P(Abort, EveryPeerWaitingOnTheAbortedRankLearnsOfIt) {
 TEST_P(Abort, DestroyFromAnotherThreadReturnsPromptly) {
   auto groups = create_groups(2, GetParam(), unique_name("abort-destroy"), milliseconds(30000));
   std::vector<float> v(1 << 16, 1.0f);
-  std::thread op(
-      [&] { EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kAborted, "destroyed"); });
+  std::atomic<bool> calling{false};  // the op's thread is at its call (a thread may start late)
+  std::thread op([&] {
+    calling = true;
+    EXPECT_TUTTI_ERROR(groups[0]->allreduce(v), ErrorCode::kAborted, "destroyed");
+  });
+  while (!calling) std::this_thread::yield();
   std::this_thread::sleep_for(milliseconds(200));
   const auto start = Clock::now();
   groups[0]->destroy();

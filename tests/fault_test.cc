@@ -63,8 +63,15 @@ TEST_P(Faults, TheFlightRecorderShowsWhichRankIsBehind) {
 }
 
 // A forked child's SIGUSR1 dumps the child's own groups, not its parent's (the worker checks
-// both, and that the parent's own signal still dumps the parent's).
+// both, and that the parent's own signal still dumps the parent's). Not under AddressSanitizer:
+// clang 14's runtime takes none of its allocator's locks around fork() (LLVM 17 added that), so
+// the dump thread the child starts may wait forever for a lock a parent thread held at the fork
+// (CI once saw no dump within 5 s); the plain build runs it (scripts/test.sh's release_only).
 TEST_P(Faults, AForkedChildsDumpSignalIsItsOwn) {
+  if (kAddressSanitizer) {
+    GTEST_SKIP() << "clang 14's AddressSanitizer allocator is not fork-safe for a new thread in "
+                    "a forked child; the plain build runs this test";
+  }
   TempDir dir;
   expect_all_ok(
       run("flight_fork", 1, "file://" + dir.path() + "/store", milliseconds(30000),

@@ -635,18 +635,31 @@ void scenario_mismatch(const Args& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// delay (world 2, timeout 1 s): rank 1 comes `delay` ms late to an allreduce. Under the
-// timeout both get the right sum; over it rank 0 fails with kTimeout at the timeout and rank 1,
-// late, fails too (never returns OK for an op rank 0 gave up on).
+// delay (world 2, timeout 1 s): rank 1 comes `delay` ms late to an allreduce, counted from
+// rank 0's start (which rank 0 writes to the store: a sleep after each rank's own set-up once
+// counted from whenever rank 1 got there). Under the timeout both get the right sum; over it
+// rank 0 fails with kTimeout at the timeout and rank 1, late, fails too (never returns OK for an
+// op rank 0 gave up on).
 // ---------------------------------------------------------------------------------------------
 void scenario_delay(const Args& a) {
   require(a.world == 2, "delay runs with 2 ranks");
   const long delay = a.num("delay", 300);
   const std::string name = a.name();
+  auto store = open_store(a.store_url, milliseconds(30000));
   init_collective_group(2, a.rank, a.backend(), name, a.options());
   std::vector<float> v(1000, static_cast<float>(a.rank + 1));
-  if (a.rank == 1) std::this_thread::sleep_for(milliseconds(delay));
+  // CLOCK_MONOTONIC: one clock for both processes of this host.
+  const auto since_boot_us = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  };
+  const std::string started = name + "/rank0-started-us";
+  if (a.rank == 1) {
+    const auto rank0 =
+        Clock::time_point(std::chrono::microseconds(std::stoll(store->get(started))));
+    std::this_thread::sleep_until(rank0 + milliseconds(delay));
+  }
   const auto start = Clock::now();
+  if (a.rank == 0) store->set(started, std::to_string(since_boot_us(start)));
   const bool late = delay > a.timeout().count();
   try {
     allreduce(v, name);

@@ -173,11 +173,14 @@ TEST(Group, DestroyDuringAShrinkEndsIt) {
   ShrinkOptions o;
   o.timeout = milliseconds(20000);  // rank 1 never comes: only the destroy can end it
   std::atomic<bool> ended{false};
+  std::atomic<bool> calling{false};  // the shrinker is at its call (a thread may start late)
   std::thread shrinker([&] {
     groups[0]->issue_from_this_thread();
+    calling = true;
     EXPECT_TUTTI_ERROR(groups[0]->shrink(o), ErrorCode::kAborted, "destroyed during the shrink");
     ended = true;
   });
+  while (!calling) std::this_thread::yield();
   std::this_thread::sleep_for(milliseconds(200));
   const auto start = std::chrono::steady_clock::now();
   groups[0]->destroy();

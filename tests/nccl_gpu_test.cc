@@ -184,15 +184,38 @@ TEST_F(NcclGpu, OrderedAfterTheCallersStream) {
   cudaFreeHost(back);
 }
 
-// The caller's stream is held 300 ms: the op's Work is not complete before then, a short wait
-// says so without harming the group, and wait() returns once the stream has run the op.
+std::atomic<bool> g_held{false};
+
+// Holds stream `s` by a host function until g_held is cleared (or 10 s have passed).
+void hold(cudaStream_t s) {
+  g_held = true;
+  cudaLaunchHostFunc(
+      s,
+      [](void*) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (g_held && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(milliseconds(1));
+        }
+      },
+      nullptr);
+}
+
+// A new caller stream, held (above).
+cudaStream_t held_stream() {
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  hold(s);
+  return s;
+}
+
+// The caller's stream is held until the test has looked (a 300 ms sleep until 2026-12-05: a
+// loaded machine could take longer to issue the op): the op's Work is not complete before then,
+// a short wait says so without harming the group, and wait() returns once the stream has run the
+// op.
 TEST_F(NcclGpu, AWorkCompletesOnlyOnceItsStreamRanTheOp) {
   const int64_t n = 4096;
   DeviceBuffer buf(n * 4);
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  cudaLaunchHostFunc(
-      s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
+  cudaStream_t s = held_stream();
   AllreduceOptions o;
   o.stream = s;
   auto work = group_->allreduce(buf.view(DType::kFloat32, n), o);
@@ -207,44 +230,26 @@ TEST_F(NcclGpu, AWorkCompletesOnlyOnceItsStreamRanTheOp) {
     EXPECT_NE(std::string(e.what()).find("still running"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(group_->is_aborted());
+  g_held = false;
   work->wait();
   EXPECT_TRUE(work->is_completed());
   EXPECT_TRUE(work->is_success());
   // async_op gives the same (NCCL ops always return once enqueued), and blocking waits first.
-  DeviceBuffer out(n * 4);  // before the pause: it synchronises the device
-  cudaLaunchHostFunc(
-      s, [](void*) { std::this_thread::sleep_for(milliseconds(300)); }, nullptr);
+  DeviceBuffer out(n * 4);  // before the hold: it synchronises the device
+  hold(s);
   AllgatherOptions async;
   async.stream = s;
   async.async_op = true;
   auto gathered =
       group_->allgather(out.view(DType::kFloat32, n), buf.view(DType::kFloat32, n), async);
   EXPECT_FALSE(gathered->is_completed());
+  g_held = false;
   AllreduceOptions blocking;
   blocking.stream = s;
   blocking.blocking = true;
   EXPECT_TRUE(group_->allreduce(buf.view(DType::kFloat32, n), blocking)->is_completed());
   EXPECT_TRUE(gathered->is_completed()) << "ran after an op that has finished on the same stream";
   cudaStreamDestroy(s);
-}
-
-std::atomic<bool> g_held{false};
-
-// A caller stream held by a host function until g_held is cleared (or 10 s have passed).
-cudaStream_t held_stream() {
-  cudaStream_t s = nullptr;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  g_held = true;
-  cudaLaunchHostFunc(
-      s,
-      [](void*) {
-        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (g_held && std::chrono::steady_clock::now() < until) {
-          std::this_thread::sleep_for(milliseconds(1));
-        }
-      },
-      nullptr);
-  return s;
 }
 
 // The Work of an op that cannot finish within its 300 ms timeout ends with kTimeout naming the

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <thread>
 
@@ -546,9 +547,9 @@ class Rank {
         where(even ? "batched recv of a plain send" : "plain recv of a batched send", 0));
   }
 
-  // async_op through the group API: behind a caller stream held 100 ms, three ops return at
-  // once with Works that are not yet complete; waiting for the last one (the stream runs them in
-  // order) leaves all three complete, with the right values.
+  // async_op through the group API: behind a caller stream held until the test looked, three ops
+  // return at once with Works that are not yet complete; waiting for the last one (the stream runs
+  // them in order) leaves all three complete, with the right values.
   void async_ops() {
     const DType dtype = DType::kFloat32;
     const int64_t n = 256;
@@ -562,8 +563,19 @@ class Rank {
     }
     cudaStream_t s;
     ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    // The stream is held until the test has looked (a 100 ms sleep here once: issuing the ops
+    // under a sanitizer on a loaded machine may take longer).
+    static std::atomic<bool> held;
+    held = true;
     cudaLaunchHostFunc(
-        s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }, nullptr);
+        s,
+        [](void*) {
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+          while (held && std::chrono::steady_clock::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        },
+        nullptr);
     AllreduceOptions ar;
     ar.stream = s;
     ar.async_op = true;
@@ -577,6 +589,7 @@ class Rank {
     auto w2 = g_->allgather(gathered.view(dtype, world_ * n), a.view(dtype, n), ag);
     auto w3 = g_->alltoall(out.view(dtype, world_ * n), in.view(dtype, world_ * n), aa);
     EXPECT_FALSE(w1->is_completed()) << "an async op finished before the stream it follows";
+    held = false;
     w3->wait();
     EXPECT_TRUE(w1->is_completed());
     EXPECT_TRUE(w2->is_success());

@@ -1,6 +1,7 @@
 // Subgroups: split and new_group, ranks as threads.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include <numeric>
@@ -160,8 +161,10 @@ TEST_P(Split, AbortAndDestroyOfTheParentEndAWaitingSplit) {
     double ended_ms = 0;
     std::string what;
     ErrorCode code = ErrorCode::kInternal;
+    std::atomic<bool> calling{false};  // the splitter is at its call (a thread may start late)
     std::thread splitter([&] {
       parents[0]->issue_from_this_thread();
+      calling = true;
       const auto start = std::chrono::steady_clock::now();
       try {
         parents[0]->split({0, 1, 2});
@@ -172,6 +175,7 @@ TEST_P(Split, AbortAndDestroyOfTheParentEndAWaitingSplit) {
       ended_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                      .count();
     });
+    while (!calling) std::this_thread::yield();
     std::this_thread::sleep_for(milliseconds(300));
     const auto stop = std::chrono::steady_clock::now();
     if (destroy) {

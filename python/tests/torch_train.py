@@ -8,7 +8,7 @@ With several backends the same training runs once on each, one after the other i
 processes (init_process_group, train, destroy_process_group), from the same seeds. Every rank
 trains on batches of its own (seeded by rank); rank 0 saves each backend's final parameters to
 <backend>-<--out>, and with --overlap-out a count of the gradient buckets whose all_reduce was
-still running when DDP's hook returned on rank 0 (async overlap; --lag-ms makes rank 1 late to
+still running when DDP's hook returned on rank 0 (async overlap; --lag makes rank 1 late to
 each bucket, so an op that returned at once is still running) to <backend>-<--overlap-out>. The test
 compares tutti's parameters with gloo's.
 """
@@ -16,7 +16,6 @@ compares tutti's parameters with gloo's.
 import argparse
 import datetime
 import os
-import time
 
 import torch
 import torch.distributed as dist
@@ -28,8 +27,9 @@ parser.add_argument("--wrap", choices=["ddp", "fsdp2"], default="ddp")
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--out", required=True)
 parser.add_argument("--overlap-out", default="")
-parser.add_argument("--lag-ms", type=float, default=0.0,
-                    help="rank 1 waits this long before each bucket's all_reduce")
+parser.add_argument("--lag", action="store_true",
+                    help="rank 1 issues each bucket's all_reduce only once rank 0's hook has "
+                         "returned (a mark in the process group's store)")
 args = parser.parse_args()
 
 
@@ -50,6 +50,8 @@ def train(backend):
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                           nn.Linear(256, 8))
     still_running = []
+    hooks_run = []  # every rank's hooks, counted alike (DDP's buckets go in one order)
+    store = dist.distributed_c10d._get_default_store()
     if args.wrap == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -57,13 +59,18 @@ def train(backend):
 
         def allreduce_hook(state, bucket):
             # What DDP's default does (sum, then divide), recording whether the op was still
-            # running when the hook handed it back to DDP (and backward went on). With --lag-ms
-            # rank 1 comes late to each bucket, so rank 0's op cannot be done when its hook
-            # returns, unless all_reduce(async_op=True) waited for it.
-            if rank == 1 and args.lag_ms:
-                time.sleep(args.lag_ms / 1000)
+            # running when the hook handed it back to DDP (and backward went on). With --lag
+            # rank 1 comes to each bucket only once rank 0's hook has looked, so rank 0's op
+            # cannot be done when its hook returns, unless all_reduce(async_op=True) waited for
+            # it (then rank 0 never marks, and rank 1's wait for the mark times out).
+            mark = f"lag/{backend}/{len(hooks_run)}"
+            hooks_run.append(None)
+            if rank == 1 and args.lag:
+                store.wait([mark], datetime.timedelta(seconds=30))
             work = dist.all_reduce(bucket.buffer(), async_op=True)
             still_running.append(not work.is_completed())
+            if rank == 0 and args.lag:
+                store.set(mark, "1")
             return work.get_future().then(lambda f: f.value()[0].div_(world))
 
         model.register_comm_hook(None, allreduce_hook)
