@@ -49,20 +49,26 @@ TEST(ShmProcesses, NothingIsLeftInDevShm) {
 
 // The survivors notice the death through the process handle well before the op's 1.5 s
 // timeout: the worker checks that the error (kIoError, or kRemoteError when the other survivor
-// noticed first and aborted) names rank 1.
+// noticed first and aborted) names rank 1, and times it from the death (rank 1 writes when).
 TEST(ShmProcesses, ACrashedRankIsNamedAndLeavesNothingBehind) {
   TempDir dir;
   const std::string job = unique_name("shmcrash");
   auto results = run_ranks_env(
-      3, "shm", job, [](int) { return std::vector<std::string>{"TUTTI_TEST_CRASH_RANK=1"}; }, dir);
+      3, "shm", job,
+      [&](int) {
+        return std::vector<std::string>{"TUTTI_TEST_CRASH_RANK=1",
+                                        "TUTTI_TEST_DEATH=" + dir.path() + "/death"};
+      },
+      dir);
   EXPECT_EQ(results[1].signal, SIGABRT) << results[1].output;
   for (int r : {0, 2}) {
     EXPECT_EQ(results[r].exit_code, 0) << results[r].output;
+    EXPECT_NE(results[r].output.find("naming rank 1"), std::string::npos) << results[r].output;
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(results[r].output, m,
-                                  std::regex("failed after ([0-9]+) ms naming rank 1")))
+    ASSERT_TRUE(
+        std::regex_search(results[r].output, m, std::regex("failed ([0-9.]+) ms after the death")))
         << results[r].output;
-    EXPECT_LT(std::stoi(m[1]), 1000) << results[r].output;
+    EXPECT_LT(std::stod(m[1]), 1000) << results[r].output;
   }
   EXPECT_TRUE(shm_entries(job).empty()) << "left behind: " << shm_entries(job)[0];
 }

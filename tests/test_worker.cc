@@ -60,6 +60,31 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
+// Times that other processes of this host read (steady_clock is CLOCK_MONOTONIC, one clock for
+// all of them): `t` in microseconds written to `path` whole (a temporary file renamed), and read
+// back; a file not there reads as -1.
+int64_t micros(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+void write_time(const std::string& path, Clock::time_point t) {
+  FILE* f = std::fopen((path + ".tmp").c_str(), "w");
+  require(f != nullptr, "writing " + path);
+  std::fprintf(f, "%lld\n", static_cast<long long>(micros(t)));
+  require(std::fclose(f) == 0, "writing " + path);
+  require(std::rename((path + ".tmp").c_str(), path.c_str()) == 0, "renaming " + path);
+}
+
+int64_t read_time(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return -1;
+  long long t = -1;
+  const bool read = std::fscanf(f, "%lld", &t) == 1;
+  std::fclose(f);
+  require(read, "reading " + path);
+  return t;
+}
+
 void scenario_allreduce(const Args& a) {
   init_collective_group(a.world, a.rank, "gloo", "default", options(a));
   require(get_rank() == a.rank && get_collective_group_size() == a.world, "rank and size");
@@ -422,14 +447,23 @@ void scenario_env_backend(const Args&) {
   for (int32_t x : v) require(x == world * (world + 1) / 2, "allreduce sum");
   const char* crash = std::getenv("TUTTI_TEST_CRASH_RANK");
   if (crash == nullptr) return;
-  if (std::atoi(crash) == rank) std::abort();
+  // The dying rank writes when it died, where TUTTI_TEST_DEATH names a file: the others time
+  // their failure from it (from their own op's start, the dying rank's way to its abort, late on
+  // a loaded machine, would count too).
+  const char* death = std::getenv("TUTTI_TEST_DEATH");
+  if (std::atoi(crash) == rank) {
+    if (death != nullptr) write_time(death, Clock::now());
+    std::abort();
+  }
   AllreduceOptions opts;
   opts.timeout = std::chrono::milliseconds(1500);
   const auto start = Clock::now();
+  int64_t failed = 0;
   try {
     group->allreduce(v, opts);
     throw std::runtime_error("allreduce succeeded with a dead rank");
   } catch (const Error& e) {
+    failed = micros(Clock::now());
     const std::string what = e.what();
     const std::string died = std::string("rank ") + crash + " (pid ";
     require(what.find(died) != std::string::npos && what.find(") died") != std::string::npos,
@@ -438,6 +472,12 @@ void scenario_env_backend(const Args&) {
             "error code is I/O or remote: " + what);
   }
   std::printf("rank %d: failed after %.0f ms naming rank %s\n", rank, ms_since(start), crash);
+  if (death != nullptr) {
+    const int64_t died = read_time(death);
+    require(died >= 0, std::string("the dying rank wrote ") + death);
+    std::printf("rank %d: failed %.1f ms after the death\n", rank,
+                static_cast<double>(failed - died) / 1000.0);
+  }
 }
 
 // Rank TUTTI_TEST_CRASH_RANK crashes (SIGABRT) after a first allreduce; every other rank's next
@@ -493,17 +533,7 @@ void scenario_env_silent_rank(const Args&) {
   // process of this host) where the others can read it once they have failed.
   const std::string starts = std::getenv("TUTTI_TEST_STARTS");
   const auto start = Clock::now();
-  const auto since_epoch = [](Clock::time_point t) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
-  };
-  {
-    const std::string path = starts + "/start-" + std::to_string(rank);
-    FILE* f = std::fopen((path + ".tmp").c_str(), "w");
-    require(f != nullptr, "writing " + path);
-    std::fprintf(f, "%lld\n", static_cast<long long>(since_epoch(start)));
-    std::fclose(f);
-    require(std::rename((path + ".tmp").c_str(), path.c_str()) == 0, "renaming " + path);
-  }
+  write_time(starts + "/start-" + std::to_string(rank), start);
   try {
     g->allreduce(v, opts);
     throw std::runtime_error("allreduce succeeded without the silent rank");
@@ -515,16 +545,12 @@ void scenario_env_silent_rank(const Args&) {
             std::string("error code ") + to_string(e.code()) + ": " + e.what());
     // No rank fails before some rank's op reached its 900 ms: the earliest start of those that
     // are in the op (each wrote it before its op began, so before any timeout of its).
-    long long first = since_epoch(start);
+    int64_t first = micros(start);
     for (int r = 0; r < g->world_size(); ++r) {
-      FILE* f = std::fopen((starts + "/start-" + std::to_string(r)).c_str(), "r");
-      if (f == nullptr) continue;  // the silent rank
-      long long t = 0;
-      require(std::fscanf(f, "%lld", &t) == 1, "reading rank " + std::to_string(r) + "'s start");
-      std::fclose(f);
-      first = std::min(first, t);
+      const int64_t t = read_time(starts + "/start-" + std::to_string(r));
+      if (t >= 0) first = std::min(first, t);  // none from the silent rank
     }
-    const double after_first = (since_epoch(failed) - first) / 1000.0;
+    const double after_first = static_cast<double>(micros(failed) - first) / 1000.0;
     require(after_first >= 900 && ms < 3000,
             "failed " + std::to_string(after_first) + " ms after the first rank's op began, " +
                 std::to_string(ms) + " ms after its own: " + e.what());
