@@ -529,8 +529,7 @@ void scenario_env_silent_rank(const Args&) {
   if (late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   AllreduceOptions opts;
   opts.timeout = std::chrono::milliseconds(900);
-  // Each rank writes when its op began (steady_clock: CLOCK_MONOTONIC, one clock for every
-  // process of this host) where the others can read it once they have failed.
+  // Each rank writes when its op began, where the others read it once they have failed.
   const std::string starts = std::getenv("TUTTI_TEST_STARTS");
   const auto start = Clock::now();
   write_time(starts + "/start-" + std::to_string(rank), start);

@@ -1,16 +1,15 @@
 """TuttiTensorTransport: tutti's direct transport as a Ray RDT tensor transport ("TUTTI").
 
-One-sided: the source actor publishes the tensors in place with its process's
-tutti.transfer agent (transport_agent()) when Ray extracts the object's metadata (no copy; the reference travels in
-the metadata), and the destination actor reads them itself (shm on one node; on another node the
-socket transport, over TCP to the source's agent, which serve_other_nodes() set listening on its
-node's IP with the cluster's transfer secret). TUTTI_RAY_TRANSFER_TRANSPORT names the transport
-of puts (default "auto"; e.g. "ucx" with TUTTI_PLUGINS=ucx for one-sided gets across nodes).
-Ray frees the object with garbage_collect, which releases the handle;
-tutti then keeps the tensors until no read is in progress and no consumer maps them. Transfers
-can be aborted (a fetch in progress is cancelled), so Ray does not kill actors on a failed
-transfer; a source that died fails the fetch with tutti.IoError, which Ray hands to whoever uses
-the object.
+One-sided: the source actor publishes the tensors in place with its process's tutti.transfer agent
+(transport_agent()) when Ray extracts the object's metadata (no copy; the reference travels in the
+metadata), and the destination actor reads them itself (shm on one node; on another node the socket
+transport, over TCP to the source's agent, which serve_other_nodes() set listening on its node's IP
+with the cluster's transfer secret). TUTTI_RAY_TRANSFER_TRANSPORT names the transport of puts
+(default "auto"; e.g. "ucx" with TUTTI_PLUGINS=ucx for one-sided gets across nodes). Ray frees the
+object with garbage_collect, which releases the handle; tutti then keeps the tensors until no read
+is in progress and no consumer maps them. Transfers can be aborted (a fetch in progress is
+cancelled), so Ray does not kill actors on a failed transfer; a source that died fails the fetch
+with tutti.IoError, which Ray hands to whoever uses the object.
 
 Zero-copy where the memory allows it: tensors the source made in shareable memory
 (tutti.transfer.empty, or any tensor after share_memory_(), whose storage is registered with the
