@@ -5,6 +5,8 @@
 #include <thread>
 
 #include "test_util.h"
+#include "tutti/embedding.h"
+#include "tutti/transfer_agent.h"
 
 namespace tutti::testing {
 namespace {
@@ -204,6 +206,89 @@ TEST(Group, ReinitThroughTheSameStoreIsAFreshIncarnation) {
       groups[r]->destroy();
     });
   }
+}
+
+// ---- blocking hooks (tutti/embedding.h) -------------------------------------------------------
+
+struct HookLog {
+  std::atomic<int> entered{0};
+  std::atomic<int> left{0};
+  std::atomic<int> wrong_token{0};
+  std::thread::id entered_on;
+  bool give_token = true;
+};
+HookLog* g_hook_log = nullptr;
+int g_hook_token = 0;
+
+void* log_enter() {
+  g_hook_log->entered++;
+  g_hook_log->entered_on = std::this_thread::get_id();
+  return g_hook_log->give_token ? &g_hook_token : nullptr;
+}
+void log_leave(void* token) {
+  if (token != &g_hook_token) g_hook_log->wrong_token++;
+  g_hook_log->left++;
+}
+
+// Installs the logging hooks for a test, and none again after it, whatever ends it.
+class LoggedHooks {
+ public:
+  explicit LoggedHooks(HookLog& log) {
+    g_hook_log = &log;
+    tutti::set_blocking_hooks({&log_enter, &log_leave});
+  }
+  ~LoggedHooks() {
+    tutti::set_blocking_hooks({});
+    g_hook_log = nullptr;
+  }
+  LoggedHooks(const LoggedHooks&) = delete;
+  LoggedHooks& operator=(const LoggedHooks&) = delete;
+};
+
+TEST(Embedding, AGroupsAndAnAgentsTeardownRunTheBlockingHooksOnceOnTheirThread) {
+  HookLog log;
+  LoggedHooks hooks(log);
+  auto group = CollectiveGroup::create(1, 0, "gloo", unique_name("hooks"));
+  EXPECT_EQ(log.entered.load(), 0);  // nothing but a teardown runs them
+  std::thread([&] { group->destroy(); }).join();
+  EXPECT_EQ(log.entered.load(), 1);
+  EXPECT_EQ(log.left.load(), 1);
+  EXPECT_NE(log.entered_on, std::this_thread::get_id());  // the destroying thread's
+  // Destroyed already: nothing waits, neither here nor in the destructor.
+  group->destroy();
+  group.reset();
+  EXPECT_EQ(log.entered.load(), 1);
+
+  TransferAgentOptions o;
+  o.name = unique_name("hooks-agent");
+  auto agent = TransferAgent::create(o);
+  agent.reset();  // its stop
+  EXPECT_EQ(log.entered.load(), 2);
+  EXPECT_EQ(log.left.load(), 2);
+  EXPECT_EQ(log.entered_on, std::this_thread::get_id());
+
+  // An enter that gives nothing back (its thread held no lock) gets no leave.
+  log.give_token = false;
+  CollectiveGroup::create(1, 0, "gloo", unique_name("hooks"))->destroy();
+  EXPECT_EQ(log.entered.load(), 3);
+  EXPECT_EQ(log.left.load(), 2);
+  EXPECT_EQ(log.wrong_token.load(), 0);
+
+  tutti::set_blocking_hooks({});  // none: none run
+  CollectiveGroup::create(1, 0, "gloo", unique_name("hooks"))->destroy();
+  EXPECT_EQ(log.entered.load(), 3);
+}
+
+TEST(Embedding, OneHookWithoutTheOtherIsRefused) {
+  EXPECT_TUTTI_ERROR(tutti::set_blocking_hooks({&log_enter, nullptr}), ErrorCode::kInvalidArgument,
+                     "enter given without leave");
+  EXPECT_TUTTI_ERROR(tutti::set_blocking_hooks({nullptr, &log_leave}), ErrorCode::kInvalidArgument,
+                     "leave given without enter");
+  HookLog log;
+  g_hook_log = &log;
+  CollectiveGroup::create(1, 0, "gloo", unique_name("hooks"))->destroy();  // none installed
+  EXPECT_EQ(log.entered.load(), 0);
+  g_hook_log = nullptr;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "tutti/backend.h"
 #include "tutti/collective.h"
 #include "tutti/collective_group.h"
+#include "tutti/embedding.h"
 #include "tutti/env.h"
 #include "tutti/error.h"
 #include "tutti/file_store.h"

@@ -3,6 +3,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,6 +14,7 @@
 #include "errors.h"
 #include "tensors.h"
 #include "tutti/backend.h"
+#include "tutti/embedding.h"
 #include "tutti/error.h"
 #include "tutti/version.h"
 
@@ -68,11 +71,44 @@ std::string to_bytes(nb::handle value, const char* where) {
 
 }  // namespace tutti::python
 
+namespace {
+
+bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+// tutti's blocking hooks (tutti/embedding.h): a group or an agent whose last Python reference
+// goes is torn down without the GIL, so a teardown that waits (a store whose host has gone: 2 s
+// a request) does not stop the process's other Python threads. Kept while the interpreter
+// finalizes: a thread that lets go of the GIL then may never get it back.
+void* release_gil() {
+  if (!Py_IsInitialized() || finalizing() || PyGILState_Check() == 0) return nullptr;
+  return PyEval_SaveThread();
+}
+
+// A thread whose teardown outlasted the interpreter (a daemon thread while the main one
+// exited) would be ended by PyEval_RestoreThread (pthread_exit, unwinding through noexcept
+// frames: std::terminate); it waits for the process's exit instead, as Python 3.14 parks such
+// threads. Its teardown is over: it holds nothing of tutti's.
+void take_gil_back(void* state) {
+  if (finalizing() || !Py_IsInitialized()) {
+    for (;;) ::pause();
+  }
+  PyEval_RestoreThread(static_cast<PyThreadState*>(state));
+}
+
+}  // namespace
+
 NB_MODULE(_tutti, m) {
   using namespace tutti::python;
   namespace nb = nanobind;
   m.doc() = "tutti's C++ library (the package tutti re-exports what users need)";
   init_errors();
+  tutti::set_blocking_hooks({&release_gil, &take_gil_back});
   m.attr("__version__") = tutti::version();
   m.def("is_backend_available",
         [](const std::string& name) { return tutti::is_backend_available(name); });

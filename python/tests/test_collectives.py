@@ -437,6 +437,60 @@ def test_a_group_collected_with_an_op_in_flight_does_not_deadlock():
     assert done.returncode == 0 and "collected" in done.stdout, done.stdout + done.stderr
 
 
+def test_dropping_the_last_reference_to_a_group_lets_other_threads_run():
+    """A group Python collects (no destroy()) whose store's host has gone waits in its teardown
+    for the store (2 s a request): other Python threads run meanwhile, since the group goes
+    without the GIL (before, they all stood still until the teardown ended)."""
+    script = textwrap.dedent("""
+        import threading, time
+        import tutti
+
+        server = tutti.TCPStoreServer()
+        store = server.url()
+        joined, done = threading.Event(), threading.Event()
+
+        def rank1():  # stays in the group until rank 0's teardown has ended
+            g1 = tutti.CollectiveGroup.create(2, 1, "shm", "dropped", store=store, timeout=20)
+            joined.set()
+            done.wait(60)
+            g1.destroy()
+
+        t = threading.Thread(target=rank1)
+        t.start()
+        g = tutti.CollectiveGroup.create(2, 0, "shm", "dropped", store=store, timeout=20)
+        joined.wait(60)
+        del server  # the store's host goes: leaving it waits out its requests' timeout
+        ticks = []
+
+        def ticker():
+            while not done.is_set():
+                ticks.append(time.monotonic())
+                time.sleep(0.005)
+
+        k = threading.Thread(target=ticker)
+        k.start()
+        time.sleep(0.05)
+        start = time.monotonic()
+        del g  # its last reference: the teardown runs here
+        end = time.monotonic()
+        done.set()
+        t.join(60)
+        k.join(60)
+        marks = [start] + [x for x in ticks if start < x < end] + [end]
+        gap = max(b - a for a, b in zip(marks, marks[1:]))
+        print(f"teardown {end - start:.3f} s, longest gap {gap:.3f} s, ticks {len(marks) - 2}")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    words = done.stdout.split()
+    seconds, gap = float(words[1]), float(words[5])
+    # The teardown waited (else this test could not tell), and the ticker ran through it (a tick
+    # every 5 ms; with the GIL held through the teardown, one gap as long as the teardown).
+    assert seconds >= 0.5, done.stdout
+    assert gap < min(1.0, seconds / 2), done.stdout
+
+
 @pytest.mark.parametrize("backend", ["shm", "gloo"])
 def test_ops_come_from_one_thread_until_another_takes_the_group(backend):
     """A CPU group takes its ops from the thread that created it: another thread's op fails

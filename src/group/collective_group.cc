@@ -20,6 +20,7 @@
 #include "group/rendezvous.h"
 #include "store/ledger_store.h"
 #include "store/stoppable_store.h"
+#include "tutti/embedding.h"
 #include "tutti/env.h"
 #include "tutti/error.h"
 #include "tutti/prefix_store.h"
@@ -1104,6 +1105,9 @@ void CollectiveGroup::destroy() noexcept {
     detail::keep_forever(state_);
     return;
   }
+  // What follows may wait (the worker, the backend's threads, the store): a binding lets go of
+  // its own lock meanwhile (Python's GIL, where the group went with its last Python reference).
+  const detail::BlockingScope blocking;
   try {
     // An op running in another thread (it holds the op lock), or queued, ends now (kAborted)
     // instead of at its timeout.

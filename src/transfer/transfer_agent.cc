@@ -10,6 +10,7 @@
 #include "transfer/group_transport.h"
 #include "tutti/backend.h"
 #include "tutti/collective_group.h"
+#include "tutti/embedding.h"
 #include "util/fork_watch.h"
 #include "util/logging.h"
 
@@ -103,6 +104,7 @@ TransferAgent::~TransferAgent() {
     detail::keep_forever(std::move(core_));
     return;
   }
+  const detail::BlockingScope blocking;  // the stop may wait (collective_group.cc's destroy says)
   core_->stop();
 }
 
