@@ -2,10 +2,13 @@
 """How quiet the machine was around a benchmark run: the CPU time other processes took while it
 ran, the hypervisor's steal time, and the load average.
 
-    python3 benchmarks/machine.py run --state STATE.json -- COMMAND [ARGS...]
+    python3 benchmarks/machine.py run --state STATE.json [--exchange MEMBW] -- COMMAND [ARGS...]
         runs COMMAND (its exit status is this program's) and writes STATE.json:
         {"wall_s", "cpus", "self_cpu_s", "others": fraction of all CPUs that processes other
-        than COMMAND's used, "steal": fraction stolen by the hypervisor, "load1_before"}
+        than COMMAND's used, "steal": fraction stolen by the hypervisor, "load1_before"}; with
+        --exchange (the path of tutti-membw) also "exchange_ns": how long CPUs 0 and 1 took to
+        exchange a cache line just before and just after COMMAND (two figures), the floor of a
+        2-rank allreduce's smallest sizes, which on these VMs moves between ~50 and ~250 ns
     python3 benchmarks/machine.py probe SECONDS
         the same figures for SECONDS of doing nothing (what the machine does without us)
 
@@ -70,6 +73,17 @@ def measure(action):
     return result, state
 
 
+def exchange_ns(membw):
+    """tutti-membw's cache-line exchange between CPUs 0 and 1, in ns; None where it cannot say."""
+    try:
+        out = subprocess.run([membw, "--exchange-only", "-n", "3"], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+        value = float(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return value if value > 0 else None
+
+
 def is_busy(state):
     others = state.get("others", 0) > BUSY_OTHERS and \
         state.get("others_cpu_s", BUSY_OTHERS_CPU_S) >= BUSY_OTHERS_CPU_S
@@ -85,6 +99,11 @@ def describe(states):
     busy = sum(1 for s in states if is_busy(s))
     text = (f"other processes used up to {others:.0%} of the CPUs, steal up to {steal:.1%}, "
             f"load average before up to {max(s.get('load1_before', 0) for s in states):.2f}")
+    exchanges = [x for s in states for x in s.get("exchange_ns", []) if x]
+    if exchanges:
+        text += (f"; a cache line between CPUs 0 and 1 in {min(exchanges):.0f}"
+                 + (f"-{max(exchanges):.0f}" if round(max(exchanges)) != round(min(exchanges))
+                    else "") + " ns")
     if busy == 0:
         return "machine quiet (" + text + ")"
     return f"machine BUSY in {busy} of {len(states)} runs (" + text + ")"
@@ -99,11 +118,17 @@ def main(argv):
     if len(argv) >= 4 and argv[1] == "run" and argv[2] == "--state":
         path = argv[3]
         cmd = argv[4:]
+        membw = None
+        if len(cmd) >= 2 and cmd[0] == "--exchange":
+            membw, cmd = cmd[1], cmd[2:]
         if cmd and cmd[0] == "--":
             cmd = cmd[1:]
         if not cmd:
             sys.exit(__doc__)
+        before = exchange_ns(membw) if membw else None
         rc, state = measure(lambda: subprocess.call(cmd))
+        if membw:
+            state["exchange_ns"] = [before, exchange_ns(membw)]
         with open(path, "w") as f:
             json.dump(state, f)
         return rc

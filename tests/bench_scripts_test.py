@@ -110,6 +110,45 @@ class Machine(unittest.TestCase):
                            sys.executable, "-c", "raise SystemExit(3)"])
         self.assertEqual(rc, 3)
 
+    def test_the_cache_line_exchange_is_taken_before_and_after_the_command(self):
+        d = tempfile.mkdtemp()
+        # A stand-in for tutti-membw that says 61.5 ns before the command and 248 ns after it
+        # (the command writes the file it reads).
+        probe = os.path.join(d, "probe")
+        later = os.path.join(d, "later")
+        with open(probe, "w") as f:
+            f.write(f"#!/bin/sh\n[ \"$1 $2 $3\" = \"--exchange-only -n 3\" ] || exit 2\n"
+                    f"if [ -e {later} ]; then echo 248.0; else echo 61.5; fi\n")
+        os.chmod(probe, 0o755)
+        state_path = os.path.join(d, "s.json")
+        rc = machine.main(["machine.py", "run", "--state", state_path, "--exchange", probe, "--",
+                           "touch", later])
+        self.assertEqual(rc, 0)
+        with open(state_path) as f:
+            state = json.load(f)
+        self.assertEqual(state["exchange_ns"], [61.5, 248.0])
+        self.assertIn("a cache line between CPUs 0 and 1 in 62-248 ns", machine.describe([state]))
+        # A probe that cannot say (it fails): no figure, and the description says none.
+        os.remove(later)
+        rc = machine.main(["machine.py", "run", "--state", state_path, "--exchange",
+                           os.path.join(d, "absent"), "--", "true"])
+        self.assertEqual(rc, 0)
+        with open(state_path) as f:
+            state = json.load(f)
+        self.assertEqual(state["exchange_ns"], [None, None])
+        self.assertNotIn("cache line", machine.describe([state]))
+
+    def test_the_real_probe_gives_a_time(self):
+        membw = os.environ.get("TUTTI_MEMBW", os.path.join(ROOT, "build", "bin", "tutti-membw"))
+        if not os.access(membw, os.X_OK):
+            self.skipTest(f"{membw} is not built (ctest names it in TUTTI_MEMBW)")
+        value = machine.exchange_ns(membw)
+        if (os.cpu_count() or 1) < 2:
+            self.assertIsNone(value)
+        else:
+            # A cache line moves between two cores in tens to hundreds of ns; not 0, not ms.
+            self.assertTrue(value is not None and 5 < value < 100000, value)
+
 
 class Verdict(unittest.TestCase):
     def run_verdict(self, d, *extra):

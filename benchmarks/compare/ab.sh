@@ -65,10 +65,14 @@ out=${OUT:-results/ab/$name_a-vs-$name_b}
 rm -rf "$out"
 mkdir -p "$out"
 defaults=(--op allreduce --backend shm -b 8 -e 64M -f 4 -w 10 -n 50 -d float32 -o sum -c 0)
+# The cache-line exchange between the CPUs before and after each run (benchmarks/machine.py),
+# where the working tree's build has the probe.
+exchange=()
+[ -x build/bin/tutti-membw ] && exchange=(--exchange build/bin/tutti-membw)
 run_one() {  # $1 = a|b, $2 = rep
   local bin=$bin_a
   [ "$1" = b ] && bin=$bin_b
-  "$py" benchmarks/machine.py run --state "$out/$1.r$2.state.json" -- \
+  "$py" benchmarks/machine.py run --state "$out/$1.r$2.state.json" "${exchange[@]}" -- \
     "$bin/tutti-bench" --ranks "$ranks" "${defaults[@]}" "${extra[@]}" --json "$out/$1.r$2.json" \
     >"$out/$1.r$2.log" 2>&1 || {
     echo "ab: $1 (pair $2) failed:" >&2
