@@ -106,6 +106,67 @@ TEST(LocalProcesses, AProcessBoundElsewhereDoesNotCount) {
   }
 }
 
+// A process that holds a group and runs no op (a notebook's kernel) takes no CPU: not counted
+// once it has been idle for kIdleAfter, counted again from its next op.
+TEST(LocalProcesses, AnIdleProcessIsNotCountedUntilItRunsAnOpAgain) {
+  int go[2], said[2];
+  ASSERT_EQ(::pipe(go), 0);
+  ASSERT_EQ(::pipe(said), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    register_local_process();
+    // Its last op, as far as the table knows, long ago (written whatever the throttle says).
+    note_local_activity_now(std::chrono::steady_clock::now() - kIdleAfter -
+                            std::chrono::seconds(1));
+    char byte = 1;
+    if (::write(said[1], &byte, 1) != 1) ::_exit(2);
+    if (::read(go[0], &byte, 1) != 1) ::_exit(3);
+    note_local_activity_now(std::chrono::steady_clock::now());  // an op now
+    if (::write(said[1], &byte, 1) != 1) ::_exit(4);
+    if (::read(go[0], &byte, 1) < 0) ::_exit(5);
+    ::_exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(::read(said[0], &byte, 1), 1);
+  EXPECT_FALSE(listed(local_processes(all_cpus()), pid)) << "idle since its registration";
+  ASSERT_EQ(::write(go[1], &byte, 1), 1);
+  ASSERT_EQ(::read(said[0], &byte, 1), 1);
+  EXPECT_TRUE(listed(local_processes(all_cpus()), pid)) << "it ran an op";
+  ASSERT_EQ(::write(go[1], &byte, 1), 1);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int fd : {go[0], go[1], said[0], said[1]}) ::close(fd);
+}
+
+// A process making another group runs no op while it does (its rendezvous): it counts again from
+// that registration, whatever its last op was.
+TEST(LocalProcesses, MakingAnotherGroupCountsAsActivity) {
+  int said[2];
+  ASSERT_EQ(::pipe(said), 0);
+  int hold[2];
+  ASSERT_EQ(::pipe(hold), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    register_local_process();
+    note_local_activity_now(std::chrono::steady_clock::now() - kIdleAfter -
+                            std::chrono::seconds(1));
+    register_local_process();  // another group
+    char byte = 1;
+    if (::write(said[1], &byte, 1) != 1) ::_exit(2);
+    if (::read(hold[0], &byte, 1) < 0) ::_exit(3);
+    ::_exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(::read(said[0], &byte, 1), 1);
+  EXPECT_TRUE(listed(local_processes(all_cpus()), pid));
+  ASSERT_EQ(::write(hold[1], &byte, 1), 1);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int fd : {said[0], said[1], hold[0], hold[1]}) ::close(fd);
+}
+
 TEST(LocalProcesses, RegisteringTwiceTakesOneSlot) {
   Children kid(1, -1, /*registrations=*/3);
   const std::vector<long> pids = local_processes(all_cpus());

@@ -129,39 +129,10 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   // Every process of this user running tutti groups on this kernel competes for those CPUs too,
   // whatever its group or host id (local_processes.h): ranks of two "hosts" in network
   // namespaces on one machine, or of two jobs.
-  const int local = detail::count_local_processes(mask_union(masks));
-  const bool oversubscribed = std::max(world_size_, local) > cores;
-  // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
-  // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
-  // Otherwise a rank polls for kLongSpin (5 ms) before it yields or sleeps: a rank that gives its
-  // CPU away to another process (a yield, a futex sleep) gets it back only at that process's next
-  // tick or slice, since a wake-up does not preempt it (Linux 6.18, PREEMPT_NONE, HZ=250,
-  // measured 2026-12-01: 2 ranks bound to a CPU each beside `yes` took 4 ms per 8-byte allreduce
-  // with 2000 polls, 0.7 us with ~200 us of polling; with both CPUs busy (two `yes`, or a build)
-  // ~200 us of polling was not enough either: 8 ms per op at 256 KiB, 116 ms at 16 MiB, where
-  // 5 ms gives 27 us and 6-7 ms, ahead of Open MPI, which never sleeps). The polls stop at once
-  // when a rank waited for is on this rank's CPU (unbound ranks that the scheduler put together;
-  // shm_internal.h): there a long spin held up the peer, 270-530 us per call beside `yes`,
-  // against ~4 us now. Either way the wait ends asleep on a futex, so a rank waiting for a slow
-  // peer burns at most 5 ms of CPU per wait. TUTTI_SHM_SPIN_US, TUTTI_SHM_SPINS and
-  // TUTTI_SHM_YIELDS override the budget (time, the least polls, then yields). Cores: the CPUs
-  // the ranks may run on together (shm_cpus.h). TUTTI_SHM_ADAPT (default 1: fixed) lets the
-  // budget grow up to that many times after waits that slept briefly (AdaptiveSpin, shm_wait.h).
-  SpinPolicy spin;
-  spin.spins =
-      static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kMinSpins, 0, 100'000'000));
-  spin.spin_for = std::chrono::microseconds(
-      env_size("TUTTI_SHM_SPIN_US", oversubscribed ? 0 : static_cast<size_t>(kLongSpin.count()), 0,
-               10'000'000));
-  spin.yields =
-      static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0, 1'000'000));
-  spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 1, 0, 1000)));
-  TUTTI_LOG_DEBUG(
-      "shm: {} ranks ({} tutti processes here) on {} usable CPUs ({}): polls for {} "
-      "us (at least {}) then yields {}",
-      world_size_, local, cores, oversubscribed ? "oversubscribed" : "a core each",
-      std::chrono::duration_cast<std::chrono::microseconds>(spin.spin_for).count(), spin.spins,
-      spin.yields);
+  ranks_cpus_ = mask_union(masks);
+  cores_ = cores;
+  set_spin_policy(detail::count_local_processes(ranks_cpus_));
+  next_look_ = Clock::now() + kLookAgain;
   // Once every rank has said who it is: a handle on each peer's process, so that its death is
   // noticed at once. Only where its pid and start time match what this host's /proc says, so
   // another pid namespace, or a pid reused since, never counts.
@@ -232,6 +203,45 @@ void ShmBackend::ring(int rank) const {
   wake_all(bells_[rank].ring.value, bells_[rank].sleepers.value);
 }
 
+// How long a wait polls, for `local` processes of tutti's on the ranks' CPUs (this one among
+// them; local_processes.h counts only those that ran an op lately).
+void ShmBackend::set_spin_policy(int local) {
+  const int cores = cores_;
+  const bool oversubscribed = std::max(world_size_, local) > cores;
+  // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
+  // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
+  // Otherwise a rank polls for kLongSpin (5 ms) before it yields or sleeps: a rank that gives its
+  // CPU away to another process (a yield, a futex sleep) gets it back only at that process's next
+  // tick or slice, since a wake-up does not preempt it (Linux 6.18, PREEMPT_NONE, HZ=250,
+  // measured 2026-12-01: 2 ranks bound to a CPU each beside `yes` took 4 ms per 8-byte allreduce
+  // with 2000 polls, 0.7 us with ~200 us of polling; with both CPUs busy (two `yes`, or a build)
+  // ~200 us of polling was not enough either: 8 ms per op at 256 KiB, 116 ms at 16 MiB, where
+  // 5 ms gives 27 us and 6-7 ms, ahead of Open MPI, which never sleeps). The polls stop at once
+  // when a rank waited for is on this rank's CPU (unbound ranks that the scheduler put together;
+  // shm_internal.h): there a long spin held up the peer, 270-530 us per call beside `yes`,
+  // against ~4 us now. Either way the wait ends asleep on a futex, so a rank waiting for a slow
+  // peer burns at most 5 ms of CPU per wait. TUTTI_SHM_SPIN_US, TUTTI_SHM_SPINS and
+  // TUTTI_SHM_YIELDS override the budget (time, the least polls, then yields). Cores: the CPUs
+  // the ranks may run on together (shm_cpus.h). TUTTI_SHM_ADAPT (default 1: fixed) lets the
+  // budget grow up to that many times after waits that slept briefly (AdaptiveSpin, shm_wait.h).
+  SpinPolicy spin;
+  spin.spins =
+      static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kMinSpins, 0, 100'000'000));
+  spin.spin_for = std::chrono::microseconds(
+      env_size("TUTTI_SHM_SPIN_US", oversubscribed ? 0 : static_cast<size_t>(kLongSpin.count()), 0,
+               10'000'000));
+  spin.yields =
+      static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0, 1'000'000));
+  spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 1, 0, 1000)));
+  TUTTI_LOG_DEBUG(
+      "shm: {} ranks ({} tutti processes here) on {} usable CPUs ({}): polls for {} "
+      "us (at least {}) then yields {}",
+      world_size_, local, cores, oversubscribed ? "oversubscribed" : "a core each",
+      std::chrono::duration_cast<std::chrono::microseconds>(spin.spin_for).count(), spin.spins,
+      spin.yields);
+  spin_local_ = local;
+}
+
 bool ShmBackend::stopped(uint64_t op_seq) const {
   if (aborted_.load(std::memory_order_relaxed)) return true;
   if (header_->abort_owner.value.load(std::memory_order_relaxed) == 0) return false;
@@ -286,7 +296,18 @@ void ShmBackend::note_cpu() const {
   if (word.load(std::memory_order_relaxed) != value) word.store(value, std::memory_order_relaxed);
 }
 
+// Every kLookAgain of ops: whether the processes competing for the ranks' CPUs changed (another
+// job began or went idle), and the spin policy with them. Once a second, it reads /proc for
+// each process on those CPUs that ran an op lately (10-20 us each). Collectives only (through
+// begin_op; a group of point-to-point ops alone keeps the policy it was made with).
+void ShmBackend::look_again(Clock::time_point now) {
+  next_look_ = now + kLookAgain;
+  const int local = detail::count_local_processes(ranks_cpus_);
+  if (local != spin_local_) set_spin_policy(local);
+}
+
 ShmBackend::Op ShmBackend::begin_op(const OpContext& ctx) {
+  if (ctx.started >= next_look_) look_again(ctx.started);
   const uint32_t seq = static_cast<uint32_t>(++ops_);
   throw_if_stopped(ctx, seq);
   note_cpu();

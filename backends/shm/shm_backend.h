@@ -27,6 +27,8 @@
 // Threads: the group calls one op at a time; abort() may come from any thread.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -129,6 +131,8 @@ class ShmBackend : public Backend {
   std::optional<Error> gone_peer(const OpContext& ctx,
                                  const std::function<bool(int)>& waiting_on) const;
   std::string ranks_where(const std::function<bool(int)>& pending) const;
+  void set_spin_policy(int local);
+  void look_again(Clock::time_point now);
   // Publishes the CPU this rank runs on now (Bell::cpu), for peers' waits (shm_internal.h).
   void note_cpu() const;
   void ring(int rank) const;
@@ -149,6 +153,13 @@ class ShmBackend : public Backend {
   size_t mail_ = 0;                  // bytes per mailbox slot
   std::vector<uint8_t> mail_ready_;  // by src x w + dst: its pages populated (ensure_mailbox)
   AdaptiveSpin spin_;
+  // The spin policy's inputs, looked at again every kLookAgain of ops (look_again): the CPUs the
+  // ranks may run on together, how many of them, and how many processes competed for them.
+  static constexpr std::chrono::seconds kLookAgain{1};
+  cpu_set_t ranks_cpus_{};
+  int cores_ = 1;
+  int spin_local_ = 1;
+  Clock::time_point next_look_{};
   ShmSegment segment_;
   Header* header_ = nullptr;
   RankSlot* slots_ = nullptr;

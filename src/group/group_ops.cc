@@ -9,6 +9,7 @@
 #include "group/group_util.h"
 #include "group/op_check.h"
 #include "tutti/collective_group.h"
+#include "util/local_processes.h"
 #include "util/logging.h"
 #include "util/op_clock.h"
 
@@ -215,6 +216,8 @@ CollectiveGroup::Call CollectiveGroup::begin(OpType op, const OpSignature& sig,
   call.ctx.rank = s.rank;
   call.ctx.world_size = s.world_size;
   call.ctx.started = detail::op_now();  // an inline op's deadline counts from here
+  // This process runs ops: other jobs' shm ranks on its CPUs count it (local_processes.h).
+  detail::note_local_activity(call.ctx.started);
   call.peer = peer;
   if (s.check_ops && !call.p2p && s.runs_inline && s.world_size > 1) {
     call.fingerprint = detail::fingerprint(seq, sig, shape);
@@ -265,6 +268,7 @@ CollectiveGroup::WorkPtr CollectiveGroup::run(Call& call, Issue&& issue) {
       } else {
         // Its deadline counts from when it starts, not from when it was queued.
         ctx.started = detail::op_now();
+        detail::note_local_activity(ctx.started);  // (as in begin())
         note_start(*state, record, ctx.started);
         try {
           if (fingerprint) detail::check_fingerprints(*state->backend, ctx, *fingerprint);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -21,6 +22,11 @@ struct alignas(64) Slot {
   std::atomic<int64_t> pid;     // 0: free
   std::atomic<uint64_t> start;  // the process's start time (process_start_time), 0 while claimed
   std::atomic<uint64_t> mask[kMaskWords];
+  // The steady clock's milliseconds at its last op (or its registration), written by the process
+  // `active_pid` says: a slot claimed by a tutti before these words (which it leaves as they
+  // were, zero or a gone owner's) counts as active.
+  std::atomic<int64_t> active_ms;
+  std::atomic<int64_t> active_pid;
 };
 static_assert(sizeof(Slot) == 64, "one cache line per process");
 
@@ -68,13 +74,22 @@ void mask_words(const cpu_set_t& set, uint64_t out[kMaskWords]) {
 }
 
 std::atomic<long> registered_pid{0};
+std::atomic<Slot*> registered_slot{nullptr};  // this process's, while registered_pid is its pid
+
+int64_t steady_ms(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
 
 }  // namespace
 
 void register_local_process() noexcept {
   const long me = static_cast<long>(::getpid());
   // Two threads registering at once take two slots: harmless, a process never counts its own.
-  if (registered_pid.load() == me) return;
+  if (registered_pid.load() == me) {
+    // Registered for an earlier group: active again from now (a group being made runs no op).
+    note_local_activity_now(std::chrono::steady_clock::now());
+    return;
+  }
   Slot* t = table();
   if (t == nullptr) return;
   cpu_set_t set;
@@ -91,10 +106,24 @@ void register_local_process() noexcept {
     if (!s.pid.compare_exchange_strong(seen, me)) continue;
     s.start.store(0);
     for (size_t w = 0; w < kMaskWords; ++w) s.mask[w].store(words[w]);
+    s.active_ms.store(std::max<int64_t>(1, steady_ms(std::chrono::steady_clock::now())));
+    s.active_pid.store(me);
     s.start.store(start);
+    registered_slot.store(&s);
     registered_pid.store(me);
     return;
   }
+}
+
+std::atomic<int64_t> next_activity_note{0};
+
+void note_local_activity_now(std::chrono::steady_clock::time_point now) noexcept {
+  const int64_t ms = steady_ms(now);
+  next_activity_note.store((now + std::chrono::milliseconds(100)).time_since_epoch().count(),
+                           std::memory_order_relaxed);
+  // A forked child's table slot is its parent's until it registers itself.
+  if (registered_pid.load() != static_cast<long>(::getpid())) return;
+  if (Slot* s = registered_slot.load()) s->active_ms.store(std::max<int64_t>(1, ms));
 }
 
 std::vector<long> local_processes(const cpu_set_t& cpus) {
@@ -104,6 +133,7 @@ std::vector<long> local_processes(const cpu_set_t& cpus) {
   uint64_t want[kMaskWords];
   mask_words(cpus, want);
   const int64_t me = static_cast<int64_t>(::getpid());
+  const int64_t idle_before = steady_ms(std::chrono::steady_clock::now()) - kIdleAfter.count();
   for (size_t i = 0; i < kSlots; ++i) {
     const Slot& s = t[i];
     const int64_t pid = s.pid.load(std::memory_order_relaxed);
@@ -111,6 +141,11 @@ std::vector<long> local_processes(const cpu_set_t& cpus) {
     bool overlaps = false;
     for (size_t w = 0; w < kMaskWords; ++w) overlaps |= (s.mask[w].load() & want[w]) != 0;
     if (!overlaps) continue;
+    // Idle (by its own word): not counted, without reading /proc for it.
+    if (s.active_pid.load(std::memory_order_relaxed) == pid &&
+        s.active_ms.load(std::memory_order_relaxed) < idle_before) {
+      continue;
+    }
     if (alive(s)) {
       out.push_back(static_cast<long>(pid));
     } else {
