@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -106,65 +107,81 @@ TEST(LocalProcesses, AProcessBoundElsewhereDoesNotCount) {
   }
 }
 
+// A child that runs its steps one at a time: step(k) runs in the child when the parent calls
+// next(), which returns once it has run; the child exits after the last.
+class SteppedChild {
+ public:
+  explicit SteppedChild(std::vector<std::function<void()>> steps) {
+    EXPECT_EQ(::pipe(go_), 0);
+    EXPECT_EQ(::pipe(done_), 0);
+    pid = ::fork();
+    if (pid == 0) {
+      ::close(go_[1]);  // so that the parent's close ends a wait for a step
+      ::close(done_[0]);
+      char byte = 1;
+      for (auto& step : steps) {
+        if (::read(go_[0], &byte, 1) != 1) ::_exit(2);
+        step();
+        if (::write(done_[1], &byte, 1) != 1) ::_exit(3);
+      }
+      ::_exit(0);
+    }
+    ::close(go_[0]);
+    ::close(done_[1]);
+    go_[0] = done_[1] = -1;
+  }
+  void next() {
+    char byte = 1;
+    ASSERT_EQ(::write(go_[1], &byte, 1), 1);
+    ASSERT_EQ(::read(done_[0], &byte, 1), 1);
+  }
+  ~SteppedChild() {
+    ::close(go_[1]);  // ends a child still waiting for a step
+    ::close(done_[0]);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status)) << status;
+  }
+  SteppedChild(const SteppedChild&) = delete;
+  SteppedChild& operator=(const SteppedChild&) = delete;
+  pid_t pid = -1;
+
+ private:
+  int go_[2] = {-1, -1};
+  int done_[2] = {-1, -1};
+};
+
+// Its last op, as far as the table knows, long ago (written whatever the throttle says).
+void note_an_old_op() {
+  note_local_activity_now(std::chrono::steady_clock::now() - kIdleAfter - std::chrono::seconds(1));
+}
+
 // A process that holds a group and runs no op (a notebook's kernel) takes no CPU: not counted
 // once it has been idle for kIdleAfter, counted again from its next op.
 TEST(LocalProcesses, AnIdleProcessIsNotCountedUntilItRunsAnOpAgain) {
-  int go[2], said[2];
-  ASSERT_EQ(::pipe(go), 0);
-  ASSERT_EQ(::pipe(said), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    register_local_process();
-    // Its last op, as far as the table knows, long ago (written whatever the throttle says).
-    note_local_activity_now(std::chrono::steady_clock::now() - kIdleAfter -
-                            std::chrono::seconds(1));
-    char byte = 1;
-    if (::write(said[1], &byte, 1) != 1) ::_exit(2);
-    if (::read(go[0], &byte, 1) != 1) ::_exit(3);
-    note_local_activity_now(std::chrono::steady_clock::now());  // an op now
-    if (::write(said[1], &byte, 1) != 1) ::_exit(4);
-    if (::read(go[0], &byte, 1) < 0) ::_exit(5);
-    ::_exit(0);
-  }
-  char byte = 0;
-  ASSERT_EQ(::read(said[0], &byte, 1), 1);
-  EXPECT_FALSE(listed(local_processes(all_cpus()), pid)) << "idle since its registration";
-  ASSERT_EQ(::write(go[1], &byte, 1), 1);
-  ASSERT_EQ(::read(said[0], &byte, 1), 1);
-  EXPECT_TRUE(listed(local_processes(all_cpus()), pid)) << "it ran an op";
-  ASSERT_EQ(::write(go[1], &byte, 1), 1);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  for (int fd : {go[0], go[1], said[0], said[1]}) ::close(fd);
+  SteppedChild child({[] {
+                        register_local_process();
+                        note_an_old_op();
+                      },
+                      [] { note_local_activity_now(std::chrono::steady_clock::now()); }});
+  child.next();
+  EXPECT_FALSE(listed(local_processes(all_cpus()), child.pid)) << "idle since its registration";
+  child.next();
+  EXPECT_TRUE(listed(local_processes(all_cpus()), child.pid)) << "it ran an op";
 }
 
 // A process making another group runs no op while it does (its rendezvous): it counts again from
 // that registration, whatever its last op was.
 TEST(LocalProcesses, MakingAnotherGroupCountsAsActivity) {
-  int said[2];
-  ASSERT_EQ(::pipe(said), 0);
-  int hold[2];
-  ASSERT_EQ(::pipe(hold), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    register_local_process();
-    note_local_activity_now(std::chrono::steady_clock::now() - kIdleAfter -
-                            std::chrono::seconds(1));
-    register_local_process();  // another group
-    char byte = 1;
-    if (::write(said[1], &byte, 1) != 1) ::_exit(2);
-    if (::read(hold[0], &byte, 1) < 0) ::_exit(3);
-    ::_exit(0);
-  }
-  char byte = 0;
-  ASSERT_EQ(::read(said[0], &byte, 1), 1);
-  EXPECT_TRUE(listed(local_processes(all_cpus()), pid));
-  ASSERT_EQ(::write(hold[1], &byte, 1), 1);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  for (int fd : {said[0], said[1], hold[0], hold[1]}) ::close(fd);
+  SteppedChild child({[] {
+                        register_local_process();
+                        note_an_old_op();
+                      },
+                      [] { register_local_process(); }});  // another group
+  child.next();
+  EXPECT_FALSE(listed(local_processes(all_cpus()), child.pid));
+  child.next();
+  EXPECT_TRUE(listed(local_processes(all_cpus()), child.pid));
 }
 
 TEST(LocalProcesses, RegisteringTwiceTakesOneSlot) {
