@@ -199,10 +199,10 @@ void HierBackend::run(Level& level, OpType op, const OpSignature& signature,
   c.rank = level.rank;
   c.world_size = level.world;
   // What is left of the parent op's time (at least a millisecond: the level then times out),
-  // from now: a level's backend looks at the time its ops start (shm's spin policy looks again
-  // every second of them).
-  c.timeout = std::max(std::chrono::milliseconds(1), detail::time_left(deadline));
-  c.started = std::chrono::steady_clock::now();
+  // from now, which is also when the level's op starts (a level's backend looks at that: shm's
+  // spin policy looks again every second of them).
+  c.started = Clock::now();
+  c.timeout = std::max(std::chrono::milliseconds(1), detail::time_left(deadline, c.started));
   try {
     WorkPtr work = issue(*level.backend, c);
     if (work) work->wait();
