@@ -23,6 +23,8 @@
 #include "util/host_identity.h"
 #include "util/local_processes.h"
 #include "util/logging.h"
+#include "util/op_clock.h"
+#include "util/stream_copy.h"
 
 namespace tutti::shm_backend {
 
@@ -75,6 +77,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   // on first use, which takes page-aligned ranges.
   const size_t page = std::max<size_t>(4096, static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
   chunk_ = align_up(env_size("TUTTI_SHM_CHUNK_BYTES", 1 << 20), page);
+  publish_ = PublishChooser(PublishChooser::mode_from_env());
   mail_ = align_up(env_size("TUTTI_SHM_MAILBOX_BYTES", 256 << 10), page);
   const size_t w = static_cast<size_t>(world_size_);
   const size_t slots_off = align_up(sizeof(Header), 64);
@@ -337,6 +340,29 @@ void ShmBackend::end_op(const Op& op) {
   // returns a result another rank gave up on.
   throw_if_stopped(op.ctx, op.seq);
   completed_ops_.store(op.seq, std::memory_order_release);
+}
+
+void ShmBackend::publish(const PublishChooser::Pick& how, void* dst, const void* src,
+                         size_t n) const {
+  if (how.stream) {
+    detail::stream_copy(dst, src, n);
+  } else {
+    std::memcpy(dst, src, n);
+  }
+}
+
+void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
+                           Clock::time_point since) {
+  if (how.cell < 0 || since == Clock::time_point{}) return;  // not timed (not staged after all)
+  const Clock::time_point now = detail::op_now();
+  if (publish_.record(how, now - since, now)) {
+    const PublishChooser::Seen seen = publish_.seen(kind, bytes);
+    TUTTI_LOG_DEBUG(
+        "shm: rank {} publishes {} of {} B with {} stores from now on ({:.1f} us "
+        "per op with ordinary stores, {:.1f} us with streaming ones)",
+        rank_, PublishChooser::name(kind), bytes, seen.stream ? "streaming" : "ordinary",
+        seen.cached_ns / 1e3, seen.streamed_ns / 1e3);
+  }
 }
 
 char* ShmBackend::stage(int rank, int half) const {

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "shm_publish.h"
 #include "shm_segment.h"
 #include "shm_symmetric.h"
 #include "shm_wait.h"
@@ -92,6 +93,11 @@ class ShmBackend : public Backend {
   void exchange(Op& op, const void* payload, size_t bytes);
   [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
   void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
+  // A staged op's copies into the staging areas, by the way publish_ picked for it
+  // (shm_publish.h); its time from its first barrier to its end, once done.
+  void publish(const PublishChooser::Pick& how, void* dst, const void* src, size_t n) const;
+  void published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
+                 Clock::time_point since);
   // Symmetric memory (shm_symmetric_ops.cc). Before an op's first barrier, a rank announces
   // where its memory for the op lies in symmetric memory, if it does (its tag then carries
   // kSymmetricTag); after it, announced(q) says whether rank q did, and symmetric_of where
@@ -176,6 +182,7 @@ class ShmBackend : public Backend {
   std::vector<const void*> inputs_;            // one pointer per rank, for reductions (sized once)
   std::vector<const void*> block_inputs_;      // the same, advanced to one block of a slice
   std::vector<char> block_out_;                // a block of a reduce on its way to the root
+  PublishChooser publish_;                     // how staged ops write the staging areas
   std::vector<int> pidfds_;                    // by rank: a handle on each peer's process, or -1
   std::shared_ptr<SymmetricTable> symmetric_;  // regions of allocate_symmetric
 

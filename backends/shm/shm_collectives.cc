@@ -6,6 +6,7 @@
 #include "shm_internal.h"
 #include "tensor/reduction.h"
 #include "util/logging.h"
+#include "util/op_clock.h"
 
 namespace tutti::shm_backend {
 namespace {
@@ -44,19 +45,23 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
     sync(op);
   } else {
     const int root = opts.root_rank;
+    const PublishChooser::Pick how = publish_.pick(PublishChooser::kBroadcast, total);
+    Clock::time_point since{};
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
       const int half = static_cast<int>(flips_ & 1);
-      if (rank_ == root) std::memcpy(stage(rank_, half), data + off, len);
+      if (rank_ == root) publish(how, stage(rank_, half), data + off, len);
       sync(op);
       if (off == 0 && announced(op, root)) {
         std::memcpy(data, symmetric_of(op, root, total, "broadcast"), total);
         sync(op);
         break;
       }
+      if (off == 0) since = detail::op_now();
       ++flips_;
       if (rank_ != root) std::memcpy(data + off, stage(root, half), len);
     }
+    published(PublishChooser::kBroadcast, total, how, since);
   }
   end_op(op);
   return nullptr;
@@ -114,6 +119,12 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   // Chunks of up to chunk_ bytes; within a chunk rank q reduces slice q (of about len / W
   // elements) from every rank and publishes it; then the receivers copy the slices out.
   const size_t per_chunk = std::max<size_t>(1, chunk_ / es);
+  const PublishChooser::Pick how = publish_.pick(PublishChooser::kReduce, t.nbytes());
+  const size_t block = std::max<size_t>(1, detail::kReduceBlockBytes / es);
+  // A reduce's non-root reduces its slice into the staging area; streamed, through a block of
+  // its own first.
+  if (!to_me && how.stream && block_out_.size() < block * es) block_out_.resize(block * es);
+  Clock::time_point since{};
   for (size_t first = 0; first < n; first += per_chunk) {
     const size_t len = std::min(per_chunk, n - first);
     const int half = static_cast<int>(flips_++ & 1);
@@ -122,10 +133,13 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
     for (int q = 0; q < world_size_; ++q) {
       if (q == rank_) continue;
       const size_t b = slice_begin(q), e = slice_begin(q + 1);
-      std::memcpy(stage(rank_, half) + b * es, data + (first + b) * es, (e - b) * es);
+      publish(how, stage(rank_, half) + b * es, data + (first + b) * es, (e - b) * es);
     }
     sync(op);
-    if (first == 0) meet_late_publishers(op);
+    if (first == 0) {
+      meet_late_publishers(op);
+      since = detail::op_now();
+    }
     // Our slice: our own input first (the output, our tensor, may alias it; reduce_many allows
     // the first or the second input), then the others' in rank order. The result goes to our
     // staging area for the others, and to our tensor unless this is a reduce to another rank (whose
@@ -137,19 +151,19 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       for (int q = 0; q < world_size_; ++q) {
         if (q != rank_) inputs[k++] = stage(q, half) + b * es;
       }
-      char* published = stage(rank_, half) + b * es;
-      char* target = to_me ? data + (first + b) * es : published;
       // Block by block (reduce_many's own), each copied to the staging area while in L1.
-      const size_t block = std::max<size_t>(1, detail::kReduceBlockBytes / es);
       for (size_t s = 0; s < e - b; s += block) {
         const size_t len_s = std::min(block, e - b - s);
         for (int k = 0; k < world_size_; ++k) {
           block_inputs_[k] = static_cast<const char*>(inputs[k]) + s * es;
         }
-        char* out = target + s * es;
+        char* published = stage(rank_, half) + (b + s) * es;
+        char* out = to_me        ? data + (first + b + s) * es
+                    : how.stream ? block_out_.data()
+                                 : published;
         detail::reduce_many(fn, out, block_inputs_.data(), world_size_, len_s, es);
         if (avg) detail::scale_average(out, t.dtype(), len_s, world_size_);
-        if (target != published) std::memcpy(published + s * es, out, len_s * es);
+        if (out != published) publish(how, published, out, len_s * es);
       }
     }
     sync(op);
@@ -160,6 +174,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       std::memcpy(data + (first + qb) * es, stage(q, half) + qb * es, (qe - qb) * es);
     }
   }
+  published(PublishChooser::kReduce, t.nbytes(), how, since);
 }
 
 Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
@@ -194,18 +209,24 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
       end_op(op);
       return nullptr;
     }
+    const PublishChooser::Pick how = publish_.pick(PublishChooser::kAllgather, total);
+    Clock::time_point since{};
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
       const int half = static_cast<int>(flips_++ & 1);
-      std::memcpy(stage(rank_, half), src + off, len);
+      publish(how, stage(rank_, half), src + off, len);
       sync(op);
-      if (off == 0) meet_late_publishers(op);
+      if (off == 0) {
+        meet_late_publishers(op);
+        since = detail::op_now();
+      }
       for (int q = 0; q < world_size_; ++q) {
         char* dst = static_cast<char*>(out[q].data()) + off;
         const char* from = q == rank_ ? src + off : stage(q, half);
         if (dst != from) std::memcpy(dst, from, len);
       }
     }
+    published(PublishChooser::kAllgather, total, how, since);
   }
   end_op(op);
   return nullptr;
@@ -244,16 +265,21 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
   std::vector<const void*>& sources = inputs_;
   // Each chunk holds `len` elements of every block, so W x len must fit a staging half.
   const size_t per_chunk = std::max<size_t>(1, chunk_ / es / world_size_);
+  const PublishChooser::Pick how = publish_.pick(PublishChooser::kReduceScatter, out.nbytes());
+  Clock::time_point since{};
   for (size_t first = 0; first < n; first += per_chunk) {
     const size_t len = std::min(per_chunk, n - first);
     const int half = static_cast<int>(flips_++ & 1);
     for (int q = 0; q < world_size_; ++q) {
       if (q == rank_) continue;
-      std::memcpy(stage(rank_, half) + q * len * es,
-                  static_cast<const char*>(in[q].data()) + first * es, len * es);
+      publish(how, stage(rank_, half) + q * len * es,
+              static_cast<const char*>(in[q].data()) + first * es, len * es);
     }
     sync(op);
-    if (first == 0) meet_late_publishers(op);
+    if (first == 0) {
+      meet_late_publishers(op);
+      since = detail::op_now();
+    }
     sources[0] = static_cast<const char*>(in[rank_].data()) + first * es;
     int k = 1;
     for (int q = 0; q < world_size_; ++q) {
@@ -263,6 +289,7 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
     detail::reduce_many(fn, dst, sources.data(), world_size_, len, es);
     if (opts.reduce_op == ReduceOp::kAvg) detail::scale_average(dst, out.dtype(), len, world_size_);
   }
+  published(PublishChooser::kReduceScatter, out.nbytes(), how, since);
   end_op(op);
   return nullptr;
 }
