@@ -13,18 +13,14 @@ namespace tutti::shm_backend {
 namespace {
 
 using std::chrono::microseconds;
-using std::chrono::milliseconds;
 using Chooser = PublishChooser;
 constexpr size_t kMiB = size_t{1} << 20;
 
-// Runs one op of `bytes` on c at `now`, taking `cached` or `streamed` as the pick says; returns
-// the pick. now advances by the op's time.
-Chooser::Pick run(Chooser& c, size_t bytes, Chooser::Clock::time_point& now, microseconds cached,
-                  microseconds streamed, Chooser::Kind kind = Chooser::kReduce) {
+// Runs one op of `bytes` on c, taking `cached` or `streamed` as the pick says; returns the pick.
+Chooser::Pick run(Chooser& c, size_t bytes, microseconds cached, microseconds streamed,
+                  Chooser::Kind kind = Chooser::kReduce) {
   const Chooser::Pick p = c.pick(kind, bytes);
-  const microseconds took = p.stream ? streamed : cached;
-  now += took;
-  c.record(p, took, now);
+  c.record(p, p.stream ? streamed : cached);
   return p;
 }
 
@@ -32,103 +28,110 @@ TEST(PublishChooser, SmallMessagesAndFixedModesAreNotMeasured) {
   Chooser c;
   EXPECT_EQ(c.pick(Chooser::kReduce, Chooser::kMinBytes - 1).cell, -1);
   EXPECT_FALSE(c.pick(Chooser::kReduce, Chooser::kMinBytes - 1).stream);
+  EXPECT_FALSE(c.pick(Chooser::kReduce, Chooser::kMinBytes - 1).timed);
   EXPECT_GE(c.pick(Chooser::kReduce, Chooser::kMinBytes).cell, 0);
   Chooser streamed(Chooser::Mode::kStreamed);
   EXPECT_TRUE(streamed.pick(Chooser::kReduce, 64 * kMiB).stream);
-  EXPECT_EQ(streamed.pick(Chooser::kReduce, 64 * kMiB).cell, -1);
+  EXPECT_FALSE(streamed.pick(Chooser::kReduce, 64 * kMiB).timed);
   Chooser cached(Chooser::Mode::kCached);
   EXPECT_FALSE(cached.pick(Chooser::kReduce, 64 * kMiB).stream);
+  EXPECT_FALSE(cached.pick(Chooser::kReduce, 64 * kMiB).timed);
 }
 
 TEST(PublishChooser, TheFirstFourOpsAlternateAndTheFasterBestTimeWins) {
   Chooser c;
-  auto now = Chooser::Clock::time_point{} + std::chrono::hours(1);
   std::vector<bool> ways;
-  // The first op's page faults make its ordinary time 10x: the best of two counts.
+  // The first op's page faults make its ordinary time 20x: the best of two counts.
   const Chooser::Pick first = c.pick(Chooser::kReduce, kMiB);
+  EXPECT_TRUE(first.timed);
   ways.push_back(first.stream);
-  now += microseconds(1000);
-  c.record(first, microseconds(1000), now);
-  for (int i = 0; i < 3; ++i)
-    ways.push_back(run(c, kMiB, now, microseconds(50), microseconds(120)).stream);
+  c.record(first, microseconds(1000));
+  for (int i = 0; i < 3; ++i) {
+    ways.push_back(run(c, kMiB, microseconds(50), microseconds(120)).stream);
+  }
   EXPECT_EQ(ways, (std::vector<bool>{false, true, false, true}));
   EXPECT_FALSE(c.seen(Chooser::kReduce, kMiB).stream);
   EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).cached_ns, 50e3);
   EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).streamed_ns, 120e3);
-  for (int i = 0; i < 10; ++i)
-    EXPECT_FALSE(run(c, kMiB, now, microseconds(50), microseconds(120)).stream);
+  for (int i = 0; i < 10; ++i) {
+    const Chooser::Pick p = run(c, kMiB, microseconds(50), microseconds(120));
+    EXPECT_FALSE(p.stream);
+    EXPECT_FALSE(p.timed);  // no clock read on an ordinary op
+  }
 
-  // Another size class, another kind: measured on their own.
+  // Another size class, another kind: chosen on their own.
   Chooser d;
-  for (int i = 0; i < 4; ++i) run(d, 4 * kMiB, now, microseconds(2000), microseconds(450));
+  for (int i = 0; i < 4; ++i) run(d, 4 * kMiB, microseconds(2000), microseconds(450));
   EXPECT_TRUE(d.seen(Chooser::kReduce, 4 * kMiB).stream);
-  EXPECT_EQ(d.seen(Chooser::kReduce, 8 * kMiB).cached_ns, 0);
-  EXPECT_EQ(d.seen(Chooser::kAllgather, 4 * kMiB).cached_ns, 0);
-  // 4 MiB and 4 MiB + 1 byte share a class; 8 MiB does not.
-  EXPECT_EQ(d.pick(Chooser::kReduce, 4 * kMiB + 1).cell, d.pick(Chooser::kReduce, 4 * kMiB).cell);
-  EXPECT_NE(d.pick(Chooser::kReduce, 8 * kMiB).cell, d.pick(Chooser::kReduce, 4 * kMiB).cell);
+  EXPECT_TRUE(d.pick(Chooser::kReduce, 4 * kMiB).stream);
+  EXPECT_TRUE(d.pick(Chooser::kReduce, 8 * kMiB - 1).stream);  // the same class
+  EXPECT_FALSE(d.pick(Chooser::kReduce, 8 * kMiB).stream);     // the next one, not yet timed
+  EXPECT_FALSE(d.pick(Chooser::kAllgather, 4 * kMiB).stream);
+  EXPECT_EQ(Chooser::class_floor(8 * kMiB - 1), 4 * kMiB);
+  EXPECT_EQ(Chooser::class_floor(Chooser::kMinBytes), Chooser::kMinBytes);
 }
 
-TEST(PublishChooser, TheOtherWayIsTimedAgainOnlyAfterItsIntervalAndTakesOverWhenFaster) {
-  Chooser c;
-  auto now = Chooser::Clock::time_point{} + std::chrono::hours(1);
-  for (int i = 0; i < 4; ++i) run(c, kMiB, now, microseconds(50), microseconds(120));
-  // 100 ops' worth of 50 us is 5 ms, under the 200 ms floor: ordinary stores until 200 ms.
-  int explored = 0;
-  const auto start = now;
-  while (now - start < milliseconds(100))
-    explored += run(c, kMiB, now, microseconds(50), microseconds(120)).explore;
-  EXPECT_EQ(explored, 0);
-  // The machine changed: ordinary stores take 500 us now. Counted as at most 4 means each, the
-  // mean goes 87.5, 153, 240 us, past 1.5x the other's last time (180 us), so the 4th op (long
-  // before 200 ms) times streaming stores: they win.
-  int ops = 0;
-  Chooser::Pick p;
-  do {
-    p = run(c, kMiB, now, microseconds(500), microseconds(110));
-    ++ops;
-  } while (!p.explore && ops < 10);
-  EXPECT_TRUE(p.explore);
-  EXPECT_TRUE(p.stream);
-  EXPECT_EQ(ops, 4);
-  EXPECT_TRUE(c.seen(Chooser::kReduce, kMiB).stream);
-  EXPECT_FALSE(run(c, kMiB, now, microseconds(500), microseconds(110)).explore);
-  // And back: the ordinary stores are timed again after 200 ms (100 x 110 us is 11 ms).
-  const auto switched = now;
-  do {
-    p = run(c, kMiB, now, microseconds(50), microseconds(110));
-  } while (!p.explore);
-  EXPECT_FALSE(p.stream);
-  EXPECT_GE(now - switched, milliseconds(200));
-  EXPECT_LT(now - switched, milliseconds(201));
-  EXPECT_FALSE(c.seen(Chooser::kReduce, kMiB).stream);
+TEST(PublishChooser, EveryRankProbesOnTheSameOpsAndTheFasterWayTakesOverOnAll) {
+  // Two ranks' choosers see the same ops with times 3% apart (a barrier makes them alike).
+  Chooser a, b;
+  auto both = [&](microseconds cached, microseconds streamed) {
+    const Chooser::Pick pa = run(a, kMiB, cached, streamed);
+    const Chooser::Pick pb = run(b, kMiB, cached * 103 / 100, streamed * 103 / 100);
+    EXPECT_EQ(pa.stream, pb.stream);
+    EXPECT_EQ(pa.timed, pb.timed);
+    return pa;
+  };
+  for (int i = 0; i < 4; ++i) both(microseconds(50), microseconds(120));
+  // The cores moved apart: ordinary stores take 500 us from op 4 on. Nothing is timed until the
+  // probe pair at ops 128 and 129 (ordinary, streaming), after which both ranks stream.
+  std::vector<uint64_t> timed;
+  for (uint64_t op = 4; op < 2 * Chooser::kProbeEvery + 2; ++op) {
+    const Chooser::Pick p = both(microseconds(500), microseconds(110));
+    if (p.timed) {
+      timed.push_back(op);
+      EXPECT_EQ(p.stream, op % 2 == 1) << "op " << op;
+    } else {
+      EXPECT_EQ(p.stream, op > Chooser::kProbeEvery + 1) << "op " << op;
+    }
+  }
+  EXPECT_EQ(timed, (std::vector<uint64_t>{128, 129, 256, 257}));
+  EXPECT_TRUE(a.seen(Chooser::kReduce, kMiB).stream);
+  EXPECT_TRUE(b.seen(Chooser::kReduce, kMiB).stream);
+  EXPECT_DOUBLE_EQ(a.seen(Chooser::kReduce, kMiB).cached_ns, 500e3);
+  // And back at the next pair once the cores are near again.
+  for (uint64_t op = 2 * Chooser::kProbeEvery + 2; op < 3 * Chooser::kProbeEvery + 2; ++op) {
+    both(microseconds(50), microseconds(120));
+  }
+  EXPECT_FALSE(a.seen(Chooser::kReduce, kMiB).stream);
+  EXPECT_FALSE(b.seen(Chooser::kReduce, kMiB).stream);
 }
 
-TEST(PublishChooser, AnOtherWayNotTenPercentFasterDoesNotTakeOver) {
+TEST(PublishChooser, AWayNotTenPercentFasterDoesNotTakeOver) {
   Chooser c;
-  auto now = Chooser::Clock::time_point{} + std::chrono::hours(1);
-  for (int i = 0; i < 4; ++i) run(c, 64 * kMiB, now, microseconds(6500), microseconds(6800));
+  for (int i = 0; i < 4; ++i) run(c, 64 * kMiB, microseconds(6500), microseconds(6800));
   ASSERT_FALSE(c.seen(Chooser::kReduce, 64 * kMiB).stream);
-  // 100 x 6.5 ms: the other way is timed every 650 ms, and at 6000 us (8% faster) keeps out.
-  Chooser::Pick p;
-  const auto start = now;
-  do {
-    p = run(c, 64 * kMiB, now, microseconds(6500), microseconds(6000));
-  } while (!p.explore);
-  EXPECT_GE(now - start, milliseconds(650));
-  EXPECT_LT(now - start, milliseconds(660));
+  for (uint64_t op = 4; op < Chooser::kProbeEvery + 2; ++op) {
+    run(c, 64 * kMiB, microseconds(6500), microseconds(6000));  // 7.7% faster
+  }
   EXPECT_FALSE(c.seen(Chooser::kReduce, 64 * kMiB).stream);
   EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, 64 * kMiB).streamed_ns, 6000e3);
+  for (uint64_t op = Chooser::kProbeEvery + 2; op < 2 * Chooser::kProbeEvery + 2; ++op) {
+    run(c, 64 * kMiB, microseconds(6500), microseconds(5800));  // 10.8% faster
+  }
+  EXPECT_TRUE(c.seen(Chooser::kReduce, 64 * kMiB).stream);
 }
 
-TEST(PublishChooser, OnePreemptedOpCountsAsFourMeans) {
+TEST(PublishChooser, AClockThatStepsBackCountsAsANanosecond) {
   Chooser c;
-  auto now = Chooser::Clock::time_point{} + std::chrono::hours(1);
-  for (int i = 0; i < 4; ++i) run(c, kMiB, now, microseconds(50), microseconds(120));
-  run(c, kMiB, now, microseconds(100000), microseconds(120));  // 100 ms off the CPU
-  // (3 x 50 + 4 x 50) / 4 = 87.5 us: under 1.5 x 120, so no early look at the other way.
-  EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).cached_ns, 87.5e3);
-  EXPECT_FALSE(c.pick(Chooser::kReduce, kMiB).explore);
+  const Chooser::Pick p = c.pick(Chooser::kReduce, kMiB);
+  c.record(p, -microseconds(3));
+  EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).cached_ns, 1);
+  for (int i = 0; i < 3; ++i) run(c, kMiB, microseconds(50), microseconds(120));
+  EXPECT_FALSE(c.seen(Chooser::kReduce, kMiB).stream);  // 1 ns beats 120 us: still a number
+  for (uint64_t op = 4; op < Chooser::kProbeEvery + 2; ++op) {
+    run(c, kMiB, microseconds(500), microseconds(110));
+  }
+  EXPECT_TRUE(c.seen(Chooser::kReduce, kMiB).stream);  // the probe's times replace it
 }
 
 TEST(StreamCopy, CopiesEveryLengthAndAlignmentAsMemcpyWould) {

@@ -23,7 +23,6 @@
 #include "util/host_identity.h"
 #include "util/local_processes.h"
 #include "util/logging.h"
-#include "util/op_clock.h"
 #include "util/stream_copy.h"
 
 namespace tutti::shm_backend {
@@ -352,16 +351,15 @@ void ShmBackend::publish(const PublishChooser::Pick& how, void* dst, const void*
 }
 
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
-                           Clock::time_point since) {
-  if (how.cell < 0 || since == Clock::time_point{}) return;  // not timed (not staged after all)
-  const Clock::time_point now = detail::op_now();
-  if (publish_.record(how, now - since, now)) {
+                           const PublishTimer& timer) {
+  if (how.cell < 0 || !timer.complete()) return;  // not measured, or not staged after all
+  if (publish_.record(how, timer.took())) {
     const PublishChooser::Seen seen = publish_.seen(kind, bytes);
     TUTTI_LOG_DEBUG(
-        "shm: rank {} publishes {} of {} B with {} stores from now on ({:.1f} us "
-        "per op with ordinary stores, {:.1f} us with streaming ones)",
-        rank_, PublishChooser::name(kind), bytes, seen.stream ? "streaming" : "ordinary",
-        seen.cached_ns / 1e3, seen.streamed_ns / 1e3);
+        "shm: rank {} publishes {} of {} B and up (to twice that) with {} stores from now on "
+        "({:.1f} us per op with ordinary stores, {:.1f} us with streaming ones)",
+        rank_, PublishChooser::name(kind), PublishChooser::class_floor(bytes),
+        seen.stream ? "streaming" : "ordinary", seen.cached_ns / 1e3, seen.streamed_ns / 1e3);
   }
 }
 

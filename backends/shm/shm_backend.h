@@ -53,6 +53,7 @@ struct Bell;
 struct Channel;
 struct SmallSlot;
 struct SymSlot;
+class PublishTimer;
 
 class ShmBackend : public Backend {
  public:
@@ -94,10 +95,10 @@ class ShmBackend : public Backend {
   [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
   void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
   // A staged op's copies into the staging areas, by the way publish_ picked for it
-  // (shm_publish.h); its time from its first barrier to its end, once done.
+  // (shm_publish.h); and, once it is done, its count and time (shm_internal.h's PublishTimer).
   void publish(const PublishChooser::Pick& how, void* dst, const void* src, size_t n) const;
   void published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
-                 Clock::time_point since);
+                 const PublishTimer& timer);
   // Symmetric memory (shm_symmetric_ops.cc). Before an op's first barrier, a rank announces
   // where its memory for the op lies in symmetric memory, if it does (its tag then carries
   // kSymmetricTag); after it, announced(q) says whether rank q did, and symmetric_of where

@@ -6,7 +6,6 @@
 #include "shm_internal.h"
 #include "tensor/reduction.h"
 #include "util/logging.h"
-#include "util/op_clock.h"
 
 namespace tutti::shm_backend {
 namespace {
@@ -46,22 +45,23 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
   } else {
     const int root = opts.root_rank;
     const PublishChooser::Pick how = publish_.pick(PublishChooser::kBroadcast, total);
-    Clock::time_point since{};
+    PublishTimer timer(how);
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
       const int half = static_cast<int>(flips_ & 1);
       if (rank_ == root) publish(how, stage(rank_, half), data + off, len);
+      timer.published();
       sync(op);
       if (off == 0 && announced(op, root)) {
         std::memcpy(data, symmetric_of(op, root, total, "broadcast"), total);
         sync(op);
         break;
       }
-      if (off == 0) since = detail::op_now();
+      timer.met();
       ++flips_;
       if (rank_ != root) std::memcpy(data + off, stage(root, half), len);
     }
-    published(PublishChooser::kBroadcast, total, how, since);
+    published(PublishChooser::kBroadcast, total, how, timer);
   }
   end_op(op);
   return nullptr;
@@ -124,7 +124,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   // A reduce's non-root reduces its slice into the staging area; streamed, through a block of
   // its own first.
   if (!to_me && how.stream && block_out_.size() < block * es) block_out_.resize(block * es);
-  Clock::time_point since{};
+  PublishTimer timer(how);
   for (size_t first = 0; first < n; first += per_chunk) {
     const size_t len = std::min(per_chunk, n - first);
     const int half = static_cast<int>(flips_++ & 1);
@@ -135,11 +135,10 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       const size_t b = slice_begin(q), e = slice_begin(q + 1);
       publish(how, stage(rank_, half) + b * es, data + (first + b) * es, (e - b) * es);
     }
+    timer.published();
     sync(op);
-    if (first == 0) {
-      meet_late_publishers(op);
-      since = detail::op_now();
-    }
+    if (first == 0) meet_late_publishers(op);
+    timer.met();
     // Our slice: our own input first (the output, our tensor, may alias it; reduce_many allows
     // the first or the second input), then the others' in rank order. The result goes to our
     // staging area for the others, and to our tensor unless this is a reduce to another rank (whose
@@ -174,7 +173,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
       std::memcpy(data + (first + qb) * es, stage(q, half) + qb * es, (qe - qb) * es);
     }
   }
-  published(PublishChooser::kReduce, t.nbytes(), how, since);
+  published(PublishChooser::kReduce, t.nbytes(), how, timer);
 }
 
 Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>>& outputs,
@@ -210,23 +209,22 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
       return nullptr;
     }
     const PublishChooser::Pick how = publish_.pick(PublishChooser::kAllgather, total);
-    Clock::time_point since{};
+    PublishTimer timer(how);
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
       const int half = static_cast<int>(flips_++ & 1);
       publish(how, stage(rank_, half), src + off, len);
+      timer.published();
       sync(op);
-      if (off == 0) {
-        meet_late_publishers(op);
-        since = detail::op_now();
-      }
+      if (off == 0) meet_late_publishers(op);
+      timer.met();
       for (int q = 0; q < world_size_; ++q) {
         char* dst = static_cast<char*>(out[q].data()) + off;
         const char* from = q == rank_ ? src + off : stage(q, half);
         if (dst != from) std::memcpy(dst, from, len);
       }
     }
-    published(PublishChooser::kAllgather, total, how, since);
+    published(PublishChooser::kAllgather, total, how, timer);
   }
   end_op(op);
   return nullptr;
@@ -266,7 +264,7 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
   // Each chunk holds `len` elements of every block, so W x len must fit a staging half.
   const size_t per_chunk = std::max<size_t>(1, chunk_ / es / world_size_);
   const PublishChooser::Pick how = publish_.pick(PublishChooser::kReduceScatter, out.nbytes());
-  Clock::time_point since{};
+  PublishTimer timer(how);
   for (size_t first = 0; first < n; first += per_chunk) {
     const size_t len = std::min(per_chunk, n - first);
     const int half = static_cast<int>(flips_++ & 1);
@@ -275,11 +273,10 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
       publish(how, stage(rank_, half) + q * len * es,
               static_cast<const char*>(in[q].data()) + first * es, len * es);
     }
+    timer.published();
     sync(op);
-    if (first == 0) {
-      meet_late_publishers(op);
-      since = detail::op_now();
-    }
+    if (first == 0) meet_late_publishers(op);
+    timer.met();
     sources[0] = static_cast<const char*>(in[rank_].data()) + first * es;
     int k = 1;
     for (int q = 0; q < world_size_; ++q) {
@@ -289,7 +286,7 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
     detail::reduce_many(fn, dst, sources.data(), world_size_, len, es);
     if (opts.reduce_op == ReduceOp::kAvg) detail::scale_average(dst, out.dtype(), len, world_size_);
   }
-  published(PublishChooser::kReduceScatter, out.nbytes(), how, since);
+  published(PublishChooser::kReduceScatter, out.nbytes(), how, timer);
   end_op(op);
   return nullptr;
 }

@@ -9,6 +9,7 @@
 #include "shm_backend.h"
 #include "shm_layout.h"
 #include "tutti/error.h"
+#include "util/op_clock.h"
 
 namespace tutti::shm_backend {
 
@@ -21,6 +22,31 @@ struct ShmBackend::Op {
   bool checked = false;    // the tags have been compared
   int symmetric = 0;       // ranks whose tag carried kSymmetricTag, counted by the tag check
   bool announced = false;  // this rank's tag carried it (announce_symmetric)
+};
+
+// A timed staged op's time (shm_publish.h): its first chunk's publish, then from its first
+// barrier to its end, leaving out the wait at that barrier for ranks that came late. Untimed
+// ops read no clock.
+class PublishTimer {
+ public:
+  explicit PublishTimer(const PublishChooser::Pick& how) : on_(how.timed) {
+    if (on_) start_ = detail::op_now();
+  }
+  void published() {  // this rank's first publish is done
+    if (on_ && published_ == Clock::time_point{}) published_ = detail::op_now();
+  }
+  void met() {  // the first barrier is passed
+    if (on_ && since_ == Clock::time_point{}) since_ = detail::op_now();
+  }
+  // Whether the op ran staged to its end from the first barrier (the time is then took()).
+  bool complete() const { return !on_ || since_ != Clock::time_point{}; }
+  Clock::duration took() const {
+    return on_ ? (published_ - start_) + (detail::op_now() - since_) : Clock::duration{};
+  }
+
+ private:
+  bool on_;
+  Clock::time_point start_{}, published_{}, since_{};
 };
 
 // One message of a batch in flight.

@@ -9,12 +9,8 @@
 namespace tutti::shm_backend {
 namespace {
 
-constexpr std::chrono::milliseconds kExploreMin{200};
-constexpr std::chrono::milliseconds kExploreMax{2000};
-constexpr double kExploreOps = 100;  // ops' worth of time between two timings of the other way
-constexpr double kOutlier = 4;       // a time counts as at most this many means
-constexpr double kStale = 1.5;       // the chosen way's mean past this many of the other's: look
-constexpr double kBetter = 0.9;      // the other way takes over below this many of the mean
+constexpr uint64_t kWarmup = 4;  // ops alternating the two ways before the first choice
+constexpr double kBetter = 0.9;  // the other way takes over below this many of the chosen's time
 
 }  // namespace
 
@@ -38,61 +34,52 @@ PublishChooser::Mode PublishChooser::mode_from_env() {
   return Mode::kAuto;
 }
 
-int PublishChooser::cell_of(Kind kind, size_t bytes) {
+int PublishChooser::class_of(size_t bytes) {
   int c = 0;
   for (size_t b = bytes / kMinBytes; b > 1 && c < kClasses - 1; b >>= 1) ++c;
-  return static_cast<int>(kind) * kClasses + c;
+  return c;
 }
 
-bool PublishChooser::explore_due(const Cell& c) const {
-  const double chosen = c.mean_ns[c.stream];
-  if (chosen > kStale * c.mean_ns[!c.stream]) return true;
-  const auto every = std::clamp<Clock::duration>(
-      std::chrono::nanoseconds(static_cast<int64_t>(kExploreOps * chosen)), kExploreMin,
-      kExploreMax);
-  return last_ - c.explored >= every;
+size_t PublishChooser::class_floor(size_t bytes) {
+  return bytes < kMinBytes ? 0 : kMinBytes << class_of(bytes);
 }
 
 PublishChooser::Pick PublishChooser::pick(Kind kind, size_t bytes) const {
   if (mode_ != Mode::kAuto) return Pick{-1, mode_ == Mode::kStreamed, false};
   if (bytes < kMinBytes) return Pick{};
-  const int cell = cell_of(kind, bytes);
+  const int cell = static_cast<int>(kind) * kClasses + class_of(bytes);
   const Cell& c = cells_[static_cast<size_t>(cell)];
-  if (c.samples < kWarmup) return Pick{cell, (c.samples & 1) != 0, false};
-  if (explore_due(c)) return Pick{cell, !c.stream, true};
+  if (c.ops < kWarmup) return Pick{cell, (c.ops & 1) != 0, true};
+  const uint64_t phase = c.ops % kProbeEvery;
+  if (phase < 2) return Pick{cell, phase == 1, true};
   return Pick{cell, c.stream, false};
 }
 
-bool PublishChooser::record(const Pick& pick, Clock::duration took, Clock::time_point now) {
+bool PublishChooser::record(const Pick& pick, Clock::duration took) {
   if (pick.cell < 0) return false;
-  last_ = now;
   Cell& c = cells_[static_cast<size_t>(pick.cell)];
-  const double t =
-      static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count());
-  double& mean = c.mean_ns[pick.stream];
-  if (c.samples < kWarmup) {
-    mean = c.samples < 2 ? t : std::min(mean, t);
-    if (++c.samples < kWarmup) return false;
-    c.stream = c.mean_ns[1] < c.mean_ns[0];
-    c.explored = now;
-    return c.stream;  // a change from the ordinary stores of the classes not yet measured
+  const uint64_t op = c.ops++;
+  if (!pick.timed) return false;
+  // At least a nanosecond: op_now() may step back by a little (util/op_clock.h).
+  const double t = std::max(
+      1.0, static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()));
+  double& mine = c.ns[pick.stream];
+  mine = op < 2 || op >= kWarmup ? t : std::min(mine, t);
+  if (op + 1 == kWarmup) {  // the warm-up's last op
+    c.stream = c.ns[1] < c.ns[0];
+    return c.stream;  // from the ordinary stores every class starts with
   }
-  if (pick.explore) {
-    c.explored = now;
-    mean = t;
-    if (t >= kBetter * c.mean_ns[c.stream]) return false;
-    c.stream = pick.stream;
-    return true;
-  }
-  mean += (std::min(t, kOutlier * mean) - mean) / 4;
-  return false;
+  if (op < kWarmup || op % kProbeEvery != 1) return false;  // not the pair's second op
+  const bool faster = c.ns[!c.stream] < kBetter * c.ns[c.stream];
+  if (faster) c.stream = !c.stream;
+  return faster;
 }
 
 PublishChooser::Seen PublishChooser::seen(Kind kind, size_t bytes) const {
   if (mode_ != Mode::kAuto) return Seen{mode_ == Mode::kStreamed, 0, 0};
   if (bytes < kMinBytes) return Seen{};
-  const Cell& c = cells_[static_cast<size_t>(cell_of(kind, bytes))];
-  return Seen{c.stream, c.mean_ns[0], c.mean_ns[1]};
+  const Cell& c = cells_[static_cast<size_t>(kind) * kClasses + class_of(bytes)];
+  return Seen{c.stream, c.ns[0], c.ns[1]};
 }
 
 }  // namespace tutti::shm_backend

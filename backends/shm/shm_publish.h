@@ -8,16 +8,19 @@
 // ~70; on these VMs it changes within seconds) that made the staged allreduce 4-10x slower from
 // 64 KiB (16 MiB in 8.4 ms instead of 1.5). Streaming stores (util/stream_copy.h) do not wait
 // for the lines and ran at one speed in either placement, but send the bytes through memory:
-// 2.3x slower at 1 MiB where the cores are near. So each rank measures both, per kind of
-// collective and size class (powers of two from 64 KiB), and uses the faster:
-// - a class's first four ops alternate ordinary, streaming, ordinary, streaming; the faster
-//   one's best time wins (a first op's time counts its page faults);
-// - then every op of the class uses the chosen way and updates its mean time (each time at most
-//   4x the mean: one preempted op does not decide), and the other way is timed once more every
-//   100 ops' worth of time (at least 200 ms, at most 2 s) or as soon as the chosen way's mean
-//   grew past 1.5x the other's last time; it takes over where it is 10% faster.
-// Smaller messages use ordinary stores (where they differ, in this placement or that, neither
-// way is ahead). TUTTI_SHM_PUBLISH=cached or streamed fixes the way (for measurements).
+// 2.3x slower at 1 MiB where the cores are near. So the ranks time both, per kind of collective
+// and size class (powers of two from 64 KiB), and use the faster.
+//
+// An op's time is that of every rank's stores together (a rank waits for the others' at the
+// barriers), so every rank times the same way on the same op: the probes go by the class's op
+// count, the same on every rank. A class's ops 0-3 alternate ordinary, streaming, ordinary,
+// streaming, and the faster way's best time wins (an op's first run counts its page faults).
+// Then ops 128k and 128k + 1 are a probe pair, ordinary and streaming on every rank, and the
+// pair's faster way takes over where it is 10% faster than the other (a tie keeps the way, so
+// that ranks whose times differ a little stay together); 1/128 of the ops on the slower way
+// costs at most ~1% where it is 2.3x slower. TUTTI_SHM_PUBLISH=cached or streamed fixes the way
+// (for measurements). Smaller messages use ordinary stores: where they differ, in either
+// placement, neither way is ahead.
 #pragma once
 
 #include <array>
@@ -33,44 +36,44 @@ class PublishChooser {
   enum class Mode : uint8_t { kAuto, kCached, kStreamed };
   enum Kind : uint8_t { kReduce, kAllgather, kReduceScatter, kBroadcast, kKinds };
   static constexpr size_t kMinBytes = size_t{64} << 10;
-  static constexpr int kWarmup = 4;
+  static constexpr uint64_t kProbeEvery = 128;  // ops of a class from one probe pair to the next
 
   explicit PublishChooser(Mode mode = Mode::kAuto) : mode_(mode) {}
-  static const char* name(Kind kind);
   // TUTTI_SHM_PUBLISH: auto (unset), cached or streamed; another value warns and means auto.
   static Mode mode_from_env();
+  static const char* name(Kind kind);
 
   struct Pick {
-    int cell = -1;         // the size class measured, -1: none (a small message, a fixed way)
-    bool stream = false;   // streaming stores
-    bool explore = false;  // the way not chosen, timed once more
+    int cell = -1;        // the size class, -1: none (a small message, a fixed way)
+    bool stream = false;  // streaming stores
+    bool timed = false;   // the op is timed (a warm-up op or a probe), and recorded
   };
-  // How the op of `kind` moving `bytes` per rank publishes.
+  // How the next op of `kind` moving `bytes` per rank publishes.
   Pick pick(Kind kind, size_t bytes) const;
-  // The op of `pick` took `took`, ending at `now`; returns true where the class changed its way.
-  bool record(const Pick& pick, Clock::duration took, Clock::time_point now);
+  // The op of `pick` is done (it took `took` where pick.timed); true where the class changed
+  // its way.
+  bool record(const Pick& pick, Clock::duration took);
 
-  // The class's way and mean times (ns; 0: not measured), for logs and tests.
+  // The class's way and its latest times of each (ns; 0: not yet timed), for logs and tests.
   struct Seen {
     bool stream = false;
     double cached_ns = 0;
     double streamed_ns = 0;
   };
   Seen seen(Kind kind, size_t bytes) const;
+  // The smallest size of the class of `bytes` (for logs).
+  static size_t class_floor(size_t bytes);
 
  private:
   static constexpr int kClasses = 20;  // 64 KiB, 128 KiB, ..., 2^35 B and above
   struct Cell {
-    std::array<double, 2> mean_ns{};  // [cached, streamed]
-    Clock::time_point explored{};
-    uint8_t samples = 0;
+    std::array<double, 2> ns{};  // [ordinary, streaming]: the latest probe's (warm-up: best)
+    uint64_t ops = 0;
     bool stream = false;
   };
-  static int cell_of(Kind kind, size_t bytes);
-  bool explore_due(const Cell& c) const;
+  static int class_of(size_t bytes);
 
   Mode mode_;
-  Clock::time_point last_{};  // the last op's end
   std::array<Cell, kKinds * kClasses> cells_{};
 };
 
