@@ -49,11 +49,11 @@ TEST(PublishChooser, TheFirstFourOpsAlternateAndTheFasterBestTimeWins) {
   for (int i = 0; i < 3; ++i) {
     ways.push_back(run(c, kMiB, microseconds(50), microseconds(120)).stream);
   }
-  EXPECT_EQ(ways, (std::vector<bool>{false, true, false, true}));
+  EXPECT_EQ(ways, (std::vector<bool>{false, true, true, false}));
   EXPECT_FALSE(c.seen(Chooser::kReduce, kMiB).stream);
   EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).cached_ns, 50e3);
   EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).streamed_ns, 120e3);
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 4; i < 8; ++i) {  // up to the first probe pair, at op 8
     const Chooser::Pick p = run(c, kMiB, microseconds(50), microseconds(120));
     EXPECT_FALSE(p.stream);
     EXPECT_FALSE(p.timed);  // no clock read on an ordinary op
@@ -82,24 +82,33 @@ TEST(PublishChooser, EveryRankProbesOnTheSameOpsAndTheFasterWayTakesOverOnAll) {
     return pa;
   };
   for (int i = 0; i < 4; ++i) both(microseconds(50), microseconds(120));
-  // The cores moved apart: ordinary stores take 500 us from op 4 on. Nothing is timed until the
-  // probe pair at ops 128 and 129 (ordinary, streaming), after which both ranks stream.
+  // Probe pairs at ops 8, 16, 32, 64, then every 128th, on both: each way once, streaming first
+  // in every other pair.
   std::vector<uint64_t> timed;
+  std::vector<bool> ways;
   for (uint64_t op = 4; op < 2 * Chooser::kProbeEvery + 2; ++op) {
-    const Chooser::Pick p = both(microseconds(500), microseconds(110));
+    const Chooser::Pick p = both(microseconds(50), microseconds(120));
     if (p.timed) {
       timed.push_back(op);
-      EXPECT_EQ(p.stream, op % 2 == 1) << "op " << op;
+      ways.push_back(p.stream);
     } else {
-      EXPECT_EQ(p.stream, op > Chooser::kProbeEvery + 1) << "op " << op;
+      EXPECT_FALSE(p.stream) << "op " << op;
     }
   }
-  EXPECT_EQ(timed, (std::vector<uint64_t>{128, 129, 256, 257}));
+  EXPECT_EQ(timed, (std::vector<uint64_t>{8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257}));
+  EXPECT_EQ(ways, (std::vector<bool>{true, false, false, true, true, false, false, true, true,
+                                     false, false, true}));
+  // The cores moved apart: ordinary stores take 500 us from op 258 on. The next pair, at ops 384
+  // and 385, moves both ranks to streaming stores.
+  for (uint64_t op = 2 * Chooser::kProbeEvery + 2; op < 3 * Chooser::kProbeEvery + 2; ++op) {
+    const Chooser::Pick p = both(microseconds(500), microseconds(110));
+    if (!p.timed) EXPECT_EQ(p.stream, op > 3 * Chooser::kProbeEvery + 1) << "op " << op;
+  }
   EXPECT_TRUE(a.seen(Chooser::kReduce, kMiB).stream);
   EXPECT_TRUE(b.seen(Chooser::kReduce, kMiB).stream);
   EXPECT_DOUBLE_EQ(a.seen(Chooser::kReduce, kMiB).cached_ns, 500e3);
   // And back at the next pair once the cores are near again.
-  for (uint64_t op = 2 * Chooser::kProbeEvery + 2; op < 3 * Chooser::kProbeEvery + 2; ++op) {
+  for (uint64_t op = 3 * Chooser::kProbeEvery + 2; op < 4 * Chooser::kProbeEvery + 2; ++op) {
     both(microseconds(50), microseconds(120));
   }
   EXPECT_FALSE(a.seen(Chooser::kReduce, kMiB).stream);

@@ -44,14 +44,25 @@ size_t PublishChooser::class_floor(size_t bytes) {
   return bytes < kMinBytes ? 0 : kMinBytes << class_of(bytes);
 }
 
+bool PublishChooser::probe_starts(uint64_t op) {
+  if (op < kWarmup) return false;
+  if (op < kProbeEvery) return (op & (op - 1)) == 0 && op >= 2 * kWarmup;  // 8, 16, 32, 64
+  return op % kProbeEvery == 0;
+}
+
+bool PublishChooser::streamed_first(uint64_t start) {
+  if (start < kProbeEvery) return (__builtin_ctzll(start) & 1) != 0;  // 8, 32: streaming first
+  return ((start / kProbeEvery) & 1) != 0;                            // 128, 384, ...
+}
+
 PublishChooser::Pick PublishChooser::pick(Kind kind, size_t bytes) const {
   if (mode_ != Mode::kAuto) return Pick{-1, mode_ == Mode::kStreamed, false};
   if (bytes < kMinBytes) return Pick{};
   const int cell = static_cast<int>(kind) * kClasses + class_of(bytes);
   const Cell& c = cells_[static_cast<size_t>(cell)];
-  if (c.ops < kWarmup) return Pick{cell, (c.ops & 1) != 0, true};
-  const uint64_t phase = c.ops % kProbeEvery;
-  if (phase < 2) return Pick{cell, phase == 1, true};
+  if (c.ops < kWarmup) return Pick{cell, c.ops == 1 || c.ops == 2, true};
+  if (probe_starts(c.ops)) return Pick{cell, streamed_first(c.ops), true};
+  if (probe_starts(c.ops - 1)) return Pick{cell, !streamed_first(c.ops - 1), true};
   return Pick{cell, c.stream, false};
 }
 
@@ -69,7 +80,7 @@ bool PublishChooser::record(const Pick& pick, Clock::duration took) {
     c.stream = c.ns[1] < c.ns[0];
     return c.stream;  // from the ordinary stores every class starts with
   }
-  if (op < kWarmup || op % kProbeEvery != 1) return false;  // not the pair's second op
+  if (op < kWarmup || !probe_starts(op - 1)) return false;  // not a probe pair's second op
   const bool faster = c.ns[!c.stream] < kBetter * c.ns[c.stream];
   if (faster) c.stream = !c.stream;
   return faster;

@@ -13,14 +13,17 @@
 //
 // An op's time is that of every rank's stores together (a rank waits for the others' at the
 // barriers), so every rank times the same way on the same op: the probes go by the class's op
-// count, the same on every rank. A class's ops 0-3 alternate ordinary, streaming, ordinary,
-// streaming, and the faster way's best time wins (an op's first run counts its page faults).
-// Then ops 128k and 128k + 1 are a probe pair, ordinary and streaming on every rank, and the
-// pair's faster way takes over where it is 10% faster than the other (a tie keeps the way, so
-// that ranks whose times differ a little stay together); 1/128 of the ops on the slower way
-// costs at most ~1% where it is 2.3x slower. TUTTI_SHM_PUBLISH=cached or streamed fixes the way
-// (for measurements). Smaller messages use ordinary stores: where they differ, in either
-// placement, neither way is ahead.
+// count, the same on every rank. A class's ops 0-3 go ordinary, streaming, streaming, ordinary
+// (a class's first ops get faster as they warm the caches: the way timed later would look
+// faster), and the faster way's best time wins (the first op counts its page faults).
+// Then ops 8, 16, 32, 64 and every 128th are probe pairs with the op after them, each way once on
+// every rank, in alternating order from pair to pair, and the pair's faster way takes over where it
+// is 10% faster than the other (a tie keeps the way, so that ranks whose times differ a little stay
+// together). Four early pairs, because two times of each way decided wrongly in about one run of
+// the benchmark in five (70 ops a size: the wrong way for all of them); then 1/128 of the ops on
+// the slower way costs at most ~1% where it is 2.3x slower. TUTTI_SHM_PUBLISH=cached or streamed
+// fixes the way (for measurements). Smaller messages use ordinary stores: where they differ, in
+// either placement, neither way is ahead.
 #pragma once
 
 #include <array>
@@ -72,6 +75,8 @@ class PublishChooser {
     bool stream = false;
   };
   static int class_of(size_t bytes);
+  static bool probe_starts(uint64_t op);       // whether a class's op `op` begins a probe pair
+  static bool streamed_first(uint64_t start);  // the probe pair at `start` times streaming first
 
   Mode mode_;
   std::array<Cell, kKinds * kClasses> cells_{};
