@@ -67,6 +67,7 @@ TEST(PublishChooser, TheFirstFourOpsAlternateAndTheFasterBestTimeWins) {
   EXPECT_TRUE(d.pick(Chooser::kReduce, 8 * kMiB - 1).stream);  // the same class
   EXPECT_FALSE(d.pick(Chooser::kReduce, 8 * kMiB).stream);     // the next one, not yet timed
   EXPECT_FALSE(d.pick(Chooser::kAllgather, 4 * kMiB).stream);
+  EXPECT_FALSE(d.pick(Chooser::kSend, 4 * kMiB).stream);
   EXPECT_EQ(Chooser::class_floor(8 * kMiB - 1), 4 * kMiB);
   EXPECT_EQ(Chooser::class_floor(Chooser::kMinBytes), Chooser::kMinBytes);
 }

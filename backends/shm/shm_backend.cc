@@ -353,7 +353,12 @@ void ShmBackend::publish(const PublishChooser::Pick& how, void* dst, const void*
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                            const PublishTimer& timer) {
   if (how.cell < 0 || !timer.complete()) return;  // not measured, or not staged after all
-  if (publish_.record(how, timer.took())) {
+  published(kind, bytes, how, timer.took());
+}
+
+void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
+                           Clock::duration took) {
+  if (publish_.record(how, took)) {
     const PublishChooser::Seen seen = publish_.seen(kind, bytes);
     TUTTI_LOG_DEBUG(
         "shm: rank {} publishes {} of {} B and up (to twice that) with {} stores from now on "

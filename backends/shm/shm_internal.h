@@ -52,8 +52,10 @@ class PublishTimer {
 // One message of a batch in flight.
 struct ShmBackend::Transfer {
   const P2PRequest* request;
-  size_t bytes = 0;  // the whole message
-  size_t done = 0;   // bytes sent (or received) so far
+  size_t bytes = 0;             // the whole message
+  size_t done = 0;              // bytes sent (or received) so far
+  PublishChooser::Pick how{};   // a send's way into the mailbox (picked at its first chunk)
+  Clock::time_point started{};  // a timed send's first chunk
   bool finished() const { return done == bytes; }
 };
 

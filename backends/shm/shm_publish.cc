@@ -20,6 +20,7 @@ const char* PublishChooser::name(Kind kind) {
     case kAllgather: return "allgathers";
     case kReduceScatter: return "reduce_scatters";
     case kBroadcast: return "broadcasts";
+    case kSend: return "sends";
     case kKinds: break;
   }
   return "ops";

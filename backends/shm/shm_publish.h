@@ -9,7 +9,11 @@
 // 64 KiB (16 MiB in 8.4 ms instead of 1.5). Streaming stores (util/stream_copy.h) do not wait
 // for the lines and ran at one speed in either placement, but send the bytes through memory:
 // 2.3x slower at 1 MiB where the cores are near. So the ranks time both, per kind of collective
-// and size class (powers of two from 64 KiB), and use the faster.
+// and size class (powers of two from 64 KiB), and use the faster. Point-to-point sends too
+// (through the pair's mailbox; 3.5-6x slower with the CPUs far apart, from 64 KiB): their way is
+// the sender's alone, timed from the first chunk's copy to the last one's, and only for messages
+// of 8 mailbox chunks and more (2 MiB by default; shm_p2p.cc says why): smaller ones stay with
+// ordinary stores, and slow where the CPUs are far apart (64 KiB 35 us against 10).
 //
 // An op's time is that of every rank's stores together (a rank waits for the others' at the
 // barriers), so every rank times the same way on the same op: the probes go by the class's op
@@ -37,7 +41,7 @@ class PublishChooser {
  public:
   using Clock = std::chrono::steady_clock;
   enum class Mode : uint8_t { kAuto, kCached, kStreamed };
-  enum Kind : uint8_t { kReduce, kAllgather, kReduceScatter, kBroadcast, kKinds };
+  enum Kind : uint8_t { kReduce, kAllgather, kReduceScatter, kBroadcast, kSend, kKinds };
   static constexpr size_t kMinBytes = size_t{64} << 10;
   static constexpr uint64_t kProbeEvery = 128;  // ops of a class from one probe pair to the next
 
