@@ -116,6 +116,39 @@ TEST(PublishChooser, EveryRankProbesOnTheSameOpsAndTheFasterWayTakesOverOnAll) {
   EXPECT_FALSE(b.seen(Chooser::kReduce, kMiB).stream);
 }
 
+TEST(PublishChooser, ABatchsSendsPickBeforeAnyReportsAndTheRoundWaitsForAllOfThem) {
+  // A batch of four sends of one class picks all four warm-up ops at once; their times come back
+  // in another order, the second streaming one slower (each way keeps its best of two).
+  Chooser c;
+  std::vector<Chooser::Pick> picks;
+  for (int i = 0; i < 4; ++i) picks.push_back(c.pick(Chooser::kSend, 4 * kMiB));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(picks[i].op, static_cast<uint64_t>(i));
+  EXPECT_FALSE(c.record(picks[3], microseconds(900)));                    // ordinary
+  EXPECT_FALSE(c.record(picks[2], microseconds(2000)));                   // streaming
+  EXPECT_FALSE(c.record(picks[1], microseconds(450)));                    // streaming
+  EXPECT_DOUBLE_EQ(c.seen(Chooser::kSend, 4 * kMiB).streamed_ns, 450e3);  // not replaced
+  EXPECT_FALSE(c.seen(Chooser::kSend, 4 * kMiB).stream);  // not decided before op 0 reports
+  EXPECT_TRUE(c.record(picks[0], microseconds(1800)));    // ordinary: 900 is its best
+  EXPECT_DOUBLE_EQ(c.seen(Chooser::kSend, 4 * kMiB).cached_ns, 900e3);
+  EXPECT_TRUE(c.seen(Chooser::kSend, 4 * kMiB).stream);
+
+  // A probe pair one of whose ops failed (never reported) decides nothing.
+  for (uint64_t op = 4; op < 8; ++op) c.pick(Chooser::kSend, 4 * kMiB);
+  const Chooser::Pick first = c.pick(Chooser::kSend, 4 * kMiB);
+  const Chooser::Pick second = c.pick(Chooser::kSend, 4 * kMiB);
+  ASSERT_TRUE(first.timed && second.timed);
+  EXPECT_FALSE(c.record(first.stream ? second : first, microseconds(100)));  // ordinary, faster
+  EXPECT_TRUE(c.seen(Chooser::kSend, 4 * kMiB).stream);
+  // The next pair (ops 16, 17) reports in full: ordinary takes over.
+  for (uint64_t op = 10; op < 16; ++op) c.pick(Chooser::kSend, 4 * kMiB);
+  const Chooser::Pick a = c.pick(Chooser::kSend, 4 * kMiB);
+  const Chooser::Pick b = c.pick(Chooser::kSend, 4 * kMiB);
+  EXPECT_NE(a.stream, b.stream);
+  EXPECT_FALSE(c.record(b, b.stream ? microseconds(450) : microseconds(100)));
+  EXPECT_TRUE(c.record(a, a.stream ? microseconds(450) : microseconds(100)));
+  EXPECT_FALSE(c.seen(Chooser::kSend, 4 * kMiB).stream);
+}
+
 TEST(PublishChooser, AWayNotTenPercentFasterDoesNotTakeOver) {
   Chooser c;
   for (int i = 0; i < 4; ++i) run(c, 64 * kMiB, microseconds(6500), microseconds(6800));

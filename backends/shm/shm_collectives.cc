@@ -44,7 +44,9 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
     sync(op);
   } else {
     const int root = opts.root_rank;
-    const PublishChooser::Pick how = publish_.pick(PublishChooser::kBroadcast, total);
+    // The root's way alone: only the root publishes (and picks, on the staged path only).
+    const PublishChooser::Pick how =
+        rank_ == root ? publish_.pick(PublishChooser::kBroadcast, total) : PublishChooser::Pick{};
     PublishTimer timer(how);
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);

@@ -35,17 +35,19 @@ class PublishTimer {
   void published() {  // this rank's first publish is done
     if (on_ && published_ == Clock::time_point{}) published_ = detail::op_now();
   }
-  void met() {  // the first barrier is passed
+  void met() {  // the first barrier is passed, on the staged path
+    staged_ = true;
     if (on_ && since_ == Clock::time_point{}) since_ = detail::op_now();
   }
-  // Whether the op ran staged to its end from the first barrier (the time is then took()).
-  bool complete() const { return !on_ || since_ != Clock::time_point{}; }
+  // Whether the op ran staged past its first barrier (a timed one's time is then took()).
+  bool complete() const { return staged_; }
   Clock::duration took() const {
     return on_ ? (published_ - start_) + (detail::op_now() - since_) : Clock::duration{};
   }
 
  private:
   bool on_;
+  bool staged_ = false;
   Clock::time_point start_{}, published_{}, since_{};
 };
 
@@ -55,7 +57,7 @@ struct ShmBackend::Transfer {
   size_t bytes = 0;             // the whole message
   size_t done = 0;              // bytes sent (or received) so far
   PublishChooser::Pick how{};   // a send's way into the mailbox (picked at its first chunk)
-  Clock::time_point started{};  // a timed send's first chunk
+  Clock::time_point started{};  // a timed send's third chunk (after the receiver's first ack)
   bool finished() const { return done == bytes; }
 };
 

@@ -82,8 +82,9 @@ bool ShmBackend::advance(Transfer& t, const OpContext& ctx) {
       // Messages of kTimedChunks chunks and more only (see shm_publish.h).
       if (t.done == 0 && t.bytes >= kTimedChunks * mail_) {
         t.how = publish_.pick(PublishChooser::kSend, t.bytes);
-        if (t.how.timed) t.started = detail::op_now();
       }
+      // Timed from the third chunk: the first two go before the receiver has to be there.
+      if (t.how.timed && t.done == 2 * mail_) t.started = detail::op_now();
       publish(t.how, mailbox(rank_, r.peer, slot),
               static_cast<const char*>(r.tensor.data()) + t.done, len);
       if (t.how.cell >= 0 && t.done + len == t.bytes) {

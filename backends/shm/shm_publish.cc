@@ -56,34 +56,41 @@ bool PublishChooser::streamed_first(uint64_t start) {
   return ((start / kProbeEvery) & 1) != 0;                            // 128, 384, ...
 }
 
-PublishChooser::Pick PublishChooser::pick(Kind kind, size_t bytes) const {
+PublishChooser::Pick PublishChooser::pick(Kind kind, size_t bytes) {
   if (mode_ != Mode::kAuto) return Pick{-1, mode_ == Mode::kStreamed, false};
   if (bytes < kMinBytes) return Pick{};
   const int cell = static_cast<int>(kind) * kClasses + class_of(bytes);
-  const Cell& c = cells_[static_cast<size_t>(cell)];
-  if (c.ops < kWarmup) return Pick{cell, c.ops == 1 || c.ops == 2, true};
-  if (probe_starts(c.ops)) return Pick{cell, streamed_first(c.ops), true};
-  if (probe_starts(c.ops - 1)) return Pick{cell, !streamed_first(c.ops - 1), true};
-  return Pick{cell, c.stream, false};
+  Cell& c = cells_[static_cast<size_t>(cell)];
+  const uint64_t op = c.ops++;  // taken here: a batch's sends pick before any of them is done
+  if (op < kWarmup) return Pick{cell, op == 1 || op == 2, true, op};
+  if (probe_starts(op)) return Pick{cell, streamed_first(op), true, op};
+  if (probe_starts(op - 1)) return Pick{cell, !streamed_first(op - 1), true, op};
+  return Pick{cell, c.stream, false, op};
 }
 
 bool PublishChooser::record(const Pick& pick, Clock::duration took) {
-  if (pick.cell < 0) return false;
+  if (pick.cell < 0 || !pick.timed) return false;
   Cell& c = cells_[static_cast<size_t>(pick.cell)];
-  const uint64_t op = c.ops++;
-  if (!pick.timed) return false;
   // At least a nanosecond: op_now() may step back by a little (util/op_clock.h).
   const double t = std::max(
       1.0, static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()));
-  double& mine = c.ns[pick.stream];
-  mine = op < 2 || op >= kWarmup ? t : std::min(mine, t);
-  if (op + 1 == kWarmup) {  // the warm-up's last op
-    c.stream = c.ns[1] < c.ns[0];
-    return c.stream;  // from the ordinary stores every class starts with
+  // The times of one round (the warm-up, or a probe pair) may come in any order (a batch's
+  // sends): the round decides once all of its ops have reported; a round one of whose ops
+  // failed leaves the way as it was.
+  const bool warmup = pick.op < kWarmup;
+  const uint64_t round = warmup ? 0 : probe_starts(pick.op) ? pick.op : pick.op - 1;
+  if (round != c.round) {
+    c.round = round;
+    c.seen = 0;
+    c.reports = 0;
   }
-  if (op < kWarmup || !probe_starts(op - 1)) return false;  // not a probe pair's second op
-  const bool faster = c.ns[!c.stream] < kBetter * c.ns[c.stream];
-  if (faster) c.stream = !c.stream;
+  const uint8_t way = pick.stream ? 2 : 1;
+  double& mine = c.ns[pick.stream];
+  mine = (c.seen & way) != 0 ? std::min(mine, t) : t;  // the warm-up: each way's best of two
+  c.seen |= way;
+  if (++c.reports < (warmup ? kWarmup : 2)) return false;
+  const bool faster = warmup ? c.ns[1] < c.ns[0] : c.ns[!c.stream] < kBetter * c.ns[c.stream];
+  if (faster) c.stream = !c.stream;  // the warm-up: from the ordinary stores classes start with
   return faster;
 }
 

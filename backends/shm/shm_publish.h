@@ -53,12 +53,13 @@ class PublishChooser {
   struct Pick {
     int cell = -1;        // the size class, -1: none (a small message, a fixed way)
     bool stream = false;  // streaming stores
-    bool timed = false;   // the op is timed (a warm-up op or a probe), and recorded
+    bool timed = false;   // the op is timed (a warm-up op or a probe): record() its time
+    uint64_t op = 0;      // its number in the class
   };
-  // How the next op of `kind` moving `bytes` per rank publishes.
-  Pick pick(Kind kind, size_t bytes) const;
-  // The op of `pick` is done (it took `took` where pick.timed); true where the class changed
-  // its way.
+  // How the next op of `kind` moving `bytes` per rank publishes; counts it. Every rank picks
+  // for the same ops of a collective (before anything that could end the op early).
+  Pick pick(Kind kind, size_t bytes);
+  // The timed op of `pick` took `took`; true where the class changed its way.
   bool record(const Pick& pick, Clock::duration took);
 
   // The class's way and its latest times of each (ns; 0: not yet timed), for logs and tests.
@@ -74,8 +75,11 @@ class PublishChooser {
  private:
   static constexpr int kClasses = 20;  // 64 KiB, 128 KiB, ..., 2^35 B and above
   struct Cell {
-    std::array<double, 2> ns{};  // [ordinary, streaming]: the latest probe's (warm-up: best)
-    uint64_t ops = 0;
+    std::array<double, 2> ns{};     // [ordinary, streaming]: the latest probe's (warm-up: best)
+    uint64_t ops = 0;               // picked so far
+    uint64_t round = ~uint64_t{0};  // the round reporting: 0 the warm-up, else a pair's first op
+    uint8_t seen = 0;               // the ways it has reported (1 ordinary, 2 streaming)
+    uint8_t reports = 0;
     bool stream = false;
   };
   static int class_of(size_t bytes);
