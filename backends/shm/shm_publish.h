@@ -11,9 +11,10 @@
 // 2.3x slower at 1 MiB where the cores are near. So the ranks time both, per kind of collective
 // and size class (powers of two from 64 KiB), and use the faster. Point-to-point sends too
 // (through the pair's mailbox; 3.5-6x slower with the CPUs far apart, from 64 KiB): their way is
-// the sender's alone, timed from the first chunk's copy to the last one's, and only for messages
-// of 8 mailbox chunks and more (2 MiB by default; shm_p2p.cc says why): smaller ones stay with
-// ordinary stores, and slow where the CPUs are far apart (64 KiB 35 us against 10).
+// the sender's alone, timed from the third chunk's copy (the first two go before the receiver
+// need be there) to the last one's, and only for messages of 8 mailbox chunks and more (2 MiB by
+// default; shm_p2p.cc says why): smaller ones stay with ordinary stores, and slow where the CPUs
+// are far apart (64 KiB 35 us against 10). A broadcast's way is likewise the root's alone.
 //
 // An op's time is that of every rank's stores together (a rank waits for the others' at the
 // barriers), so every rank times the same way on the same op: the probes go by the class's op
