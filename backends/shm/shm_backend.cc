@@ -352,7 +352,7 @@ void ShmBackend::publish(const PublishChooser::Pick& how, void* dst, const void*
 
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                            const PublishTimer& timer) {
-  if (how.cell < 0 || !timer.complete()) return;  // not measured, or not staged after all
+  if (!how.timed || !timer.complete()) return;  // not timed, or not staged after all
   published(kind, bytes, how, timer.took());
 }
 

@@ -87,9 +87,8 @@ bool ShmBackend::advance(Transfer& t, const OpContext& ctx) {
       if (t.how.timed && t.done == 2 * mail_) t.started = detail::op_now();
       publish(t.how, mailbox(rank_, r.peer, slot),
               static_cast<const char*>(r.tensor.data()) + t.done, len);
-      if (t.how.cell >= 0 && t.done + len == t.bytes) {
-        published(PublishChooser::kSend, t.bytes, t.how,
-                  t.how.timed ? detail::op_now() - t.started : Clock::duration{});
+      if (t.how.timed && t.done + len == t.bytes) {
+        published(PublishChooser::kSend, t.bytes, t.how, detail::op_now() - t.started);
       }
       ch.meta[slot] = SlotMeta{r.tag, static_cast<uint32_t>(r.tensor.dtype()), t.bytes, r.seq};
       ch.sent.store(sent + 1);
