@@ -82,6 +82,8 @@ int64_t steady_ms(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
+void (*local_process_claim_pause)() = nullptr;
+
 void register_local_process() noexcept {
   const long me = static_cast<long>(::getpid());
   // Two threads registering at once take two slots: harmless, a process never counts its own.
@@ -102,9 +104,14 @@ void register_local_process() noexcept {
     Slot& s = t[i];
     int64_t seen = s.pid.load();
     if (seen != 0 && alive(s)) continue;
-    // Free, or its process is gone: claim it (start 0 while the slot is filled in).
+    // Free, or its process is gone: claim it. Its start goes to 0 ("being claimed") before its
+    // pid changes, so that no reader sees this pid beside the gone owner's start (alive() would
+    // call it gone, and a count would free the slot under this process); a start changed since
+    // it was read means another process claims the slot.
+    uint64_t old_start = s.start.load();
+    if (!s.start.compare_exchange_strong(old_start, 0)) continue;
     if (!s.pid.compare_exchange_strong(seen, me)) continue;
-    s.start.store(0);
+    if (local_process_claim_pause != nullptr) local_process_claim_pause();
     for (size_t w = 0; w < kMaskWords; ++w) s.mask[w].store(words[w]);
     s.active_ms.store(std::max<int64_t>(1, steady_ms(std::chrono::steady_clock::now())));
     s.active_pid.store(me);

@@ -34,6 +34,10 @@ constexpr std::chrono::milliseconds kIdleAfter{2000};
 // as active from now.
 void register_local_process() noexcept;
 
+// Tests only: called while a registration holds its slot half filled in (its pid written, its
+// start not yet), so that a test can count processes then.
+extern void (*local_process_claim_pause)();
+
 // Notes that this process runs an op at `now` (the steady clock): every op calls it; it writes
 // the table at most every 100 ms (one load and a compare in line otherwise). Never throws.
 extern std::atomic<int64_t> next_activity_note;  // the steady clock's count, from when it writes
