@@ -101,6 +101,71 @@ TEST(Await, PollsForItsTimeThenSleepsButNeverPastTheDeadline) {
   EXPECT_GE(took, std::chrono::milliseconds(2));
 }
 
+// Past its time budget a wait polls on, one budget after another, while it was preempted during
+// the last (another process wants its CPU, and asleep it would wait out that process's slice),
+// looking at its peers between budgets (on_nap, as after a sleep); up to contended_for in all,
+// then it sleeps as before. The conditions count those looks, not the clock, so that a test
+// preempted for real still sees the same steps.
+long preempted_count = 0;
+long preempted_every_time() {
+  return ++preempted_count;
+}
+long never_preempted() {
+  return 7;
+}
+
+SpinPolicy two_ms_budgets(std::chrono::milliseconds contended_for, long (*preemptions)()) {
+  SpinPolicy policy{10, 0, std::chrono::milliseconds(2)};
+  policy.contended_for = contended_for;
+  policy.preemptions = preemptions;
+  return policy;
+}
+
+TEST(Await, PollsOnPastItsBudgetWhileItIsPreempted) {
+  std::atomic<uint32_t> word{0}, sleepers{0};
+  WaitOutcome outcome;
+  int looks = 0;
+  const bool ok =
+      await([&] { return looks >= 3; }, word, sleepers, Clock::now() + std::chrono::seconds(20),
+            two_ms_budgets(std::chrono::seconds(10), &preempted_every_time), [] { return true; },
+            [&] { ++looks; }, &outcome);
+  EXPECT_TRUE(ok);
+  EXPECT_FALSE(outcome.slept);  // three budgets' ends, each followed by another budget
+  EXPECT_EQ(looks, 3);
+}
+
+TEST(Await, SleepsAfterItsBudgetWhenNotPreempted) {
+  std::atomic<uint32_t> word{0}, sleepers{0};
+  WaitOutcome outcome;
+  int looks = 0;
+  const bool ok =
+      await([&] { return looks >= 1; }, word, sleepers, Clock::now() + std::chrono::seconds(20),
+            two_ms_budgets(std::chrono::seconds(10), &never_preempted), [] { return true; },
+            [&] { ++looks; }, &outcome);
+  EXPECT_TRUE(ok);
+  EXPECT_TRUE(outcome.slept);  // the one look was after a sleep
+}
+
+TEST(Await, TheContendedPollsEndAtTheirTotalAndAtTheDeadline) {
+  std::atomic<uint32_t> word{0}, sleepers{0};
+  WaitOutcome outcome;
+  int looks = 0;
+  // 6 ms of polling hold at most three budgets' ends; the other looks follow naps.
+  const bool ok =
+      await([&] { return looks >= 10; }, word, sleepers, Clock::now() + std::chrono::seconds(20),
+            two_ms_budgets(std::chrono::milliseconds(6), &preempted_every_time),
+            [] { return true; }, [&] { ++looks; }, &outcome);
+  EXPECT_TRUE(ok);
+  EXPECT_TRUE(outcome.slept);
+
+  const auto begin = Clock::now();
+  const bool late = await(
+      [] { return false; }, word, sleepers, Clock::now() + std::chrono::milliseconds(10),
+      two_ms_budgets(std::chrono::seconds(5), &preempted_every_time), [] { return true; }, [] {});
+  EXPECT_FALSE(late);
+  EXPECT_LT(Clock::now() - begin, std::chrono::milliseconds(2000));  // the deadline, not 5 s
+}
+
 // Whether the ranks have a core each: the union of their affinity masks (hex, CPU 4k + b in bit
 // b of digit k), capped by a cgroup's cpu.max.
 TEST(UsableCpus, TheUnionOfTheRanksMasksCappedByTheCgroup) {

@@ -222,8 +222,11 @@ void ShmBackend::set_spin_policy(int local) {
   // when a rank waited for is on this rank's CPU (unbound ranks that the scheduler put together;
   // shm_internal.h): there a long spin held up the peer, 270-530 us per call beside `yes`,
   // against ~4 us now. Either way the wait ends asleep on a futex, so a rank waiting for a slow
-  // peer burns at most 5 ms of CPU per wait. TUTTI_SHM_SPIN_US, TUTTI_SHM_SPINS and
-  // TUTTI_SHM_YIELDS override the budget (time, the least polls, then yields). Cores: the CPUs
+  // peer burns at most 5 ms of CPU per wait; up to kContendedSpin (100 ms) where the scheduler
+  // preempted it while it polled, budget after budget (another process wants its CPU: asleep, it
+  // would wait out that process's slice at every wait; shm_wait.h). TUTTI_SHM_SPIN_US,
+  // TUTTI_SHM_SPINS, TUTTI_SHM_YIELDS and TUTTI_SHM_CONTENDED_SPIN_US override the budget (time,
+  // the least polls, then yields; the contended spin's total, 0: none). Cores: the CPUs
   // the ranks may run on together (shm_cpus.h). TUTTI_SHM_ADAPT (default 1: fixed) lets the
   // budget grow up to that many times after waits that slept briefly (AdaptiveSpin, shm_wait.h).
   SpinPolicy spin;
@@ -234,12 +237,16 @@ void ShmBackend::set_spin_policy(int local) {
                10'000'000));
   spin.yields =
       static_cast<int>(env_size("TUTTI_SHM_YIELDS", oversubscribed ? 200 : 50, 0, 1'000'000));
+  spin.contended_for = std::chrono::microseconds(env_size(
+      "TUTTI_SHM_CONTENDED_SPIN_US",
+      oversubscribed ? 0 : static_cast<size_t>(kContendedSpin.count()) * 1000, 0, 10'000'000));
   spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 1, 0, 1000)));
   TUTTI_LOG_DEBUG(
       "shm: {} ranks ({} tutti processes here) on {} usable CPUs ({}): polls for {} "
-      "us (at least {}) then yields {}",
+      "us (at least {}; up to {} us while preempted) then yields {}",
       world_size_, local, cores, oversubscribed ? "oversubscribed" : "a core each",
       std::chrono::duration_cast<std::chrono::microseconds>(spin.spin_for).count(), spin.spins,
+      std::chrono::duration_cast<std::chrono::microseconds>(spin.contended_for).count(),
       spin.yields);
   spin_local_ = local;
 }
