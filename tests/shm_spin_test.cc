@@ -2,6 +2,8 @@
 // it, and how await() cuts its polls short. Pure bookkeeping, no timing.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "../backends/shm/shm_cpus.h"
 #include "../backends/shm/shm_wait.h"
 
@@ -86,10 +88,10 @@ TEST(Await, PollsForItsTimeThenSleepsButNeverPastTheDeadline) {
   const auto start = Clock::now();
   const bool ok =
       await([&] { return Clock::now() - start >= std::chrono::milliseconds(3); }, word, sleepers,
-            Clock::now() + std::chrono::seconds(10),
-            SpinPolicy{10, 0, std::chrono::milliseconds(20)}, [] { return true; }, [] {}, &outcome);
+            Clock::now() + std::chrono::seconds(10), SpinPolicy{10, 0, std::chrono::seconds(5)},
+            [] { return true; }, [] {}, &outcome);
   EXPECT_TRUE(ok);
-  EXPECT_FALSE(outcome.slept);  // 3 ms of polling fit in the 20 ms budget
+  EXPECT_FALSE(outcome.slept);  // 3 ms of polling fit in the 5 s budget
 
   const auto begin = Clock::now();
   const bool late =
@@ -101,69 +103,87 @@ TEST(Await, PollsForItsTimeThenSleepsButNeverPastTheDeadline) {
   EXPECT_GE(took, std::chrono::milliseconds(2));
 }
 
-// Past its time budget a wait polls on, one budget after another, while it was preempted during
-// the last (another process wants its CPU, and asleep it would wait out that process's slice),
-// looking at its peers between budgets (on_nap, as after a sleep); up to contended_for in all,
-// then it sleeps as before. The conditions count those looks, not the clock, so that a test
-// preempted for real still sees the same steps.
-long preempted_count = 0;
-long preempted_every_time() {
-  return ++preempted_count;
-}
-long never_preempted() {
-  return 7;
-}
-
-SpinPolicy two_ms_budgets(std::chrono::milliseconds contended_for, long (*preemptions)()) {
+// Past its time budget a wait polls on, one budget after another, while it was off its CPU
+// during the last (a gap between two clock reads longer than off_cpu_gap: another process wants
+// its CPU, and asleep it would wait out that process's slice) and poll_on() agrees, looking at
+// its peers between budgets (on_nap, as after a sleep); up to contended_for in all, then it
+// sleeps as before. An off_cpu_gap of 0 counts every budget as spent off the CPU, a day none;
+// the conditions count the looks, not the clock, so that a test descheduled for real still sees
+// the same steps.
+SpinPolicy two_ms_budgets(Clock::duration contended_for, Clock::duration off_cpu_gap) {
   SpinPolicy policy{10, 0, std::chrono::milliseconds(2)};
   policy.contended_for = contended_for;
-  policy.preemptions = preemptions;
+  policy.off_cpu_gap = off_cpu_gap;
   return policy;
 }
+constexpr Clock::duration kAlwaysOff{0};
+constexpr Clock::duration kNeverOff = std::chrono::hours(24);
+constexpr auto kYes = [] { return true; };
 
-TEST(Await, PollsOnPastItsBudgetWhileItIsPreempted) {
+TEST(Await, PollsOnPastItsBudgetWhileOffItsCpu) {
   std::atomic<uint32_t> word{0}, sleepers{0};
   WaitOutcome outcome;
   int looks = 0;
-  const bool ok =
-      await([&] { return looks >= 3; }, word, sleepers, Clock::now() + std::chrono::seconds(20),
-            two_ms_budgets(std::chrono::seconds(10), &preempted_every_time), [] { return true; },
-            [&] { ++looks; }, &outcome);
+  const bool ok = await(
+      [&] { return looks >= 3; }, word, sleepers, Clock::now() + std::chrono::seconds(20),
+      two_ms_budgets(std::chrono::seconds(10), kAlwaysOff), kYes, [&] { ++looks; }, &outcome, kYes);
   EXPECT_TRUE(ok);
   EXPECT_FALSE(outcome.slept);  // three budgets' ends, each followed by another budget
   EXPECT_EQ(looks, 3);
 }
 
-TEST(Await, SleepsAfterItsBudgetWhenNotPreempted) {
-  std::atomic<uint32_t> word{0}, sleepers{0};
-  WaitOutcome outcome;
-  int looks = 0;
-  const bool ok =
-      await([&] { return looks >= 1; }, word, sleepers, Clock::now() + std::chrono::seconds(20),
-            two_ms_budgets(std::chrono::seconds(10), &never_preempted), [] { return true; },
-            [&] { ++looks; }, &outcome);
-  EXPECT_TRUE(ok);
-  EXPECT_TRUE(outcome.slept);  // the one look was after a sleep
+TEST(Await, SleepsAfterItsBudgetWhereItKeptItsCpuOrPollOnSaysNo) {
+  for (const bool off : {false, true}) {
+    std::atomic<uint32_t> word{0}, sleepers{0};
+    WaitOutcome outcome;
+    int looks = 0, asked = 0;
+    const bool ok =
+        await([&] { return looks >= 1; }, word, sleepers, Clock::now() + std::chrono::seconds(20),
+              two_ms_budgets(std::chrono::seconds(10), off ? kAlwaysOff : kNeverOff), kYes,
+              [&] { ++looks; }, &outcome, [&] { return ++asked, false; });
+    EXPECT_TRUE(ok);
+    EXPECT_TRUE(outcome.slept) << off;  // the one look was after a sleep
+    EXPECT_EQ(asked, off ? 1 : 0);      // asked only where it was off its CPU
+  }
 }
 
 TEST(Await, TheContendedPollsEndAtTheirTotalAndAtTheDeadline) {
   std::atomic<uint32_t> word{0}, sleepers{0};
   WaitOutcome outcome;
-  int looks = 0;
-  // 6 ms of polling hold at most three budgets' ends; the other looks follow naps.
-  const bool ok =
-      await([&] { return looks >= 10; }, word, sleepers, Clock::now() + std::chrono::seconds(20),
-            two_ms_budgets(std::chrono::milliseconds(6), &preempted_every_time),
-            [] { return true; }, [&] { ++looks; }, &outcome);
+  int looks = 0, polling_looks = 0, polls = 0;
+  // 6 ms of polling hold at most three budgets' ends; the other looks follow naps (a look after
+  // polling comes after thousands of polls, one after a nap after a few).
+  const bool ok = await([&] { return ++polls, looks >= 10; }, word, sleepers,
+                        Clock::now() + std::chrono::seconds(20),
+                        two_ms_budgets(std::chrono::milliseconds(6), kAlwaysOff), kYes,
+                        [&] {
+                          if (polls > 100) ++polling_looks;
+                          polls = 0;
+                          ++looks;
+                        },
+                        &outcome, kYes);
   EXPECT_TRUE(ok);
   EXPECT_TRUE(outcome.slept);
+  EXPECT_LE(polling_looks, 3);
 
   const auto begin = Clock::now();
-  const bool late = await(
-      [] { return false; }, word, sleepers, Clock::now() + std::chrono::milliseconds(10),
-      two_ms_budgets(std::chrono::seconds(5), &preempted_every_time), [] { return true; }, [] {});
+  const bool late =
+      await([] { return false; }, word, sleepers, Clock::now() + std::chrono::milliseconds(10),
+            two_ms_budgets(std::chrono::seconds(5), kAlwaysOff), kYes, [] {}, nullptr, kYes);
   EXPECT_FALSE(late);
   EXPECT_LT(Clock::now() - begin, std::chrono::milliseconds(2000));  // the deadline, not 5 s
+}
+
+// A look between budgets that throws (a dead peer) ends the wait with it, counted asleep nowhere.
+TEST(Await, ALookBetweenBudgetsThatThrowsEndsTheWait) {
+  std::atomic<uint32_t> word{0}, sleepers{0};
+  WaitOutcome outcome;
+  EXPECT_THROW(await([] { return false; }, word, sleepers, Clock::now() + std::chrono::seconds(20),
+                     two_ms_budgets(std::chrono::seconds(10), kAlwaysOff), kYes,
+                     [] { throw std::runtime_error("rank 1 died"); }, &outcome, kYes),
+               std::runtime_error);
+  EXPECT_EQ(sleepers.load(), 0u);
+  EXPECT_FALSE(outcome.slept);
 }
 
 // Whether the ranks have a core each: the union of their affinity masks (hex, CPU 4k + b in bit

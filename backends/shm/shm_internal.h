@@ -91,9 +91,23 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
     }
     return true;
   };
+  // Past the polling budget, with this rank kept off its CPU meanwhile: polls on only while every
+  // rank waited for is inside this collective already (preempted there, it comes once it runs
+  // again). One still computing before it (or a point-to-point peer, of which nothing says so)
+  // may take long, and the polls would take CPU from whatever runs beside: the wait sleeps.
+  auto poll_on = [&] {
+    if (op == nullptr) return false;
+    for (int r = 0; r < world_size_; ++r) {
+      if (r == rank_ || !waiting(r)) continue;
+      if (static_cast<int32_t>(slots_[r].begun.load(std::memory_order_acquire) - op->seq) < 0) {
+        return false;
+      }
+    }
+    return true;
+  };
   WaitOutcome outcome;
   const bool done = await([&] { return ready() || stopped(op_seq); }, word, sleepers, deadline,
-                          spin_.policy(), keep_spinning, check_peers, &outcome);
+                          spin_.policy(), keep_spinning, check_peers, &outcome, poll_on);
   spin_.record(outcome);
   note_cpu();  // where this rank runs until its next wait (a wake-up may have moved it)
   if (aborted_.load()) throw_if_stopped(ctx, op_seq);

@@ -11,7 +11,6 @@
 
 #include <linux/futex.h>
 #include <sched.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -35,21 +34,16 @@ constexpr std::chrono::milliseconds kMaxNap{10};
 constexpr std::chrono::microseconds kLongSpin{5000};
 constexpr int kMinSpins = 2000;
 
-// How long in all a wait goes on polling, one budget after another, while the waiter keeps being
-// preempted as it polls (SpinPolicy::contended_for). Such a waiter's CPU has other work (a build
+// How long in all a wait goes on polling, one budget after another, while the waiter keeps losing
+// its CPU as it polls (SpinPolicy::contended_for). Such a waiter's CPU has other work (a build
 // beside the job): asleep, it would get the CPU back only after that work's slice, and so would
 // its peer at the next wait, one slice per wait (measured 2026-12-06, 2 ranks beside a 2-job
-// build on 2 vCPUs, Linux 6.18: 256 KiB allreduce 20-28 ms per op, 16 MiB 240-450 ms; polling
-// on, as Open MPI does: 37-48 us and 68-139 ms).
+// build on 2 vCPUs, Linux 6.18: 2 MiB allreduce 44-48 ms per op, 16 MiB 364-384 ms; with these
+// polls 428-463 us and 45-88 ms, Open MPI 0.4-0.7 ms and 48-60 ms).
 constexpr std::chrono::milliseconds kContendedSpin{100};
-
-// This thread's involuntary context switches so far (the scheduler took its CPU for another
-// thread); -1 where that cannot be read.
-inline long involuntary_switches() {
-  rusage usage{};
-  if (::getrusage(RUSAGE_THREAD, &usage) != 0) return -1;
-  return usage.ru_nivcsw;
-}
+// A gap between two of the polls' clock reads (256 polls apart, microseconds) longer than this
+// means the waiter was off its CPU meanwhile (preempted, or its vCPU descheduled).
+constexpr std::chrono::microseconds kOffCpuGap{250};
 
 inline uint32_t* futex_address(std::atomic<uint32_t>& word) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
@@ -80,11 +74,11 @@ struct SpinPolicy {
   // Polls go on past `spins` until this long has passed since the first (0: `spins` only). The
   // clock is read every 256 polls.
   Clock::duration spin_for{};
-  // Then another spin_for, and another, while the waiter was preempted during the last one, up to
-  // this long since the first poll (0: never; kContendedSpin says why).
+  // Then another spin_for, and another, while the waiter was off its CPU during the last one (a
+  // gap of over off_cpu_gap between clock reads) and await's poll_on() agrees, up to this long
+  // since the first clock read (0: never; kContendedSpin says why).
   Clock::duration contended_for{};
-  // What tells it was preempted (tests count for themselves).
-  long (*preemptions)() = &involuntary_switches;
+  Clock::duration off_cpu_gap = kOffCpuGap;
 };
 
 // How a wait ended, for AdaptiveSpin.
@@ -115,7 +109,7 @@ class AdaptiveSpin {
 
   SpinPolicy policy() const {
     return SpinPolicy{static_cast<int>(scaled(base_.spins)), static_cast<int>(scaled(base_.yields)),
-                      base_.spin_for * sixteenths_ / 16, base_.contended_for, base_.preemptions};
+                      base_.spin_for * sixteenths_ / 16, base_.contended_for, base_.off_cpu_gap};
   }
   void record(const WaitOutcome& w) {
     if (max_scale_ == 1) return;
@@ -138,21 +132,28 @@ class AdaptiveSpin {
   int sixteenths_ = 16;  // the budget is base * sixteenths_ / 16
 };
 
+// Polls on past a spent budget wherever the waiter lost its CPU meanwhile (await's default).
+struct PollOnWhenOffCpu {
+  bool operator()() const { return true; }
+};
+
 // Waits until ready() holds; false when the deadline passed first. The polls stop early once
 // keep_spinning() (asked every 256 polls) says no. on_nap() runs after each sleep, and between
-// the budgets of a contended spin. `outcome`, when given, says whether the wait slept and for how
-// long.
-template <typename Ready, typename KeepSpinning, typename OnNap>
+// the budgets of a contended spin, which go on only while poll_on() (asked at each budget's end
+// where the waiter was off its CPU) agrees. `outcome`, when given, says whether the wait slept
+// and for how long.
+template <typename Ready, typename KeepSpinning, typename OnNap, typename PollOn = PollOnWhenOffCpu>
 bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
            Clock::time_point deadline, SpinPolicy policy, KeepSpinning keep_spinning, OnNap on_nap,
-           WaitOutcome* outcome = nullptr) {
+           WaitOutcome* outcome = nullptr, PollOn poll_on = {}) {
   if (policy.spins > 0 || policy.spin_for.count() > 0) {
-    // The clock is first read after 256 polls: most waits end sooner, and a clock read at the
-    // start of each would be on every op's critical path. Never past the wait's own deadline (an
-    // op's short timeout ends it on time).
+    // The clock is first read after 256 polls (or `spins`): most waits end sooner, and a clock
+    // read at the start of each would be on every op's critical path. Never past the wait's own
+    // deadline (an op's short timeout ends it on time).
     Clock::time_point spin_until{};
     Clock::time_point contended_until{};
-    long switches = -1;
+    Clock::time_point last_read{};
+    bool off_cpu = false;  // during this budget
     for (int64_t i = 0;; ++i) {
       if (ready()) return true;
       if ((i & 255) != 255) continue;
@@ -165,20 +166,19 @@ bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& slee
       if (spin_until == Clock::time_point{}) {
         spin_until = std::min(deadline, now + policy.spin_for);
         contended_until = std::min(deadline, now + policy.contended_for);
-        if (policy.contended_for.count() > 0) switches = policy.preemptions();
+      } else if (now - last_read > policy.off_cpu_gap) {
+        off_cpu = true;
       }
+      last_read = now;
       if (now < spin_until) continue;
-      // The budget is spent. Preempted while polling: polls on for another, after the checks a
+      // The budget is spent. Off its CPU meanwhile: polls on for another, after the checks a
       // sleep would have made (a dead peer).
-      if (switches >= 0 && now < contended_until) {
-        const long seen = policy.preemptions();
-        if (seen > switches) {
-          switches = seen;
-          on_nap();
-          if (ready()) return true;
-          spin_until = std::min(contended_until, now + policy.spin_for);
-          continue;
-        }
+      if (off_cpu && now < contended_until && poll_on()) {
+        off_cpu = false;
+        on_nap();
+        if (ready()) return true;
+        spin_until = std::min(contended_until, now + policy.spin_for);
+        continue;
       }
       break;
     }
