@@ -224,13 +224,14 @@ void ShmBackend::set_spin_policy(int local) {
   // against ~4 us now. A wait whose budget ran out sleeps on a futex, so a rank waiting for a
   // slow peer burns at most 5 ms of CPU per wait; except that where this rank lost its CPU while
   // it polled (another process wants it: asleep, the rank would wait out that process's slice at
-  // every wait) and every rank it waits for is inside the collective already, it polls on, budget
-  // after budget, up to kContendedSpin (100 ms) in all (shm_wait.h, shm_internal.h; 2026-12-06
-  // beside a build: 2 MiB in 0.4 ms per op instead of 44-48 ms). TUTTI_SHM_SPIN_US,
-  // TUTTI_SHM_SPINS, TUTTI_SHM_YIELDS and TUTTI_SHM_CONTENDED_SPIN_US override the budget (time,
-  // the least polls, then yields; the contended polls' total, 0: none). Cores: the CPUs
-  // the ranks may run on together (shm_cpus.h). TUTTI_SHM_ADAPT (default 1: fixed) lets the
-  // budget grow up to that many times after waits that slept briefly (AdaptiveSpin, shm_wait.h).
+  // every wait) and every rank it waits for is inside the collective (or p2p batch) already, it
+  // polls on, budget after budget, up to kContendedSpin (100 ms) in all (shm_wait.h,
+  // shm_internal.h; 2026-12-06 beside a build: 2 MiB in 0.4 ms per op instead of 44-48 ms).
+  // TUTTI_SHM_SPIN_US, TUTTI_SHM_SPINS, TUTTI_SHM_YIELDS and TUTTI_SHM_CONTENDED_SPIN_US override
+  // the budget (time, the least polls, then yields; the contended polls' total, 0: none). Cores:
+  // the CPUs the ranks may run on together (shm_cpus.h). TUTTI_SHM_ADAPT (default 1: fixed) lets
+  // the budget grow up to that many times after waits that slept briefly (AdaptiveSpin,
+  // shm_wait.h).
   SpinPolicy spin;
   spin.spins =
       static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kMinSpins, 0, 100'000'000));

@@ -79,6 +79,9 @@ struct alignas(64) Bell {
   Line ring;
   Line sleepers;
   Line cpu;  // 1 + the CPU this rank was last noted on (each op, around each wait; 0: none yet)
+  // 1 while this rank runs a batch of point-to-point ops: a peer whose wait for it outlasted the
+  // polling budget polls on only for a rank inside one (shm_internal.h).
+  Line in_p2p;
 };
 
 // A rank's publication for small ops: seq says which op its payload (inline up to

@@ -123,6 +123,11 @@ void ShmBackend::run_batch(std::vector<Transfer>& transfers, const OpContext& ct
     ensure_mailbox(sending ? rank_ : t.request->peer, sending ? t.request->peer : rank_, ctx);
   }
   const auto deadline = ctx.deadline();
+  struct InP2P {
+    std::atomic<uint32_t>& word;
+    explicit InP2P(std::atomic<uint32_t>& w) : word(w) { word.store(1, std::memory_order_relaxed); }
+    ~InP2P() { word.store(0, std::memory_order_relaxed); }
+  } in_p2p(bells_[rank_].in_p2p.value);
   // Messages to one peer in one direction go in order: only the first unfinished one of each
   // (peer, direction) may move.
   std::vector<Transfer*> head(static_cast<size_t>(world_size_) * 2);
