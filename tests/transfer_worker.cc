@@ -116,22 +116,27 @@ GroupOptions group_options(const std::string& url) {
 }
 
 int owner(const std::string& dir, const std::string& tcp) {
+  // The memory the objects publish outlives the agent (declared first, destroyed last): a get
+  // still being answered when the consumer says done (one it gave up on) reads it until the
+  // agent's destructor has joined its serving threads. Declared after the agent, the vectors went
+  // first, and ASan caught a serving thread's send reading freed memory.
+  std::vector<int32_t> heap(kHeap);
+  std::vector<float> tiny = {1.5f, 2.5f};  // 8 bytes: the answer's payload is one small write
+  std::vector<float> big_socket(kBigSocket, 2.5f);
+  std::vector<float> big;
   auto a = agent("owner-proc", tcp);
   const char* group_store = std::getenv("TUTTI_RDT_GROUP_STORE");
   if (group_store != nullptr) a->join_group("gloo", 2, 0, group_options(group_store));
   TensorView arena = a->allocate(kArena * sizeof(float), DType::kFloat32);
   float* ap = static_cast<float*>(arena.data());
   for (int64_t i = 0; i < kArena; ++i) ap[i] = static_cast<float>(i) * 0.5f;
-  std::vector<int32_t> heap(kHeap);
   for (int64_t i = 0; i < kHeap; ++i) heap[i] = static_cast<int32_t>(3 * i);
   ObjectHandle h_arena = a->put({arena});
   ObjectHandle h_heap = a->put({TensorView(heap)});
   PutOptions socket;
   socket.transport = "socket";
   ObjectHandle h_socket = a->put({TensorView(heap)}, socket);
-  std::vector<float> tiny = {1.5f, 2.5f};  // 8 bytes: the answer's payload is one small write
   ObjectHandle h_tiny = a->put({TensorView(tiny)}, socket);
-  std::vector<float> big_socket(kBigSocket, 2.5f);
   ObjectHandle h_big = a->put({TensorView(big_socket)}, socket);
   ObjectHandle h_reserved = a->reserve({{DType::kFloat32, {4}, Device::cpu()}});
   ObjectHandle h_gloo;
@@ -142,7 +147,6 @@ int owner(const std::string& dir, const std::string& tcp) {
     write_file(dir + "/ref.gloo", h_gloo.ref().to_text());
   }
   ObjectHandle h_ucx, h_ucx_views, h_ucx_big;
-  std::vector<float> big;
   if (is_registered_tensor_transport("ucx")) {
     PutOptions ucx;
     ucx.transport = "ucx";
@@ -220,12 +224,12 @@ int owner_exits(const std::string& dir) {
 }
 
 int gloo_owner(const std::string& dir) {
+  std::vector<int32_t> heap(kHeap);  // outlives the agent, as in owner()
   auto a = agent("gloo-owner");
   a->join_group("gloo", 2, 0, group_options("file://" + dir + "/store"));
   TensorView arena = a->allocate(kArena * sizeof(float), DType::kFloat32);
   float* ap = static_cast<float*>(arena.data());
   for (int64_t i = 0; i < kArena; ++i) ap[i] = static_cast<float>(i) * 0.5f;
-  std::vector<int32_t> heap(kHeap);
   for (int64_t i = 0; i < kHeap; ++i) heap[i] = static_cast<int32_t>(3 * i);
   PutOptions gloo;
   gloo.transport = "gloo";
