@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "../backends/shm/shm_cpus.h"
+#include "../backends/shm/shm_layout.h"
 #include "../backends/shm/shm_wait.h"
 
 namespace tutti::shm_backend {
@@ -145,6 +146,40 @@ TEST(Await, SleepsAfterItsBudgetWhereItKeptItsCpuOrPollOnSaysNo) {
     EXPECT_TRUE(outcome.slept) << off;  // the one look was after a sleep
     EXPECT_EQ(asked, off ? 1 : 0);      // asked only where it was off its CPU
   }
+}
+
+// What a wait past its budget asks of each peer it waits for before it polls on: in a
+// collective, that the peer has begun it (its begun at or past the op's number, across the
+// counter's wrap); in a point-to-point wait, that the peer runs a batch and is not asleep in it.
+TEST(ComesOnceItRuns, ACollectivesPeerOnceItHasBegunTheOp) {
+  RankSlot slot;
+  Bell bell;
+  slot.begun.store(6);
+  EXPECT_FALSE(comes_once_it_runs(slot, bell, 7));  // still before it
+  EXPECT_TRUE(comes_once_it_runs(slot, bell, 6));
+  EXPECT_TRUE(comes_once_it_runs(slot, bell, 5));  // already past it (the op ended for it)
+  slot.begun.store(0xffffffffu);
+  EXPECT_FALSE(comes_once_it_runs(slot, bell, 1));  // op 1 after the wrap: not begun yet
+  slot.begun.store(2);
+  EXPECT_TRUE(comes_once_it_runs(slot, bell, 0xfffffffeu));
+  // A peer inside a batch of point-to-point ops says nothing of a collective.
+  slot.begun.store(3);
+  bell.in_p2p.value.store(1);
+  EXPECT_FALSE(comes_once_it_runs(slot, bell, 4));
+}
+
+TEST(ComesOnceItRuns, APointToPointPeerInsideABatchAndAwake) {
+  RankSlot slot;
+  Bell bell;
+  slot.begun.store(9);  // its collectives say nothing of a point-to-point wait
+  EXPECT_FALSE(comes_once_it_runs(slot, bell, 0));
+  bell.in_p2p.value.store(1);
+  EXPECT_TRUE(comes_once_it_runs(slot, bell, 0));
+  bell.sleepers.value.store(1);  // asleep in its batch: it waits for a ring, not for a CPU
+  EXPECT_FALSE(comes_once_it_runs(slot, bell, 0));
+  bell.in_p2p.value.store(0);
+  bell.sleepers.value.store(0);
+  EXPECT_FALSE(comes_once_it_runs(slot, bell, 0));
 }
 
 TEST(Await, TheContendedPollsEndAtTheirTotalAndAtTheDeadline) {

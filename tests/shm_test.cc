@@ -318,6 +318,35 @@ TEST(ShmProcesses, ADevShmWithoutRoomFailsByName) {
   EXPECT_NE(roomy.output.find("p2p checked"), std::string::npos) << roomy.output;
 }
 
+// Ranks whose segments are the same size but laid out differently (here staging chunks and
+// mailboxes that sum to the same 8 MiB: 4 x 1 MiB + 8 x 512 KiB against 4 x 1.5 MiB + 8 x 256
+// KiB; ranks of two builds whose structures differ are the other way there) fail at creation,
+// by name, with both layouts: before, the size check let them through to read each other's words
+// at the wrong offsets.
+TEST(ShmProcesses, RanksThatLayTheSegmentOutDifferentlyFailByName) {
+  TempDir dir;
+  auto results = run_ranks_env(
+      2, "shm", unique_name("shm-layout"),
+      [&](int r) {
+        return r == 0 ? std::vector<std::string>{"TUTTI_SHM_CHUNK_BYTES=1048576",
+                                                 "TUTTI_SHM_MAILBOX_BYTES=524288"}
+                      : std::vector<std::string>{"TUTTI_SHM_CHUNK_BYTES=1572864",
+                                                 "TUTTI_SHM_MAILBOX_BYTES=262144"};
+      },
+      dir);
+  EXPECT_NE(results[1].exit_code, 0) << results[1].output;
+  EXPECT_NE(results[1].output.find("shm: rank 0 lays the group's segment"), std::string::npos)
+      << results[1].output;
+  EXPECT_NE(results[1].output.find("chunk 1048576, mailbox 524288"), std::string::npos)
+      << results[1].output;
+  EXPECT_NE(results[1].output.find("chunk 1572864, mailbox 262144"), std::string::npos)
+      << results[1].output;
+  // Rank 0's group cannot be made either, and it says why.
+  EXPECT_NE(results[0].exit_code, 0) << results[0].output;
+  EXPECT_NE(results[0].output.find("failed on rank 1: shm: rank 0 lays"), std::string::npos)
+      << results[0].output;
+}
+
 // TUTTI_SHM_CHUNK_BYTES past what strtoull can hold (or 0, or negative) falls back to the default
 // with a warning: it wrapped to a chunk of 0 bytes, and a broadcast looped forever.
 TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {

@@ -88,7 +88,17 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   const size_t mail_off = staging_off + w * 2 * chunk_;
   const size_t size = mail_off + w * w * 2 * mail_;
   try {
-    segment_ = ShmSegment(*ctx.store, ctx.instance, rank_, world_size_, size, mail_off);
+    // What lies where, as every rank must agree: the structures' sizes (a build with another
+    // layout), the staging chunks and mailboxes (the environment), and the offsets they give.
+    // "v1" goes up where a structure's words change meaning at the same size.
+    const std::string layout =
+        "v1 header " + std::to_string(sizeof(Header)) + ", slot " +
+        std::to_string(sizeof(RankSlot)) + ", bell " + std::to_string(sizeof(Bell)) + ", channel " +
+        std::to_string(sizeof(Channel)) + ", symmetric " + std::to_string(sizeof(SymSlot)) +
+        ", small " + std::to_string(kSmallSlotBytes) + ", chunk " + std::to_string(chunk_) +
+        ", mailbox " + std::to_string(mail_) + ", staging at " + std::to_string(staging_off) +
+        ", mailboxes at " + std::to_string(mail_off);
+    segment_ = ShmSegment(*ctx.store, ctx.instance, rank_, world_size_, size, mail_off, layout);
   } catch (...) {
     // Perhaps before this rank knew the segment's name (a peer died, the store failed): the
     // group cannot be made now, and the rank that made the segment may be dead. (A rank that

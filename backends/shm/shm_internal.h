@@ -92,18 +92,12 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
     return true;
   };
   // Past the polling budget, with this rank kept off its CPU meanwhile: polls on only while every
-  // rank waited for is inside this collective already, or (a point-to-point wait, op null) inside
-  // a batch of point-to-point ops: preempted there, it comes once it runs again. One still
-  // computing before it may take long, and the polls would take CPU from whatever runs beside:
-  // the wait sleeps.
+  // rank waited for comes once it runs again (comes_once_it_runs). One still computing before
+  // the op may take long, and the polls would take CPU from whatever runs beside: the wait sleeps.
   auto poll_on = [&] {
     for (int r = 0; r < world_size_; ++r) {
       if (r == rank_ || !waiting(r)) continue;
-      const bool inside =
-          op != nullptr
-              ? static_cast<int32_t>(slots_[r].begun.load(std::memory_order_acquire) - op->seq) >= 0
-              : bells_[r].in_p2p.value.load(std::memory_order_relaxed) != 0;
-      if (!inside) return false;
+      if (!comes_once_it_runs(slots_[r], bells_[r], op != nullptr ? op->seq : 0)) return false;
     }
     return true;
   };

@@ -84,6 +84,19 @@ struct alignas(64) Bell {
   Line in_p2p;
 };
 
+// Whether a peer that a wait has outlasted its polling budget on (with the waiting rank kept off
+// its CPU meanwhile) comes as soon as it runs again, so that polling on for it pays: inside the
+// collective waited in already (its begun at or past op_seq), or, for a point-to-point wait
+// (op_seq 0), inside a batch of point-to-point ops and not asleep in it (only the rank itself
+// sleeps on its bell; asleep, it waits for a third rank's ring, not for its CPU).
+inline bool comes_once_it_runs(const RankSlot& slot, const Bell& bell, uint32_t op_seq) {
+  if (op_seq != 0) {
+    return static_cast<int32_t>(slot.begun.load(std::memory_order_acquire) - op_seq) >= 0;
+  }
+  return bell.in_p2p.value.load(std::memory_order_relaxed) != 0 &&
+         bell.sleepers.value.load(std::memory_order_relaxed) == 0;
+}
+
 // A rank's publication for small ops: seq says which op its payload (inline up to
 // kInlineBytes, else in the kSmallBytes that follow the line) and tag belong to. Peers wait on
 // seq; one cache line carries a tiny message.

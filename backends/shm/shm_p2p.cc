@@ -118,16 +118,16 @@ bool ShmBackend::advance(Transfer& t, const OpContext& ctx) {
 void ShmBackend::run_batch(std::vector<Transfer>& transfers, const OpContext& ctx) {
   if (world_size_ == 1 || transfers.empty()) return;
   throw_if_stopped(ctx, 0);
-  for (const Transfer& t : transfers) {
-    const bool sending = t.request->kind == P2POp::Kind::kSend;
-    ensure_mailbox(sending ? rank_ : t.request->peer, sending ? t.request->peer : rank_, ctx);
-  }
-  const auto deadline = ctx.deadline();
   struct InP2P {
     std::atomic<uint32_t>& word;
     explicit InP2P(std::atomic<uint32_t>& w) : word(w) { word.store(1, std::memory_order_relaxed); }
     ~InP2P() { word.store(0, std::memory_order_relaxed); }
   } in_p2p(bells_[rank_].in_p2p.value);
+  for (const Transfer& t : transfers) {
+    const bool sending = t.request->kind == P2POp::Kind::kSend;
+    ensure_mailbox(sending ? rank_ : t.request->peer, sending ? t.request->peer : rank_, ctx);
+  }
+  const auto deadline = ctx.deadline();
   // Messages to one peer in one direction go in order: only the first unfinished one of each
   // (peer, direction) may move.
   std::vector<Transfer*> head(static_cast<size_t>(world_size_) * 2);

@@ -129,7 +129,7 @@ int populate_pages(void* addr, size_t len) {
 }
 
 ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int parties,
-                       size_t bytes, size_t reserve)
+                       size_t bytes, size_t reserve, const std::string& layout)
     : size_(bytes) {
   std::string name;
   int fd = -1;
@@ -156,9 +156,20 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
                                       "or lower TUTTI_SHM_CHUNK_BYTES / TUTTI_SHM_MAILBOX_BYTES)"
                                     : ""));
     }
-    store.set("shm/segment", name);
+    store.set("shm/segment", name + "\n" + layout);
   } else {
-    name = store.get("shm/segment");
+    // "<name>\n<layout>": names never hold a newline.
+    const std::string published = store.get("shm/segment");
+    const size_t cut = published.find('\n');
+    name = published.substr(0, cut);
+    const std::string theirs = cut == std::string::npos ? "" : published.substr(cut + 1);
+    if (theirs != layout) {
+      throw Error(ErrorCode::kRemoteError,
+                  "shm: rank 0 lays the group's segment '" + name + "' out as [" + theirs +
+                      "], rank " + std::to_string(rank) + " as [" + layout +
+                      "] (ranks of different tutti builds, or disagreeing on "
+                      "TUTTI_SHM_CHUNK_BYTES or TUTTI_SHM_MAILBOX_BYTES)");
+    }
     fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
       throw_errno("opening segment '" + name +

@@ -56,9 +56,12 @@ class ShmSegment {
   // Collective over `parties` ranks. Throws Error(kIoError) when the segment cannot be made,
   // kUnavailable when /dev/shm has no room for its first `reserve` bytes (reserved at once: the
   // rest, the point-to-point mailboxes, the backend populates on first use), kRemoteError when
-  // the ranks disagree on its size.
+  // the ranks disagree on its size or on `layout` (what lies where in it, in words: rank 0's is
+  // published beside the segment's name and compared by every other rank before it opens it, so
+  // that ranks of two builds, whose segments may be the same size, never read each other's words
+  // at the wrong offsets).
   ShmSegment(Store& store, const std::string& instance, int rank, int parties, size_t bytes,
-             size_t reserve);
+             size_t reserve, const std::string& layout);
   ~ShmSegment();
   ShmSegment(ShmSegment&& other) noexcept;
   ShmSegment& operator=(ShmSegment&& other) noexcept;

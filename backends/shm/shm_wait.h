@@ -37,9 +37,10 @@ constexpr int kMinSpins = 2000;
 // How long in all a wait goes on polling, one budget after another, while the waiter keeps losing
 // its CPU as it polls (SpinPolicy::contended_for). Such a waiter's CPU has other work (a build
 // beside the job): asleep, it would get the CPU back only after that work's slice, and so would
-// its peer at the next wait, one slice per wait (measured 2026-12-06, 2 ranks beside a 2-job
-// build on 2 vCPUs, Linux 6.18: 2 MiB allreduce 44-48 ms per op, 16 MiB 364-384 ms; with these
-// polls 428-463 us and 45-88 ms, Open MPI 0.4-0.7 ms and 48-60 ms).
+// its peer at the next wait, one slice per wait. Measured 2026-12-06, 2 ranks beside a loop of
+// 4-job builds on 2 vCPUs, Linux 6.18, 6 rounds: with these polls (collectives and
+// point-to-point) 2 MiB allreduce 311-441 us and 16 MiB 11.2-12.6 ms in every round; without
+// them 16 MiB took 40-161 ms in 3 of 6; Open MPI 330-489 us and 12-36 ms (docs/PERFORMANCE.md).
 constexpr std::chrono::milliseconds kContendedSpin{100};
 // A gap between two of the polls' clock reads (256 polls apart, microseconds) longer than this
 // means the waiter was off its CPU meanwhile (preempted, or its vCPU descheduled).
