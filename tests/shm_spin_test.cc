@@ -168,6 +168,15 @@ TEST(ComesOnceItRuns, ACollectivesPeerOnceItHasBegunTheOp) {
   EXPECT_FALSE(comes_once_it_runs(slot, bell, 4));
 }
 
+TEST(SeqAtOrAfter, HoldsAcrossTheWrap) {
+  EXPECT_TRUE(seq_at_or_after(5, 5));
+  EXPECT_TRUE(seq_at_or_after(6, 5));
+  EXPECT_FALSE(seq_at_or_after(4, 5));
+  EXPECT_TRUE(seq_at_or_after(2, 0xfffffff0u));  // 18 ops later, past the wrap
+  EXPECT_FALSE(seq_at_or_after(0xfffffff0u, 2));
+  EXPECT_TRUE(seq_at_or_after(0x80000000u, 1));  // 2^31 - 1 apart: the farthest it tells
+}
+
 TEST(ComesOnceItRuns, APointToPointPeerInsideABatchAndAwake) {
   RankSlot slot;
   Bell bell;

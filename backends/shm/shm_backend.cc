@@ -267,7 +267,10 @@ void ShmBackend::set_spin_policy(int local) {
 bool ShmBackend::stopped(uint64_t op_seq) const {
   if (aborted_.load(std::memory_order_relaxed)) return true;
   if (header_->abort_owner.value.load(std::memory_order_relaxed) == 0) return false;
-  return op_seq == 0 || header_->abort_op.value.load() <= op_seq;
+  // The abort stops the collective it names and every later one (across the numbers' wrap);
+  // all of them while abort_op is not written yet (0, right after the owner's compare-exchange).
+  const uint32_t from = header_->abort_op.value.load();
+  return op_seq == 0 || from == 0 || seq_at_or_after(static_cast<uint32_t>(op_seq), from);
 }
 
 void ShmBackend::throw_if_stopped(const OpContext& ctx, uint64_t op_seq) const {
@@ -373,12 +376,12 @@ void ShmBackend::publish(const PublishChooser::Pick& how, void* dst, const void*
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                            const PublishTimer& timer) {
   if (!how.timed || !timer.complete()) return;  // not timed, or not staged after all
-  published(kind, bytes, how, timer.took());
+  published(kind, bytes, how, timer.took(), timer.disturbed());
 }
 
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
-                           Clock::duration took) {
-  if (publish_.record(how, took)) {
+                           Clock::duration took, bool disturbed) {
+  if (publish_.record(how, took, disturbed)) {
     const PublishChooser::Seen seen = publish_.seen(kind, bytes);
     TUTTI_LOG_DEBUG(
         "shm: rank {} publishes {} of {} B and up (to twice that) with {} stores from now on "

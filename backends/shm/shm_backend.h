@@ -100,7 +100,7 @@ class ShmBackend : public Backend {
   void published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                  const PublishTimer& timer);
   void published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
-                 Clock::duration took);
+                 Clock::duration took, bool disturbed);
   // Symmetric memory (shm_symmetric_ops.cc). Before an op's first barrier, a rank announces
   // where its memory for the op lies in symmetric memory, if it does (its tag then carries
   // kSymmetricTag); after it, announced(q) says whether rank q did, and symmetric_of where

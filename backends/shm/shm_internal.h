@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <functional>
 
@@ -24,13 +25,23 @@ struct ShmBackend::Op {
   bool announced = false;  // this rank's tag carried it (announce_symmetric)
 };
 
+// This thread's involuntary context switches so far: a timed op during which they went up lost
+// the CPU to another thread (its time measures that thread's slice, not the way it stored).
+inline long involuntary_switches() {
+  struct rusage u;
+  return ::getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_nivcsw : 0;
+}
+
 // A timed staged op's time (shm_publish.h): its first chunk's publish, then from its first
 // barrier to its end, leaving out the wait at that barrier for ranks that came late. Untimed
 // ops read no clock.
 class PublishTimer {
  public:
   explicit PublishTimer(const PublishChooser::Pick& how) : on_(how.timed) {
-    if (on_) start_ = detail::op_now();
+    if (on_) {
+      switches_ = involuntary_switches();
+      start_ = detail::op_now();
+    }
   }
   void published() {  // this rank's first publish is done
     if (on_ && published_ == Clock::time_point{}) published_ = detail::op_now();
@@ -44,10 +55,13 @@ class PublishTimer {
   Clock::duration took() const {
     return on_ ? (published_ - start_) + (detail::op_now() - since_) : Clock::duration{};
   }
+  // This rank lost its CPU to another thread during the op.
+  bool disturbed() const { return on_ && involuntary_switches() != switches_; }
 
  private:
   bool on_;
   bool staged_ = false;
+  long switches_ = 0;
   Clock::time_point start_{}, published_{}, since_{};
 };
 
@@ -58,6 +72,7 @@ struct ShmBackend::Transfer {
   size_t done = 0;              // bytes sent (or received) so far
   PublishChooser::Pick how{};   // a send's way into the mailbox (picked at its first chunk)
   Clock::time_point started{};  // a timed send's third chunk (after the receiver's first ack)
+  long switches = 0;            // this thread's involuntary context switches then
   bool finished() const { return done == bytes; }
 };
 

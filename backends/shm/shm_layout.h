@@ -84,6 +84,13 @@ struct alignas(64) Bell {
   Line in_p2p;
 };
 
+// Collectives are numbered in 32 bits (RankSlot::begun, Header::abort_op), which wrap after 2^32
+// ops (an hour of 1 us allreduces): compared as a signed difference, so "seq at or after mark"
+// holds across the wrap for numbers less than 2^31 apart.
+inline bool seq_at_or_after(uint32_t seq, uint32_t mark) {
+  return static_cast<int32_t>(seq - mark) >= 0;
+}
+
 // Whether a peer that a wait has outlasted its polling budget on (with the waiting rank kept off
 // its CPU meanwhile) comes as soon as it runs again, so that polling on for it pays: inside the
 // collective waited in already (its begun at or past op_seq), or, for a point-to-point wait
@@ -91,7 +98,7 @@ struct alignas(64) Bell {
 // sleeps on its bell; asleep, it waits for a third rank's ring, not for its CPU).
 inline bool comes_once_it_runs(const RankSlot& slot, const Bell& bell, uint32_t op_seq) {
   if (op_seq != 0) {
-    return static_cast<int32_t>(slot.begun.load(std::memory_order_acquire) - op_seq) >= 0;
+    return seq_at_or_after(slot.begun.load(std::memory_order_acquire), op_seq);
   }
   return bell.in_p2p.value.load(std::memory_order_relaxed) != 0 &&
          bell.sleepers.value.load(std::memory_order_relaxed) == 0;

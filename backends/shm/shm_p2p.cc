@@ -84,11 +84,15 @@ bool ShmBackend::advance(Transfer& t, const OpContext& ctx) {
         t.how = publish_.pick(PublishChooser::kSend, t.bytes);
       }
       // Timed from the third chunk: the first two go before the receiver has to be there.
-      if (t.how.timed && t.done == 2 * mail_) t.started = detail::op_now();
+      if (t.how.timed && t.done == 2 * mail_) {
+        t.switches = involuntary_switches();
+        t.started = detail::op_now();
+      }
       publish(t.how, mailbox(rank_, r.peer, slot),
               static_cast<const char*>(r.tensor.data()) + t.done, len);
       if (t.how.timed && t.done + len == t.bytes) {
-        published(PublishChooser::kSend, t.bytes, t.how, detail::op_now() - t.started);
+        published(PublishChooser::kSend, t.bytes, t.how, detail::op_now() - t.started,
+                  involuntary_switches() != t.switches);
       }
       ch.meta[slot] = SlotMeta{r.tag, static_cast<uint32_t>(r.tensor.dtype()), t.bytes, r.seq};
       ch.sent.store(sent + 1);

@@ -68,7 +68,7 @@ PublishChooser::Pick PublishChooser::pick(Kind kind, size_t bytes) {
   return Pick{cell, c.stream, false, op};
 }
 
-bool PublishChooser::record(const Pick& pick, Clock::duration took) {
+bool PublishChooser::record(const Pick& pick, Clock::duration took, bool disturbed) {
   if (pick.cell < 0 || !pick.timed) return false;
   Cell& c = cells_[static_cast<size_t>(pick.cell)];
   // At least a nanosecond: op_now() may step back by a little (util/op_clock.h).
@@ -84,14 +84,36 @@ bool PublishChooser::record(const Pick& pick, Clock::duration took) {
     c.seen = 0;
     c.reports = 0;
   }
-  const uint8_t way = pick.stream ? 2 : 1;
-  double& mine = c.ns[pick.stream];
-  mine = (c.seen & way) != 0 ? std::min(mine, t) : t;  // the warm-up: each way's best of two
-  c.seen |= way;
+  // A time during which this rank lost its CPU to another thread measures the other thread's
+  // slice, not the way: it is left out (a probe pair short of one of its times decides nothing;
+  // the warm-up decides from each way's undisturbed best, and keeps the ordinary stores where a
+  // way has none).
+  if (!disturbed) {
+    const uint8_t way = pick.stream ? 2 : 1;
+    double& mine = c.ns[pick.stream];
+    mine = (c.seen & way) != 0 ? std::min(mine, t) : t;  // the warm-up: each way's best of two
+    c.seen |= way;
+  }
   if (++c.reports < (warmup ? kWarmup : 2)) return false;
-  const bool faster = warmup ? c.ns[1] < c.ns[0] : c.ns[!c.stream] < kBetter * c.ns[c.stream];
-  if (faster) c.stream = !c.stream;  // the warm-up: from the ordinary stores classes start with
-  return faster;
+  if (c.seen != 3) return false;
+  if (warmup) {
+    c.stream = c.ns[1] < c.ns[0];  // from the ordinary stores classes start with
+    return c.stream;
+  }
+  // The other way takes over once it has been 10% faster in two probe pairs in a row: one pair
+  // whose op on the chosen way lost time to a peer's preemption (a time this rank cannot tell
+  // from the way's own) no longer switches a class for the 128 ops up to the next pair.
+  if (!(c.ns[!c.stream] < kBetter * c.ns[c.stream])) {
+    c.leaning = false;
+    return false;
+  }
+  if (!c.leaning) {
+    c.leaning = true;
+    return false;
+  }
+  c.leaning = false;
+  c.stream = !c.stream;
+  return true;
 }
 
 PublishChooser::Seen PublishChooser::seen(Kind kind, size_t bytes) const {

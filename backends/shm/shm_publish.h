@@ -22,11 +22,17 @@
 // (a class's first ops get faster as they warm the caches: the way timed later would look
 // faster), and the faster way's best time wins (the first op counts its page faults).
 // Then ops 8, 16, 32, 64 and every 128th are probe pairs with the op after them, each way once on
-// every rank, in alternating order from pair to pair, and the pair's faster way takes over where it
-// is 10% faster than the other (a tie keeps the way, so that ranks whose times differ a little stay
-// together). Four early pairs, because two times of each way decided wrongly in about one run of
-// the benchmark in five (70 ops a size: the wrong way for all of them); then 1/128 of the ops on
-// the slower way costs at most ~1% where it is 2.3x slower. TUTTI_SHM_PUBLISH=cached or streamed
+// every rank, in alternating order from pair to pair, and the other way takes over where it is
+// 10% faster than the chosen one in two pairs in a row (a tie keeps the way, so that ranks whose
+// times differ a little stay together). Four early pairs, because two times of each way decided
+// wrongly in about one run of the benchmark in five (70 ops a size: the wrong way for all of
+// them); then 1/128 of the ops on the slower way costs at most ~1% where it is 2.3x slower.
+// Beside other busy processes (a build), an op during which a rank is preempted takes a slice
+// longer whatever its way: such a rank leaves its time out (it counts its involuntary context
+// switches), and the peers, whose times grew by the wait for it, need a second pair to agree.
+// With one pair deciding, beside a 2-job build on 2 vCPUs, probes whose op on one way took
+// 9-77 ms against 0.4-2 ms on the other switched 2-8 MiB allreduces to streaming stores, which
+// ran 1.1-3.7x slower there than ordinary ones (2026-12-06). TUTTI_SHM_PUBLISH=cached or streamed
 // fixes the way (for measurements). Smaller messages use ordinary stores: where they differ, in
 // either placement, neither way is ahead.
 #pragma once
@@ -60,8 +66,9 @@ class PublishChooser {
   // How the next op of `kind` moving `bytes` per rank publishes; counts it. Every rank picks
   // for the same ops of a collective (before anything that could end the op early).
   Pick pick(Kind kind, size_t bytes);
-  // The timed op of `pick` took `took`; true where the class changed its way.
-  bool record(const Pick& pick, Clock::duration took);
+  // The timed op of `pick` took `took`; `disturbed`: this rank lost its CPU to another thread
+  // meanwhile (the time is left out). True where the class changed its way.
+  bool record(const Pick& pick, Clock::duration took, bool disturbed = false);
 
   // The class's way and its latest times of each (ns; 0: not yet timed), for logs and tests.
   struct Seen {
@@ -82,6 +89,7 @@ class PublishChooser {
     uint8_t seen = 0;               // the ways it has reported (1 ordinary, 2 streaming)
     uint8_t reports = 0;
     bool stream = false;
+    bool leaning = false;  // the last complete probe pair found the other way 10% faster
   };
   static int class_of(size_t bytes);
   static bool probe_starts(uint64_t op);       // whether a class's op `op` begins a probe pair
