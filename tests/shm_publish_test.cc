@@ -128,7 +128,10 @@ bool pair_at(Chooser& c, size_t bytes, uint64_t start, microseconds cached, micr
   for (;;) {
     const Chooser::Pick p = c.pick(Chooser::kReduce, bytes);
     if (!p.timed) continue;
-    EXPECT_GE(p.op, start);
+    if (p.op < start || p.op > start + 1) {
+      ADD_FAILURE() << "op " << p.op << " is timed; the pair was to start at op " << start;
+      return switched;
+    }
     switched |= c.record(p, p.stream ? streamed : cached, !p.stream && cached_disturbed);
     if (p.op == start + 1) return switched;
   }
@@ -152,21 +155,31 @@ TEST(PublishChooser, OnePairSlowedByAPreemptionDoesNotSwitch) {
 }
 
 // A rank that lost its CPU during a timed op leaves that time out, whatever it reads: a warm-up
-// decides from each way's undisturbed best (and keeps the ordinary stores where a way has none),
-// and a probe pair with a disturbed op decides nothing, nor counts toward two in a row.
+// decides from each way's undisturbed best (and keeps the ordinary stores where a way has none,
+// or ordinary only op 0's), and a probe pair with a disturbed op decides nothing, nor counts
+// toward two in a row.
 TEST(PublishChooser, ATimeDuringWhichTheRankWasPreemptedIsLeftOut) {
-  // Warm-up ways: ordinary, streaming, streaming, ordinary. Op 3's 100 us, disturbed, would have
-  // kept the ordinary stores; left out, ordinary's best is op 0's 900 against streaming's 450.
+  // Warm-up ways: ordinary, streaming, streaming, ordinary. Op 2's 100 us, disturbed, would have
+  // switched to streaming stores; left out, streaming's best is op 1's 950 against 900.
   Chooser c;
-  const microseconds times[4] = {microseconds(900), microseconds(450), microseconds(470),
-                                 microseconds(100)};
-  bool switched = false;
+  const microseconds times[4] = {microseconds(1500), microseconds(950), microseconds(100),
+                                 microseconds(900)};
   for (int i = 0; i < 4; ++i) {
     const Chooser::Pick p = c.pick(Chooser::kReduce, 4 * kMiB);
-    switched |= c.record(p, times[i], i == 3);
+    EXPECT_FALSE(c.record(p, times[i], i == 2));
   }
-  EXPECT_TRUE(switched);
-  EXPECT_TRUE(c.seen(Chooser::kReduce, 4 * kMiB).stream);
+  EXPECT_FALSE(c.seen(Chooser::kReduce, 4 * kMiB).stream);
+  EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, 4 * kMiB).streamed_ns, 950e3);
+  // Op 3 disturbed: ordinary's only time is op 0's, which counts its page faults (1500 against
+  // streaming's 450): not enough to switch on.
+  Chooser e;
+  const microseconds times_e[4] = {microseconds(1500), microseconds(450), microseconds(470),
+                                   microseconds(100)};
+  for (int i = 0; i < 4; ++i) {
+    const Chooser::Pick p = e.pick(Chooser::kReduce, 4 * kMiB);
+    EXPECT_FALSE(e.record(p, times_e[i], i == 3));
+  }
+  EXPECT_FALSE(e.seen(Chooser::kReduce, 4 * kMiB).stream);
   // Both ordinary ops disturbed: no ordinary time, the ordinary stores stay.
   Chooser d;
   for (int i = 0; i < 4; ++i) {

@@ -220,6 +220,7 @@ void ShmBackend::ring(int rank) const {
 void ShmBackend::set_spin_policy(int local) {
   const int cores = cores_;
   const bool oversubscribed = std::max(world_size_, local) > cores;
+  oversubscribed_ = oversubscribed;
   // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
   // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
   // Otherwise a rank polls for kLongSpin (5 ms) before it yields or sleeps: a rank that gives its
@@ -267,9 +268,11 @@ void ShmBackend::set_spin_policy(int local) {
 bool ShmBackend::stopped(uint64_t op_seq) const {
   if (aborted_.load(std::memory_order_relaxed)) return true;
   if (header_->abort_owner.value.load(std::memory_order_relaxed) == 0) return false;
-  // The abort stops the collective it names and every later one (across the numbers' wrap);
-  // all of them while abort_op is not written yet (0, right after the owner's compare-exchange).
-  const uint32_t from = header_->abort_op.value.load();
+  // The abort stops the collective it names and every later one (across the numbers' wrap).
+  // The owner writes abort_op right after it claims abort_owner: a look between the two reads it
+  // again for a moment, then (an owner preempted there) stops them all.
+  uint32_t from = header_->abort_op.value.load();
+  for (int i = 0; from == 0 && i < 1000; ++i) from = header_->abort_op.value.load();
   return op_seq == 0 || from == 0 || seq_at_or_after(static_cast<uint32_t>(op_seq), from);
 }
 
@@ -381,7 +384,9 @@ void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const Publis
 
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                            Clock::duration took, bool disturbed) {
-  if (publish_.record(how, took, disturbed)) {
+  // With more ranks than cores the ranks hand their CPUs to each other at every wait (yields
+  // count as involuntary switches): that is how every op runs there, so it voids no time.
+  if (publish_.record(how, took, disturbed && !oversubscribed_)) {
     const PublishChooser::Seen seen = publish_.seen(kind, bytes);
     TUTTI_LOG_DEBUG(
         "shm: rank {} publishes {} of {} B and up (to twice that) with {} stores from now on "

@@ -168,6 +168,7 @@ class ShmBackend : public Backend {
   cpu_set_t ranks_cpus_{};
   int cores_ = 1;
   int spin_local_ = 1;
+  bool oversubscribed_ = false;  // more ranks (of all local groups) than cores: set_spin_policy
   Clock::time_point next_look_{};
   ShmSegment segment_;
   Header* header_ = nullptr;

@@ -44,24 +44,32 @@ class PublishTimer {
     }
   }
   void published() {  // this rank's first publish is done
-    if (on_ && published_ == Clock::time_point{}) published_ = detail::op_now();
+    if (on_ && published_ == Clock::time_point{}) {
+      published_ = detail::op_now();
+      lost_ = involuntary_switches() - switches_;
+    }
   }
   void met() {  // the first barrier is passed, on the staged path
     staged_ = true;
-    if (on_ && since_ == Clock::time_point{}) since_ = detail::op_now();
+    if (on_ && since_ == Clock::time_point{}) {
+      since_ = detail::op_now();
+      switches_ = involuntary_switches();
+    }
   }
   // Whether the op ran staged past its first barrier (a timed one's time is then took()).
   bool complete() const { return staged_; }
   Clock::duration took() const {
     return on_ ? (published_ - start_) + (detail::op_now() - since_) : Clock::duration{};
   }
-  // This rank lost its CPU to another thread during the op.
-  bool disturbed() const { return on_ && involuntary_switches() != switches_; }
+  // This rank lost its CPU to another thread within the time took() counts (not in the first
+  // barrier's wait, which it leaves out).
+  bool disturbed() const { return on_ && (lost_ != 0 || involuntary_switches() != switches_); }
 
  private:
   bool on_;
   bool staged_ = false;
-  long switches_ = 0;
+  long switches_ = 0;  // involuntary switches at the start, then at the first barrier's end
+  long lost_ = 0;      // those up to the first publish
   Clock::time_point start_{}, published_{}, since_{};
 };
 

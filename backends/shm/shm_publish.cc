@@ -93,16 +93,21 @@ bool PublishChooser::record(const Pick& pick, Clock::duration took, bool disturb
     double& mine = c.ns[pick.stream];
     mine = (c.seen & way) != 0 ? std::min(mine, t) : t;  // the warm-up: each way's best of two
     c.seen |= way;
+    // Op 0's ordinary time counts its page faults: the warm-up needs op 3's beside it.
+    if (warmup && !pick.stream && pick.op != 0) c.seen |= 4;
   }
   if (++c.reports < (warmup ? kWarmup : 2)) return false;
-  if (c.seen != 3) return false;
   if (warmup) {
-    c.stream = c.ns[1] < c.ns[0];  // from the ordinary stores classes start with
+    // From the ordinary stores classes start with, where each way has a time to compare.
+    c.stream = (c.seen & 6) == 6 && c.ns[1] < c.ns[0];
     return c.stream;
   }
+  if (c.seen != 3) return false;
   // The other way takes over once it has been 10% faster in two probe pairs in a row: one pair
   // whose op on the chosen way lost time to a peer's preemption (a time this rank cannot tell
-  // from the way's own) no longer switches a class for the 128 ops up to the next pair.
+  // from the way's own) no longer switches a class for the 128 ops up to the next pair. A pair
+  // short of a time (left out, or an op that failed) neither counts toward the two nor breaks
+  // them.
   if (!(c.ns[!c.stream] < kBetter * c.ns[c.stream])) {
     c.leaning = false;
     return false;

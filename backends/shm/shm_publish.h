@@ -20,7 +20,8 @@
 // barriers), so every rank times the same way on the same op: the probes go by the class's op
 // count, the same on every rank. A class's ops 0-3 go ordinary, streaming, streaming, ordinary
 // (a class's first ops get faster as they warm the caches: the way timed later would look
-// faster), and the faster way's best time wins (the first op counts its page faults).
+// faster), and the faster way's best time wins (the first op counts its page faults: ordinary
+// stores stay unless op 3's time is there beside it).
 // Then ops 8, 16, 32, 64 and every 128th are probe pairs with the op after them, each way once on
 // every rank, in alternating order from pair to pair, and the other way takes over where it is
 // 10% faster than the chosen one in two pairs in a row (a tie keeps the way, so that ranks whose
@@ -29,7 +30,9 @@
 // them); then 1/128 of the ops on the slower way costs at most ~1% where it is 2.3x slower.
 // Beside other busy processes (a build), an op during which a rank is preempted takes a slice
 // longer whatever its way: such a rank leaves its time out (it counts its involuntary context
-// switches), and the peers, whose times grew by the wait for it, need a second pair to agree.
+// switches within the timed part; not with more ranks than cores, where the ranks hand each
+// other their CPUs at every wait), and the peers, whose times grew by the wait for it, need a
+// second pair to agree.
 // With one pair deciding, beside a 2-job build on 2 vCPUs, probes whose op on one way took
 // 9-77 ms against 0.4-2 ms on the other switched 2-8 MiB allreduces to streaming stores, which
 // ran 1.1-3.7x slower there than ordinary ones (2026-12-06). TUTTI_SHM_PUBLISH=cached or streamed
