@@ -336,6 +336,9 @@ void ShmBackend::look_again(Clock::time_point now) {
 
 ShmBackend::Op ShmBackend::begin_op(const OpContext& ctx) {
   if (ctx.started >= next_look_) look_again(ctx.started);
+  // In 32 bits, compared across their wrap (seq_at_or_after). The one collective in 2^32 whose
+  // number wraps to 0 looks like point-to-point to stopped(): an abort then stops it even where
+  // the abort came after it (its parity still alternates, which skipping 0 would break).
   const uint32_t seq = static_cast<uint32_t>(++ops_);
   throw_if_stopped(ctx, seq);
   note_cpu();
