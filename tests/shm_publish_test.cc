@@ -1,5 +1,6 @@
 // How the shm backend's staged collectives choose their stores (backends/shm/shm_publish.h),
-// with times made up here, and the streaming copy they use (util/stream_copy.h).
+// with times made up here, and the streaming copy they use (util/stream_copy.h); and the
+// segment's layout check (backends/shm/shm_segment.h), which needs no peer.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -7,6 +8,9 @@
 #include <vector>
 
 #include "../backends/shm/shm_publish.h"
+#include "../backends/shm/shm_segment.h"
+#include "tutti/error.h"
+#include "tutti/hash_store.h"
 #include "util/stream_copy.h"
 
 namespace tutti::shm_backend {
@@ -261,6 +265,42 @@ TEST(PublishChooser, AClockThatStepsBackCountsAsANanosecond) {
     run(c, kMiB, microseconds(500), microseconds(110));
   }
   EXPECT_TRUE(c.seen(Chooser::kReduce, kMiB).stream);  // the probe's times replace it
+}
+
+// A rank other than 0 compares rank 0's layout, published beside the segment's name, with its
+// own before it opens anything (the segments named here do not exist): a different one, or none
+// (a build from before the check), fails by name.
+TEST(ShmSegmentLayout, ARankComparesRankZerosLayoutBeforeItOpensTheSegment) {
+  auto message = [](const std::string& published) {
+    HashStore store;
+    store.set("shm/segment", published);
+    try {
+      ShmSegment(store, "layout-test", 1, 2, 1 << 20, 1 << 20, "v1 chunk 1048576");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kRemoteError) << e.what();
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "no error for " << published;
+    return std::string();
+  };
+  const std::string other = message("/tutti-seg-none\nv1 chunk 2097152");
+  EXPECT_NE(other.find("out as [v1 chunk 2097152], rank 1 as [v1 chunk 1048576]"),
+            std::string::npos)
+      << other;
+  const std::string older = message("/tutti-seg-none");
+  EXPECT_NE(older.find("without its layout: it runs a tutti build older than rank 1's"),
+            std::string::npos)
+      << older;
+  // The same layout gets past the check to the segment itself (absent here: its own error).
+  HashStore store;
+  store.set("shm/segment", "/tutti-seg-none-layout-test\nv1 chunk 1048576");
+  try {
+    ShmSegment(store, "layout-test", 1, 2, 1 << 20, 1 << 20, "v1 chunk 1048576");
+    ADD_FAILURE() << "opened a segment nobody made";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIoError) << e.what();
+    EXPECT_NE(std::string(e.what()).find("opening segment"), std::string::npos) << e.what();
+  }
 }
 
 TEST(StreamCopy, CopiesEveryLengthAndAlignmentAsMemcpyWould) {
