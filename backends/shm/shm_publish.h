@@ -89,7 +89,8 @@ class PublishChooser {
     std::array<double, 2> ns{};     // [ordinary, streaming]: the latest probe's (warm-up: best)
     uint64_t ops = 0;               // picked so far
     uint64_t round = ~uint64_t{0};  // the round reporting: 0 the warm-up, else a pair's first op
-    uint8_t seen = 0;               // the ways it has reported (1 ordinary, 2 streaming)
+    uint8_t seen = 0;  // the ways it has times of (1 ordinary, 2 streaming; 4: the warm-up's
+                       // ordinary one from op 3, not only op 0's)
     uint8_t reports = 0;
     bool stream = false;
     bool leaning = false;  // the last complete probe pair found the other way 10% faster

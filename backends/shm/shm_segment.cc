@@ -162,7 +162,6 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
     const std::string published = store.get("shm/segment");
     const size_t cut = published.find('\n');
     name = published.substr(0, cut);
-    const std::string theirs = cut == std::string::npos ? "" : published.substr(cut + 1);
     if (cut == std::string::npos) {
       // Builds before the layout's check publish the name alone.
       throw Error(ErrorCode::kRemoteError,
@@ -170,6 +169,7 @@ ShmSegment::ShmSegment(Store& store, const std::string& instance, int rank, int 
                       "' without its layout: it runs a tutti build older than rank " +
                       std::to_string(rank) + "'s (every rank of a group needs the same build)");
     }
+    const std::string theirs = published.substr(cut + 1);
     if (theirs != layout) {
       throw Error(ErrorCode::kRemoteError,
                   "shm: rank 0 lays the group's segment '" + name + "' out as [" + theirs +
