@@ -124,6 +124,17 @@ TEST(PublishChooser, EveryRankProbesOnTheSameOpsAndTheFasterWayTakesOverOnAll) {
   EXPECT_FALSE(b.seen(Chooser::kReduce, kMiB).stream);
 }
 
+// Runs a class's four warm-up ops on c with these times, leaving out those whose bit is set in
+// `disturbed` (bit i: op i); whether any of them switched the class.
+bool warm_up(Chooser& c, size_t bytes, const microseconds (&times)[4], unsigned disturbed) {
+  bool switched = false;
+  for (int i = 0; i < 4; ++i) {
+    const Chooser::Pick p = c.pick(Chooser::kReduce, bytes);
+    switched |= c.record(p, times[i], ((disturbed >> i) & 1) != 0);
+  }
+  return switched;
+}
+
 // Runs c's ops of `bytes` up to and including the probe pair starting at op `start`, with the
 // given times (and disturbed as given, the pair's ordinary op only); true where the pair switched.
 bool pair_at(Chooser& c, size_t bytes, uint64_t start, microseconds cached, microseconds streamed,
@@ -166,30 +177,23 @@ TEST(PublishChooser, ATimeDuringWhichTheRankWasPreemptedIsLeftOut) {
   // Warm-up ways: ordinary, streaming, streaming, ordinary. Op 2's 100 us, disturbed, would have
   // switched to streaming stores; left out, streaming's best is op 1's 950 against 900.
   Chooser c;
-  const microseconds times[4] = {microseconds(1500), microseconds(950), microseconds(100),
-                                 microseconds(900)};
-  for (int i = 0; i < 4; ++i) {
-    const Chooser::Pick p = c.pick(Chooser::kReduce, 4 * kMiB);
-    EXPECT_FALSE(c.record(p, times[i], i == 2));
-  }
+  EXPECT_FALSE(warm_up(
+      c, 4 * kMiB, {microseconds(1500), microseconds(950), microseconds(100), microseconds(900)},
+      1u << 2));
   EXPECT_FALSE(c.seen(Chooser::kReduce, 4 * kMiB).stream);
   EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, 4 * kMiB).streamed_ns, 950e3);
   // Op 3 disturbed: ordinary's only time is op 0's, which counts its page faults (1500 against
   // streaming's 450): not enough to switch on.
   Chooser e;
-  const microseconds times_e[4] = {microseconds(1500), microseconds(450), microseconds(470),
-                                   microseconds(100)};
-  for (int i = 0; i < 4; ++i) {
-    const Chooser::Pick p = e.pick(Chooser::kReduce, 4 * kMiB);
-    EXPECT_FALSE(e.record(p, times_e[i], i == 3));
-  }
+  EXPECT_FALSE(warm_up(
+      e, 4 * kMiB, {microseconds(1500), microseconds(450), microseconds(470), microseconds(100)},
+      1u << 3));
   EXPECT_FALSE(e.seen(Chooser::kReduce, 4 * kMiB).stream);
-  // Both ordinary ops disturbed: no ordinary time, the ordinary stores stay.
+  // Both ordinary ops (0 and 3) disturbed: no ordinary time, the ordinary stores stay.
   Chooser d;
-  for (int i = 0; i < 4; ++i) {
-    const Chooser::Pick p = d.pick(Chooser::kReduce, 4 * kMiB);
-    EXPECT_FALSE(d.record(p, p.stream ? microseconds(800) : microseconds(100), !p.stream));
-  }
+  EXPECT_FALSE(warm_up(d, 4 * kMiB,
+                       {microseconds(100), microseconds(800), microseconds(800), microseconds(100)},
+                       1u << 0 | 1u << 3));
   EXPECT_FALSE(d.seen(Chooser::kReduce, 4 * kMiB).stream);
   // Pairs whose ordinary op was disturbed: streaming reads 10x faster in three of them, in a row,
   // and nothing switches; two undisturbed ones then do.
