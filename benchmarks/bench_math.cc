@@ -99,6 +99,13 @@ double quantile(std::vector<double>& values, double q) {
   return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
+double mean(const std::vector<double>& values) {
+  if (values.empty()) return 0;
+  double sum = 0;
+  for (double v : values) sum += v;
+  return sum / static_cast<double>(values.size());
+}
+
 namespace {
 std::optional<BenchOp> parse_op(const std::string& s) {
   for (BenchOp op : {BenchOp::kAllreduce, BenchOp::kAllgather, BenchOp::kReduceScatter,

@@ -51,6 +51,9 @@ std::optional<uint64_t> parse_size(const std::string& text);
 // The q-quantile (0..1) of values by nearest rank; values is sorted in place.
 double quantile(std::vector<double>& values, double q);
 
+// The arithmetic mean of values (0 for none).
+double mean(const std::vector<double>& values);
+
 struct Config {
   BenchOp op = BenchOp::kAllreduce;
   std::string backend;  // empty: TUTTI_BACKEND, else gloo

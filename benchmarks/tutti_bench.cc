@@ -94,6 +94,7 @@ struct Row {
   bool in_place = false;
   double time_us = 0;
   double p99_us = 0;
+  double mean_us = 0;  // what the iterations took together, per iteration (a job's throughput)
   double algbw = 0;
   double busbw = 0;
   int64_t wrong = 0;
@@ -292,6 +293,7 @@ class Bench {
     if (raw_) slowest(raw_times);
     row.time_us = quantile(times, 0.5);
     row.p99_us = quantile(times, 0.99);
+    row.mean_us = mean(times);
     if (raw_) row.baseline_us = quantile(raw_times, 0.5);
     row.algbw = row.time_us > 0 ? static_cast<double>(row.bytes) / row.time_us / 1e3 : 0;
     row.busbw = row.algbw * bus_factor(c_.op, n_);
@@ -697,8 +699,8 @@ void write_json(const std::string& path, const Config& c, const std::string& bac
         << ", \"count\": " << r.count << ", \"dtype\": \"" << tutti::to_string(c.dtype)
         << "\", \"redop\": \"" << tutti::to_string(c.redop) << "\", \"root\": " << c.root
         << ", \"in_place\": " << (r.in_place ? "true" : "false") << ", \"time_us\": " << r.time_us
-        << ", \"p99_us\": " << r.p99_us << ", \"algbw_gbps\": " << r.algbw
-        << ", \"busbw_gbps\": " << r.busbw
+        << ", \"p99_us\": " << r.p99_us << ", \"mean_us\": " << r.mean_us
+        << ", \"algbw_gbps\": " << r.algbw << ", \"busbw_gbps\": " << r.busbw
         << ", \"wrong\": " << (c.check ? std::to_string(r.wrong) : "null");
     if (r.baseline_us >= 0) {
       out << ", \"baseline_time_us\": " << r.baseline_us
@@ -716,14 +718,15 @@ void write_json(const std::string& path, const Config& c, const std::string& bac
 void write_csv(const std::string& path, const Config& c, const std::vector<Row>& rows) {
   std::ofstream out(path);
   out.precision(10);
-  out << "op,size_bytes,count,dtype,redop,root,in_place,time_us,p99_us,algbw_gbps,busbw_gbps,wrong";
+  out << "op,size_bytes,count,dtype,redop,root,in_place,time_us,p99_us,mean_us,algbw_gbps,"
+         "busbw_gbps,wrong";
   if (c.baseline) out << ",baseline_time_us,ratio";
   out << "\n";
   for (const Row& r : rows) {
     out << to_string(c.op) << "," << r.bytes << "," << r.count << "," << tutti::to_string(c.dtype)
         << "," << tutti::to_string(c.redop) << "," << c.root << "," << (r.in_place ? 1 : 0) << ","
-        << r.time_us << "," << r.p99_us << "," << r.algbw << "," << r.busbw << ","
-        << (c.check ? std::to_string(r.wrong) : "");
+        << r.time_us << "," << r.p99_us << "," << r.mean_us << "," << r.algbw << "," << r.busbw
+        << "," << (c.check ? std::to_string(r.wrong) : "");
     if (c.baseline) {
       out << "," << r.baseline_us << "," << (r.baseline_us > 0 ? r.time_us / r.baseline_us : 0);
     }

@@ -52,6 +52,12 @@ TEST(BenchMath, SizesAndCounts) {
   std::vector<double> hundred;
   for (int i = 100; i >= 1; --i) hundred.push_back(i);
   EXPECT_DOUBLE_EQ(quantile(hundred, 0.99), 99);
+  // The mean counts an outlier the median leaves out: 99 ops of 1 us and one of 901 us.
+  std::vector<double> stalled(99, 1.0);
+  stalled.push_back(901);
+  EXPECT_DOUBLE_EQ(mean(stalled), 10);
+  EXPECT_DOUBLE_EQ(quantile(stalled, 0.5), 1);
+  EXPECT_DOUBLE_EQ(mean({}), 0);
 }
 
 // Runs tutti-bench with args; returns its result.

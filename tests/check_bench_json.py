@@ -17,7 +17,7 @@ assert config["op"] == op, config
 assert config["world_size"] == 2, config
 assert rows, "no rows"
 columns = ["op", "size_bytes", "count", "dtype", "redop", "root", "in_place", "time_us", "p99_us",
-           "algbw_gbps", "busbw_gbps", "wrong"]
+           "mean_us", "algbw_gbps", "busbw_gbps", "wrong"]
 if mode == "baseline":
     columns += ["baseline_time_us", "ratio"]
 json_only = []
@@ -36,6 +36,7 @@ for row in rows:
     assert row["op"] == op
     assert row["wrong"] == 0, row
     assert row["time_us"] > 0 and row["p99_us"] >= row["time_us"], row
+    assert row["mean_us"] > 0, row
     if op != "barrier":
         assert abs(row["algbw_gbps"] - row["size_bytes"] / row["time_us"] / 1e3) < 1e-6 * max(1, row["algbw_gbps"]), row
         assert abs(row["busbw_gbps"] - row["algbw_gbps"] * config["bus_factor"]) < 1e-9 + 1e-6 * row["busbw_gbps"], row
