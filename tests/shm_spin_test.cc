@@ -81,6 +81,21 @@ TEST(Await, StopsPollingAtTheFirstNoThenYieldsAndSleeps) {
   EXPECT_TRUE(outcome.slept);  // it reached the sleep phase: the 200000 polls were cut short
 }
 
+// kSleepNow: the polls stop and the yields are left out too; the wait goes straight to sleep.
+TEST(Await, ASleepNowLeavesTheYieldsOut) {
+  std::atomic<uint32_t> word{0}, sleepers{0};
+  int polls = 0, asked = 0;
+  WaitOutcome outcome;
+  // 256 polls, the answer, then the sleep phase's first look finds it ready (no yield's poll).
+  const bool ok = await([&] { return ++polls == 256 + 1; }, word, sleepers,
+                        Clock::now() + std::chrono::seconds(10), SpinPolicy{200000, 5},
+                        [&] { return ++asked, kSleepNow; }, [] {}, &outcome);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(polls, 256 + 1);
+  EXPECT_EQ(asked, 1);
+  EXPECT_TRUE(outcome.slept);
+}
+
 // With a time budget the polls go on until it has passed (however many that takes), but never
 // past the wait's deadline.
 TEST(Await, PollsForItsTimeThenSleepsButNeverPastTheDeadline) {
@@ -166,6 +181,33 @@ TEST(ComesOnceItRuns, ACollectivesPeerOnceItHasBegunTheOp) {
   slot.begun.store(3);
   bell.in_p2p.value.store(1);
   EXPECT_FALSE(comes_once_it_runs(slot, bell, 4));
+}
+
+// A wait counts the looks in a row at which every rank it waits for sat inside a wait of its own
+// without polling: beat odd and the same as at the last look.
+TEST(StillWatch, CountsLooksAtWhichEveryAwaitedRankSatStillInAWait) {
+  StillWatch w;
+  uint32_t seen_a = 0, seen_b = 0;
+  auto look = [&](uint32_t a, uint32_t b) {
+    w.begin();
+    w.peer(a, seen_a);
+    w.peer(b, seen_b);
+    return w.end();
+  };
+  EXPECT_EQ(look(7, 9), 0);  // first sight of both beats: nothing to compare with
+  EXPECT_EQ(look(7, 9), 1);  // both odd and unchanged
+  EXPECT_EQ(look(7, 9), 2);
+  EXPECT_EQ(look(7, 11), 0);  // b polled meanwhile: it runs
+  EXPECT_EQ(look(7, 11), 1);
+  EXPECT_EQ(look(8, 11), 0);  // a left its wait (even): it runs, or computes
+  EXPECT_EQ(look(8, 11), 0);  // even and unchanged still is not "still in a wait"
+  EXPECT_EQ(look(9, 11), 0);  // a in a wait again: its first sight
+  EXPECT_EQ(look(9, 11), 1);
+  w.restart();
+  EXPECT_EQ(look(9, 11), 1);  // counted again from the restart
+  // A look with no rank to wait for never counts.
+  w.begin();
+  EXPECT_EQ(w.end(), 0);
 }
 
 TEST(SeqAtOrAfter, HoldsAcrossTheWrap) {

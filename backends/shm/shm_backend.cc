@@ -107,6 +107,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
     throw;
   }
   mail_ready_.assign(w * w, 0);
+  seen_beat_.assign(w, 0);
   char* base = segment_.data();
   header_ = reinterpret_cast<Header*>(base);
   slots_ = reinterpret_cast<RankSlot*>(base + slots_off);
@@ -322,6 +323,17 @@ void ShmBackend::note_cpu() const {
   auto& word = bells_[rank_].cpu.value;
   const uint32_t value = static_cast<uint32_t>(cpu) + 1;
   if (word.load(std::memory_order_relaxed) != value) word.store(value, std::memory_order_relaxed);
+}
+
+bool ShmBackend::cpu_contended() {
+  thread_local long seen = -1;
+  thread_local Clock::time_point lost_at{};
+  const long n = involuntary_switches();
+  const Clock::time_point now = Clock::now();
+  const bool first = seen < 0;
+  if (!first && n != seen) lost_at = now;
+  seen = n;
+  return !first && now - lost_at < kContendedWindow;
 }
 
 // Every kLookAgain of ops: whether the processes competing for the ranks' CPUs changed (another

@@ -144,6 +144,11 @@ class ShmBackend : public Backend {
   void look_again(Clock::time_point now);
   // Publishes the CPU this rank runs on now (Bell::cpu), for peers' waits (shm_internal.h).
   void note_cpu() const;
+  // Whether the calling thread lost its CPU to another thread (an involuntary context switch)
+  // within kContendedWindow before now, as far as its looks tell (the first look of a thread
+  // only notes where it stands).
+  static bool cpu_contended();
+  static constexpr std::chrono::milliseconds kContendedWindow{100};
   void ring(int rank) const;
   void wake_everyone() const;
 
@@ -169,6 +174,14 @@ class ShmBackend : public Backend {
   int cores_ = 1;
   int spin_local_ = 1;
   bool oversubscribed_ = false;  // more ranks (of all local groups) than cores: set_spin_policy
+  // This rank's beat (Bell::beat) and, by rank, the beat its waits last saw (wait_until).
+  uint32_t beats_ = 0;
+  std::vector<uint32_t> seen_beat_;
+  // A wait's looks (every 256 polls, ~0.5 us) before it publishes its beat and looks at its
+  // peers' (~8 us), then the looks in a row at which every rank waited for sat still inside a
+  // wait of its own before it gives up polling and sleeps (~60 us more).
+  static constexpr int kBeatFrom = 16;
+  static constexpr int kStillLooks = 128;
   Clock::time_point next_look_{};
   ShmSegment segment_;
   Header* header_ = nullptr;

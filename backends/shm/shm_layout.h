@@ -82,6 +82,11 @@ struct alignas(64) Bell {
   // 1 while this rank runs a batch of point-to-point ops: a peer whose wait for it outlasted the
   // polling budget polls on only for a rank inside one (shm_internal.h).
   Line in_p2p;
+  // Odd while this rank polls in a wait, and then bumped by 2 every 256 polls; even outside its
+  // waits. A peer waiting for this rank that sees it odd and unchanged for a while knows it is
+  // not running (preempted, or asleep) and sleeps until it is rung instead of polling
+  // (shm_internal.h says why).
+  Line beat;
 };
 
 // Collectives are numbered in 32 bits (RankSlot::begun, Header::abort_op), which wrap after 2^32
@@ -103,6 +108,32 @@ inline bool comes_once_it_runs(const RankSlot& slot, const Bell& bell, uint32_t 
   return bell.in_p2p.value.load(std::memory_order_relaxed) != 0 &&
          bell.sleepers.value.load(std::memory_order_relaxed) == 0;
 }
+
+// Whether every rank a wait waits for sits still inside a wait of its own (Bell::beat odd and
+// unchanged from one look to the next: not polling, so off its CPU or asleep), over looks in a
+// row. Each look: begin(), then peer() for each rank waited for (with the beat the wait saw of
+// it last, updated), then end().
+class StillWatch {
+ public:
+  void begin() {
+    all_ = true;
+    any_ = false;
+  }
+  void peer(uint32_t beat, uint32_t& seen) {
+    any_ = true;
+    if ((beat & 1) == 0 || beat != seen) all_ = false;
+    seen = beat;
+  }
+  // Looks in a row, this one included, at which every rank waited for sat still (0: this look
+  // found one moving, outside a wait, or no rank to wait for).
+  int end() { return still_ = any_ && all_ ? still_ + 1 : 0; }
+  void restart() { still_ = 0; }
+
+ private:
+  bool all_ = true;
+  bool any_ = false;
+  int still_ = 0;
+};
 
 // A rank's publication for small ops: seq says which op its payload (inline up to
 // kInlineBytes, else in the kSmallBytes that follow the line) and tag belong to. Peers wait on

@@ -138,8 +138,14 @@ struct PollOnWhenOffCpu {
   bool operator()() const { return true; }
 };
 
+// What keep_spinning() answers await() (a bool converts: true polls on, false stops).
+constexpr int kPollOn = 1;
+constexpr int kStopPolling = 0;  // then yields, then sleeps
+constexpr int kSleepNow = -1;    // sleeps at once, without the yields
+
 // Waits until ready() holds; false when the deadline passed first. The polls stop early once
-// keep_spinning() (asked every 256 polls) says no. on_nap() runs after each sleep, and between
+// keep_spinning() (asked every 256 polls) says no (kSleepNow: and the yields are left out too,
+// so that the waiter sleeps until it is woken). on_nap() runs after each sleep, and between
 // the budgets of a contended spin, which go on only while poll_on() (asked at each budget's end
 // where the waiter was off its CPU) agrees. `outcome`, when given, says whether the wait slept
 // and for how long.
@@ -158,7 +164,9 @@ bool await(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& slee
     for (int64_t i = 0;; ++i) {
       if (ready()) return true;
       if ((i & 255) != 255) continue;
-      if (!keep_spinning()) break;
+      const int keep = keep_spinning();
+      if (keep == kSleepNow) policy.yields = 0;
+      if (keep <= kStopPolling) break;
       if (i + 1 < policy.spins || policy.spin_for.count() <= 0) {
         if (i + 1 >= policy.spins) break;
         continue;
