@@ -14,7 +14,9 @@ Per baseline, over the sizes both measured: the median over runs of each one's t
 at how many sizes tutti's is lower, how much faster or slower it is at the median size and at
 the closest (or worst) sizes, and how the count varied from run to run (run k of tutti against
 run k of the baseline, which ran next to it). Then whether the machine was quiet, and where it
-was not, the verdict over the quiet runs alone. With --membw (tutti-membw's JSON): tutti's time
+was not, the verdict over the quiet runs alone, and one by the mean time per op over every run
+(where both tools wrote mean_us: busy, a median can hide ops that waited out a scheduler's slice,
+which a job's throughput pays for). With --membw (tutti-membw's JSON): tutti's time
 at 16 and 64 MiB against the memory's floor for an in-place allreduce (2 n S bytes through
 memory at the rate every core reaches together; see benchmarks/membw.cc).
 """
@@ -99,6 +101,17 @@ def compare(mine, theirs, reps):
     return text, med_m
 
 
+def means_of(runs):
+    """{rep: {size: mean_us}} where every row of every run has its mean time per op, else None
+    (runs from before tutti-bench wrote it)."""
+    out = {}
+    for r, (_, _, rows) in runs.items():
+        if not rows or any("mean_us" not in row for row in rows):
+            return None
+        out[r] = {row["size_bytes"]: row["mean_us"] for row in rows}
+    return out
+
+
 def memory_line(med_tutti, world, membw_path):
     with open(membw_path) as f:
         rows = json.load(f)["rows"]
@@ -131,22 +144,24 @@ def report(directory, stem, base, base_states, membw):
     world = config.get("world_size", 2)
     mine = {r: {row["size_bytes"]: row["time_us"] for row in rows} for r, (_, _, rows) in
             tutti.items()}
+    mine_mean = means_of(tutti)
     baselines = []
     if base:
         name = base[min(base)][1]
         baselines.append((name, {r: {row["size_bytes"]: row["time_us"] for row in rows}
-                                 for r, (_, _, rows) in base.items()}, base_states))
+                                 for r, (_, _, rows) in base.items()}, base_states,
+                          means_of(base)))
     if first[2] and "baseline_time_us" in first[2][0]:
         raw = {r: {row["size_bytes"]: row["baseline_time_us"] for row in rows}
                for r, (_, _, rows) in tutti.items()}
-        baselines.append((str(config.get("baseline") or "raw"), raw, {}))
+        baselines.append((str(config.get("baseline") or "raw"), raw, {}, None))
     reps = sorted(tutti)
     head = f"verdict: {label} ({world} ranks, {len(reps)} interleaved run{'s' * (len(reps) > 1)})"
     sizes = sorted(set.union(*(set(m) for m in mine.values())))
     med_tutti = {s: statistics.median(mine[r][s] for r in reps if s in mine[r]) for s in sizes}
     if not baselines:
         print(head + ": no baseline ran beside it")
-    for name, theirs, states in baselines:
+    for name, theirs, states, theirs_mean in baselines:
         result = compare(mine, theirs, reps)
         if result is None:
             print(f"{head} vs {name}: no common sizes")
@@ -168,6 +183,12 @@ def report(directory, stem, base, base_states, membw):
                     print(f"  on the {len(quiet)} quiet run{'s' * (len(quiet) > 1)} alone: {q[0]}")
             else:
                 print("  no run was quiet: run it again on a quiet machine for a verdict that holds")
+            # Busy, a median can hide ops that stalled for a scheduler's slice: the mean time
+            # per op over every run counts them, as a job's throughput does.
+            if mine_mean and theirs_mean:
+                m = compare(mine_mean, theirs_mean, reps)
+                if m:
+                    print(f"  by the mean time per op, every run (stalls included): {m[0]}")
     if membw and med_tutti and os.path.exists(membw):
         line = memory_line(med_tutti, world, membw)
         if line:

@@ -20,8 +20,12 @@ import machine  # noqa: E402
 import verdict  # noqa: E402
 
 
-def write_run(path, times, backend="shm", tool="tutti-bench", world=2, symmetric=False):
+def write_run(path, times, backend="shm", tool="tutti-bench", world=2, symmetric=False,
+              means=None):
     rows = [{"size_bytes": s, "time_us": t, "in_place": True} for s, t in times.items()]
+    for row in rows:
+        if means is not None:
+            row["mean_us"] = means[row["size_bytes"]]
     with open(path, "w") as f:
         json.dump({"config": {"tool": tool, "backend": backend, "world_size": world,
                               "symmetric": symmetric}, "rows": rows}, f)
@@ -178,6 +182,36 @@ class Verdict(unittest.TestCase):
         self.assertIn("machine BUSY in 1 of 6 runs", out)
         self.assertIn("on the 2 quiet runs alone: ahead at 2 of 3 sizes", out)
         self.assertIn("behind at 8 B (even)", out)
+
+    def test_a_busy_sitting_also_gets_a_verdict_by_the_mean_time_per_op(self):
+        d = tempfile.mkdtemp()
+        # Medians say tutti is ahead at both sizes; the means (stalls included) say 8 B stalled:
+        # 8 B 50 us against 0.5 (100x slower), 1 MiB 120 against 400 (0.3).
+        for rep in (1, 2):
+            write_run(os.path.join(d, f"tutti.r{rep}.json"), {8: 0.4, 1 << 20: 100.0},
+                      means={8: 50.0, 1 << 20: 120.0})
+            write_run(os.path.join(d, f"base.r{rep}.json"), {8: 0.45, 1 << 20: 200.0},
+                      backend="openmpi sm", tool="mpi_allreduce",
+                      means={8: 0.5, 1 << 20: 400.0})
+            write_state(os.path.join(d, f"tutti.r{rep}.state.json"),
+                        others=0.5 if rep == 2 else 0.0)
+            write_state(os.path.join(d, f"base.r{rep}.state.json"))
+        out = self.run_verdict(d)
+        self.assertIn("vs openmpi sm: ahead at 2 of 2 sizes", out)
+        # The median of the two ratios, 100 and 0.3, is 50.15.
+        self.assertIn("by the mean time per op, every run (stalls included): ahead at 1 of 2 "
+                      "sizes, 50.15x slower at the median size; behind at 8 B (100.00x slower)",
+                      out)
+        # Quiet, or without means from both tools, there is no such line.
+        for rep in (1, 2):
+            write_state(os.path.join(d, f"tutti.r{rep}.state.json"))
+        self.assertNotIn("by the mean time per op", self.run_verdict(d))
+        write_state(os.path.join(d, "tutti.r2.state.json"), others=0.5)
+        write_run(os.path.join(d, "base.r1.json"), {8: 0.45, 1 << 20: 200.0},
+                  backend="openmpi sm", tool="mpi_allreduce")
+        out = self.run_verdict(d)
+        self.assertIn("on the 1 quiet run alone", out)
+        self.assertNotIn("by the mean time per op", out)
 
     def test_the_symmetric_sweep_has_a_verdict_of_its_own(self):
         d = tempfile.mkdtemp()
