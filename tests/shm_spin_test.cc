@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <stdexcept>
+#include <thread>
 
 #include "../backends/shm/shm_cpus.h"
 #include "../backends/shm/shm_layout.h"
@@ -205,6 +206,12 @@ TEST(StillWatch, CountsLooksAtWhichEveryAwaitedRankSatStillInAWait) {
   EXPECT_EQ(look(9, 11), 1);
   w.restart();
   EXPECT_EQ(look(9, 11), 1);  // counted again from the restart
+  // A look knows its answer at the first rank seen moving: peer() says so (false), and the
+  // rank not read keeps its last seen beat.
+  w.begin();
+  EXPECT_FALSE(w.peer(13, seen_a));
+  EXPECT_EQ(w.end(), 0);
+  EXPECT_EQ(seen_b, 11u);
   // A look with no rank to wait for never counts.
   w.begin();
   EXPECT_EQ(w.end(), 0);
@@ -290,6 +297,14 @@ TEST(UsableCpus, TheUnionOfTheRanksMasksCappedByTheCgroup) {
   EXPECT_EQ(usable_cpus(8, 0.5, 8), 1);
   EXPECT_EQ(usable_cpus(0, 0, 8), 8);  // no mask readable: the machine's count
   EXPECT_EQ(usable_cpus(0, 2, 8), 2);
+}
+
+// A thread's first look at its lost CPU only notes the count: it never says "contended", however
+// often the thread was switched out before (here: a thread that has not looked yet).
+TEST(ThreadLostCpuLately, AThreadsFirstLookSaysNo) {
+  bool first = true;
+  std::thread([&] { first = thread_lost_cpu_lately(std::chrono::seconds(100)); }).join();
+  EXPECT_FALSE(first);
 }
 
 // This process's mask, as written for the other ranks, holds exactly the CPUs the kernel says.

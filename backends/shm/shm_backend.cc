@@ -244,6 +244,8 @@ void ShmBackend::set_spin_policy(int local) {
   // the CPUs the ranks may run on together (shm_cpus.h). TUTTI_SHM_ADAPT (default 1: fixed) lets
   // the budget grow up to that many times after waits that slept briefly (AdaptiveSpin,
   // shm_wait.h).
+  // TUTTI_SHM_STILL_LOOKS: the looks after which a wait sleeps for ranks that sit still inside
+  // waits of their own (shm_internal.h; 0: never).
   SpinPolicy spin;
   spin.spins =
       static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kMinSpins, 0, 100'000'000));
@@ -256,6 +258,7 @@ void ShmBackend::set_spin_policy(int local) {
       "TUTTI_SHM_CONTENDED_SPIN_US",
       oversubscribed ? 0 : static_cast<size_t>(kContendedSpin.count()) * 1000, 0, 10'000'000));
   spin_ = AdaptiveSpin(spin, static_cast<int>(env_size("TUTTI_SHM_ADAPT", 1, 0, 1000)));
+  still_looks_ = static_cast<int>(env_size("TUTTI_SHM_STILL_LOOKS", kStillLooks, 0, 1'000'000'000));
   TUTTI_LOG_DEBUG(
       "shm: {} ranks ({} tutti processes here) on {} usable CPUs ({}): polls for {} "
       "us (at least {}; up to {} us while kept off its CPU) then yields {}",
@@ -323,17 +326,6 @@ void ShmBackend::note_cpu() const {
   auto& word = bells_[rank_].cpu.value;
   const uint32_t value = static_cast<uint32_t>(cpu) + 1;
   if (word.load(std::memory_order_relaxed) != value) word.store(value, std::memory_order_relaxed);
-}
-
-bool ShmBackend::cpu_contended() {
-  thread_local long seen = -1;
-  thread_local Clock::time_point lost_at{};
-  const long n = involuntary_switches();
-  const Clock::time_point now = Clock::now();
-  const bool first = seen < 0;
-  if (!first && n != seen) lost_at = now;
-  seen = n;
-  return !first && now - lost_at < kContendedWindow;
 }
 
 // Every kLookAgain of ops: whether the processes competing for the ranks' CPUs changed (another
@@ -489,7 +481,7 @@ void ShmBackend::sync(Op& op) {
                                                       " ms waiting for rank(s) " +
                                                       ranks_where(missing) + " (shm barrier)");
                },
-               &op);
+               &op, missing);
   }
   if (!op.checked) {
     op.checked = true;

@@ -129,10 +129,15 @@ class ShmBackend : public Backend {
   // died), or what on_timeout() throws. op_seq: the collective waited in (0: point-to-point,
   // which any peer's abort ends). `op`: the collective's, whose tag each nap compares with
   // every peer's that began the same collective (check_agreement). Defined in shm_internal.h.
-  template <typename Ready, typename WaitingOn, typename OnTimeout>
+  // `still_of`, where given, narrows the ranks whose stillness lets the wait sleep (a barrier
+  // watches every peer for its death but waits only for those not yet arrived); waiting_on's
+  // otherwise.
+  template <typename Ready, typename WaitingOn, typename OnTimeout,
+            typename StillOf = bool (*)(int)>
   void wait_until(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
                   const OpContext& ctx, uint64_t op_seq, Clock::time_point deadline,
-                  WaitingOn waiting_on, OnTimeout on_timeout, const Op* op = nullptr);
+                  WaitingOn waiting_on, OnTimeout on_timeout, const Op* op = nullptr,
+                  StillOf still_of = nullptr);
   // kRemoteError (mismatch) when a peer began collective op.seq under another tag.
   void check_agreement(const Op& op) const;
   bool stopped(uint64_t op_seq) const;
@@ -144,10 +149,8 @@ class ShmBackend : public Backend {
   void look_again(Clock::time_point now);
   // Publishes the CPU this rank runs on now (Bell::cpu), for peers' waits (shm_internal.h).
   void note_cpu() const;
-  // Whether the calling thread lost its CPU to another thread (an involuntary context switch)
-  // within kContendedWindow before now, as far as its looks tell (the first look of a thread
-  // only notes where it stands).
-  static bool cpu_contended();
+  // How recently a thread must have lost its CPU for its CPU to count as contended
+  // (thread_lost_cpu_lately, shm_cpus.h).
   static constexpr std::chrono::milliseconds kContendedWindow{100};
   void ring(int rank) const;
   void wake_everyone() const;
@@ -182,6 +185,7 @@ class ShmBackend : public Backend {
   // wait of its own before it gives up polling and sleeps (~60 us more).
   static constexpr int kBeatFrom = 16;
   static constexpr int kStillLooks = 128;
+  int still_looks_ = kStillLooks;  // TUTTI_SHM_STILL_LOOKS (0: never)
   Clock::time_point next_look_{};
   ShmSegment segment_;
   Header* header_ = nullptr;

@@ -6,8 +6,10 @@
 #pragma once
 
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -109,6 +111,25 @@ inline int usable_cpus(int in_union, double limit, int fallback) {
   // must not overflow the conversion to int, found by fuzzing).
   if (limit > 0 && limit < static_cast<double>(cpus)) cpus = std::max(1, static_cast<int>(limit));
   return std::max(1, cpus);
+}
+
+// Whether the calling thread lost its CPU to another thread lately (an involuntary context
+// switch, getrusage): its count went up between two of these looks less than `window` apart,
+// the later of them less than `window` ago. A thread's first look, and one after a longer gap,
+// only note where the count stands (a switch counted since may be older than the window).
+inline bool thread_lost_cpu_lately(std::chrono::steady_clock::duration window) {
+  using Clock = std::chrono::steady_clock;
+  thread_local long seen = -1;
+  thread_local Clock::time_point looked_at{};
+  thread_local Clock::time_point lost_at{};
+  struct rusage u;
+  const long n = ::getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_nivcsw : 0;
+  const Clock::time_point now = Clock::now();
+  const bool first = seen < 0 || now - looked_at > window;
+  if (!first && n != seen) lost_at = now;
+  seen = n;
+  looked_at = now;
+  return !first && now - lost_at < window;
 }
 
 }  // namespace tutti::shm_backend

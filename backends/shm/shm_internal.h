@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "shm_backend.h"
+#include "shm_cpus.h"
 #include "shm_layout.h"
 #include "tutti/error.h"
 #include "util/op_clock.h"
@@ -84,11 +85,20 @@ struct ShmBackend::Transfer {
   bool finished() const { return done == bytes; }
 };
 
-template <typename Ready, typename WaitingOn, typename OnTimeout>
+// Whether a wait's stillness look counts rank r: still_of's ranks, or (none given) all it waits on.
+template <typename StillOf>
+bool watches_for_still(const StillOf& still_of, int r) {
+  return still_of(r);
+}
+inline bool watches_for_still(bool (*still_of)(int), int r) {
+  return still_of == nullptr || still_of(r);
+}
+
+template <typename Ready, typename WaitingOn, typename OnTimeout, typename StillOf>
 void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
                             std::atomic<uint32_t>& sleepers, const OpContext& ctx, uint64_t op_seq,
                             Clock::time_point deadline, WaitingOn waiting_on, OnTimeout on_timeout,
-                            const Op* op) {
+                            const Op* op, StillOf still_of) {
   if (ready() && !aborted_.load(std::memory_order_relaxed)) return;
   const std::function<bool(int)> waiting(waiting_on);
   // After each sleep: a peer we wait on that is gone ends the wait, unless what it did before
@@ -115,7 +125,8 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
   // has nothing else to run (a hog beside the other rank only), it polls on: asleep, it would
   // only add its wake-up, and leave its CPU to the hog.
   note_cpu();
-  bool beating = false;  // this rank published an odd beat (cleared below)
+  bool beating = false;          // this rank published an odd beat (cleared below)
+  bool slept_for_still = false;  // keep_spinning sent the wait to sleep (not the budget's end)
   int looks = 0;
   StillWatch still;
   auto keep_spinning = [&]() -> int {
@@ -128,17 +139,22 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
       bells_[rank_].beat.value.store(beats_ | 1, std::memory_order_relaxed);
       beating = true;
     }
+    // Once one rank is seen moving, this look loads no more beats (each a cache miss).
+    bool watch = beat && still_looks_ > 0;
     still.begin();
     for (int r = 0; r < world_size_; ++r) {
       if (r == rank_ || !waiting(r)) continue;
       if (here != 0 && bells_[r].cpu.value.load(std::memory_order_relaxed) == here) {
         return kStopPolling;
       }
-      if (beat) still.peer(bells_[r].beat.value.load(std::memory_order_relaxed), seen_beat_[r]);
+      if (!watch || !watches_for_still(still_of, r)) continue;
+      watch = still.peer(bells_[r].beat.value.load(std::memory_order_relaxed), seen_beat_[r]);
     }
-    if (!beat || still.end() < kStillLooks) return kPollOn;
+    if (!beat || still_looks_ <= 0 || still.end() < still_looks_) return kPollOn;
     still.restart();  // looked at again after as many looks more
-    return cpu_contended() ? kSleepNow : kPollOn;
+    if (!thread_lost_cpu_lately(kContendedWindow)) return kPollOn;
+    slept_for_still = true;
+    return kSleepNow;
   };
   struct EndBeat {  // even again: outside a wait (on every way out, throws included)
     const bool& beating;
@@ -161,7 +177,8 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
   WaitOutcome outcome;
   const bool done = await([&] { return ready() || stopped(op_seq); }, word, sleepers, deadline,
                           spin_.policy(), keep_spinning, check_peers, &outcome, poll_on);
-  spin_.record(outcome);
+  // A sleep for ranks that sat still says nothing of the polling budget (AdaptiveSpin).
+  if (!slept_for_still) spin_.record(outcome);
   note_cpu();  // where this rank runs until its next wait (a wake-up may have moved it)
   if (aborted_.load()) throw_if_stopped(ctx, op_seq);
   if (ready()) return;

@@ -119,10 +119,13 @@ class StillWatch {
     all_ = true;
     any_ = false;
   }
-  void peer(uint32_t beat, uint32_t& seen) {
+  // One rank's beat, and the one seen of it at the last look (updated). False once this look
+  // found a rank moving: the look's answer is then known, and the others need not be read.
+  bool peer(uint32_t beat, uint32_t& seen) {
     any_ = true;
     if ((beat & 1) == 0 || beat != seen) all_ = false;
     seen = beat;
+    return all_;
   }
   // Looks in a row, this one included, at which every rank waited for sat still (0: this look
   // found one moving, outside a wait, or no rank to wait for).
