@@ -184,37 +184,58 @@ TEST(ComesOnceItRuns, ACollectivesPeerOnceItHasBegunTheOp) {
   EXPECT_FALSE(comes_once_it_runs(slot, bell, 4));
 }
 
-// A wait counts the looks in a row at which every rank it waits for sat inside a wait of its own
-// without polling: beat odd and the same as at the last look.
-TEST(StillWatch, CountsLooksAtWhichEveryAwaitedRankSatStillInAWait) {
-  StillWatch w;
+// A wait reads no beat before its 4th look here, then says "may sleep" at the look that makes 5
+// in a row at which every rank it waits for sat still (odd, unchanged), and starts counting again.
+TEST(StillWatch, SaysMaySleepAfterItsLooksInARowOfStillRanks) {
+  StillWatch w(/*beat_from=*/4, /*still_looks=*/5);
   uint32_t seen_a = 0, seen_b = 0;
-  auto look = [&](uint32_t a, uint32_t b) {
-    w.begin();
-    w.peer(a, seen_a);
-    w.peer(b, seen_b);
-    return w.end();
+  // One look: the beats of the two ranks waited for; whether the look read them, and its answer.
+  auto look = [&](uint32_t a, uint32_t b, bool* read = nullptr) {
+    w.begin_look();
+    bool any = false;
+    if (w.watching()) {
+      w.peer(a, seen_a);
+      any = true;
+    }
+    if (w.watching()) w.peer(b, seen_b);
+    if (read != nullptr) *read = any;
+    return w.end_look();
   };
-  EXPECT_EQ(look(7, 9), 0);  // first sight of both beats: nothing to compare with
-  EXPECT_EQ(look(7, 9), 1);  // both odd and unchanged
-  EXPECT_EQ(look(7, 9), 2);
-  EXPECT_EQ(look(7, 11), 0);  // b polled meanwhile: it runs
-  EXPECT_EQ(look(7, 11), 1);
-  EXPECT_EQ(look(8, 11), 0);  // a left its wait (even): it runs, or computes
-  EXPECT_EQ(look(8, 11), 0);  // even and unchanged still is not "still in a wait"
-  EXPECT_EQ(look(9, 11), 0);  // a in a wait again: its first sight
-  EXPECT_EQ(look(9, 11), 1);
-  w.restart();
-  EXPECT_EQ(look(9, 11), 1);  // counted again from the restart
-  // A look knows its answer at the first rank seen moving: peer() says so (false), and the
-  // rank not read keeps its last seen beat.
-  w.begin();
-  EXPECT_FALSE(w.peer(13, seen_a));
-  EXPECT_EQ(w.end(), 0);
+  bool read = true;
+  for (int i = 1; i <= 3; ++i) {  // looks 1-3: no beat read, never a yes
+    EXPECT_FALSE(look(7, 9, &read)) << i;
+    EXPECT_FALSE(read) << i;
+  }
+  EXPECT_EQ(seen_a, 0u);
+  EXPECT_FALSE(look(7, 9, &read));  // look 4: first sight of a's beat (0 before): no row yet,
+  EXPECT_TRUE(read);                // and b not read (a looked like moving)
+  EXPECT_EQ(seen_b, 0u);
+  EXPECT_FALSE(look(7, 9));                                    // look 5: first sight of b's
+  for (int i = 1; i <= 4; ++i) EXPECT_FALSE(look(7, 9)) << i;  // a row of 4
+  EXPECT_TRUE(look(7, 9));                                     // 5: may sleep
+  for (int i = 1; i <= 4; ++i) EXPECT_FALSE(look(7, 9)) << i;  // counted again from 0
+  EXPECT_FALSE(look(7, 11));  // b polled meanwhile (it runs): the row breaks
+  for (int i = 1; i <= 4; ++i) EXPECT_FALSE(look(7, 11)) << i;
+  EXPECT_FALSE(look(8, 11));  // a left its wait (even): it runs, or computes
+  EXPECT_FALSE(look(8, 11));  // even and unchanged is not "still in a wait"
+  // A look stops reading at the first rank seen moving: b keeps the beat seen before.
+  EXPECT_FALSE(look(10, 13));
   EXPECT_EQ(seen_b, 11u);
-  // A look with no rank to wait for never counts.
-  w.begin();
-  EXPECT_EQ(w.end(), 0);
+  // No rank to wait for never counts.
+  StillWatch none(1, 1);
+  for (int i = 0; i < 3; ++i) {
+    none.begin_look();
+    EXPECT_FALSE(none.end_look());
+  }
+  // still_looks 0 (TUTTI_SHM_STILL_LOOKS=0): beats are published, none is read, never a yes.
+  StillWatch off(1, 0);
+  uint32_t seen = 7;
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(off.begin_look());
+    EXPECT_FALSE(off.watching());
+    if (off.watching()) off.peer(7, seen);
+    EXPECT_FALSE(off.end_look());
+  }
 }
 
 TEST(SeqAtOrAfter, HoldsAcrossTheWrap) {

@@ -127,32 +127,26 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
   note_cpu();
   bool beating = false;          // this rank published an odd beat (cleared below)
   bool slept_for_still = false;  // keep_spinning sent the wait to sleep (not the budget's end)
-  int looks = 0;
-  StillWatch still;
+  StillWatch still(kBeatFrom, still_looks_);
   auto keep_spinning = [&]() -> int {
     const int cpu = ::sched_getcpu();
     const uint32_t here = cpu < 0 ? 0 : static_cast<uint32_t>(cpu) + 1;
     // Waits that end within kBeatFrom looks touch no beat (a peer's beat line is a cache miss).
-    const bool beat = ++looks >= kBeatFrom;
-    if (beat) {
+    if (still.begin_look()) {
       beats_ += 2;
       bells_[rank_].beat.value.store(beats_ | 1, std::memory_order_relaxed);
       beating = true;
     }
-    // Once one rank is seen moving, this look loads no more beats (each a cache miss).
-    bool watch = beat && still_looks_ > 0;
-    still.begin();
     for (int r = 0; r < world_size_; ++r) {
       if (r == rank_ || !waiting(r)) continue;
       if (here != 0 && bells_[r].cpu.value.load(std::memory_order_relaxed) == here) {
         return kStopPolling;
       }
-      if (!watch || !watches_for_still(still_of, r)) continue;
-      watch = still.peer(bells_[r].beat.value.load(std::memory_order_relaxed), seen_beat_[r]);
+      if (still.watching() && watches_for_still(still_of, r)) {
+        still.peer(bells_[r].beat.value.load(std::memory_order_relaxed), seen_beat_[r]);
+      }
     }
-    if (!beat || still_looks_ <= 0 || still.end() < still_looks_) return kPollOn;
-    still.restart();  // looked at again after as many looks more
-    if (!thread_lost_cpu_lately(kContendedWindow)) return kPollOn;
+    if (!still.end_look() || !thread_lost_cpu_lately(kContendedWindow)) return kPollOn;
     slept_for_still = true;
     return kSleepNow;
   };

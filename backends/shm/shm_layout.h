@@ -109,33 +109,49 @@ inline bool comes_once_it_runs(const RankSlot& slot, const Bell& bell, uint32_t 
          bell.sleepers.value.load(std::memory_order_relaxed) == 0;
 }
 
-// Whether every rank a wait waits for sits still inside a wait of its own (Bell::beat odd and
-// unchanged from one look to the next: not polling, so off its CPU or asleep), over looks in a
-// row. Each look: begin(), then peer() for each rank waited for (with the beat the wait saw of
-// it last, updated), then end().
+// A wait's looks at the ranks it waits for (one per 256 polls): from the `beat_from`-th look on,
+// each look publishes this rank's beat and reads theirs; once `still_looks` looks in a row found
+// every rank it waits for still inside a wait of its own (Bell::beat odd and unchanged since the
+// last look: not polling, so off its CPU or asleep), the wait may sleep (shm_internal.h), and the
+// count starts again. still_looks 0: never. Each look: begin_look(), then peer() for each rank
+// waited for while watching(), then end_look().
 class StillWatch {
  public:
-  void begin() {
+  StillWatch(int beat_from, int still_looks) : beat_from_(beat_from), still_looks_(still_looks) {}
+  // Whether this look publishes this rank's beat (from the beat_from-th look on).
+  bool begin_look() {
     all_ = true;
     any_ = false;
+    beating_ = ++looks_ >= beat_from_;
+    return beating_;
   }
-  // One rank's beat, and the one seen of it at the last look (updated). False once this look
-  // found a rank moving: the look's answer is then known, and the others need not be read.
-  bool peer(uint32_t beat, uint32_t& seen) {
+  // Whether this look still reads beats: it does from the beat_from-th look on, where the wait
+  // may sleep at all, until it has seen a rank moving (the look's answer is then known).
+  bool watching() const { return beating_ && still_looks_ > 0 && all_; }
+  // One rank's beat, and the one seen of it at the last look (updated).
+  void peer(uint32_t beat, uint32_t& seen) {
     any_ = true;
     if ((beat & 1) == 0 || beat != seen) all_ = false;
     seen = beat;
-    return all_;
   }
-  // Looks in a row, this one included, at which every rank waited for sat still (0: this look
-  // found one moving, outside a wait, or no rank to wait for).
-  int end() { return still_ = any_ && all_ ? still_ + 1 : 0; }
-  void restart() { still_ = 0; }
+  // Whether the wait may sleep now: this look made still_looks in a row at which every rank
+  // waited for sat still (a look that found one moving, outside a wait, or no rank at all breaks
+  // the row). The row starts again after a yes.
+  bool end_look() {
+    still_ = watching() && any_ ? still_ + 1 : 0;
+    if (still_ < still_looks_ || still_looks_ <= 0) return false;
+    still_ = 0;
+    return true;
+  }
 
  private:
+  const int beat_from_;
+  const int still_looks_;
+  int looks_ = 0;
+  int still_ = 0;
+  bool beating_ = false;
   bool all_ = true;
   bool any_ = false;
-  int still_ = 0;
 };
 
 // A rank's publication for small ops: seq says which op its payload (inline up to
