@@ -101,14 +101,14 @@ def compare(mine, theirs, reps):
     return text, med_m
 
 
-def means_of(runs):
-    """{rep: {size: mean_us}} where every row of every run has its mean time per op, else None
-    (runs from before tutti-bench wrote it)."""
+def column(runs, key):
+    """{rep: {size: row[key]}} where every row of every run has key, else None (the mean time
+    per op, mean_us, is missing from runs before tutti-bench wrote it)."""
     out = {}
     for r, (_, _, rows) in runs.items():
-        if not rows or any("mean_us" not in row for row in rows):
+        if any(key not in row for row in rows):
             return None
-        out[r] = {row["size_bytes"]: row["mean_us"] for row in rows}
+        out[r] = {row["size_bytes"]: row[key] for row in rows}
     return out
 
 
@@ -142,18 +142,14 @@ def report(directory, stem, base, base_states, membw):
     first = tutti[min(tutti)]
     config, label = first[0], first[1]
     world = config.get("world_size", 2)
-    mine = {r: {row["size_bytes"]: row["time_us"] for row in rows} for r, (_, _, rows) in
-            tutti.items()}
-    mine_mean = means_of(tutti)
+    mine = column(tutti, "time_us")
+    mine_mean = column(tutti, "mean_us")
     baselines = []
     if base:
         name = base[min(base)][1]
-        baselines.append((name, {r: {row["size_bytes"]: row["time_us"] for row in rows}
-                                 for r, (_, _, rows) in base.items()}, base_states,
-                          means_of(base)))
+        baselines.append((name, column(base, "time_us"), base_states, column(base, "mean_us")))
     if first[2] and "baseline_time_us" in first[2][0]:
-        raw = {r: {row["size_bytes"]: row["baseline_time_us"] for row in rows}
-               for r, (_, _, rows) in tutti.items()}
+        raw = column(tutti, "baseline_time_us")
         baselines.append((str(config.get("baseline") or "raw"), raw, {}, None))
     reps = sorted(tutti)
     head = f"verdict: {label} ({world} ranks, {len(reps)} interleaved run{'s' * (len(reps) > 1)})"

@@ -113,6 +113,14 @@ inline int usable_cpus(int in_union, double limit, int fallback) {
   return std::max(1, cpus);
 }
 
+// This thread's involuntary context switches so far: where they went up, the thread lost its
+// CPU to another (a timed op's time then measures that thread's slice, shm_internal.h; a wait
+// asks thread_lost_cpu_lately below).
+inline long involuntary_switches() {
+  struct rusage u;
+  return ::getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_nivcsw : 0;
+}
+
 // Whether the calling thread lost its CPU to another thread lately (an involuntary context
 // switch, getrusage): its count went up between two of these looks less than `window` apart,
 // the later of them less than `window` ago. A thread's first look, and one after a longer gap,
@@ -122,8 +130,7 @@ inline bool thread_lost_cpu_lately(std::chrono::steady_clock::duration window) {
   thread_local long seen = -1;
   thread_local Clock::time_point looked_at{};
   thread_local Clock::time_point lost_at{};
-  struct rusage u;
-  const long n = ::getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_nivcsw : 0;
+  const long n = involuntary_switches();
   const Clock::time_point now = Clock::now();
   const bool first = seen < 0 || now - looked_at > window;
   if (!first && n != seen) lost_at = now;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <sched.h>
-#include <sys/resource.h>
 
 #include <functional>
 
@@ -25,13 +24,6 @@ struct ShmBackend::Op {
   int symmetric = 0;       // ranks whose tag carried kSymmetricTag, counted by the tag check
   bool announced = false;  // this rank's tag carried it (announce_symmetric)
 };
-
-// This thread's involuntary context switches so far: a timed op during which they went up lost
-// the CPU to another thread (its time measures that thread's slice, not the way it stored).
-inline long involuntary_switches() {
-  struct rusage u;
-  return ::getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_nivcsw : 0;
-}
 
 // A timed staged op's time (shm_publish.h): its first chunk's publish, then from its first
 // barrier to its end, leaving out the wait at that barrier for ranks that came late. Untimed
@@ -125,7 +117,6 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
   // has nothing else to run (a hog beside the other rank only), it polls on: asleep, it would
   // only add its wake-up, and leave its CPU to the hog.
   note_cpu();
-  bool beating = false;          // this rank published an odd beat (cleared below)
   bool slept_for_still = false;  // keep_spinning sent the wait to sleep (not the budget's end)
   StillWatch still(kBeatFrom, still_looks_);
   auto keep_spinning = [&]() -> int {
@@ -135,7 +126,6 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
     if (still.begin_look()) {
       beats_ += 2;
       bells_[rank_].beat.value.store(beats_ | 1, std::memory_order_relaxed);
-      beating = true;
     }
     for (int r = 0; r < world_size_; ++r) {
       if (r == rank_ || !waiting(r)) continue;
@@ -151,13 +141,13 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
     return kSleepNow;
   };
   struct EndBeat {  // even again: outside a wait (on every way out, throws included)
-    const bool& beating;
+    const StillWatch& still;
     std::atomic<uint32_t>& word;
     const uint32_t& beats;
     ~EndBeat() {
-      if (beating) word.store(beats, std::memory_order_relaxed);
+      if (still.beat_published()) word.store(beats, std::memory_order_relaxed);
     }
-  } end_beat{beating, bells_[rank_].beat.value, beats_};
+  } end_beat{still, bells_[rank_].beat.value, beats_};
   // Past the polling budget, with this rank kept off its CPU meanwhile: polls on only while every
   // rank waited for comes once it runs again (comes_once_it_runs). One still computing before
   // the op may take long, and the polls would take CPU from whatever runs beside: the wait sleeps.

@@ -125,6 +125,8 @@ class StillWatch {
     beating_ = ++looks_ >= beat_from_;
     return beating_;
   }
+  // Whether a look of this wait has published this rank's beat (to be made even at its end).
+  bool beat_published() const { return looks_ >= beat_from_; }
   // Whether this look still reads beats: it does from the beat_from-th look on, where the wait
   // may sleep at all, until it has seen a rank moving (the look's answer is then known).
   bool watching() const { return beating_ && still_looks_ > 0 && all_; }
