@@ -388,14 +388,14 @@ TEST(Symmetric, DifferentSizesFailOnEveryRankAndTheGroupGoesOn) {
   EXPECT_EQ(joined(symmetric_files()), "");
 }
 
-// Many chunks (4 KiB ones), 4 ranks, values whose sums round: the single-copy path gives the
-// staged path's bits, and so does every op with one rank outside (its extra barrier met in the
-// first chunk of many): allreduce sum, reduce avg to rank 1 (whose non-roots keep their
-// tensors), reduce_scatter avg, allgather.
-TEST(Symmetric, TheSameBitsAsTheStagedPathOverManyChunks) {
+// Many chunks (4 KiB ones), 3 or 4 ranks, values whose sums round: the single-copy path gives
+// the staged path's bits, and so does every op with one rank outside (its extra barrier met in
+// the first chunk of many): allreduce sum, reduce avg to rank 1 (whose non-roots keep their
+// tensors), reduce_scatter avg, allgather. With 3 ranks a reduce's chunk is 1023 floats (3
+// slices of 341), not the 1024 a staging half holds: both paths must chunk alike.
+void same_bits_over_many_chunks(int world) {
   ::setenv("TUTTI_SHM_CHUNK_BYTES", "4096", 1);  // read as the groups are made
-  const int world = 4;
-  const size_t n = 40000;  // floats per rank: 160 KB, 40 chunks
+  const size_t n = 40000;                        // floats per rank: 160 KB, 40 chunks
   auto groups = create_groups(world, "shm", unique_name("sym-bits"), milliseconds(20000));
   ::unsetenv("TUTTI_SHM_CHUNK_BYTES");
   auto value = [](int r, size_t i) {
@@ -436,7 +436,9 @@ TEST(Symmetric, TheSameBitsAsTheStagedPathOverManyChunks) {
     same_bits(sum, "allreduce");
     float want = 0;  // element 12345 by hand, in the staged path's order for its owner
     {
-      const size_t chunk = 4096 / sizeof(float), i = 12345, first = i / chunk * chunk;
+      // W slices of 4096 / 4 / W floats make a chunk; slice q of a chunk is rank q's.
+      const size_t slice = 4096 / sizeof(float) / world, chunk = slice * world;
+      const size_t i = 12345, first = i / chunk * chunk;
       const size_t at = i - first;
       int owner = 0;
       while (at >= chunk * static_cast<size_t>(owner + 1) / world) ++owner;
@@ -474,8 +476,15 @@ TEST(Symmetric, TheSameBitsAsTheStagedPathOverManyChunks) {
                   TensorView(p, DType::kFloat32, {static_cast<int64_t>(n)}));
     });
     same_bits(ag, "allgather");
-    EXPECT_EQ(ag[1][n + 3 * n + 5], value(3, 5));
+    EXPECT_EQ(ag[1][n + 2 * n + 5], value(2, 5));
   });
+}
+
+TEST(Symmetric, TheSameBitsAsTheStagedPathOverManyChunks) {
+  same_bits_over_many_chunks(4);
+}
+TEST(Symmetric, TheSameBitsAsTheStagedPathOverManyChunksOfThreeSlices) {
+  same_bits_over_many_chunks(3);
 }
 
 TEST(Symmetric, ViewsAreChecked) {

@@ -29,6 +29,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -158,6 +159,12 @@ class ShmBackend : public Backend {
   SmallSlot& small_slot(int rank, uint32_t parity) const;
   char* small_payload(int rank, uint32_t parity, size_t bytes) const;
   char* stage(int rank, int half) const;
+  // A reduce's slice of a full chunk, in elements of es bytes: W of them fill a staging half (at
+  // most), each at the same place in every chunk's half. Both reduce paths chunk by W of these,
+  // so that an element has the same owner, and its sum the same order, on either.
+  size_t reduce_stride(size_t es) const {
+    return std::max<size_t>(1, chunk_ / es / static_cast<size_t>(world_size_));
+  }
   char* mailbox(int src, int dst, int slot) const;
   // Populates mailbox (src, dst) on its first use here; kUnavailable naming /dev/shm when it
   // has no room.

@@ -118,39 +118,51 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   // announced once more (they published it only after that barrier).
   if (every_rank_symmetric(op, data, t.nbytes())) return reduce_symmetric(t, reduce_op, root, op);
 
-  // Chunks of up to chunk_ bytes; within a chunk rank q reduces slice q (of about len / W
-  // elements) from every rank and publishes it; then the receivers copy the slices out.
-  const size_t per_chunk = std::max<size_t>(1, chunk_ / es);
+  // Chunks of `per_chunk` elements (W slices of `stride`; the last chunk's slices are shorter):
+  // within a chunk rank q reduces slice q from every rank and publishes it, then the others copy
+  // it out. One barrier per chunk: the next chunk's inputs go into the other staging half before
+  // the barrier that also says this chunk's slices are reduced (and one barrier first). Slice q
+  // has the same place in every chunk's half (q x stride), so a rank that writes the inputs of
+  // chunk i + 2 while a slower one still copies chunk i's reduced slices out of that half never
+  // writes where that one reads: the inputs go to the others' slices, the reduced one is the
+  // writer's own, which it writes again only after the next barrier.
+  const size_t stride = reduce_stride(es);
+  const size_t per_chunk = stride * world_size_;
+  auto slice_begin = [&](size_t len, int q) { return len * static_cast<size_t>(q) / world_size_; };
+  auto slot = [&](int r, int half, int q) { return stage(r, half) + q * stride * es; };
   const PublishChooser::Pick how = publish_.pick(PublishChooser::kReduce, t.nbytes());
+  // Publish what the others reduce: every slice of the chunk but our own.
+  auto publish_inputs = [&](size_t first, size_t len, int half) {
+    for (int q = 0; q < world_size_; ++q) {
+      if (q == rank_) continue;
+      const size_t b = slice_begin(len, q), e = slice_begin(len, q + 1);
+      publish(how, slot(rank_, half, q), data + (first + b) * es, (e - b) * es);
+    }
+  };
   const size_t block = std::max<size_t>(1, detail::kReduceBlockBytes / es);
   // A reduce's non-root reduces its slice into the staging area; streamed, through a block of
   // its own first.
   if (!to_me && how.stream && block_out_.size() < block * es) block_out_.resize(block * es);
   PublishTimer timer(how);
-  for (size_t first = 0; first < n; first += per_chunk) {
-    const size_t len = std::min(per_chunk, n - first);
-    const int half = static_cast<int>(flips_++ & 1);
-    auto slice_begin = [&](int q) { return len * static_cast<size_t>(q) / world_size_; };
-    // Publish what the others reduce: every slice but our own.
-    for (int q = 0; q < world_size_; ++q) {
-      if (q == rank_) continue;
-      const size_t b = slice_begin(q), e = slice_begin(q + 1);
-      publish(how, stage(rank_, half) + b * es, data + (first + b) * es, (e - b) * es);
-    }
-    timer.published();
-    sync(op);
-    if (first == 0) meet_late_publishers(op);
-    timer.met();
+  size_t first = 0;
+  size_t len = std::min(per_chunk, n);
+  int half = static_cast<int>(flips_++ & 1);
+  publish_inputs(first, len, half);
+  timer.published();
+  sync(op);
+  meet_late_publishers(op);
+  timer.met();
+  while (true) {
     // Our slice: our own input first (the output, our tensor, may alias it; reduce_many allows
     // the first or the second input), then the others' in rank order. The result goes to our
-    // staging area for the others, and to our tensor unless this is a reduce to another rank (whose
-    // non-roots keep their tensors).
-    const size_t b = slice_begin(rank_), e = slice_begin(rank_ + 1);
+    // staging area for the others, and to our tensor unless this is a reduce to another rank
+    // (whose non-roots keep their tensors).
+    const size_t b = slice_begin(len, rank_), e = slice_begin(len, rank_ + 1);
     if (e > b) {
       inputs[0] = data + (first + b) * es;
       int k = 1;
       for (int q = 0; q < world_size_; ++q) {
-        if (q != rank_) inputs[k++] = stage(q, half) + b * es;
+        if (q != rank_) inputs[k++] = slot(q, half, rank_);
       }
       // Block by block (reduce_many's own), each copied to the staging area while in L1.
       for (size_t s = 0; s < e - b; s += block) {
@@ -158,7 +170,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
         for (int k = 0; k < world_size_; ++k) {
           block_inputs_[k] = static_cast<const char*>(inputs[k]) + s * es;
         }
-        char* published = stage(rank_, half) + (b + s) * es;
+        char* published = slot(rank_, half, rank_) + s * es;
         char* out = to_me        ? data + (first + b + s) * es
                     : how.stream ? block_out_.data()
                                  : published;
@@ -167,13 +179,22 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
         if (out != published) publish(how, published, out, len_s * es);
       }
     }
+    const size_t next = first + len;
+    const size_t next_len = std::min(per_chunk, n - next);
+    const int next_half = next < n ? static_cast<int>(flips_++ & 1) : half;
+    if (next < n) publish_inputs(next, next_len, next_half);
     sync(op);
-    if (!to_me) continue;
-    for (int q = 0; q < world_size_; ++q) {
-      if (q == rank_) continue;
-      const size_t qb = slice_begin(q), qe = slice_begin(q + 1);
-      std::memcpy(data + (first + qb) * es, stage(q, half) + qb * es, (qe - qb) * es);
+    if (to_me) {
+      for (int q = 0; q < world_size_; ++q) {
+        if (q == rank_) continue;
+        const size_t qb = slice_begin(len, q), qe = slice_begin(len, q + 1);
+        std::memcpy(data + (first + qb) * es, slot(q, half, q), (qe - qb) * es);
+      }
     }
+    if (next >= n) break;
+    first = next;
+    len = next_len;
+    half = next_half;
   }
   published(PublishChooser::kReduce, t.nbytes(), how, timer);
 }

@@ -69,7 +69,7 @@ void ShmBackend::reduce_symmetric(const TensorView& t, ReduceOp reduce_op, int r
   const bool avg = reduce_op == ReduceOp::kAvg;
   // The staged path's chunks and slices, so that each element has the same owner (and so the
   // same order of its sum) either way.
-  const size_t per_chunk = std::max<size_t>(1, chunk_ / es);
+  const size_t per_chunk = reduce_stride(es) * world_size_;
   for (size_t first = 0; first < n; first += per_chunk) {
     const size_t len = std::min(per_chunk, n - first);
     const size_t b = first + len * static_cast<size_t>(rank_) / world_size_;
