@@ -11,7 +11,8 @@
 namespace tutti::shm_backend {
 
 // Messages up to this size reduce in one step: every rank folds the whole message from every
-// rank's published copy (no barrier); larger ones split the work (two barriers per chunk).
+// rank's published copy (no barrier); larger ones split the work (a barrier per chunk, one more
+// first).
 constexpr size_t kSmallBytes = 16 * 1024;
 
 struct alignas(64) Line {
