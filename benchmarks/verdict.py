@@ -125,10 +125,18 @@ def memory_line(med_tutti, world, membw_path):
         best = max(candidates, key=lambda r: r["cores"])
         rate = best["update_all_gbps"] * 1e9
         floor_us = 2 * world * size / rate * 1e6
+        how = (f"2 x {world} x {size_text(size)} at {best['update_all_gbps']:.1f} GB/s, "
+               f"{best['cores']} cores")
+        fraction = floor_us / med_tutti[size]
+        if fraction > 1.005:
+            # Faster than the probe's own rate: the probe bounds nothing at this size here (its
+            # kernel ran slower than the op did), and a fraction over 100% would say nonsense.
+            parts.append(f"{size_text(size)} in {med_tutti[size]:.0f} us, faster than the memory "
+                         f"probe's rate allows ({floor_us:.0f} us: {how}; the probe is no "
+                         f"ceiling at this size on this machine)")
+            continue
         parts.append(f"{size_text(size)} in {med_tutti[size]:.0f} us, "
-                     f"{floor_us / med_tutti[size]:.0%} of the memory's bound ({floor_us:.0f} us: "
-                     f"2 x {world} x {size_text(size)} at {best['update_all_gbps']:.1f} GB/s, "
-                     f"{best['cores']} cores)")
+                     f"{fraction:.0%} of the memory's bound ({floor_us:.0f} us: {how})")
     if not parts:
         return None
     return "memory: " + "; ".join(parts)

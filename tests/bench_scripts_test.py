@@ -246,6 +246,19 @@ class Verdict(unittest.TestCase):
         self.assertIn("16 MiB in 2000 us, 67% of the memory's bound (1342 us", out)
         self.assertIn("64 MiB in 10000 us, 100% of the memory's bound (10000 us", out)
 
+    def test_a_probe_slower_than_the_op_is_no_bound(self):
+        d = tempfile.mkdtemp()
+        write_run(os.path.join(d, "tutti.r1.json"), {64 << 20: 5000.0})
+        membw = os.path.join(d, "membw.json")
+        with open(membw, "w") as f:
+            json.dump({"rows": [
+                {"size_bytes": 64 << 20, "cores": 2, "update_all_gbps": 26.8435456}]}, f)
+        out = self.run_verdict(d, "--membw", membw)
+        # The bound, 10000 us, is twice the op's 5000 us: no "200% of the memory's bound".
+        self.assertIn("64 MiB in 5000 us, faster than the memory probe's rate allows (10000 us: "
+                      "2 x 2 x 64 MiB at 26.8 GB/s, 2 cores; the probe is no ceiling", out)
+        self.assertNotIn("200%", out)
+
     def test_how_much(self):
         self.assertEqual(verdict.how_much(0.5), "2.00x faster")
         self.assertEqual(verdict.how_much(1.25), "1.25x slower")
