@@ -238,6 +238,17 @@ TEST(StillWatch, SaysMaySleepAfterItsLooksInARowOfStillRanks) {
   }
 }
 
+// A staging half fits W slices of one 8-byte element (reduce's and reduce_scatter's), whatever
+// TUTTI_SHM_CHUNK_BYTES asks; otherwise the asked size in whole pages.
+TEST(StagingChunk, HoldsAnEightByteElementPerRankInWholePages) {
+  EXPECT_EQ(staging_chunk(size_t{1} << 20, 2, 4096), size_t{1} << 20);
+  EXPECT_EQ(staging_chunk(5000, 2, 4096), 8192u);
+  EXPECT_EQ(staging_chunk(4096, 512, 4096), 4096u);      // 512 x 8 bytes: one page
+  EXPECT_EQ(staging_chunk(4096, 513, 4096), 8192u);      // 4104 bytes: two pages
+  EXPECT_EQ(staging_chunk(4096, 600, 65536), 65536u);    // 64 KiB pages
+  EXPECT_EQ(staging_chunk(4096, 20000, 4096), 163840u);  // 160000 bytes: 40 pages
+}
+
 TEST(SeqAtOrAfter, HoldsAcrossTheWrap) {
   EXPECT_TRUE(seq_at_or_after(5, 5));
   EXPECT_TRUE(seq_at_or_after(6, 5));

@@ -434,11 +434,13 @@ void same_bits_over_many_chunks(int world) {
       g.allreduce(TensorView(p, DType::kFloat32, {static_cast<int64_t>(n)}));
     });
     same_bits(sum, "allreduce");
-    float want = 0;  // element 12345 by hand, in the staged path's order for its owner
+    // Element 20120 by hand, in the staged path's order for its owner (rank 2 at 3 ranks, where
+    // chunks of 1024 floats would have made it rank 1's, and its sum another float).
+    float want = 0;
     {
       // W slices of 4096 / 4 / W floats make a chunk; slice q of a chunk is rank q's.
       const size_t slice = 4096 / sizeof(float) / world, chunk = slice * world;
-      const size_t i = 12345, first = i / chunk * chunk;
+      const size_t i = 20120, first = i / chunk * chunk;
       const size_t at = i - first;
       int owner = 0;
       while (at >= chunk * static_cast<size_t>(owner + 1) / world) ++owner;
@@ -447,7 +449,7 @@ void same_bits_over_many_chunks(int world) {
         if (q != owner) want += value(q, i);
       }
     }
-    EXPECT_EQ(sum[0][12345], want) << "rank " << r;
+    EXPECT_EQ(sum[0][20120], want) << "rank " << r;
     auto avg = three_ways(n, fill_n, [&](float* p) {
       ReduceOptions o;
       o.root_rank = 1;

@@ -75,10 +75,17 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   // Pages of this host's size (64 KiB on some arm64 kernels): a mailbox's pages are populated
   // on first use, which takes page-aligned ranges.
   const size_t page = std::max<size_t>(4096, static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
-  chunk_ = align_up(env_size("TUTTI_SHM_CHUNK_BYTES", 1 << 20), page);
+  const size_t w = static_cast<size_t>(world_size_);
+  const size_t asked = env_size("TUTTI_SHM_CHUNK_BYTES", 1 << 20);
+  chunk_ = staging_chunk(asked, w, page);
+  if (chunk_ > align_up(asked, page)) {
+    TUTTI_LOG_WARN(
+        "shm: a staging chunk of {} bytes holds no 8-byte element for each of {} "
+        "ranks: using {}",
+        asked, world_size_, chunk_);
+  }
   publish_ = PublishChooser(PublishChooser::mode_from_env());
   mail_ = align_up(env_size("TUTTI_SHM_MAILBOX_BYTES", 256 << 10), page);
-  const size_t w = static_cast<size_t>(world_size_);
   const size_t slots_off = align_up(sizeof(Header), 64);
   const size_t bells_off = slots_off + w * sizeof(RankSlot);
   const size_t channels_off = bells_off + w * sizeof(Bell);

@@ -159,9 +159,10 @@ class ShmBackend : public Backend {
   SmallSlot& small_slot(int rank, uint32_t parity) const;
   char* small_payload(int rank, uint32_t parity, size_t bytes) const;
   char* stage(int rank, int half) const;
-  // A reduce's slice of a full chunk, in elements of es bytes: W of them fill a staging half (at
-  // most), each at the same place in every chunk's half. Both reduce paths chunk by W of these,
-  // so that an element has the same owner, and its sum the same order, on either.
+  // A reduce's slice of a full chunk, in elements of es bytes: W of them fit a staging half (the
+  // constructor makes chunk_ at least 8 bytes a rank), each at the same place in every chunk's
+  // half. Both reduce paths chunk by W of these, so that an element has the same owner, and its
+  // sum the same order, on either.
   size_t reduce_stride(size_t es) const {
     return std::max<size_t>(1, chunk_ / es / static_cast<size_t>(world_size_));
   }

@@ -176,7 +176,8 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
                                  : published;
         detail::reduce_many(fn, out, block_inputs_.data(), world_size_, len_s, es);
         if (avg) detail::scale_average(out, t.dtype(), len_s, world_size_);
-        if (out != published) publish(how, published, out, len_s * es);
+        // The others copy it out; a reduce's root alone needs its own slice, in its tensor.
+        if (out != published && root != rank_) publish(how, published, out, len_s * es);
       }
     }
     const size_t next = first + len;
