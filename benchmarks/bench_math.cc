@@ -92,20 +92,6 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   return static_cast<uint64_t>(std::llround(v * mult));
 }
 
-double quantile(std::vector<double>& values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t rank = static_cast<size_t>(std::ceil(q * values.size()));
-  return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
-}
-
-double mean(const std::vector<double>& values) {
-  if (values.empty()) return 0;
-  double sum = 0;
-  for (double v : values) sum += v;
-  return sum / static_cast<double>(values.size());
-}
-
 namespace {
 std::optional<BenchOp> parse_op(const std::string& s) {
   for (BenchOp op : {BenchOp::kAllreduce, BenchOp::kAllgather, BenchOp::kReduceScatter,

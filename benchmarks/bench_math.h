@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "stats.h"  // quantile, mean
 #include "tutti/types.h"
 
 namespace tutti::bench {
@@ -47,12 +48,6 @@ std::vector<uint64_t> sweep(uint64_t min_bytes, uint64_t max_bytes, double facto
 
 // "8", "64K", "1M", "2G" (powers of 1024); nullopt when malformed.
 std::optional<uint64_t> parse_size(const std::string& text);
-
-// The q-quantile (0..1) of values by nearest rank; values is sorted in place.
-double quantile(std::vector<double>& values, double q);
-
-// The arithmetic mean of values (0 for none).
-double mean(const std::vector<double>& values);
 
 struct Config {
   BenchOp op = BenchOp::kAllreduce;

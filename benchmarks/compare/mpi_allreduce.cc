@@ -16,22 +16,10 @@
 #include <vector>
 
 #include "../parse_size.h"
+#include "../stats.h"
 
-namespace {
-
-double quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  const size_t k = static_cast<size_t>(std::ceil(q * v.size()));
-  return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
-}
-
-double mean(const std::vector<double>& v) {
-  double sum = 0;
-  for (double x : v) sum += x;
-  return v.empty() ? 0 : sum / static_cast<double>(v.size());
-}
-
-}  // namespace
+using tutti::bench::mean;
+using tutti::bench::quantile;
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
