@@ -47,10 +47,6 @@ size_t env_size(const char* name, size_t fallback, size_t min_value = 4096,
   return static_cast<size_t>(n);
 }
 
-size_t align_up(size_t n, size_t a) {
-  return (n + a - 1) / a * a;
-}
-
 }  // namespace
 
 ShmBackend::ShmBackend(const BackendContext& ctx)

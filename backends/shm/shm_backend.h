@@ -162,7 +162,7 @@ class ShmBackend : public Backend {
   // A reduce's slice of a full chunk, in elements of es bytes: W of them fit a staging half (the
   // constructor makes chunk_ at least 8 bytes a rank), each at the same place in every chunk's
   // half. Both reduce paths chunk by W of these, so that an element has the same owner, and its
-  // sum the same order, on either.
+  // sum the same order, on either; a reduce_scatter's chunk is this many of each of W blocks.
   size_t reduce_stride(size_t es) const {
     return std::max<size_t>(1, chunk_ / es / static_cast<size_t>(world_size_));
   }

@@ -286,7 +286,7 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
   const detail::ReduceFn fn = detail::reduce_function(out.dtype(), opts.reduce_op);
   std::vector<const void*>& sources = inputs_;
   // Each chunk holds `len` elements of every block, so W x len must fit a staging half.
-  const size_t per_chunk = std::max<size_t>(1, chunk_ / es / world_size_);
+  const size_t per_chunk = reduce_stride(es);
   const PublishChooser::Pick how = publish_.pick(PublishChooser::kReduceScatter, out.nbytes());
   PublishTimer timer(how);
   for (size_t first = 0; first < n; first += per_chunk) {

@@ -15,13 +15,17 @@ namespace tutti::shm_backend {
 // first).
 constexpr size_t kSmallBytes = 16 * 1024;
 
+// n rounded up to a multiple of a.
+inline size_t align_up(size_t n, size_t a) {
+  return (n + a - 1) / a * a;
+}
+
 // A staging half's bytes: the chunk asked for (TUTTI_SHM_CHUNK_BYTES) in whole pages, and at
 // least an element of the widest dtype (8 bytes) for each of `world` ranks, since reduce and
 // reduce_scatter split a chunk into W slices of one element or more. Every rank computes the same.
 inline size_t staging_chunk(size_t asked, size_t world, size_t page) {
-  auto whole_pages = [page](size_t n) { return (n + page - 1) / page * page; };
-  const size_t least = whole_pages(world * 8);
-  return whole_pages(asked) < least ? least : whole_pages(asked);
+  const size_t least = align_up(world * 8, page);
+  return align_up(asked, page) < least ? least : align_up(asked, page);
 }
 
 struct alignas(64) Line {
