@@ -23,7 +23,9 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$req" "$stamp"; then
   # result. For what tutti and its tests import (torch, Ray, numpy) that took 9 s of CPU once;
   # compiling every file of the packages up front (pip's pass, or compileall on every core) took
   # its CPU from the C++ build this runs beside (scripts/test.sh).
-  "$venv/bin/python" -m pip install -q --no-compile -r "$req" >&2
+  # --no-cache-dir: pip's cache would keep a second copy of the wheels (3 GB, torch's CUDA
+  # libraries) for a venv made again only when requirements.txt changes.
+  "$venv/bin/python" -m pip install -q --no-compile --no-cache-dir -r "$req" >&2
   cp "$req" "$stamp"
   echo "python-env: the venv took $SECONDS s" >&2
 fi

@@ -16,6 +16,17 @@ start=$SECONDS
 scripts/setup-debian.sh
 scripts/format.sh --check  # the tree follows .clang-format (scripts/format.sh applies it)
 echo "test.sh: the set-up took $((SECONDS - start)) s"
+# A fresh clone's run writes about 7 GiB: the venv 5.5 (torch's Linux wheels bring CUDA's
+# libraries), the Release, ASan and TSan trees 1.5. Where the disk has less free, pip or the
+# linker stops with ENOSPC part-way; say so first, with the figures, so the cause is plain.
+free_mib=$(df -Pm . | awk 'NR == 2 {print $4}')
+need_mib=7500
+if [ -x build/venv/bin/python ]; then need_mib=2000; fi
+if [ "$free_mib" -lt "$need_mib" ]; then
+  echo "test.sh: warning: $free_mib MiB free on $(df -P . | awk 'NR == 2 {print $6}'), and this" \
+    "run may write $need_mib MiB (the venv 5.5 GiB, the three builds 1.5); it may stop with" \
+    "'No space left on device'" >&2
+fi
 # The Python part's venv (torch's and Ray's wheels, gigabytes to download and unpack) is made in
 # the background while the C++ builds; the tests start once both are done. Should it fail, the
 # Python part makes it again and says why.
