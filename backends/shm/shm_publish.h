@@ -18,26 +18,31 @@
 //
 // An op's time is that of every rank's stores together (a rank waits for the others' at the
 // barriers), so every rank times the same way on the same op: the probes go by the class's op
-// count, the same on every rank. A class's ops 0-3 go ordinary, streaming, streaming, ordinary
-// (a class's first ops get faster as they warm the caches: the way timed later would look
-// faster), and the faster way's best time wins (the first op counts its page faults: ordinary
-// stores stay unless op 3's time is there beside it).
-// Then ops 8, 16, 32, 64 and every 128th are probe pairs with the op after them, each way once on
-// every rank, in alternating order from pair to pair, and the other way takes over where it is
-// 10% faster than the chosen one in two pairs in a row (a tie keeps the way, so that ranks whose
-// times differ a little stay together). Four early pairs, because two times of each way decided
-// wrongly in about one run of the benchmark in five (70 ops a size: the wrong way for all of
-// them); then 1/128 of the ops on the slower way costs at most ~1% where it is 2.3x slower.
-// Beside other busy processes (a build), an op during which a rank is preempted takes a slice
-// longer whatever its way: such a rank leaves its time out (it counts its involuntary context
-// switches within the timed part; not with more ranks than cores, where the ranks hand each
-// other their CPUs at every wait), and the peers, whose times grew by the wait for it, need a
-// second pair to agree.
-// With one pair deciding, beside a 2-job build on 2 vCPUs, probes whose op on one way took
-// 9-77 ms against 0.4-2 ms on the other switched 2-8 MiB allreduces to streaming stores, which
-// ran 1.1-3.7x slower there than ordinary ones (2026-12-06). TUTTI_SHM_PUBLISH=cached or streamed
-// fixes the way (for measurements). Smaller messages use ordinary stores: where they differ, in
-// either placement, neither way is ahead.
+// count, the same on every rank. Ordinary stores run warm from the third in a row: the first
+// after streaming ones (or a first touch) writes lines that sit in memory alone, whose ownership
+// the core fetches from memory before it writes, and the second, where an op fits one of the
+// two staging halves that ops take in turn, the other half's; timed right after a streaming op,
+// ordinary stores read up to 1.4x slower than they run (1 MiB: 177-239 us against 156-167), and
+// 1-2 MiB classes took and kept streaming stores, in 4 of 6 runs of the benchmark (2026-12-06).
+// So a class's ops 0-4 go ordinary, ordinary, ordinary, streaming, streaming, and streaming
+// stores take over where the better of ops 3 and 4 is 10% faster than op 2 (streaming stores run
+// at one speed whatever went before; the first op counts page faults). Then ops 8, 16, 32, 64 and
+// every 128th start a probe: the op before it times the chosen way, warm from the ops before it,
+// and the probe the other way: one streaming op, or three ordinary ones timed at the third (3 ops
+// in 128 where streaming stores are chosen because the CPUs are far apart, 4-10x slower there). The
+// other way takes over where it is 10% faster than the chosen one in two probes in a row (a tie
+// keeps the way, so that ranks whose times differ a little stay together). Four early probes,
+// because two times of each way decided wrongly in about one run of the benchmark in five (70 ops a
+// size: the wrong way for all of them); then 1/128 of the ops on the slower way costs at most ~1%
+// where it is 2.3x slower. Beside other busy processes (a build), an op during which a rank is
+// preempted takes a slice longer whatever its way: such a rank leaves its time out (it counts its
+// involuntary context switches within the timed part; not with more ranks than cores, where the
+// ranks hand each other their CPUs at every wait), and the peers, whose times grew by the wait for
+// it, need a second probe to agree. With one probe deciding, beside a 2-job build on 2 vCPUs,
+// probes whose op on one way took 9-77 ms against 0.4-2 ms on the other switched 2-8 MiB allreduces
+// to streaming stores, which ran 1.1-3.7x slower there than ordinary ones (2026-12-06).
+// TUTTI_SHM_PUBLISH=cached or streamed fixes the way (for measurements). Smaller messages use
+// ordinary stores: where they differ, in either placement, neither way is ahead.
 #pragma once
 
 #include <array>
@@ -53,18 +58,20 @@ class PublishChooser {
   enum class Mode : uint8_t { kAuto, kCached, kStreamed };
   enum Kind : uint8_t { kReduce, kAllgather, kReduceScatter, kBroadcast, kSend, kKinds };
   static constexpr size_t kMinBytes = size_t{64} << 10;
-  static constexpr uint64_t kProbeEvery = 128;  // ops of a class from one probe pair to the next
+  static constexpr uint64_t kProbeEvery = 128;  // ops of a class from one probe to the next
 
   explicit PublishChooser(Mode mode = Mode::kAuto) : mode_(mode) {}
   // TUTTI_SHM_PUBLISH: auto (unset), cached or streamed; another value warns and means auto.
   static Mode mode_from_env();
   static const char* name(Kind kind);
 
+  static constexpr uint64_t kWarmupRound = 0;
   struct Pick {
     int cell = -1;        // the size class, -1: none (a small message, a fixed way)
     bool stream = false;  // streaming stores
-    bool timed = false;   // the op is timed (a warm-up op or a probe): record() its time
+    bool timed = false;   // the op is timed (a warm-up op or a probe's): record() its time
     uint64_t op = 0;      // its number in the class
+    uint64_t round = kWarmupRound;  // the round it reports to: the warm-up, or a probe's start
   };
   // How the next op of `kind` moving `bytes` per rank publishes; counts it. Every rank picks
   // for the same ops of a collective (before anything that could end the op early).
@@ -86,18 +93,18 @@ class PublishChooser {
  private:
   static constexpr int kClasses = 20;  // 64 KiB, 128 KiB, ..., 2^35 B and above
   struct Cell {
-    std::array<double, 2> ns{};     // [ordinary, streaming]: the latest probe's (warm-up: best)
+    std::array<double, 2> ns{};     // [ordinary, streaming]: the latest round's
     uint64_t ops = 0;               // picked so far
-    uint64_t round = ~uint64_t{0};  // the round reporting: 0 the warm-up, else a pair's first op
-    uint8_t seen = 0;  // the ways it has times of (1 ordinary, 2 streaming; 4: the warm-up's
-                       // ordinary one from op 3, not only op 0's)
+    uint64_t round = ~uint64_t{0};  // the round reporting: the warm-up, else a probe's first op
+    uint64_t probe = ~uint64_t{0};  // the latest probe's first op
+    uint8_t seen = 0;               // the ways it has times of (1 ordinary, 2 streaming)
     uint8_t reports = 0;
     bool stream = false;
-    bool leaning = false;  // the last complete probe pair found the other way 10% faster
+    bool probe_stream = true;  // the way the latest probe's ops take (the other way)
+    bool leaning = false;      // the last complete probe found the other way 10% faster
   };
   static int class_of(size_t bytes);
-  static bool probe_starts(uint64_t op);       // whether a class's op `op` begins a probe pair
-  static bool streamed_first(uint64_t start);  // the probe pair at `start` times streaming first
+  static bool probe_starts(uint64_t op);  // whether a class's op `op` begins a probe
 
   Mode mode_;
   std::array<Cell, kKinds * kClasses> cells_{};
