@@ -50,7 +50,7 @@ TEST(PublishChooser, TheFirstFiveOpsGoOrdinaryThriceThenStreamingTwiceAndTheFast
     ways.push_back(p.stream);
     timed.push_back(p.timed);
     // Ops 0 and 1 (page faults, lines a first touch left in memory) would read 20x and 2x.
-    c.record(p, p.stream ? microseconds(i == 3 ? 130 : 120)
+    c.record(p, p.stream ? microseconds(i == 4 ? 130 : 120)
                          : microseconds(i == 0   ? 1000
                                         : i == 1 ? 100
                                                  : 50));
@@ -60,7 +60,7 @@ TEST(PublishChooser, TheFirstFiveOpsGoOrdinaryThriceThenStreamingTwiceAndTheFast
   EXPECT_FALSE(c.seen(Chooser::kReduce, kMiB).stream);
   EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).cached_ns, 50e3);
   EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).streamed_ns, 120e3);  // the better of two
-  for (int i = 5; i < 7; ++i) {  // up to the op before the first probe, at op 8
+  for (int i = 5; i < 7; ++i) {  // up to the first probe's timed ordinary op, op 7
     const Chooser::Pick p = run(c, kMiB, microseconds(50), microseconds(120));
     EXPECT_FALSE(p.stream);
     EXPECT_FALSE(p.timed);  // no clock read on an ordinary op
@@ -70,6 +70,8 @@ TEST(PublishChooser, TheFirstFiveOpsGoOrdinaryThriceThenStreamingTwiceAndTheFast
   Chooser d;
   for (int i = 0; i < 5; ++i) run(d, 4 * kMiB, microseconds(2000), microseconds(450));
   EXPECT_TRUE(d.seen(Chooser::kReduce, 4 * kMiB).stream);
+  // Ops 5-8 are the first probe (ordinary x3, streaming); its times keep streaming stores.
+  for (int i = 5; i < 9; ++i) run(d, 4 * kMiB, microseconds(2000), microseconds(450));
   EXPECT_TRUE(d.pick(Chooser::kReduce, 4 * kMiB).stream);
   EXPECT_TRUE(d.pick(Chooser::kReduce, 8 * kMiB - 1).stream);  // the same class
   EXPECT_FALSE(d.pick(Chooser::kReduce, 8 * kMiB).stream);     // the next one, not yet timed
@@ -125,20 +127,20 @@ TEST(PublishChooser, EveryRankProbesOnTheSameOpsAndTheFasterWayTakesOverOnAll) {
   EXPECT_TRUE(a.seen(Chooser::kReduce, kMiB).stream);
   EXPECT_TRUE(b.seen(Chooser::kReduce, kMiB).stream);
   EXPECT_DOUBLE_EQ(a.seen(Chooser::kReduce, kMiB).cached_ns, 500e3);
-  // Streaming chosen, a probe's ordinary stores go three in a row, timed at the third (the first
-  // two write lines the streaming stores left in memory): ops 640-642, beside op 639's streaming.
+  // Streaming chosen, a probe still takes three ordinary ops (the first two write lines the
+  // streaming stores left in memory), timed at the third, then one streaming op: 637-640.
   timed.clear();
   ways.clear();
-  for (uint64_t op = 4 * Chooser::kProbeEvery + 2; op < 5 * Chooser::kProbeEvery + 3; ++op) {
+  for (uint64_t op = 4 * Chooser::kProbeEvery + 2; op < 5 * Chooser::kProbeEvery + 1; ++op) {
     const Chooser::Pick p = both(op, microseconds(50), microseconds(120));
-    const bool probe = op >= 5 * Chooser::kProbeEvery && op < 5 * Chooser::kProbeEvery + 3;
-    EXPECT_EQ(p.stream, !probe) << "op " << op;
+    const bool ordinary = op >= 5 * Chooser::kProbeEvery - 3 && op < 5 * Chooser::kProbeEvery;
+    EXPECT_EQ(p.stream, !ordinary) << "op " << op;
   }
-  EXPECT_EQ(timed, (std::vector<uint64_t>{639, 642}));
-  EXPECT_EQ(ways, (std::vector<bool>{true, false}));
+  EXPECT_EQ(timed, (std::vector<uint64_t>{639, 640}));
+  EXPECT_EQ(ways, (std::vector<bool>{false, true}));
   EXPECT_TRUE(a.seen(Chooser::kReduce, kMiB).stream);  // one probe: not yet
   EXPECT_DOUBLE_EQ(a.seen(Chooser::kReduce, kMiB).cached_ns, 50e3);
-  for (uint64_t op = 5 * Chooser::kProbeEvery + 3; op < 6 * Chooser::kProbeEvery + 3; ++op) {
+  for (uint64_t op = 5 * Chooser::kProbeEvery + 1; op < 6 * Chooser::kProbeEvery + 1; ++op) {
     both(op, microseconds(50), microseconds(120));
   }
   EXPECT_FALSE(a.seen(Chooser::kReduce, kMiB).stream);
@@ -226,44 +228,85 @@ TEST(PublishChooser, ATimeDuringWhichTheRankWasPreemptedIsLeftOut) {
 
 TEST(PublishChooser, ABatchsSendsPickBeforeAnyReportsAndTheRoundWaitsForAllOfThem) {
   // A batch of five sends of one class picks all five warm-up ops at once; their times come back
-  // in another order, the second streaming one slower (streaming keeps its best of two).
+  // in another order, the streaming one reported last the slower (streaming keeps its best).
   Chooser c;
   std::vector<Chooser::Pick> picks;
   for (int i = 0; i < 5; ++i) picks.push_back(c.pick(Chooser::kSend, 4 * kMiB));
   for (int i = 0; i < 5; ++i) EXPECT_EQ(picks[i].op, static_cast<uint64_t>(i));
-  EXPECT_FALSE(c.record(picks[0], microseconds(100)));                    // not timed: no report
-  EXPECT_FALSE(c.record(picks[4], microseconds(2000)));                   // streaming
-  EXPECT_FALSE(c.record(picks[3], microseconds(450)));                    // streaming
-  EXPECT_DOUBLE_EQ(c.seen(Chooser::kSend, 4 * kMiB).streamed_ns, 450e3);  // not replaced
+  EXPECT_FALSE(c.record(picks[0], microseconds(100)));    // not timed: no report
+  EXPECT_FALSE(c.record(picks[3], microseconds(450)));    // streaming
+  EXPECT_FALSE(c.record(picks[4], microseconds(2000)));   // streaming
   EXPECT_FALSE(c.seen(Chooser::kSend, 4 * kMiB).stream);  // not decided before op 2 reports
   EXPECT_TRUE(c.record(picks[2], microseconds(900)));     // ordinary
   EXPECT_DOUBLE_EQ(c.seen(Chooser::kSend, 4 * kMiB).cached_ns, 900e3);
+  EXPECT_DOUBLE_EQ(c.seen(Chooser::kSend, 4 * kMiB).streamed_ns, 450e3);
   EXPECT_TRUE(c.seen(Chooser::kSend, 4 * kMiB).stream);
 
-  // A probe one of whose ops failed (never reported) decides nothing: ops 7 (streaming, chosen)
-  // and 8-10 (ordinary, timed at 10), picked together.
-  for (uint64_t op = 5; op < 7; ++op) c.pick(Chooser::kSend, 4 * kMiB);
-  picks.clear();
-  for (uint64_t op = 7; op < 11; ++op) picks.push_back(c.pick(Chooser::kSend, 4 * kMiB));
-  EXPECT_TRUE(picks[0].timed && picks[0].stream);
-  EXPECT_FALSE(picks[1].timed || picks[1].stream || picks[2].timed || picks[2].stream);
-  EXPECT_TRUE(picks[3].timed && !picks[3].stream);
-  EXPECT_FALSE(c.record(picks[3], microseconds(100)));  // ordinary, faster; op 7 never reports
+  // A probe one of whose ops failed (never reported) decides nothing: a send's probe is one
+  // ordinary op (7), timed, then the streaming one (8), picked together.
+  for (uint64_t op = 5; op < 7; ++op) EXPECT_TRUE(c.pick(Chooser::kSend, 4 * kMiB).stream);
+  const Chooser::Pick ordinary = c.pick(Chooser::kSend, 4 * kMiB);
+  const Chooser::Pick streaming = c.pick(Chooser::kSend, 4 * kMiB);
+  EXPECT_TRUE(ordinary.timed && !ordinary.stream);
+  EXPECT_TRUE(streaming.timed && streaming.stream);
+  EXPECT_FALSE(c.record(ordinary, microseconds(100)));  // faster; op 8 never reports
   EXPECT_TRUE(c.seen(Chooser::kSend, 4 * kMiB).stream);
-  // The next probes (ops 15 and 18, 31 and 34) report in full, their ops' times in either
-  // order: the second of them puts the ordinary stores back (two in a row).
+  // The next probes (ops 15 and 16, 31 and 32) report in full, in one order and then the other:
+  // the second of them puts the ordinary stores back (two in a row).
   for (uint64_t start : {uint64_t{16}, uint64_t{32}}) {
     while (c.pick(Chooser::kSend, 4 * kMiB).op + 2 < start) {
     }
-    picks.clear();
-    for (int i = 0; i < 4; ++i) picks.push_back(c.pick(Chooser::kSend, 4 * kMiB));
-    ASSERT_EQ(picks[0].op, start - 1);
-    EXPECT_TRUE(picks[0].stream);
-    EXPECT_FALSE(picks[3].stream);
-    EXPECT_FALSE(c.record(picks[3], microseconds(100)));
-    EXPECT_EQ(c.record(picks[0], microseconds(450)), start == 32);
+    const Chooser::Pick o = c.pick(Chooser::kSend, 4 * kMiB);
+    const Chooser::Pick st = c.pick(Chooser::kSend, 4 * kMiB);
+    ASSERT_EQ(o.op, start - 1);
+    EXPECT_FALSE(o.stream);
+    EXPECT_TRUE(st.stream);
+    const Chooser::Pick& first = start == 16 ? st : o;
+    const Chooser::Pick& second = start == 16 ? o : st;
+    EXPECT_FALSE(c.record(first, first.stream ? microseconds(450) : microseconds(100)));
+    EXPECT_EQ(c.record(second, second.stream ? microseconds(450) : microseconds(100)), start == 32);
   }
   EXPECT_FALSE(c.seen(Chooser::kSend, 4 * kMiB).stream);
+
+  // A batch that reaches past the warm-up into the first probe, its reports interleaved: the
+  // warm-up and the probe keep their own counts, and each decides.
+  Chooser d;
+  picks.clear();
+  for (int i = 0; i < 9; ++i) picks.push_back(d.pick(Chooser::kSend, 4 * kMiB));
+  EXPECT_FALSE(d.record(picks[2], microseconds(900)));
+  EXPECT_FALSE(d.record(picks[3], microseconds(450)));
+  EXPECT_FALSE(d.record(picks[7], microseconds(900)));
+  EXPECT_TRUE(d.record(picks[4], microseconds(460)));   // the warm-up: streaming
+  EXPECT_FALSE(d.record(picks[8], microseconds(450)));  // the probe: streaming still faster
+  EXPECT_TRUE(d.seen(Chooser::kSend, 4 * kMiB).stream);
+}
+
+// Ranks that chose differently (one left a warm-up time out that the other kept) time the same
+// ways on the same ops, so the next probes bring them together: here the CPUs are far apart, and
+// an op is fast (110 us) only where both ranks stream.
+TEST(PublishChooser, RanksThatChoseDifferentlyMeetAtTheNextProbes) {
+  Chooser a, b;
+  for (int i = 0; i < 5; ++i) {
+    const Chooser::Pick pa = a.pick(Chooser::kReduce, kMiB);
+    const Chooser::Pick pb = b.pick(Chooser::kReduce, kMiB);
+    const microseconds t = pa.stream && pb.stream ? microseconds(110) : microseconds(500);
+    a.record(pa, t, i == 3 || i == 4);  // a was preempted in both streaming ops
+    b.record(pb, t);
+  }
+  ASSERT_FALSE(a.seen(Chooser::kReduce, kMiB).stream);
+  ASSERT_TRUE(b.seen(Chooser::kReduce, kMiB).stream);
+  for (uint64_t op = 5; op < 17; ++op) {
+    const Chooser::Pick pa = a.pick(Chooser::kReduce, kMiB);
+    const Chooser::Pick pb = b.pick(Chooser::kReduce, kMiB);
+    EXPECT_EQ(pa.timed, pb.timed) << "op " << op;
+    if (pa.timed) EXPECT_EQ(pa.stream, pb.stream) << "op " << op;
+    const microseconds t = pa.stream && pb.stream ? microseconds(110) : microseconds(500);
+    a.record(pa, t);
+    b.record(pb, t);
+  }
+  EXPECT_TRUE(a.seen(Chooser::kReduce, kMiB).stream);  // two probes, at ops 8 and 16
+  EXPECT_TRUE(b.seen(Chooser::kReduce, kMiB).stream);
+  EXPECT_TRUE(a.pick(Chooser::kReduce, kMiB).stream);
 }
 
 TEST(PublishChooser, AWayNotTenPercentFasterDoesNotTakeOver) {
@@ -287,8 +330,8 @@ TEST(PublishChooser, AClockThatStepsBackCountsAsANanosecond) {
   const Chooser::Pick p = c.pick(Chooser::kReduce, kMiB);  // op 2: ordinary stores' time
   ASSERT_TRUE(p.timed);
   c.record(p, -microseconds(3));
-  EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).cached_ns, 1);
   for (int i = 3; i < 5; ++i) run(c, kMiB, microseconds(50), microseconds(120));
+  EXPECT_DOUBLE_EQ(c.seen(Chooser::kReduce, kMiB).cached_ns, 1);
   EXPECT_FALSE(c.seen(Chooser::kReduce, kMiB).stream);  // 1 ns beats 120 us: still a number
   for (uint64_t op = 5; op < Chooser::kProbeEvery + 2; ++op) {
     run(c, kMiB, microseconds(500), microseconds(110));

@@ -65,16 +65,13 @@ PublishChooser::Pick PublishChooser::pick(Kind kind, size_t bytes) {
   if (op < kWarmup) {
     return Pick{cell, op >= kOrdinaryRun, op + 1 >= kOrdinaryRun, op, kWarmupRound};
   }
-  // The chosen way's time comes from the op before a probe, warm from the ops before it.
-  if (probe_starts(op + 1)) return Pick{cell, c.stream, true, op, op + 1};
-  if (probe_starts(op)) {
-    c.probe = op;
-    c.probe_stream = !c.stream;
-    // Streaming stores are timed at once; ordinary ones from the third in a row.
-    return Pick{cell, c.probe_stream, c.probe_stream, op, op};
-  }
-  if (!c.probe_stream && op > c.probe && op - c.probe < kOrdinaryRun) {
-    return Pick{cell, false, op - c.probe + 1 == kOrdinaryRun, op, c.probe};
+  // A probe: ordinary stores for a run of ops (a send's third chunk already rewrites a mailbox
+  // slot its first wrote: one op), the last of them timed, then one streaming op, timed; by the
+  // op count alone, whichever way the class (or a peer's) has chosen.
+  if (probe_starts(op)) return Pick{cell, true, true, op, op};
+  const uint64_t run = kind == kSend ? 1 : kOrdinaryRun;
+  for (uint64_t k = 1; k <= run; ++k) {
+    if (probe_starts(op + k)) return Pick{cell, false, k == 1, op, op + k};
   }
   return Pick{cell, c.stream, false, op};
 }
@@ -85,14 +82,15 @@ bool PublishChooser::record(const Pick& pick, Clock::duration took, bool disturb
   // At least a nanosecond: op_now() may step back by a little (util/op_clock.h).
   const double t = std::max(
       1.0, static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()));
-  // The times of one round (the warm-up, or a probe) may come in any order (a batch's sends):
-  // the round decides once all of its timed ops have reported; a round one of whose ops failed
-  // leaves the way as it was.
+  // The times of one round (the warm-up, or a probe) may come in any order (a batch's sends,
+  // whose picks may reach past the warm-up into the first probe: the two keep their own
+  // counts): a round decides once all of its timed ops have reported; a round one of whose ops
+  // failed leaves the way as it was.
   const bool warmup = pick.round == kWarmupRound;
-  if (pick.round != c.round) {
-    c.round = pick.round;
-    c.seen = 0;
-    c.reports = 0;
+  Round& r = warmup ? c.warmup : c.probe;
+  if (!warmup && pick.round != c.probe_start) {
+    c.probe_start = pick.round;
+    r = Round{};
   }
   // A time during which this rank lost its CPU to another thread measures the other thread's
   // slice, not the way: it is left out (a probe short of one of its times decides nothing; the
@@ -100,26 +98,28 @@ bool PublishChooser::record(const Pick& pick, Clock::duration took, bool disturb
   // has none).
   if (!disturbed) {
     const uint8_t way = pick.stream ? 2 : 1;
-    double& mine = c.ns[pick.stream];
-    mine = (c.seen & way) != 0 ? std::min(mine, t) : t;  // the warm-up: streaming's best of two
-    c.seen |= way;
+    double& mine = r.ns[pick.stream];
+    mine = (r.seen & way) != 0 ? std::min(mine, t) : t;  // the warm-up: streaming's best of two
+    r.seen |= way;
   }
-  if (++c.reports < (warmup ? kWarmupTimes : 2)) return false;
+  if (++r.reports < (warmup ? kWarmupTimes : 2)) return false;
+  if (r.seen == 3) c.ns = r.ns;
   if (warmup) {
     // From the ordinary stores classes start with, where each way has a time to compare and
     // streaming stores are 10% faster: the class's first ops warm the user's buffers, and the
     // streaming ones, timed last, gain by it (8 MiB: ordinary 2016 us at op 2 against streaming
     // 1973 at op 4, and 1428 against 1684 in the probes that followed).
-    c.stream = c.seen == 3 && c.ns[1] < kBetter * c.ns[0];
-    return c.stream;
+    const bool was = c.stream;
+    c.stream = r.seen == 3 && r.ns[1] < kBetter * r.ns[0];
+    return c.stream != was;
   }
-  if (c.seen != 3) return false;
+  if (r.seen != 3) return false;
   // The other way takes over once it has been 10% faster in two probes in a row: one probe
   // whose op on the chosen way lost time to a peer's preemption (a time this rank cannot tell
   // from the way's own) no longer switches a class for the 128 ops up to the next probe. A probe
   // short of a time (left out, or an op that failed) neither counts toward the two nor breaks
   // them.
-  if (!(c.ns[!c.stream] < kBetter * c.ns[c.stream])) {
+  if (!(r.ns[!c.stream] < kBetter * r.ns[c.stream])) {
     c.leaning = false;
     return false;
   }

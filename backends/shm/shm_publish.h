@@ -17,30 +17,36 @@
 // are far apart (64 KiB 35 us against 10). A broadcast's way is likewise the root's alone.
 //
 // An op's time is that of every rank's stores together (a rank waits for the others' at the
-// barriers), so every rank times the same way on the same op: the probes go by the class's op
-// count, the same on every rank. Ordinary stores run warm from the third in a row: the first
-// after streaming ones (or a first touch) writes lines that sit in memory alone, whose ownership
-// the core fetches from memory before it writes, and the second, where an op fits one of the
-// two staging halves that ops take in turn, the other half's; timed right after a streaming op,
-// ordinary stores read up to 1.4x slower than they run (1 MiB: 177-239 us against 156-167), and
-// 1-2 MiB classes took and kept streaming stores, in 4 of 6 runs of the benchmark (2026-12-06).
-// So a class's ops 0-4 go ordinary, ordinary, ordinary, streaming, streaming, and streaming
-// stores take over where the better of ops 3 and 4 is 10% faster than op 2 (streaming stores run
-// at one speed whatever went before; the first op counts page faults). Then ops 8, 16, 32, 64 and
-// every 128th start a probe: the op before it times the chosen way, warm from the ops before it,
-// and the probe the other way: one streaming op, or three ordinary ones timed at the third (3 ops
-// in 128 where streaming stores are chosen because the CPUs are far apart, 4-10x slower there). The
-// other way takes over where it is 10% faster than the chosen one in two probes in a row (a tie
-// keeps the way, so that ranks whose times differ a little stay together). Four early probes,
-// because two times of each way decided wrongly in about one run of the benchmark in five (70 ops a
-// size: the wrong way for all of them); then 1/128 of the ops on the slower way costs at most ~1%
-// where it is 2.3x slower. Beside other busy processes (a build), an op during which a rank is
-// preempted takes a slice longer whatever its way: such a rank leaves its time out (it counts its
-// involuntary context switches within the timed part; not with more ranks than cores, where the
-// ranks hand each other their CPUs at every wait), and the peers, whose times grew by the wait for
-// it, need a second probe to agree. With one probe deciding, beside a 2-job build on 2 vCPUs,
-// probes whose op on one way took 9-77 ms against 0.4-2 ms on the other switched 2-8 MiB allreduces
-// to streaming stores, which ran 1.1-3.7x slower there than ordinary ones (2026-12-06).
+// barriers), so every rank times the same way on the same op: which ops are timed, and their
+// way, go by the class's op count alone, the same on every rank whatever each has chosen (ranks
+// that chose differently, after a time one of them left out, meet again at the next probes).
+// Ordinary stores run warm from the third in a row: the first after streaming ones (or a first
+// touch) writes lines that sit in memory alone, whose ownership the core fetches from memory
+// before it writes, and the second, where an op fits one of the two staging halves that ops take
+// in turn, the other half's. Timed right after a streaming op, ordinary stores read up to 1.4x
+// slower than they run (1 MiB: 177-239 us against 156-167), and 1-2 MiB classes took and kept
+// streaming stores in 3 of 6 runs of the benchmark (2026-12-06). Streaming stores run at one
+// speed whatever went before. So a class's ops 0-4 go ordinary, ordinary, ordinary, streaming,
+// streaming, and streaming stores take over where the better of ops 3 and 4 is 10% faster than
+// op 2 (the first ops also warm the user's buffers, which flatters the way timed last). Then ops
+// 8, 16, 32, 64 and every 128th are probes: streaming, timed, after three ordinary ops, the last
+// of them timed (one for sends: a send's third chunk already rewrites a slot its first wrote).
+// With ordinary stores chosen a probe costs one streaming op; with streaming ones chosen
+// (because the CPUs are far apart, where ordinary ones run 4-10x slower), three ordinary ones.
+// The other way takes over where it is 10% faster than the chosen one in two probes in a row (a
+// tie keeps the way, so that ranks whose times differ a little stay together). Four early
+// probes, because two times of each way decided wrongly in about one run of the benchmark in
+// five (70 ops a size: the wrong way for all of them). Then, with ordinary stores chosen, 1 op in
+// 128 on streaming ones costs ~1% where they are 2.3x slower; with streaming ones chosen, 3 in
+// 128 on ordinary ones 7-21% where those are 4-10x slower (one op timed cold would cost a third of
+// that, but could not tell when the CPUs came near again: the class stayed on streaming stores).
+// Beside other busy processes (a build), an op during which a rank is preempted takes a slice
+// longer whatever its way: such a rank leaves its time out (it counts its involuntary context
+// switches within the timed part; not with more ranks than cores, where the ranks hand each
+// other their CPUs at every wait), and the peers, whose times grew by the wait for it, need a
+// second probe to agree. With one probe deciding, beside a 2-job build on 2 vCPUs, probes whose
+// op on one way took 9-77 ms against 0.4-2 ms on the other switched 2-8 MiB allreduces to
+// streaming stores, which ran 1.1-3.7x slower there than ordinary ones (2026-12-06).
 // TUTTI_SHM_PUBLISH=cached or streamed fixes the way (for measurements). Smaller messages use
 // ordinary stores: where they differ, in either placement, neither way is ahead.
 #pragma once
@@ -92,16 +98,20 @@ class PublishChooser {
 
  private:
   static constexpr int kClasses = 20;  // 64 KiB, 128 KiB, ..., 2^35 B and above
-  struct Cell {
-    std::array<double, 2> ns{};     // [ordinary, streaming]: the latest round's
-    uint64_t ops = 0;               // picked so far
-    uint64_t round = ~uint64_t{0};  // the round reporting: the warm-up, else a probe's first op
-    uint64_t probe = ~uint64_t{0};  // the latest probe's first op
-    uint8_t seen = 0;               // the ways it has times of (1 ordinary, 2 streaming)
+  // A round's times: [ordinary, streaming] (the warm-up's streaming one, the better of two).
+  struct Round {
+    std::array<double, 2> ns{};
+    uint8_t seen = 0;  // the ways it has times of (1 ordinary, 2 streaming)
     uint8_t reports = 0;
+  };
+  struct Cell {
+    std::array<double, 2> ns{};  // the latest complete round's
+    uint64_t ops = 0;            // picked so far
+    Round warmup;
+    Round probe;
+    uint64_t probe_start = ~uint64_t{0};  // the probe reporting
     bool stream = false;
-    bool probe_stream = true;  // the way the latest probe's ops take (the other way)
-    bool leaning = false;      // the last complete probe found the other way 10% faster
+    bool leaning = false;  // the last complete probe found the other way 10% faster
   };
   static int class_of(size_t bytes);
   static bool probe_starts(uint64_t op);  // whether a class's op `op` begins a probe
