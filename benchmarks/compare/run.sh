@@ -10,6 +10,9 @@
 #
 # Configurations: lo2, lo4 (2 or 4 ranks on this host), lo2hog, lo4hog (the same beside a
 # CPU-bound process, `yes`, started for the configuration and stopped after it: a busy host),
+# lo2build, lo4build (beside a build: two compilers at once, g++ -O2 of one of tutti's sources
+# again and again, which also use the memory and the caches as a hog does not; not in the
+# default set, as a configuration takes several minutes there),
 # ns1+1 and ns2+2 (1 or 2 ranks in each of two namespaces; needs root). Each repetition of a configuration runs every implementation
 # once, one after another:
 #   tutti shm          tutti-bench --backend shm (one host only)
@@ -124,6 +127,24 @@ step() {
       mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$n" build/mpi_allreduce \
         "${sweep[@]}" --label "openmpi sm" --json "$dir/mpi-sm.r$rep.json" >&2
       kill "$hog" 2>/dev/null || true
+      wait "$hog" 2>/dev/null || true
+      trap - EXIT
+      ;;
+    lo2build|lo4build)
+      local n=${config:2:1}
+      # A 2-job build's load, in a process group of its own (setsid) stopped as a whole.
+      setsid bash -c 'while :; do c++ -std=c++17 -O2 -DASIO_STANDALONE -DFMT_SHARED \
+        -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL -DSPDLOG_SHARED_LIB -Iinclude -Isrc \
+        -c src/group/collective_group.cc -o /dev/null & wait; done &
+        while :; do c++ -std=c++17 -O2 -Iinclude -Isrc -c backends/shm/shm_collectives.cc \
+        -o /dev/null & wait; done & wait' >/dev/null 2>&1 &
+      hog=$!
+      trap 'kill -- -$hog 2>/dev/null || true' EXIT
+      sleep 2  # the compilers under way
+      build/bin/tutti-bench --ranks "$n" --backend shm "${common[@]}" --json "$dir/shm.r$rep.json" >&2
+      mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$n" build/mpi_allreduce \
+        "${sweep[@]}" --label "openmpi sm" --json "$dir/mpi-sm.r$rep.json" >&2
+      kill -- -"$hog" 2>/dev/null || true
       wait "$hog" 2>/dev/null || true
       trap - EXIT
       ;;
