@@ -1,12 +1,16 @@
 // The shm backend's adaptive spin budget (backends/shm/shm_wait.h): how each kind of wait moves
 // it, and how await() cuts its polls short. Pure bookkeeping, no timing.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <stdexcept>
 #include <thread>
 
 #include "../backends/shm/shm_cpus.h"
 #include "../backends/shm/shm_layout.h"
+#include "../backends/shm/shm_slice.h"
 #include "../backends/shm/shm_wait.h"
 
 namespace tutti::shm_backend {
@@ -350,6 +354,51 @@ TEST(UsableCpus, ThisProcesssMaskRoundTrips) {
     const int digit = std::stoi(text.substr(cpu / 4, 1), nullptr, 16);
     EXPECT_EQ((digit >> (cpu % 4)) & 1, CPU_ISSET(cpu, &set) ? 1 : 0) << "CPU " << cpu;
   }
+}
+
+// A thread's scheduling attributes are its own: each case runs in a thread of its own.
+TEST(ShortSlices, AFairThreadGetsTheSliceItAsksForAndKeepsItsNice) {
+  const uint64_t main_before = current_slice_ns();
+  if (main_before == 0) {
+    GTEST_SKIP() << "this kernel reports no slice per thread (Linux before 6.12): nothing to ask";
+  }
+  uint64_t before = 0, after = 0;
+  int nice_after = 0;
+  SliceAnswer first{}, again{}, below_the_floor{};
+  std::thread([&] {
+    const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+    ASSERT_EQ(::setpriority(PRIO_PROCESS, tid, 3), 0);
+    before = current_slice_ns();
+    first = ask_for_short_slices(200'000);
+    after = current_slice_ns();
+    errno = 0;
+    nice_after = ::getpriority(PRIO_PROCESS, tid);
+    again = ask_for_short_slices(200'000);
+    below_the_floor = ask_for_short_slices(1);  // the kernel's floor is 100 us
+  }).join();
+  ASSERT_GT(before, 200'000u) << "the default slice";
+  EXPECT_EQ(first, SliceAnswer::kShortened) << describe(first);
+  EXPECT_EQ(after, 200'000u);
+  EXPECT_EQ(nice_after, 3);
+  EXPECT_EQ(again, SliceAnswer::kShortAlready) << describe(again);
+  EXPECT_EQ(below_the_floor, SliceAnswer::kShortened) << describe(below_the_floor);
+  EXPECT_EQ(current_slice_ns(), main_before) << "another thread's slice changed";
+}
+
+TEST(ShortSlices, AnIdleOrRealTimeThreadIsLeftAlone) {
+  if (current_slice_ns() == 0) {
+    GTEST_SKIP() << "this kernel reports no slice per thread (Linux before 6.12): nothing to ask";
+  }
+  SliceAnswer answer{};
+  int policy = -1;
+  std::thread([&] {
+    sched_param p{};
+    ASSERT_EQ(::sched_setscheduler(0, SCHED_IDLE, &p), 0);
+    answer = ask_for_short_slices(100'000);
+    policy = ::sched_getscheduler(0);
+  }).join();
+  EXPECT_EQ(answer, SliceAnswer::kNotFair) << describe(answer);
+  EXPECT_EQ(policy, SCHED_IDLE);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -364,6 +366,62 @@ TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {
       EXPECT_EQ(big[(1 << 19) - 1], 3.0f);
     });
   }
+}
+
+// A thread's slice as the kernel reports it (ns; 0: none, before Linux 6.12).
+uint64_t slice_of_this_thread() {
+  struct {
+    uint32_t size, policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime, deadline, period;
+    uint32_t util_min, util_max;
+  } a{};
+  return ::syscall(SYS_sched_getattr, 0, &a, sizeof a, 0) == 0 ? a.runtime : 0;
+}
+
+// Ranks that outnumber their CPUs sleep in their waits, and each waiting thread asks for 100 us
+// slices (TUTTI_SHM_SLICE_US), so that a wake-up preempts another busy process: beside two CPU
+// hogs, 8 B-32 KiB allreduces at 4 ranks on 2 CPUs took 8 ms each without them and 3-5 us with
+// them (backends/shm/shm_slice.h). TUTTI_SHM_SLICE_US=0 leaves the threads' slices as they were
+// (as do ranks with a core each, not tested here: other tests' processes on the CPUs count too).
+TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
+  const uint64_t usual = slice_of_this_thread();
+  if (usual == 0) {
+    GTEST_SKIP() << "this kernel reports no slice per thread (Linux before 6.12)";
+  }
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  // Every rank on one CPU: the group is oversubscribed (its ranks' threads inherit the mask).
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  auto slices_after_an_op = [&](const char* slice_us, const cpu_set_t& mask) {
+    // Each rank's thread is new (run_ranks), with the slice it inherits from this one.
+    if (slice_us != nullptr) ::setenv("TUTTI_SHM_SLICE_US", slice_us, 1);
+    EXPECT_EQ(::sched_setaffinity(0, sizeof mask, &mask), 0);
+    auto groups = create_groups(2, "shm", unique_name("shm-slice"));
+    EXPECT_EQ(::sched_setaffinity(0, sizeof all, &all), 0);
+    ::unsetenv("TUTTI_SHM_SLICE_US");
+    std::vector<uint64_t> slices(2);
+    run_ranks(2, [&](int r) {
+      std::vector<float> v(1024, static_cast<float>(r + 1));
+      for (int i = 0; i < 10; ++i) groups[r]->allreduce(v);
+      EXPECT_EQ(v[1023], 3.0f * 1024.0f / 2.0f);
+      slices[r] = slice_of_this_thread();
+    });
+    return slices;
+  };
+  EXPECT_EQ(slices_after_an_op(nullptr, one), (std::vector<uint64_t>{100'000, 100'000}));
+  EXPECT_EQ(slices_after_an_op("250", one), (std::vector<uint64_t>{250'000, 250'000}));
+  EXPECT_EQ(slices_after_an_op("0", one), (std::vector<uint64_t>{usual, usual}));
+  EXPECT_EQ(slice_of_this_thread(), usual);
 }
 
 TEST(ShmThreads, TwoJobsWithoutJobIdsShareAGroupName) {

@@ -185,6 +185,9 @@ class ShmBackend : public Backend {
   int cores_ = 1;
   int spin_local_ = 1;
   bool oversubscribed_ = false;  // more ranks (of all local groups) than cores: set_spin_policy
+  // The slice (ns) a waiting thread asks the scheduler for, 0: none (shm_slice.h).
+  uint64_t slice_ns_ = 0;
+  void shorten_slice_once() const;
   // This rank's beat (Bell::beat) and, by rank, the beat its waits last saw (wait_until).
   uint32_t beats_ = 0;
   std::vector<uint32_t> seen_beat_;

@@ -91,6 +91,9 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
                             std::atomic<uint32_t>& sleepers, const OpContext& ctx, uint64_t op_seq,
                             Clock::time_point deadline, WaitingOn waiting_on, OnTimeout on_timeout,
                             const Op* op, StillOf still_of) {
+  // Oversubscribed: the thread's short slices, asked once (before the quick return, so that every
+  // thread that runs ops asks, whether or not its first waits had to wait).
+  if (slice_ns_ != 0) shorten_slice_once();
   if (ready() && !aborted_.load(std::memory_order_relaxed)) return;
   const std::function<bool(int)> waiting(waiting_on);
   // After each sleep: a peer we wait on that is gone ends the wait, unless what it did before

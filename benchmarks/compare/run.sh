@@ -10,6 +10,7 @@
 #
 # Configurations: lo2, lo4 (2 or 4 ranks on this host), lo2hog, lo4hog (the same beside a
 # CPU-bound process, `yes`, started for the configuration and stopped after it: a busy host),
+# lo2hog2, lo4hog2 (beside two of them: both CPUs busy besides the ranks; not in the default set),
 # lo2build, lo4build (beside a build: two compilers at once, g++ -O2 of one of tutti's sources
 # again and again, which also use the memory and the caches as a hog does not; not in the
 # default set, as a configuration takes several minutes there),
@@ -116,36 +117,45 @@ step() {
   echo "== $config, repetition $rep" >&2
   local hog=""
   case $config in
-    lo2hog|lo4hog)
-      # tutti's shm and Open MPI's shared memory beside a CPU hog (the Gloo paths are measured
-      # quiet; beside a hog they only repeat what the quiet rows say about TCP).
-      local n=${config:2:1}
-      yes >/dev/null &
-      hog=$!
+    lo2hog|lo4hog|lo2hog2|lo4hog2)
+      # tutti's shm and Open MPI's shared memory beside a CPU hog, or two (the Gloo paths are
+      # measured quiet; beside a hog they only repeat what the quiet rows say about TCP).
+      local n=${config:2:1} k
+      hog=""
+      for ((k = 0; k < (${#config} > 6 ? 2 : 1); k++)); do
+        yes >/dev/null &
+        hog="$hog $!"
+      done
       trap 'kill $hog 2>/dev/null || true' EXIT
       build/bin/tutti-bench --ranks "$n" --backend shm "${common[@]}" --json "$dir/shm.r$rep.json" >&2
       mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$n" build/mpi_allreduce \
         "${sweep[@]}" --label "openmpi sm" --json "$dir/mpi-sm.r$rep.json" >&2
-      kill "$hog" 2>/dev/null || true
-      wait "$hog" 2>/dev/null || true
+      # shellcheck disable=SC2086  # the hogs' pids, one word each
+      kill $hog 2>/dev/null || true
+      wait $hog 2>/dev/null || true
       trap - EXIT
       ;;
     lo2build|lo4build)
       local n=${config:2:1}
       # A 2-job build's load, in a process group of its own (setsid) stopped as a whole.
-      setsid bash -c 'while :; do c++ -std=c++17 -O2 -DASIO_STANDALONE -DFMT_SHARED \
+      rm -f "$dir/load.pgid"
+      setsid bash -c 'echo $$ > "$0"; while :; do c++ -std=c++17 -O2 -DASIO_STANDALONE -DFMT_SHARED \
         -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL -DSPDLOG_SHARED_LIB -Iinclude -Isrc \
         -c src/group/collective_group.cc -o /dev/null & wait; done &
         while :; do c++ -std=c++17 -O2 -Iinclude -Isrc -c backends/shm/shm_collectives.cc \
-        -o /dev/null & wait; done & wait' >/dev/null 2>&1 &
-      hog=$!
+        -o /dev/null & wait; done & wait' "$dir/load.pgid" >/dev/null 2>&1 &
+      # Its group's id as the load itself wrote it: setsid forks where the caller made it a
+      # group's leader (job control), and $! is then not the group.
+      until [ -s "$dir/load.pgid" ]; do sleep 0.1; done
+      hog=$(cat "$dir/load.pgid")
       trap 'kill -- -$hog 2>/dev/null || true' EXIT
       sleep 2  # the compilers under way
       build/bin/tutti-bench --ranks "$n" --backend shm "${common[@]}" --json "$dir/shm.r$rep.json" >&2
       mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$n" build/mpi_allreduce \
         "${sweep[@]}" --label "openmpi sm" --json "$dir/mpi-sm.r$rep.json" >&2
       kill -- -"$hog" 2>/dev/null || true
-      wait "$hog" 2>/dev/null || true
+      wait 2>/dev/null || true
+      rm -f "$dir/load.pgid"
       trap - EXIT
       ;;
     lo2|lo4)

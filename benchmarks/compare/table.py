@@ -20,6 +20,8 @@ from verdict import how_much  # noqa: E402
 
 CONFIGS = {"lo2": "2 ranks, one host", "lo4": "4 ranks, one host (2 cores)",
            "lo2hog": "2 ranks beside a CPU hog", "lo4hog": "4 ranks beside a CPU hog (2 cores)",
+           "lo2hog2": "2 ranks beside two CPU hogs",
+           "lo4hog2": "4 ranks beside two CPU hogs (2 cores)",
            "lo2build": "2 ranks beside a 2-job build",
            "lo4build": "4 ranks beside a 2-job build (2 cores)",
            "ns1+1": "2 namespace hosts x 1 rank", "ns2+2": "2 namespace hosts x 2 ranks"}
