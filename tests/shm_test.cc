@@ -388,9 +388,13 @@ uint64_t slice_of_this_thread() {
 // (as do ranks with a core each, not tested here: other tests' processes on the CPUs count too).
 TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
   const uint64_t usual = slice_of_this_thread();
-  if (usual == 0) {
-    GTEST_SKIP() << "this kernel reports no slice per thread (Linux before 6.12)";
+  const int policy = ::sched_getscheduler(0);
+  if (policy != SCHED_OTHER && policy != SCHED_BATCH) {
+    GTEST_SKIP() << "this test runs under scheduling policy " << policy
+                 << ", not SCHED_OTHER or SCHED_BATCH";
   }
+  if (usual == 0) GTEST_SKIP() << "this kernel reports no slice per thread (before Linux 6.12)";
+  if (usual <= 250'000) GTEST_SKIP() << "this process already runs with a short slice";
   cpu_set_t all;
   ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
   // Every rank on one CPU: the group is oversubscribed (its ranks' threads inherit the mask).
@@ -408,14 +412,20 @@ TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
     EXPECT_EQ(::sched_setaffinity(0, sizeof mask, &mask), 0);
     auto groups = create_groups(2, "shm", unique_name("shm-slice"));
     EXPECT_EQ(::sched_setaffinity(0, sizeof all, &all), 0);
-    ::unsetenv("TUTTI_SHM_SLICE_US");
     std::vector<uint64_t> slices(2);
+    if (groups[0] == nullptr || groups[1] == nullptr) {
+      ::unsetenv("TUTTI_SHM_SLICE_US");
+      ADD_FAILURE() << "no group";
+      return slices;
+    }
     run_ranks(2, [&](int r) {
       std::vector<float> v(1024, static_cast<float>(r + 1));
       for (int i = 0; i < 10; ++i) groups[r]->allreduce(v);
       EXPECT_EQ(v[1023], 3.0f * 1024.0f / 2.0f);
       slices[r] = slice_of_this_thread();
     });
+    // Only now: a group reads its settings again where the processes beside it change.
+    ::unsetenv("TUTTI_SHM_SLICE_US");
     return slices;
   };
   EXPECT_EQ(slices_after_an_op(nullptr, one), (std::vector<uint64_t>{100'000, 100'000}));

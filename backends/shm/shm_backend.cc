@@ -260,8 +260,10 @@ void ShmBackend::set_spin_policy(int local) {
   // 4171 / 28182; 5 yields 4.9 / 9.8 / 3506 / 19023; none 11.0 / 18.7 / 3419 / 20251. Quiet, 20
   // yields ran as 200 (4.0 / 8.1 / 1013 / 6797 against 4.6 / 8.3 / 1020 / 6614), 5 or fewer
   // slower at the small sizes.
-  slice_ns_ = oversubscribed ? env_size("TUTTI_SHM_SLICE_US", 100, 0, 100'000) * 1000 : 0;
-  const bool short_slices = slice_ns_ != 0 && current_slice_ns() != 0;
+  // (1-99 us mean the kernel's least, 100.)
+  const size_t slice_us = oversubscribed ? env_size("TUTTI_SHM_SLICE_US", 100, 0, 100'000) : 0;
+  slice_ns_ = slice_us == 0 ? 0 : std::max<size_t>(slice_us, 100) * 1000;
+  const bool short_slices = slice_ns_ != 0 && slices_apply_to_this_thread();
   SpinPolicy spin;
   spin.spins =
       static_cast<int>(env_size("TUTTI_SHM_SPINS", oversubscribed ? 0 : kMinSpins, 0, 100'000'000));

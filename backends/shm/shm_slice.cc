@@ -40,6 +40,11 @@ uint64_t current_slice_ns() {
   return get_attr(a) ? a.runtime : 0;
 }
 
+bool slices_apply_to_this_thread() {
+  SchedAttr a;
+  return get_attr(a) && (a.policy == SCHED_OTHER || a.policy == SCHED_BATCH) && a.runtime != 0;
+}
+
 SliceAnswer ask_for_short_slices(uint64_t slice_ns) {
   // The kernel's bounds for a fair thread's slice (sched_setattr clamps to them).
   slice_ns = std::clamp<uint64_t>(slice_ns, 100'000, 100'000'000);
@@ -62,7 +67,8 @@ const char* describe(SliceAnswer answer) {
   switch (answer) {
     case SliceAnswer::kShortened: return "shortened";
     case SliceAnswer::kShortAlready: return "already that short";
-    case SliceAnswer::kNoCustomSlices: return "this kernel keeps no slice per thread (Linux < 6.12)";
+    case SliceAnswer::kNoCustomSlices:
+      return "this kernel keeps no slice per thread (Linux < 6.12)";
     case SliceAnswer::kNotFair: return "not a SCHED_OTHER or SCHED_BATCH thread: left alone";
     case SliceAnswer::kRefused: return "sched_getattr or sched_setattr failed";
   }

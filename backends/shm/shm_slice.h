@@ -33,6 +33,9 @@ enum class SliceAnswer : uint8_t {
 SliceAnswer ask_for_short_slices(uint64_t slice_ns);
 // The calling thread's slice as the kernel reports it (ns; 0 where it reports none or fails).
 uint64_t current_slice_ns();
+// Whether the calling thread could be given a slice: SCHED_OTHER or SCHED_BATCH, on a kernel
+// that reports one.
+bool slices_apply_to_this_thread();
 const char* describe(SliceAnswer answer);
 
 }  // namespace tutti::shm_backend

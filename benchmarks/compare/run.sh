@@ -122,7 +122,9 @@ step() {
       # measured quiet; beside a hog they only repeat what the quiet rows say about TCP).
       local n=${config:2:1} k
       hog=""
-      for ((k = 0; k < (${#config} > 6 ? 2 : 1); k++)); do
+      local hogs=1
+      [[ $config == *hog2 ]] && hogs=2
+      for ((k = 0; k < hogs; k++)); do
         yes >/dev/null &
         hog="$hog $!"
       done
@@ -146,7 +148,11 @@ step() {
         -o /dev/null & wait; done & wait' "$dir/load.pgid" >/dev/null 2>&1 &
       # Its group's id as the load itself wrote it: setsid forks where the caller made it a
       # group's leader (job control), and $! is then not the group.
-      until [ -s "$dir/load.pgid" ]; do sleep 0.1; done
+      local tries=0
+      until [ -s "$dir/load.pgid" ]; do
+        ((++tries <= 100)) || { echo "compare: the build load did not start" >&2; return 1; }
+        sleep 0.1
+      done
       hog=$(cat "$dir/load.pgid")
       trap 'kill -- -$hog 2>/dev/null || true' EXIT
       sleep 2  # the compilers under way
