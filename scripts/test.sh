@@ -19,11 +19,11 @@ echo "test.sh: the set-up took $((SECONDS - start)) s"
 # A fresh clone's run writes about 7 GiB: the venv 5.5 (torch's Linux wheels bring CUDA's
 # libraries), the Release, ASan and TSan trees 1.5. Where the disk has less free, pip or the
 # linker stops with ENOSPC part-way; say so first, with the figures, so the cause is plain.
-free_mib=$(df -Pm . | awk 'NR == 2 {print $4}')
+read -r free_mib mount < <(df -Pm . | awk 'NR == 2 {print $4, $6}')
 need_mib=7500
 if [ -x build/venv/bin/python ]; then need_mib=2000; fi
 if [ "$free_mib" -lt "$need_mib" ]; then
-  echo "test.sh: warning: $free_mib MiB free on $(df -P . | awk 'NR == 2 {print $6}'), and this" \
+  echo "test.sh: warning: $free_mib MiB free on $mount, and this" \
     "run may write $need_mib MiB (the venv 5.5 GiB, the three builds 1.5); it may stop with" \
     "'No space left on device'" >&2
 fi

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <cstring>
 #include <regex>
 
+#include "../backends/shm/shm_slice.h"
 #include "test_util.h"
 
 namespace tutti::testing {
@@ -368,26 +368,13 @@ TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {
   }
 }
 
-// A thread's slice as the kernel reports it (ns; 0: none, before Linux 6.12).
-uint64_t slice_of_this_thread() {
-  struct {
-    uint32_t size, policy;
-    uint64_t flags;
-    int32_t nice;
-    uint32_t priority;
-    uint64_t runtime, deadline, period;
-    uint32_t util_min, util_max;
-  } a{};
-  return ::syscall(SYS_sched_getattr, 0, &a, sizeof a, 0) == 0 ? a.runtime : 0;
-}
-
 // Ranks that outnumber their CPUs sleep in their waits, and each waiting thread asks for 100 us
 // slices (TUTTI_SHM_SLICE_US), so that a wake-up preempts another busy process: beside two CPU
 // hogs, 8 B-32 KiB allreduces at 4 ranks on 2 CPUs took 8 ms each without them and 3-5 us with
 // them (backends/shm/shm_slice.h). TUTTI_SHM_SLICE_US=0 leaves the threads' slices as they were
 // (as do ranks with a core each, not tested here: other tests' processes on the CPUs count too).
 TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
-  const uint64_t usual = slice_of_this_thread();
+  const uint64_t usual = shm_backend::current_slice_ns();
   const int policy = ::sched_getscheduler(0);
   if (policy != SCHED_OTHER && policy != SCHED_BATCH) {
     GTEST_SKIP() << "this test runs under scheduling policy " << policy
@@ -422,7 +409,7 @@ TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
       std::vector<float> v(1024, static_cast<float>(r + 1));
       for (int i = 0; i < 10; ++i) groups[r]->allreduce(v);
       EXPECT_EQ(v[1023], 3.0f * 1024.0f / 2.0f);
-      slices[r] = slice_of_this_thread();
+      slices[r] = shm_backend::current_slice_ns();
     });
     // Only now: a group reads its settings again where the processes beside it change.
     ::unsetenv("TUTTI_SHM_SLICE_US");
@@ -431,7 +418,7 @@ TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
   EXPECT_EQ(slices_after_an_op(nullptr, one), (std::vector<uint64_t>{100'000, 100'000}));
   EXPECT_EQ(slices_after_an_op("250", one), (std::vector<uint64_t>{250'000, 250'000}));
   EXPECT_EQ(slices_after_an_op("0", one), (std::vector<uint64_t>{usual, usual}));
-  EXPECT_EQ(slice_of_this_thread(), usual);
+  EXPECT_EQ(shm_backend::current_slice_ns(), usual);
 }
 
 TEST(ShmThreads, TwoJobsWithoutJobIdsShareAGroupName) {

@@ -166,6 +166,11 @@ class ShmBackend : public Backend {
   size_t reduce_stride(size_t es) const {
     return std::max<size_t>(1, chunk_ / es / static_cast<size_t>(world_size_));
   }
+  // Where rank q's slice of a chunk of `len` elements begins (its end: q + 1's begin). Both
+  // reduce paths split a chunk so.
+  size_t slice_begin(size_t len, int q) const {
+    return len * static_cast<size_t>(q) / static_cast<size_t>(world_size_);
+  }
   char* mailbox(int src, int dst, int slot) const;
   // Populates mailbox (src, dst) on its first use here; kUnavailable naming /dev/shm when it
   // has no room.

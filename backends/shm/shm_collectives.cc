@@ -128,7 +128,6 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   // writer's own, which it writes again only after the next barrier.
   const size_t stride = reduce_stride(es);
   const size_t per_chunk = stride * world_size_;
-  auto slice_begin = [&](size_t len, int q) { return len * static_cast<size_t>(q) / world_size_; };
   auto slot = [&](int r, int half, int q) { return stage(r, half) + q * stride * es; };
   const PublishChooser::Pick how = publish_.pick(PublishChooser::kReduce, t.nbytes());
   // Publish what the others reduce: every slice of the chunk but our own.

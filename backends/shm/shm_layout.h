@@ -2,6 +2,7 @@
 // its own cache line.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -24,8 +25,7 @@ inline size_t align_up(size_t n, size_t a) {
 // least an element of the widest dtype (8 bytes) for each of `world` ranks, since reduce and
 // reduce_scatter split a chunk into W slices of one element or more. Every rank computes the same.
 inline size_t staging_chunk(size_t asked, size_t world, size_t page) {
-  const size_t least = align_up(world * 8, page);
-  return align_up(asked, page) < least ? least : align_up(asked, page);
+  return std::max(align_up(asked, page), align_up(world * 8, page));
 }
 
 struct alignas(64) Line {

@@ -33,6 +33,12 @@ bool get_attr(SchedAttr& a) {
   return ::syscall(SYS_sched_getattr, 0, &a, sizeof a, 0) == 0;
 }
 
+// The policies whose slice a thread may set (SCHED_IDLE is of the fair class too, but is left
+// as it is).
+bool fair(const SchedAttr& a) {
+  return a.policy == SCHED_OTHER || a.policy == SCHED_BATCH;
+}
+
 }  // namespace
 
 uint64_t current_slice_ns() {
@@ -42,7 +48,7 @@ uint64_t current_slice_ns() {
 
 bool slices_apply_to_this_thread() {
   SchedAttr a;
-  return get_attr(a) && (a.policy == SCHED_OTHER || a.policy == SCHED_BATCH) && a.runtime != 0;
+  return get_attr(a) && fair(a) && a.runtime != 0;
 }
 
 SliceAnswer ask_for_short_slices(uint64_t slice_ns) {
@@ -50,7 +56,7 @@ SliceAnswer ask_for_short_slices(uint64_t slice_ns) {
   slice_ns = std::clamp<uint64_t>(slice_ns, 100'000, 100'000'000);
   SchedAttr a;
   if (!get_attr(a)) return SliceAnswer::kRefused;
-  if (a.policy != SCHED_OTHER && a.policy != SCHED_BATCH) return SliceAnswer::kNotFair;
+  if (!fair(a)) return SliceAnswer::kNotFair;
   // Before 6.12 the fair class reports no slice (0) and sched_setattr ignores one.
   if (a.runtime == 0) return SliceAnswer::kNoCustomSlices;
   if (a.runtime <= slice_ns) return SliceAnswer::kShortAlready;

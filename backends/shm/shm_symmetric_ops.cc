@@ -72,8 +72,8 @@ void ShmBackend::reduce_symmetric(const TensorView& t, ReduceOp reduce_op, int r
   const size_t per_chunk = reduce_stride(es) * world_size_;
   for (size_t first = 0; first < n; first += per_chunk) {
     const size_t len = std::min(per_chunk, n - first);
-    const size_t b = first + len * static_cast<size_t>(rank_) / world_size_;
-    const size_t e = first + len * static_cast<size_t>(rank_ + 1) / world_size_;
+    const size_t b = first + slice_begin(len, rank_);
+    const size_t e = first + slice_begin(len, rank_ + 1);
     for (size_t s = b; s < e; s += block) {
       const size_t len_s = std::min(block, e - s);
       block_inputs_[0] = data + s * es;

@@ -109,6 +109,15 @@ tutti_ns() {
   return $rc
 }
 
+# The busy configurations' pair: tutti shm and Open MPI's shared memory at $1 ranks, one run
+# each, into $2 as repetition $3 (with step()'s `common` options).
+shm_and_mpi_sm() {
+  local n=$1 dir=$2 rep=$3
+  build/bin/tutti-bench --ranks "$n" --backend shm "${common[@]}" --json "$dir/shm.r$rep.json" >&2
+  mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$n" build/mpi_allreduce \
+    "${sweep[@]}" --label "openmpi sm" --json "$dir/mpi-sm.r$rep.json" >&2
+}
+
 # One repetition of one configuration: every implementation once.
 step() {
   local config=$1 rep=$2 dir="$out/$1"
@@ -121,7 +130,6 @@ step() {
       # tutti's shm and Open MPI's shared memory beside a CPU hog, or two (the Gloo paths are
       # measured quiet; beside a hog they only repeat what the quiet rows say about TCP).
       local n=${config:2:1} k
-      hog=""
       local hogs=1
       [[ $config == *hog2 ]] && hogs=2
       for ((k = 0; k < hogs; k++)); do
@@ -129,9 +137,7 @@ step() {
         hog="$hog $!"
       done
       trap 'kill $hog 2>/dev/null || true' EXIT
-      build/bin/tutti-bench --ranks "$n" --backend shm "${common[@]}" --json "$dir/shm.r$rep.json" >&2
-      mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$n" build/mpi_allreduce \
-        "${sweep[@]}" --label "openmpi sm" --json "$dir/mpi-sm.r$rep.json" >&2
+      shm_and_mpi_sm "$n" "$dir" "$rep"
       # shellcheck disable=SC2086  # the hogs' pids, one word each
       kill $hog 2>/dev/null || true
       wait $hog 2>/dev/null || true
@@ -156,9 +162,7 @@ step() {
       hog=$(cat "$dir/load.pgid")
       trap 'kill -- -$hog 2>/dev/null || true' EXIT
       sleep 2  # the compilers under way
-      build/bin/tutti-bench --ranks "$n" --backend shm "${common[@]}" --json "$dir/shm.r$rep.json" >&2
-      mpirun "${as_root[@]}" --oversubscribe --mca btl self,vader -np "$n" build/mpi_allreduce \
-        "${sweep[@]}" --label "openmpi sm" --json "$dir/mpi-sm.r$rep.json" >&2
+      shm_and_mpi_sm "$n" "$dir" "$rep"
       kill -- -"$hog" 2>/dev/null || true
       wait 2>/dev/null || true
       rm -f "$dir/load.pgid"
