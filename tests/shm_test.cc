@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <regex>
 
@@ -373,18 +374,21 @@ TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {
 // hogs, 8 B-32 KiB allreduces at 4 ranks on 2 CPUs took 8 ms each without them and 3-5 us with
 // them (backends/shm/shm_slice.h). TUTTI_SHM_SLICE_US=0 leaves the threads' slices as they were
 // (as do ranks with a core each, not tested here: other tests' processes on the CPUs count too).
-TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
-  const uint64_t usual = shm_backend::current_slice_ns();
+// Why the slice tests cannot run here ("" where they can): they need the fair class, a kernel
+// that keeps a slice per thread, and a slice longer than the ones they ask for.
+std::string why_slices_cannot_be_tested(uint64_t usual) {
   const int policy = ::sched_getscheduler(0);
   if (policy != SCHED_OTHER && policy != SCHED_BATCH) {
-    GTEST_SKIP() << "this test runs under scheduling policy " << policy
-                 << ", not SCHED_OTHER or SCHED_BATCH";
+    return "this test runs under scheduling policy " + std::to_string(policy) +
+           ", not SCHED_OTHER or SCHED_BATCH";
   }
-  if (usual == 0) GTEST_SKIP() << "this kernel reports no slice per thread (before Linux 6.12)";
-  if (usual <= 250'000) GTEST_SKIP() << "this process already runs with a short slice";
-  cpu_set_t all;
-  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
-  // Every rank on one CPU: the group is oversubscribed (its ranks' threads inherit the mask).
+  if (usual == 0) return "this kernel reports no slice per thread (before Linux 6.12)";
+  if (usual <= 250'000) return "this process already runs with a short slice";
+  return "";
+}
+
+// The first CPU of `all` alone.
+cpu_set_t first_cpu_of(const cpu_set_t& all) {
   cpu_set_t one;
   CPU_ZERO(&one);
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
@@ -393,6 +397,17 @@ TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
       break;
     }
   }
+  return one;
+}
+
+TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
+  const uint64_t usual = shm_backend::current_slice_ns();
+  const std::string why_not = why_slices_cannot_be_tested(usual);
+  if (!why_not.empty()) GTEST_SKIP() << why_not;
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  // Every rank on one CPU: the group is oversubscribed (its ranks' threads inherit the mask).
+  const cpu_set_t one = first_cpu_of(all);
   auto slices_after_an_op = [&](const char* slice_us, const cpu_set_t& mask) {
     // Each rank's thread is new (run_ranks), with the slice it inherits from this one.
     if (slice_us != nullptr) ::setenv("TUTTI_SHM_SLICE_US", slice_us, 1);
@@ -419,6 +434,45 @@ TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
   EXPECT_EQ(slices_after_an_op("250", one), (std::vector<uint64_t>{250'000, 250'000}));
   EXPECT_EQ(slices_after_an_op("0", one), (std::vector<uint64_t>{usual, usual}));
   EXPECT_EQ(shm_backend::current_slice_ns(), usual);
+}
+
+// The same with each rank its own process, as users run them (each inherits the slice and the
+// CPU mask of the test, which forks it): the slice each rank's thread has after its ops.
+TEST(ShmProcesses, RanksThatOutnumberTheirCpusAskForShortSlices) {
+  const uint64_t usual = shm_backend::current_slice_ns();
+  const std::string why_not = why_slices_cannot_be_tested(usual);
+  if (!why_not.empty()) GTEST_SKIP() << why_not;
+  ASSERT_EQ(std::getenv("TUTTI_SHM_SLICE_US"), nullptr) << "the test sets it per rank";
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
+  const cpu_set_t one = first_cpu_of(all);
+  // Each rank's "slice before X after Y" (ns), -1 where it did not say.
+  auto slices_after_ops = [&](const std::vector<std::string>& extra) {
+    TempDir dir;
+    EXPECT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+    auto results = run_ranks_env(
+        2, "shm", unique_name("slicejob"), [&](int) { return extra; }, dir, "env_slice");
+    EXPECT_EQ(::sched_setaffinity(0, sizeof all, &all), 0);
+    std::vector<std::pair<int64_t, int64_t>> slices;
+    for (const auto& r : results) {
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      std::smatch m;
+      if (std::regex_search(r.output, m,
+                            std::regex("backend shm slice before ([0-9]+) after ([0-9]+)"))) {
+        slices.emplace_back(std::stoll(m[1]), std::stoll(m[2]));
+      } else {
+        ADD_FAILURE() << "no slice in: " << r.output;
+        slices.emplace_back(-1, -1);
+      }
+    }
+    return slices;
+  };
+  const auto u = static_cast<int64_t>(usual);
+  using Slices = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(slices_after_ops({}), (Slices{{u, 100'000}, {u, 100'000}}));
+  EXPECT_EQ(slices_after_ops({"TUTTI_SHM_SLICE_US=250"}), (Slices{{u, 250'000}, {u, 250'000}}));
+  EXPECT_EQ(slices_after_ops({"TUTTI_SHM_SLICE_US=0"}), (Slices{{u, u}, {u, u}}));
+  EXPECT_EQ(shm_backend::current_slice_ns(), usual);  // the test's own thread kept its slice
 }
 
 TEST(ShmThreads, TwoJobsWithoutJobIdsShareAGroupName) {

@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include "../backends/shm/shm_slice.h"
 #include "tutti/tutti.h"
 
 using namespace tutti;
@@ -624,6 +625,24 @@ void scenario_env_symmetric(const Args&) {
   std::printf("rank %d: symmetric ops checked\n", rank);
 }
 
+// A rank as its own process: the slice its main thread had before and after a few 4 KiB
+// allreduces (shm's waits ask for short slices where the group's ranks outnumber their CPUs).
+void scenario_env_slice(const Args&) {
+  const uint64_t before = shm_backend::current_slice_ns();
+  init_collective_group_from_env("", "slice");
+  auto group = get_group("slice");
+  const int rank = group->rank(), world = group->world_size();
+  std::vector<float> v(1024);
+  for (int i = 0; i < 10; ++i) {
+    std::fill(v.begin(), v.end(), static_cast<float>(rank + 1));
+    allreduce(v, "slice");
+    require(v[1023] == static_cast<float>(world * (world + 1) / 2), "allreduce sum");
+  }
+  std::printf("rank %d backend %s slice before %llu after %llu\n", rank,
+              group->backend_name().c_str(), static_cast<unsigned long long>(before),
+              static_cast<unsigned long long>(shm_backend::current_slice_ns()));
+}
+
 void scenario_env_every_op(const Args&) {
   init_collective_group_from_env("", "every");
   auto g = get_group("every");
@@ -769,6 +788,7 @@ int main(int argc, char** argv) {
       {"env_until_cut", scenario_env_until_cut},
       {"env_backend", scenario_env_backend},
       {"env_every_op", scenario_env_every_op},
+      {"env_slice", scenario_env_slice},
       {"env_symmetric", scenario_env_symmetric},
       {"env_crash_noticed", scenario_env_crash_noticed},
       {"env_silent_rank", scenario_env_silent_rank},
