@@ -400,6 +400,22 @@ cpu_set_t first_cpu_of(const cpu_set_t& all) {
   return one;
 }
 
+// Pins the calling thread to `mask` while it lives, then gives it `all` back however the scope
+// ends (a spawn that throws included), so that no later test runs on one CPU.
+class PinnedTo {
+ public:
+  PinnedTo(const cpu_set_t& mask, const cpu_set_t& all)
+      : all_(all), ok_(::sched_setaffinity(0, sizeof mask, &mask) == 0) {}
+  ~PinnedTo() { ::sched_setaffinity(0, sizeof all_, &all_); }
+  PinnedTo(const PinnedTo&) = delete;
+  PinnedTo& operator=(const PinnedTo&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  cpu_set_t all_;
+  bool ok_;
+};
+
 TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
   const uint64_t usual = shm_backend::current_slice_ns();
   const std::string why_not = why_slices_cannot_be_tested(usual);
@@ -411,13 +427,17 @@ TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
   auto slices_after_an_op = [&](const char* slice_us, const cpu_set_t& mask) {
     // Each rank's thread is new (run_ranks), with the slice it inherits from this one.
     if (slice_us != nullptr) ::setenv("TUTTI_SHM_SLICE_US", slice_us, 1);
-    EXPECT_EQ(::sched_setaffinity(0, sizeof mask, &mask), 0);
-    auto groups = create_groups(2, "shm", unique_name("shm-slice"));
-    EXPECT_EQ(::sched_setaffinity(0, sizeof all, &all), 0);
+    std::vector<std::shared_ptr<CollectiveGroup>> groups;
+    bool pinned = false;
+    {
+      const PinnedTo pin(mask, all);
+      pinned = pin.ok();
+      if (pinned) groups = create_groups(2, "shm", unique_name("shm-slice"));
+    }
     std::vector<uint64_t> slices(2);
-    if (groups[0] == nullptr || groups[1] == nullptr) {
+    if (!pinned || groups[0] == nullptr || groups[1] == nullptr) {
       ::unsetenv("TUTTI_SHM_SLICE_US");
-      ADD_FAILURE() << "no group";
+      ADD_FAILURE() << (pinned ? "no group" : "could not pin the ranks to one CPU");
       return slices;
     }
     run_ranks(2, [&](int r) {
@@ -449,11 +469,17 @@ TEST(ShmProcesses, RanksThatOutnumberTheirCpusAskForShortSlices) {
   // Each rank's "slice before X after Y" (ns), -1 where it did not say.
   auto slices_after_ops = [&](const std::vector<std::string>& extra) {
     TempDir dir;
-    EXPECT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
-    auto results = run_ranks_env(
-        2, "shm", unique_name("slicejob"), [&](int) { return extra; }, dir, "env_slice");
-    EXPECT_EQ(::sched_setaffinity(0, sizeof all, &all), 0);
     std::vector<std::pair<int64_t, int64_t>> slices;
+    std::vector<WorkerResult> results;
+    {
+      const PinnedTo pin(one, all);
+      if (!pin.ok()) {
+        ADD_FAILURE() << "could not pin the ranks to one CPU";
+        return slices;
+      }
+      results = run_ranks_env(
+          2, "shm", unique_name("slicejob"), [&](int) { return extra; }, dir, "env_slice");
+    }
     for (const auto& r : results) {
       EXPECT_EQ(r.exit_code, 0) << r.output;
       std::smatch m;
@@ -472,7 +498,6 @@ TEST(ShmProcesses, RanksThatOutnumberTheirCpusAskForShortSlices) {
   EXPECT_EQ(slices_after_ops({}), (Slices{{u, 100'000}, {u, 100'000}}));
   EXPECT_EQ(slices_after_ops({"TUTTI_SHM_SLICE_US=250"}), (Slices{{u, 250'000}, {u, 250'000}}));
   EXPECT_EQ(slices_after_ops({"TUTTI_SHM_SLICE_US=0"}), (Slices{{u, u}, {u, u}}));
-  EXPECT_EQ(shm_backend::current_slice_ns(), usual);  // the test's own thread kept its slice
 }
 
 TEST(ShmThreads, TwoJobsWithoutJobIdsShareAGroupName) {
