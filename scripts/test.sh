@@ -134,7 +134,8 @@ if [ "${TUTTI_TEST_PYTHON:-1}" = "1" ]; then
   python=$(scripts/python-env.sh | tail -n 1)
   # From the top level: run inside python/, the source tree's tutti/ (no extension module)
   # would shadow the installed package.
-  "$python" -m pytest -q python/tests
+  # The slowest ten are named at the end (CI has 30 minutes for all of test.sh).
+  "$python" -m pytest -q --durations=10 python/tests
   echo "test.sh: the Python part took $((SECONDS - start)) s (venv, package build, tests)"
 fi
 if [ "${TUTTI_TEST_SANITIZE:-1}" = "1" ]; then
