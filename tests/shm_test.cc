@@ -369,11 +369,6 @@ TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {
   }
 }
 
-// Ranks that outnumber their CPUs sleep in their waits, and each waiting thread asks for 100 us
-// slices (TUTTI_SHM_SLICE_US), so that a wake-up preempts another busy process: beside two CPU
-// hogs, 8 B-32 KiB allreduces at 4 ranks on 2 CPUs took 8 ms each without them and 3-5 us with
-// them (backends/shm/shm_slice.h). TUTTI_SHM_SLICE_US=0 leaves the threads' slices as they were
-// (as do ranks with a core each, not tested here: other tests' processes on the CPUs count too).
 // Why the slice tests cannot run here ("" where they can): they need the fair class, a kernel
 // that keeps a slice per thread, and a slice longer than the ones they ask for.
 std::string why_slices_cannot_be_tested(uint64_t usual) {
@@ -416,6 +411,11 @@ class PinnedTo {
   bool ok_;
 };
 
+// Ranks that outnumber their CPUs sleep in their waits, and each waiting thread asks for 100 us
+// slices (TUTTI_SHM_SLICE_US), so that a wake-up preempts another busy process: beside two CPU
+// hogs, 8 B-32 KiB allreduces at 4 ranks on 2 CPUs took 8 ms each without them and 3-5 us with
+// them (backends/shm/shm_slice.h). TUTTI_SHM_SLICE_US=0 leaves the threads' slices as they were
+// (as do ranks with a core each, not tested here: other tests' processes on the CPUs count too).
 TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
   const uint64_t usual = shm_backend::current_slice_ns();
   const std::string why_not = why_slices_cannot_be_tested(usual);
