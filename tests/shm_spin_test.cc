@@ -13,6 +13,7 @@
 #include "../backends/shm/shm_layout.h"
 #include "../backends/shm/shm_slice.h"
 #include "../backends/shm/shm_wait.h"
+#include "slice_skip.h"
 
 namespace tutti::shm_backend {
 namespace {
@@ -358,20 +359,10 @@ TEST(UsableCpus, ThisProcesssMaskRoundTrips) {
 }
 
 // A thread's scheduling attributes are its own: each case runs in a thread of its own.
-// Why a thread of this process could not be given a slice here ("" where it could).
-std::string why_no_slices() {
-  const int policy = ::sched_getscheduler(0);
-  if (policy != SCHED_OTHER && policy != SCHED_BATCH) {
-    return "this test runs under scheduling policy " + std::to_string(policy) +
-           ", not SCHED_OTHER or SCHED_BATCH";
-  }
-  if (current_slice_ns() == 0) return "this kernel reports no slice per thread (before 6.12)";
-  if (current_slice_ns() <= 200'000) return "this process already runs with a short slice";
-  return "";
-}
-
 TEST(ShortSlices, AFairThreadGetsTheSliceItAsksForAndKeepsItsNice) {
-  if (const std::string why = why_no_slices(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = testing::why_slices_cannot_be_tested(200'000); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   const uint64_t main_before = current_slice_ns();
   uint64_t before = 0, after = 0;
   int nice_after = 0;
@@ -397,7 +388,9 @@ TEST(ShortSlices, AFairThreadGetsTheSliceItAsksForAndKeepsItsNice) {
 }
 
 TEST(ShortSlices, AnIdleOrRealTimeThreadIsLeftAlone) {
-  if (const std::string why = why_no_slices(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = testing::why_slices_cannot_be_tested(200'000); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   SliceAnswer answer{};
   int policy = -1;
   std::thread([&] {

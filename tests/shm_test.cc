@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "../backends/shm/shm_slice.h"
+#include "slice_skip.h"
 #include "test_util.h"
 
 namespace tutti::testing {
@@ -369,19 +370,6 @@ TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {
   }
 }
 
-// Why the slice tests cannot run here ("" where they can): they need the fair class, a kernel
-// that keeps a slice per thread, and a slice longer than the ones they ask for.
-std::string why_slices_cannot_be_tested(uint64_t usual) {
-  const int policy = ::sched_getscheduler(0);
-  if (policy != SCHED_OTHER && policy != SCHED_BATCH) {
-    return "this test runs under scheduling policy " + std::to_string(policy) +
-           ", not SCHED_OTHER or SCHED_BATCH";
-  }
-  if (usual == 0) return "this kernel reports no slice per thread (before Linux 6.12)";
-  if (usual <= 250'000) return "this process already runs with a short slice";
-  return "";
-}
-
 // The first CPU of `all` alone.
 cpu_set_t first_cpu_of(const cpu_set_t& all) {
   cpu_set_t one;
@@ -418,7 +406,7 @@ class PinnedTo {
 // (as do ranks with a core each, not tested here: other tests' processes on the CPUs count too).
 TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
   const uint64_t usual = shm_backend::current_slice_ns();
-  const std::string why_not = why_slices_cannot_be_tested(usual);
+  const std::string why_not = why_slices_cannot_be_tested(250'000);  // it asks for 250 us
   if (!why_not.empty()) GTEST_SKIP() << why_not;
   cpu_set_t all;
   ASSERT_EQ(::sched_getaffinity(0, sizeof all, &all), 0);
@@ -460,7 +448,7 @@ TEST(ShmThreads, RanksThatOutnumberTheirCpusAskForShortSlices) {
 // CPU mask of the test, which forks it): the slice each rank's thread has after its ops.
 TEST(ShmProcesses, RanksThatOutnumberTheirCpusAskForShortSlices) {
   const uint64_t usual = shm_backend::current_slice_ns();
-  const std::string why_not = why_slices_cannot_be_tested(usual);
+  const std::string why_not = why_slices_cannot_be_tested(250'000);  // it asks for 250 us
   if (!why_not.empty()) GTEST_SKIP() << why_not;
   ASSERT_EQ(std::getenv("TUTTI_SHM_SLICE_US"), nullptr) << "the test sets it per rank";
   cpu_set_t all;
