@@ -3,7 +3,9 @@
 // its cap (the oldest unmapped first).
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -63,6 +65,50 @@ TEST(ReceiveBuffers, WhatIsKeptStaysUnderItsCapOldestFirst) {
     const bool expect_kept = i >= kCount - static_cast<int>(kept);
     EXPECT_EQ(mapped(at[i], kBytes), expect_kept) << "buffer " << i << " of " << kCount;
   }
+}
+
+// One get's buffers (receive_buffers): those under 4 MiB in one allocation, each 64-byte aligned
+// and apart from the others, each keeping it alive; larger ones their own, as receive_buffer's.
+TEST(ReceiveBuffers, OneGetsSmallBuffersShareOneAllocation) {
+  constexpr size_t kLarge = size_t{6} << 20;
+  const std::vector<size_t> sizes{200000, 0, kLarge, 1, 4096, 64, 65, (size_t{4} << 20) - 1};
+  std::vector<std::shared_ptr<void>> got = detail::receive_buffers(sizes);
+  ASSERT_EQ(got.size(), sizes.size());
+  uintptr_t lowest = UINTPTR_MAX, highest = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto at = reinterpret_cast<uintptr_t>(got[i].get());
+    ASSERT_NE(at, 0u) << "buffer " << i;
+    EXPECT_EQ(at % 64, 0u) << "buffer " << i;
+    if (sizes[i] == kLarge) {
+      EXPECT_EQ(at % (size_t{2} << 20), 0u) << "a large one is receive_buffer's own";
+      continue;
+    }
+    lowest = std::min(lowest, at);
+    highest = std::max(highest, at + sizes[i]);
+    for (size_t j = 0; j < i; ++j) {
+      if (sizes[j] == kLarge) continue;
+      const auto other = reinterpret_cast<uintptr_t>(got[j].get());
+      EXPECT_TRUE(at + std::max<size_t>(sizes[i], 1) <= other ||
+                  other + std::max<size_t>(sizes[j], 1) <= at)
+          << "buffers " << j << " and " << i << " overlap";
+    }
+  }
+  // The small ones lie in one span no longer than their sizes rounded up to 64 bytes each.
+  size_t rounded = 0;
+  for (size_t b : sizes) rounded += b == kLarge ? 0 : (std::max<size_t>(b, 1) + 63) / 64 * 64;
+  EXPECT_LE(highest - lowest, rounded);
+  // Each keeps the allocation: the seven small ones share one owner, and once the others went the
+  // last one is its only holder, still whole.
+  EXPECT_EQ(got.back().use_count(), 7);
+  auto* last = static_cast<unsigned char*>(got.back().get());
+  for (size_t i = 0; i + 1 < got.size(); ++i) got[i].reset();
+  EXPECT_EQ(got.back().use_count(), 1);
+  std::memset(last, 5, sizes.back());
+  EXPECT_EQ(last[sizes.back() - 1], 5);
+  // A single small one is receive_buffer's own (no allocation to share).
+  auto one = detail::receive_buffers({100});
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_NE(one[0].get(), nullptr);
 }
 
 }  // namespace

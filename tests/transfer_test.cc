@@ -275,6 +275,125 @@ TEST_F(Transfer, LargeCopiesSharedBetweenThreadsHaveEveryByte) {
   owner->deallocate(shared);
 }
 
+// Many tensors of ordinary memory in one object are read as one copy (slices that cover several
+// tensors, shared between threads from 8 MiB in all), and a get's own buffers for them are one
+// allocation: every byte arrives in its own tensor, empty and odd-sized ones included, with no
+// two tensors sharing bytes, into buffers of the get's own, into targets, by copy-on-write and
+// by borrow.
+TEST_F(Transfer, ManySmallTensorsArriveWholeAndApart) {
+  std::vector<std::vector<uint8_t>> heap;
+  std::vector<TensorView> put;
+  size_t total = 0;
+  for (int i = 0; i < 300; ++i) {
+    const size_t n = i % 7 == 3 ? 0 : 20000 + static_cast<size_t>(i) * 331 % 40000 + i % 5;
+    heap.emplace_back(n);
+    for (size_t k = 0; k < n; ++k) heap.back()[k] = static_cast<uint8_t>(i * 31 + k * 7);
+    put.emplace_back(heap.back().data(), DType::kUInt8,
+                     std::vector<int64_t>{static_cast<int64_t>(n)}, Device::cpu());
+    total += n;
+  }
+  ASSERT_GT(total, size_t{8} << 20) << "enough for the copy's threads";
+  ObjectHandle h = owner->put(put);
+  auto check = [&](const std::vector<TensorView>& got, const char* how) {
+    ASSERT_EQ(got.size(), heap.size()) << how;
+    for (size_t i = 0; i < heap.size(); ++i) {
+      ASSERT_EQ(got[i].nbytes(), heap[i].size()) << how << ", tensor " << i;
+      if (heap[i].empty()) continue;
+      EXPECT_NE(got[i].data(), heap[i].data()) << how << ", tensor " << i;
+      EXPECT_EQ(std::memcmp(got[i].data(), heap[i].data(), heap[i].size()), 0)
+          << how << ", tensor " << i;
+    }
+    // Apart: each tensor filled with a value of its own keeps it after all the others were.
+    auto mark = [](size_t i) { return static_cast<uint8_t>(i * 37 + 1); };
+    for (size_t i = 0; i < heap.size(); ++i) {
+      if (!heap[i].empty()) std::memset(got[i].data(), mark(i), heap[i].size());
+    }
+    for (size_t i = 0; i < heap.size(); ++i) {
+      const auto* p = static_cast<const uint8_t*>(got[i].data());
+      for (size_t k = 0; k < heap[i].size(); ++k) {
+        ASSERT_EQ(p[k], mark(i)) << how << ", tensor " << i << " byte " << k;
+      }
+    }
+  };
+  {
+    Received r = consumer->get(h.ref());
+    check(r.tensors(), "own buffers");
+  }
+  {
+    GetOptions cow;
+    cow.copy_on_write = true;
+    Received r = consumer->get(h.ref(), cow);
+    check(r.tensors(), "copy-on-write");
+  }
+  {
+    std::vector<std::vector<uint8_t>> into;
+    GetOptions g;
+    for (const auto& b : heap) {
+      into.emplace_back(b.size(), 0);
+      g.targets.emplace_back(into.back().data(), DType::kUInt8,
+                             std::vector<int64_t>{static_cast<int64_t>(b.size())}, Device::cpu());
+    }
+    Received r = consumer->get(h.ref(), g);
+    check(r.tensors(), "targets");
+  }
+  {
+    Borrowed b = consumer->borrow(h.ref());
+    std::vector<TensorView> views = b.tensors();
+    check(views, "borrow");
+  }
+  h.release();
+}
+
+// A copy-on-write get of several views of one block maps the block once for the views that do
+// not overlap (they keep their places relative to each other), and privately again for one that
+// overlaps them: a write to one tensor shows in no other, as with copies.
+TEST_F(Transfer, CopyOnWriteViewsOfOneBlockAreMappedOnceUnlessTheyOverlap) {
+  const int64_t n = 4096;  // floats per view: 4 pages
+  TensorView block = owner->allocate(3 * n * sizeof(float), DType::kFloat32);
+  float* b = static_cast<float*>(block.data());
+  for (int64_t i = 0; i < 3 * n; ++i) b[i] = static_cast<float>(i);
+  auto view = [&](int64_t first, int64_t count) {
+    return TensorView(b + first, DType::kFloat32, {count}, Device::cpu());
+  };
+  // Two apart, then one across their boundary.
+  ObjectHandle h = owner->put({view(0, n), view(2 * n, n), view(n / 2, n)});
+  GetOptions cow;
+  cow.copy_on_write = true;
+  {
+    Received r = consumer->get(h.ref(), cow);
+    ASSERT_EQ(r.tensors().size(), 3u);
+    auto* t0 = static_cast<float*>(r.tensors()[0].data());
+    auto* t1 = static_cast<float*>(r.tensors()[1].data());
+    auto* t2 = static_cast<float*>(r.tensors()[2].data());
+    EXPECT_EQ(t0[5], 5.0f);
+    EXPECT_EQ(t1[5], static_cast<float>(2 * n + 5));
+    EXPECT_EQ(t2[5], static_cast<float>(n / 2 + 5));
+    EXPECT_EQ(t1 - t0, 2 * n) << "the two apart share one mapping";
+    EXPECT_NE(t2, t0 + n / 2) << "the overlapping one has its own";
+    t0[n / 2 + 1] = -1.0f;  // also tensor 2's element 1, in the owner's block
+    EXPECT_EQ(t2[1], static_cast<float>(n / 2 + 1));
+    t2[n - 1] = -2.0f;  // the owner's element 3n/2 - 1: tensor 0 does not reach it
+    EXPECT_EQ(b[n / 2 + 1], static_cast<float>(n / 2 + 1)) << "the owner's stays";
+    EXPECT_EQ(b[n + n / 2 - 1], static_cast<float>(n + n / 2 - 1));
+  }
+  h.release();
+  // The overlapping one first: the one it overlaps on its right gets the second mapping.
+  ObjectHandle h2 = owner->put({view(n / 2, n), view(0, n)});
+  {
+    Received r = consumer->get(h2.ref(), cow);
+    auto* t0 = static_cast<float*>(r.tensors()[0].data());
+    auto* t1 = static_cast<float*>(r.tensors()[1].data());
+    EXPECT_EQ(t0[0], static_cast<float>(n / 2));
+    EXPECT_EQ(t1[n - 1], static_cast<float>(n - 1));
+    EXPECT_NE(t1 + n / 2, t0) << "the overlapping one has its own";
+    t1[n / 2] = -4.0f;  // tensor 0's element 0 in the owner's block
+    EXPECT_EQ(t0[0], static_cast<float>(n / 2));
+  }
+  h2.release();
+  owner->wait_tensor_freed(block, 5s);
+  owner->deallocate(block);
+}
+
 TEST_F(Transfer, TargetsAreCheckedBeforeAnyIo) {
   std::vector<float> x = iota_floats(8, 0.0f);
   ObjectHandle h = owner->put({TensorView(x)});

@@ -17,7 +17,8 @@
 namespace tutti::shm_backend {
 
 // A mapping of an owner's block: shared and read-only (cached, and lent to borrowers), or a
-// private copy-on-write one (one per get that asks for it).
+// private copy-on-write one (one per block per get that asks for it, and one more for each of
+// the get's tensors that overlaps another in that block).
 struct Mapping {
   detail::SharedMemory memory;
   const char* data() const { return memory.data(); }

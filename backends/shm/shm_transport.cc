@@ -13,9 +13,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -61,6 +64,14 @@ size_t copy_threads() {
   return threads;
 }
 
+// Throws kAborted once the fetch is cancelled, kTimeout past its deadline.
+void check_going(const FetchRequest& request, const std::string& what) {
+  if (request.cancelled.load()) throw Error(ErrorCode::kAborted, what + ": cancelled");
+  if (std::chrono::steady_clock::now() >= request.deadline) {
+    throw Error(ErrorCode::kTimeout, what + ": the copy ran past the deadline");
+  }
+}
+
 // Copies [0, bytes) by slice(offset, length) (false: stop, nothing wrong), slice after slice in
 // order, on this thread and, from 2 x kPartBytes, up to copy_threads() - 1 more taking the next
 // slice each. Before taking one, a thread looks at cancel and the deadline. Every slice taken is
@@ -92,10 +103,7 @@ void copy_in_slices(size_t bytes, const FetchRequest& request, const std::string
   auto work = [&]() noexcept {
     try {
       while (!stop.load()) {
-        if (request.cancelled.load()) throw Error(ErrorCode::kAborted, what + ": cancelled");
-        if (std::chrono::steady_clock::now() >= request.deadline) {
-          throw Error(ErrorCode::kTimeout, what + ": the copy ran past the deadline");
-        }
+        check_going(request, what);
         const size_t k = next.fetch_add(1);
         if (k >= count) return;
         const size_t at = k * size;
@@ -148,8 +156,9 @@ class ShmTransport final : public TensorTransport {
   // ---- consumer ----
 
   // Tensors in a block: copied from the block's cached mapping, or lent as views of it (a borrow;
-  // a private copy-on-write mapping when writable). Others: one cross-memory read each (a
-  // borrow's into memory of its own).
+  // a private copy-on-write mapping when writable). Others: cross-memory reads, all of the
+  // object's as one copy (read_remote; a borrow's into memory of its own, one allocation for
+  // those under 4 MiB).
   FetchResult fetch(const FetchRequest& request) override {
     const auto& metas = request.ref.tensors();
     const bool lend = request.borrow;
@@ -160,13 +169,22 @@ class ShmTransport final : public TensorTransport {
     std::vector<size_t> remote;
     std::vector<TensorView> remote_into;
     auto storage = std::make_shared<std::vector<std::shared_ptr<void>>>();
+    // A borrow's memory for the tensors outside blocks, allocated together (receive_buffers).
+    std::vector<std::shared_ptr<void>> own;
+    if (lend) {
+      std::vector<size_t> bytes;
+      for (size_t i = 0; i < metas.size(); ++i) {
+        if (sources[i] == nullptr) bytes.push_back(metas[i].nbytes());
+      }
+      own = detail::receive_buffers(bytes);
+    }
     for (size_t i = 0; i < metas.size(); ++i) {
       const TensorMeta& m = metas[i];
       if (lend && sources[i] != nullptr) {
         out.views.emplace_back(const_cast<char*>(sources[i]), m.dtype, m.shape, Device::cpu());
         out.shares_owner_memory = true;
       } else if (lend) {
-        storage->push_back(detail::receive_buffer(m.nbytes()));
+        storage->push_back(std::move(own[remote.size()]));
         void* p = storage->back().get();
         out.views.emplace_back(p, m.dtype, m.shape, Device::cpu());
         remote.push_back(i);
@@ -193,13 +211,22 @@ class ShmTransport final : public TensorTransport {
   }
 
  private:
-  // Where each tensor lies in this process once its block is mapped (null: not in a block).
+  // Where each tensor lies in this process once its block is mapped (null: not in a block). A
+  // private copy maps each block once for all the tensors in it that do not overlap (a thousand
+  // views of one block: one mapping, where each took its own of the whole block); a tensor that
+  // overlaps one of them gets a mapping of its own, so that no two tensors of the get share
+  // bytes, as no two copies do.
   std::vector<const char*> map_blocks(const FetchRequest& request, bool private_copy,
                                       std::vector<std::shared_ptr<Mapping>>& keep) {
     const auto& metas = request.ref.tensors();
     const auto& places = request.ref.places();
     WireReader blob(request.ref.blob(), "shm transport: the ref's transport bytes");
     std::vector<const char*> sources(metas.size(), nullptr);
+    struct Private {
+      std::shared_ptr<Mapping> mapping;
+      std::map<uint64_t, uint64_t> taken;  // [offset, end) of the tensors it holds
+    };
+    std::map<uint64_t, Private> privates;  // by block
     for (size_t i = 0; i < metas.size(); ++i) {
       const uint64_t block = blob.u64("block");
       blob.u64("block size");  // the block's real size is the mapping's
@@ -209,8 +236,25 @@ class ShmTransport final : public TensorTransport {
                                                      " has an unknown place " +
                                                      std::to_string(places[i].first));
       }
-      auto m = mappings_.map(request, block, private_copy);
       const uint64_t bytes = metas[i].nbytes();
+      std::shared_ptr<Mapping> m;
+      if (private_copy) {
+        Private& p = privates[block];
+        const uint64_t begin = places[i].second;
+        const uint64_t end = begin + bytes;     // (past the block, or wrapped: refused below)
+        auto after = p.taken.lower_bound(end);  // the first that begins at or past our end
+        const bool overlaps =
+            end > begin && after != p.taken.begin() && std::prev(after)->second > begin;
+        if (p.mapping && !overlaps) {
+          m = p.mapping;
+        } else {
+          m = mappings_.map(request, block, true);
+          if (!p.mapping) p.mapping = m;
+        }
+        if (m == p.mapping && end > begin) p.taken.emplace(begin, end);
+      } else {
+        m = mappings_.map(request, block, false);
+      }
       if (bytes > m->size() || places[i].second > m->size() - bytes) {
         throw Error(ErrorCode::kInvalidArgument,
                     "shm transport: tensor " + std::to_string(i) + " (" + std::to_string(bytes) +
@@ -264,14 +308,30 @@ class ShmTransport final : public TensorTransport {
     const auto& places = request.ref.places();
     const pid_t pid = static_cast<pid_t>(request.ref.owner().pid);
     std::atomic<bool> refused{cma_refused_.load()};
-    for (size_t k = 0; k < which.size() && !refused.load(); ++k) {
-      char* dst = static_cast<char*>(into[k].data());
-      const uint64_t address = places[which[k]].second;
-      const size_t index = which[k];
-      copy_in_slices(into[k].nbytes(), request, "shm transport", [&](size_t at, size_t n) {
-        if (read_range(pid, index, dst + at, address + at, n)) return true;
-        refused = true;
-        return false;
+    // The tensors end to end, as one copy: a thousand small ones share the threads of a large
+    // one (each slice reads the pieces of the tensors it covers).
+    std::vector<size_t> ends(which.size());  // where tensor k ends in the whole
+    size_t total = 0;
+    for (size_t k = 0; k < which.size(); ++k) ends[k] = total += into[k].nbytes();
+    if (!refused.load()) {
+      copy_in_slices(total, request, "shm transport", [&](size_t at, size_t n) {
+        size_t k =
+            static_cast<size_t>(std::upper_bound(ends.begin(), ends.end(), at) - ends.begin());
+        for (const size_t end = at + n; at < end; ++k) {
+          // A slice of a thousand small tensors is as many reads: cancel and the deadline are
+          // looked at every few, not only between slices as copy_in_slices does.
+          if (k % 64 == 63) check_going(request, "shm transport");
+          const size_t begins = ends[k] - into[k].nbytes();
+          const size_t from = at - begins;
+          const size_t len = std::min(end, ends[k]) - at;
+          char* dst = static_cast<char*>(into[k].data()) + from;
+          if (!read_range(pid, which[k], dst, places[which[k]].second + from, len)) {
+            refused = true;
+            return false;
+          }
+          at += len;
+        }
+        return true;
       });
     }
     if (!refused.load()) return;

@@ -117,7 +117,9 @@ class TUTTI_API ObjectHandle {
 };
 
 // get()'s result. Owns its buffers, unless the caller gave targets (then its views are those)
-// or the ref was this agent's own (then they are the owner's tensors, no copy).
+// or the ref was this agent's own (then they are the owner's tensors, no copy). Its tensors under
+// 4 MiB share one allocation (a thousand small tensors: one buffer to map and fault, kept for
+// the next get of the same tensors as large buffers are: TUTTI_TRANSFER_KEEP_MB).
 class TUTTI_API Received {
  public:
   Received() = default;

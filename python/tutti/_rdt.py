@@ -25,14 +25,18 @@ def check(what: str, tensors: Sequence[Any]) -> str:
     on another kind of device, or CPU and CUDA tensors in one object."""
     import torch
 
+    # (is_cpu and is_cuda, not device.type: a thousand tensors' devices took 0.4 ms)
     kinds = set()
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what}: item {i} is a {type(t).__name__}, not a torch.Tensor")
-        if t.device.type not in ("cpu", "cuda"):
+        if t.is_cpu:
+            kinds.add("cpu")
+        elif t.is_cuda:
+            kinds.add("cuda")
+        else:
             raise ValueError(f"{what}: item {i} is on {t.device}; tutti moves CPU and CUDA "
                              f"tensors")
-        kinds.add(t.device.type)
     if len(kinds) > 1:
         raise ValueError(f"{what}: the object holds both CPU and CUDA tensors; tutti moves one "
                          f"kind per object (put them in two objects)")
@@ -48,12 +52,16 @@ def transport_for(device: str) -> str:
 
 
 def publish(agent, what: str, tensors: Sequence[Any],
-            share: Optional[Callable[[Any], Optional[int]]] = None) -> Tuple[Any, str, List[Any]]:
+            share: Optional[Callable[[Any], Optional[int]]] = None,
+            device: Optional[str] = None) -> Tuple[Any, str, List[Any]]:
     """Publishes the object's tensors in place with `agent`; returns (handle, device kind, the
     storages `share` registered). A non-contiguous tensor is copied once into a contiguous one,
     which the object holds (put keeps what it is given); the consumer gets the same values in a
-    contiguous tensor. `share(t)` (CPU only) registers a shareable storage, returning a key."""
-    device = check(what, tensors)
+    contiguous tensor. `share(t)` (CPU only) registers a shareable storage, returning a key.
+    `device`: what check() said of these tensors, where the caller called it (else it is called
+    here)."""
+    if device is None:
+        device = check(what, tensors)
     tensors = [t if t.is_contiguous() else t.contiguous() for t in tensors]
     shared = []
     if device == "cpu" and share is not None:

@@ -81,10 +81,14 @@ void check_targets(const AgentCore& core, const char* op, const TensorRef& ref,
 // Buffers get allocates when it is given no targets.
 std::vector<TensorView> allocate_targets(const TensorRef& ref,
                                          std::vector<std::shared_ptr<void>>& storage) {
+  std::vector<size_t> bytes;
+  for (const TensorMeta& m : ref.tensors()) bytes.push_back(m.nbytes());
+  std::vector<std::shared_ptr<void>> buffers = receive_buffers(bytes);
   std::vector<TensorView> out;
-  for (const TensorMeta& m : ref.tensors()) {
-    storage.push_back(receive_buffer(m.nbytes()));
-    out.emplace_back(storage.back().get(), m.dtype, m.shape, Device::cpu());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const TensorMeta& m = ref.tensors()[i];
+    out.emplace_back(buffers[i].get(), m.dtype, m.shape, Device::cpu());
+    storage.push_back(std::move(buffers[i]));
   }
   return out;
 }

@@ -219,4 +219,28 @@ std::shared_ptr<void> receive_buffer(size_t bytes) {
   return std::shared_ptr<void>(p, [len](void* q) { kept_buffers().give(q, len); });
 }
 
+std::vector<std::shared_ptr<void>> receive_buffers(const std::vector<size_t>& bytes) {
+  constexpr size_t kAlign = 64;
+  std::vector<std::shared_ptr<void>> out(bytes.size());
+  std::vector<size_t> at(bytes.size(), SIZE_MAX);  // offsets in the shared one (SIZE_MAX: its own)
+  size_t total = 0;
+  size_t shared = 0;  // how many share it
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] >= 2 * kHugePage) continue;
+    at[i] = total;
+    total += (std::max<size_t>(bytes[i], 1) + kAlign - 1) / kAlign * kAlign;
+    ++shared;  // (under 4 MiB each: the sum cannot wrap)
+  }
+  std::shared_ptr<void> block;
+  if (shared > 1) block = receive_buffer(total);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (block && at[i] != SIZE_MAX) {
+      out[i] = std::shared_ptr<void>(block, static_cast<char*>(block.get()) + at[i]);
+    } else {
+      out[i] = receive_buffer(bytes[i]);
+    }
+  }
+  return out;
+}
+
 }  // namespace tutti::detail

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace tutti::detail {
 
@@ -62,5 +63,13 @@ size_t page_round(size_t bytes);
 // its pages already touched.
 // kUnavailable when there is no memory.
 std::shared_ptr<void> receive_buffer(size_t bytes);
+
+// Buffers to receive one object's tensors into, `bytes[i]` each, as receive_buffer would give
+// them, except that those under 4 MiB share one allocation (each 64-byte aligned in it): each
+// keeps all of them alive. One get of a thousand 200 KB tensors then maps and faults one 200 MB
+// buffer instead of a thousand, which malloc maps afresh each time; from 4 MiB in all, like
+// any large buffer, it is kept for the next get of the same tensors (within
+// TUTTI_TRANSFER_KEEP_MB). kUnavailable when there is no memory.
+std::vector<std::shared_ptr<void>> receive_buffers(const std::vector<size_t>& bytes);
 
 }  // namespace tutti::detail

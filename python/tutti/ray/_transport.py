@@ -168,9 +168,11 @@ class TuttiTensorTransport(TensorTransportManager):
     def _register_shared(self, agent, t) -> Optional[int]:
         """Registers the storage of a share_memory_() tensor with the agent (once per storage),
         so destinations map it instead of copying; its data pointer, or None."""
-        if not t.is_shared():
-            return None
+        # (The storage's own is_shared: Tensor.is_shared() makes a TypedStorage first, 1 us a
+        # tensor, 10x this.)
         storage = t.untyped_storage()
+        if not storage.is_shared():
+            return None
         ptr = storage.data_ptr()
         if storage.nbytes() == 0:
             return None
@@ -224,7 +226,7 @@ class TuttiTensorTransport(TensorTransportManager):
     def extract_tensor_transport_metadata(self, obj_id: str, rdt_object: List[Any]):
         tensors = list(rdt_object)
         what = f"tensor_transport='tutti' (object {obj_id})"
-        _rdt.check(what, tensors)
+        device = _rdt.check(what, tensors)
         meta = [(t.shape, t.dtype) for t in tensors]
         if not tensors:
             return TuttiTransportMetadata(tensor_meta=[], tensor_device=None, ref=b"")
@@ -240,7 +242,7 @@ class TuttiTensorTransport(TensorTransportManager):
             return ptr
 
         try:
-            handle, device, storages = _rdt.publish(agent, what, tensors, share)
+            handle, device, storages = _rdt.publish(agent, what, tensors, share, device)
         except BaseException:
             # The put failed (a transport the agent does not have, say): the storages it counted
             # are not this object's, or they would stay registered for the process's life.
