@@ -846,6 +846,50 @@ TEST_F(Transfer, CancelAndAbortEndA1GiBCopyMidway) {
   owner->deallocate(source);
 }
 
+// A copy of many tensors from ordinary memory is one copy over all of them (a slice per thread),
+// which looks at its cancel every 64 tensors, not only between slices: a cancel midway leaves the
+// tensors after that point untouched, the last of each slice included (a slice is 150 MiB here,
+// 75 with four threads).
+TEST_F(Transfer, CancelEndsACopyOfManyTensorsMidway) {
+  constexpr size_t kCount = 1200;
+  constexpr size_t kEach = size_t{256} << 10;  // 300 MiB in all
+  std::vector<std::vector<uint8_t>> heap(kCount);
+  std::vector<TensorView> put;
+  for (size_t i = 0; i < kCount; ++i) {
+    heap[i].assign(kEach, static_cast<uint8_t>(i % 251 + 1));
+    put.emplace_back(heap[i].data(), DType::kUInt8, std::vector<int64_t>{kEach}, Device::cpu());
+  }
+  ObjectHandle h = owner->put(put);
+  std::vector<std::vector<uint8_t>> into(kCount, std::vector<uint8_t>(kEach, 0));
+  GetOptions g;
+  for (auto& t : into) {
+    g.targets.emplace_back(t.data(), DType::kUInt8, std::vector<int64_t>{kEach}, Device::cpu());
+  }
+  g.timeout = 120s;
+  Fetch f = consumer->get_async(h.ref(), g);
+  const auto begun = std::chrono::steady_clock::now();
+  while (first_byte(into[0].data()) == 0 && !f.done() &&
+         std::chrono::steady_clock::now() - begun < 60s) {
+    std::this_thread::yield();
+  }
+  ASSERT_FALSE(f.done()) << "the copy ended before it could be cancelled";
+  f.cancel();
+  expect_error([&] { f.wait(); }, ErrorCode::kAborted);
+  size_t untouched = 0;
+  for (size_t i = 0; i < kCount; ++i) untouched += into[i][kEach - 1] == 0 ? 1 : 0;
+  std::printf("cancelled with %zu of %zu tensors not yet copied\n", untouched, kCount);
+  // The last tensor of each slice (one, two or four threads: the slices end at these).
+  for (size_t last : {kCount / 2 - 1, kCount - 1}) {
+    EXPECT_EQ(into[last][0], 0) << "tensor " << last << " was copied: the cancel came too late";
+  }
+  EXPECT_GT(untouched, 0u);
+  // The agent stays usable, and the whole object still arrives.
+  Fetch again = consumer->get_async(h.ref(), g);
+  again.wait();
+  for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(into[i], heap[i]) << "tensor " << i;
+  h.release();
+}
+
 // Memory of the application's, registered once with the file it is mapped from: puts are cheap,
 // borrows map it read-only and see the owner's bytes in place (a live view, no copy).
 TEST_F(Transfer, RegisteredMemoryIsBorrowedInPlace) {
