@@ -61,7 +61,7 @@ class TUTTI_API TensorRef {
  public:
   static constexpr uint8_t kVersion = 1;
   static constexpr uint32_t kMaxTensors = 1u << 20;
-  static constexpr uint32_t kMaxBlob = 64u << 10;
+  static constexpr uint32_t kMaxBlob = 1u << 20;  // a transport's bytes (shm: 16 per tensor)
   static constexpr uint8_t kMaxDims = 16;
 
   TensorRef() = default;
