@@ -288,8 +288,7 @@ TEST_F(Transfer, ManySmallTensorsArriveWholeAndApart) {
     const size_t n = i % 7 == 3 ? 0 : 20000 + static_cast<size_t>(i) * 331 % 40000 + i % 5;
     heap.emplace_back(n);
     for (size_t k = 0; k < n; ++k) heap.back()[k] = static_cast<uint8_t>(i * 31 + k * 7);
-    put.emplace_back(heap.back().data(), DType::kUInt8,
-                     std::vector<int64_t>{static_cast<int64_t>(n)}, Device::cpu());
+    put.emplace_back(heap.back());
     total += n;
   }
   ASSERT_GT(total, size_t{8} << 20) << "enough for the copy's threads";
@@ -330,8 +329,7 @@ TEST_F(Transfer, ManySmallTensorsArriveWholeAndApart) {
     GetOptions g;
     for (const auto& b : heap) {
       into.emplace_back(b.size(), 0);
-      g.targets.emplace_back(into.back().data(), DType::kUInt8,
-                             std::vector<int64_t>{static_cast<int64_t>(b.size())}, Device::cpu());
+      g.targets.emplace_back(into.back());
     }
     Received r = consumer->get(h.ref(), g);
     check(r.tensors(), "targets");
@@ -857,14 +855,12 @@ TEST_F(Transfer, CancelEndsACopyOfManyTensorsMidway) {
   std::vector<TensorView> put;
   for (size_t i = 0; i < kCount; ++i) {
     heap[i].assign(kEach, static_cast<uint8_t>(i % 251 + 1));
-    put.emplace_back(heap[i].data(), DType::kUInt8, std::vector<int64_t>{kEach}, Device::cpu());
+    put.emplace_back(heap[i]);
   }
   ObjectHandle h = owner->put(put);
   std::vector<std::vector<uint8_t>> into(kCount, std::vector<uint8_t>(kEach, 0));
   GetOptions g;
-  for (auto& t : into) {
-    g.targets.emplace_back(t.data(), DType::kUInt8, std::vector<int64_t>{kEach}, Device::cpu());
-  }
+  for (auto& t : into) g.targets.emplace_back(t);
   g.timeout = 120s;
   Fetch f = consumer->get_async(h.ref(), g);
   const auto begun = std::chrono::steady_clock::now();
