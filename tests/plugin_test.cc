@@ -2,9 +2,11 @@
 // its backend running every op by name and through "auto", its transport carrying objects; and
 // plugins tutti must refuse (a version too new, missing functions, an init that fails, crashes or
 // hangs, not a plugin at all), each by name, after which tutti goes on as before.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "test_util.h"
@@ -118,6 +120,59 @@ TEST(Plugin, TheExampleTransportCarriesObjects) {
   EXPECT_TUTTI_ERROR(consumer->get(ref), ErrorCode::kInvalidUsage, "freed");
 }
 
+// A plugin's ref larger than the agent's first offer (plugin.h, TUTTI_BLOB_FIRST): offered 64 KiB,
+// then what it asked for, its bytes carried whole to the consumer's fetch; past the 1 MiB a ref
+// holds, the put is refused naming both sizes, and the agent unpublishes what the plugin kept.
+TEST(Plugin, ARefLargerThanTheFirstOfferIsAskedForAndCarried) {
+  load_plugin(TUTTI_PLUGIN_BIG_BLOB);
+  void* lib = dlopen(TUTTI_PLUGIN_BIG_BLOB, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  struct Stats {  // tests/plugins/big_blob.c's
+    size_t offers[8];
+    size_t calls;
+    long kept;
+  };
+  auto stats = reinterpret_cast<Stats (*)()>(dlsym(lib, "bigblob_stats"));
+  ASSERT_NE(stats, nullptr);
+  TransferAgentOptions o;
+  o.name = "blob-owner";
+  auto owner = TransferAgent::create(o);
+  o.name = "blob-consumer";
+  auto consumer = TransferAgent::create(o);
+  PutOptions put;
+  put.transport = "bigblob";
+  // 1000 tensors: the plugin needs 1000 + 100 x 1000 bytes.
+  std::vector<std::vector<uint8_t>> buffers(1000, std::vector<uint8_t>(3, 0));
+  std::vector<TensorView> tensors;
+  for (auto& b : buffers) tensors.push_back(TensorView(b));
+  ObjectHandle h = owner->put(tensors, put);
+  Stats s = stats();
+  ASSERT_EQ(s.calls, 2u);
+  EXPECT_EQ(s.offers[0], 65536u);
+  EXPECT_EQ(s.offers[1], 101000u);
+  EXPECT_EQ(s.kept, 1);
+  EXPECT_EQ(h.ref().blob().size(), 101000u);
+  const Received got = consumer->get(h.ref());  // the fetch checks each byte of the blob
+  ASSERT_EQ(got.tensors().size(), 1000u);
+  for (const TensorView& t : got.tensors()) {
+    const auto* v = static_cast<const uint8_t*>(t.data());
+    ASSERT_TRUE(v[0] == 0x5a && v[1] == 0x5a && v[2] == 0x5a);
+  }
+  h.release();
+  owner->wait_tensor_freed(tensors[0], milliseconds(5000));
+  EXPECT_EQ(stats().kept, 0);
+  // 11000 tensors: 1,101,000 bytes, more than a ref holds.
+  std::vector<uint8_t> one(11000);
+  std::vector<TensorView> many;
+  for (auto& x : one) many.push_back(TensorView(&x, 1));
+  EXPECT_TUTTI_ERROR(owner->put(many, put), ErrorCode::kInvalidArgument, "bigblob", "11000 tensors",
+                     "1101000", "1048576");
+  s = stats();
+  EXPECT_EQ(s.calls, 3u);
+  EXPECT_EQ(s.kept, 0);
+  dlclose(lib);
+}
+
 #ifdef TUTTI_UCX_PLUGIN_FILE
 // The ucx transport between two agents of this process (UCX's own shared memory and TCP on one
 // host; across hosts: netns_test): tensors and 1000 views of one buffer arrive right; a ref whose
@@ -177,6 +232,57 @@ TEST(PluginUcx, CarriesTensorsAndViewsAndRefusesAFreedObject) {
   h2.release();
   owner->wait_tensor_freed(TensorView(buffer), milliseconds(5000));
   EXPECT_TUTTI_ERROR(consumer->get(ref), ErrorCode::kInvalidUsage, "ucx-owner", "freed");
+}
+
+// An object whose ref needs more than the 64 KiB a plugin is offered first (ucx writes 20 bytes
+// a tensor and a remote key a region): the plugin asks for more (plugin.h, TUTTI_BLOB_FIRST) and
+// every tensor arrives; past the 1 MiB a ref holds, the put is refused by name, and the agent
+// goes on.
+TEST(PluginUcx, AnObjectWhoseRefNeedsMoreThanTheFirstOfferIsCarried) {
+  const LoadedPlugin p = load_plugin(TUTTI_UCX_PLUGIN_FILE);
+  TransferAgentOptions o;
+  o.name = "ucx-owner-big";
+  auto owner = TransferAgent::create(o);
+  o.name = "ucx-consumer-big";
+  auto consumer = TransferAgent::create(o);
+  PutOptions ucx;
+  ucx.transport = "ucx";
+  // 5000 views of one buffer (one region) and 40 buffers of their own (a region each).
+  constexpr int kViews = 5000, kOwn = 40, kPer = 6;
+  std::vector<int32_t> buffer(kViews * kPer);
+  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<int32_t>(3 * i + 1);
+  std::vector<std::vector<int32_t>> own(kOwn);
+  std::vector<TensorView> tensors;
+  for (int i = 0; i < kViews; ++i) tensors.push_back(TensorView(buffer.data() + i * kPer, kPer));
+  for (int k = 0; k < kOwn; ++k) {
+    own[k].assign(100 + k, -7 * k - 1);
+    tensors.push_back(TensorView(own[k]));
+  }
+  ObjectHandle h = owner->put(tensors, ucx);
+  EXPECT_GT(h.ref().blob().size(), size_t(65536));
+  const Received got = consumer->get(h.ref());
+  ASSERT_EQ(got.tensors().size(), tensors.size());
+  EXPECT_EQ(got.transport(), "ucx");
+  for (int i = 0; i < kViews; ++i) {
+    const auto* v = static_cast<const int32_t*>(got.tensors()[i].data());
+    for (int j = 0; j < kPer; ++j) ASSERT_EQ(v[j], 3 * (i * kPer + j) + 1) << "view " << i;
+  }
+  for (int k = 0; k < kOwn; ++k) {
+    const TensorView& t = got.tensors()[kViews + k];
+    ASSERT_EQ(t.numel(), 100 + k);
+    const auto* v = static_cast<const int32_t*>(t.data());
+    EXPECT_EQ(std::count(v, v + t.numel(), -7 * k - 1), 100 + k) << "buffer " << k;
+  }
+  // 60000 views take about 1.2 MB of ref.
+  std::vector<int32_t> many(60000);
+  std::vector<TensorView> views;
+  for (auto& x : many) views.push_back(TensorView(&x, 1));
+  EXPECT_TUTTI_ERROR(owner->put(views, ucx), ErrorCode::kInvalidArgument, "ucx", "60000 tensors",
+                     "1048576", "fewer tensors");
+  // The same memory again, as one tensor.
+  ObjectHandle once = owner->put({TensorView(many)}, ucx);
+  const Received one = consumer->get(once.ref());
+  EXPECT_EQ(one.tensors()[0].nbytes(), many.size() * sizeof(int32_t));
 }
 #endif
 

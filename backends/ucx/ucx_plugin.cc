@@ -158,18 +158,32 @@ class Ucx {
 
   // ---- owner ----
 
-  std::string publish(uint64_t object, const tuttiTensor_v1_t* tensors, size_t count) {
+  // The object's ref bytes, its regions registered. `capacity`: the ref's room; a publication
+  // that needs more is kept, its size returned in *needed and its bytes for the agent's next call
+  // for the same object (plugin.h, TUTTI_BLOB_FIRST), so its regions are registered once.
+  std::string publish(uint64_t object, const tuttiTensor_v1_t* tensors, size_t count,
+                      size_t capacity, size_t* needed) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = too_large_.find(object); it != too_large_.end()) {
+      std::string kept = std::move(it->second);
+      too_large_.erase(it);
+      if (kept.size() <= capacity) return kept;
+      release_locked(objects_.at(object));  // offered less than asked: not the agent's retry
+      objects_.erase(object);
+    }
     std::vector<RegionKey> used;
     std::vector<uint32_t> index_of(count);
+    std::map<RegionKey, uint32_t> region_index;
     std::vector<RegionKey> region_list;
     try {
+      const std::vector<RegionKey> runs = runs_of(tensors, count);
       for (size_t i = 0; i < count; ++i) {
         if (tensors[i].nbytes == 0) continue;
-        const RegionKey base = region_for(tensors, count, i);
-        auto it = std::find(region_list.begin(), region_list.end(), base);
-        index_of[i] = static_cast<uint32_t>(it - region_list.begin());
-        if (it == region_list.end()) region_list.push_back(base);
+        const RegionKey base = region_for(tensors[i], runs[i]);
+        const auto [it, added] =
+            region_index.emplace(base, static_cast<uint32_t>(region_list.size()));
+        if (added) region_list.push_back(base);
+        index_of[i] = it->second;
         ++regions_.at(base).uses;
         used.push_back(base);
       }
@@ -189,11 +203,17 @@ class Ucx {
       w.u64(reinterpret_cast<uintptr_t>(tensors[i].data));
       w.u64(tensors[i].nbytes);
     }
-    return w.out;
+    if (w.out.size() > capacity) {
+      *needed = w.out.size();
+      too_large_[object] = std::move(w.out);
+      return {};
+    }
+    return std::move(w.out);
   }
 
   void unpublish(uint64_t object) {
     std::lock_guard<std::mutex> lock(mutex_);
+    too_large_.erase(object);
     auto it = objects_.find(object);
     if (it == objects_.end()) return;
     release_locked(it->second);
@@ -400,35 +420,41 @@ class Ucx {
     eps_.erase(it);
   }
 
-  // The registered region holding tensors[i]: an existing one that covers it, or a new one over
-  // the run of this object's tensors that touch or overlap it (one registration for slices of
-  // one buffer; a buffer whose slices were registered before gets one of its own, beside theirs).
-  // With mutex_ held.
-  RegionKey region_for(const tuttiTensor_v1_t* tensors, size_t count, size_t i) {
-    const uintptr_t lo = reinterpret_cast<uintptr_t>(tensors[i].data);
-    const uintptr_t hi = lo + tensors[i].nbytes;
+  // Per tensor, the run of this object's non-empty tensors that touch or overlap it (transitively:
+  // views of one buffer make one run), as [base, end); by one sort of their addresses.
+  static std::vector<RegionKey> runs_of(const tuttiTensor_v1_t* tensors, size_t count) {
+    std::vector<size_t> order;
+    for (size_t i = 0; i < count; ++i)
+      if (tensors[i].nbytes != 0) order.push_back(i);
+    auto lo = [&](size_t i) { return reinterpret_cast<uintptr_t>(tensors[i].data); };
+    std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return lo(x) < lo(y); });
+    std::vector<RegionKey> runs(count);
+    for (size_t first = 0; first < order.size();) {
+      RegionKey run{lo(order[first]), lo(order[first]) + tensors[order[first]].nbytes};
+      size_t last = first + 1;
+      for (; last < order.size() && lo(order[last]) <= run.second; ++last)
+        run.second = std::max(run.second, lo(order[last]) + tensors[order[last]].nbytes);
+      for (size_t k = first; k < last; ++k) runs[order[k]] = run;
+      first = last;
+    }
+    return runs;
+  }
+
+  // The registered region holding tensor t: an existing one that covers it, or a new one over its
+  // run (one registration for slices of one buffer; a buffer whose slices were registered before
+  // gets one of its own, beside theirs). With mutex_ held.
+  RegionKey region_for(const tuttiTensor_v1_t& t, RegionKey run) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(t.data);
+    const uintptr_t hi = lo + t.nbytes;
     // The regions that begin at or below lo, the ones beginning highest (and among them the
-    // longest) first.
+    // longest) first, down to where none is long enough to reach hi.
     for (auto it = regions_.upper_bound(RegionKey{lo, UINTPTR_MAX}); it != regions_.begin();) {
       --it;
       if (hi <= it->first.second) return it->first;
-    }
-    // Grow [lo, hi) over this object's tensors that overlap or touch it, until it stops growing.
-    uintptr_t a = lo, b = hi;
-    for (bool grew = true; grew;) {
-      grew = false;
-      for (size_t k = 0; k < count; ++k) {
-        const uintptr_t x = reinterpret_cast<uintptr_t>(tensors[k].data);
-        const uintptr_t y = x + tensors[k].nbytes;
-        if (tensors[k].nbytes == 0 || y < a || x > b) continue;
-        if (x < a || y > b) {
-          a = std::min(a, x);
-          b = std::max(b, y);
-          grew = true;
-        }
-      }
+      if (hi - it->first.first > longest_) break;
     }
     // Registered regions it would overlap are left as they are: this one is registered apart.
+    const auto [a, b] = run;
     Region r;
     r.base = a;
     r.size = b - a;
@@ -447,6 +473,7 @@ class Ucx {
     r.rkey.assign(static_cast<const char*>(packed), packed_size);
     ucp_rkey_buffer_release(packed);
     regions_[RegionKey{a, b}] = r;
+    longest_ = std::max(longest_, r.size);
     ++registered_;
     return RegionKey{a, b};
   }
@@ -487,8 +514,10 @@ class Ucx {
   int wake_ = -1;
   std::atomic<bool> stop_{false};
   std::thread progress_;
-  std::map<RegionKey, Region> regions_;                   // by (base, end) address
-  std::map<uint64_t, std::vector<RegionKey>> objects_;    // object -> the regions it uses
+  std::map<RegionKey, Region> regions_;                 // by (base, end) address
+  std::map<uint64_t, std::vector<RegionKey>> objects_;  // object -> the regions it uses
+  std::map<uint64_t, std::string> too_large_;  // published, its ref bytes not yet taken (publish)
+  size_t longest_ = 0;  // the longest region registered so far (region_for's search stops there)
   std::map<std::string, std::shared_ptr<Endpoint>> eps_;  // by the owner's worker address
   size_t registered_ = 0;                                 // registrations made, for tests
 };
@@ -517,12 +546,16 @@ tuttiResult_t publish(void* transport, uint64_t object, const tuttiTensor_v1_t* 
                       "tensor " + std::to_string(i) + " is not in CPU memory");
       }
     }
-    const std::string b = static_cast<Ucx*>(transport)->publish(object, tensors, count);
-    if (b.size() > *blob_size) {
-      static_cast<Ucx*>(transport)->unpublish(object);
-      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "the reference needs " + std::to_string(b.size()) +
-                                                    " bytes, " + std::to_string(*blob_size) +
-                                                    " at most (fewer regions or tensors per put)");
+    size_t needed = 0;
+    const std::string b =
+        static_cast<Ucx*>(transport)->publish(object, tensors, count, *blob_size, &needed);
+    if (needed != 0) {
+      // Kept for the agent's second call (plugin.h, TUTTI_BLOB_FIRST).
+      const size_t capacity = *blob_size;
+      *blob_size = needed;
+      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "the reference needs " + std::to_string(needed) +
+                                                    " bytes, " + std::to_string(capacity) +
+                                                    " offered");
     }
     std::memcpy(blob, b.data(), b.size());
     *blob_size = b.size();

@@ -7,21 +7,28 @@ namespace tutti::detail {
 namespace {
 
 // Calls f(buffer, &size, err) with a buffer of `first` bytes, and once more with the size the
-// plugin asks for when that was too small. The answer, as a string.
-template <typename F>
-std::string sized_call(size_t first, const std::string& what, F&& f) {
-  std::string buffer(first, '\0');
+// plugin asks for when that was too small (at most `limit`: more calls too_large(size), which
+// throws). The answer, as a string.
+template <typename F, typename TooLarge>
+std::string sized_call(size_t first, size_t limit, const std::string& what, F&& f,
+                       TooLarge&& too_large) {
+  size_t capacity = first;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    size_t size = buffer.size();
+    // Not zero-filled: the plugin writes what it reports, and only that is read.
+    std::unique_ptr<char[]> buffer(new char[capacity]);
+    size_t size = capacity;
     tuttiError_v1_t err{};
-    const tuttiResult_t rc = f(buffer.data(), &size, &err);
+    const tuttiResult_t rc = f(buffer.get(), &size, &err);
     if (rc == TUTTI_OK) {
-      buffer.resize(std::min(size, buffer.size()));
-      return buffer;
+      if (size > capacity) {
+        throw Error(ErrorCode::kInternal, what + ": the plugin reports " + std::to_string(size) +
+                                              " bytes written into " + std::to_string(capacity));
+      }
+      return std::string(buffer.get(), size);
     }
-    if (rc == TUTTI_ERR_INVALID_ARGUMENT && size > buffer.size() && attempt == 0 &&
-        size <= (size_t(1) << 30)) {
-      buffer.assign(size, '\0');
+    if (rc == TUTTI_ERR_INVALID_ARGUMENT && size > capacity && attempt == 0) {
+      if (size > limit) too_large(size);
+      capacity = size;
       continue;
     }
     check_plugin(rc, err, what);
@@ -62,14 +69,21 @@ class PluginTransport final : public TensorTransport {
   Publication publish(const PublishRequest& request) override {
     const auto tensors = to_c(request.tensors);
     Publication pub;
-    pub.blob = sized_call(TUTTI_BLOB_MAX, what("publish"), [&](void* b, size_t* n, auto* err) {
-      return t_->publish(transport_, request.object.id, tensors.data(), tensors.size(), b, n, err);
-    });
-    if (pub.blob.size() > TUTTI_BLOB_MAX) {
-      throw Error(ErrorCode::kInternal, what("publish") + ": wrote " +
-                                            std::to_string(pub.blob.size()) + " bytes of blob, " +
-                                            std::to_string(TUTTI_BLOB_MAX) + " at most");
-    }
+    static_assert(TUTTI_BLOB_MAX == TensorRef::kMaxBlob, "a ref carries what a plugin may write");
+    pub.blob = sized_call(
+        TUTTI_BLOB_FIRST, TUTTI_BLOB_MAX, what("publish"),
+        [&](void* b, size_t* n, auto* err) {
+          return t_->publish(transport_, request.object.id, tensors.data(), tensors.size(), b, n,
+                             err);
+        },
+        [&](size_t needed) {
+          if (t_->unpublish != nullptr) t_->unpublish(transport_, request.object.id);
+          throw Error(ErrorCode::kInvalidArgument,
+                      what("publish") + ": describing these " + std::to_string(tensors.size()) +
+                          " tensors takes " + std::to_string(needed) +
+                          " bytes, a ref holds at most " + std::to_string(TUTTI_BLOB_MAX) +
+                          " (put fewer tensors per object)");
+        });
     return pub;
   }
 
@@ -81,9 +95,15 @@ class PluginTransport final : public TensorTransport {
     if (t_->answer == nullptr) {
       throw Error(ErrorCode::kUnavailable, what("answer") + ": the transport takes no calls");
     }
-    return sized_call(1 << 16, what("answer"), [&](void* b, size_t* n, auto* err) {
-      return t_->answer(transport_, request.data(), request.size(), b, n, err);
-    });
+    return sized_call(
+        1 << 16, size_t(1) << 30, what("answer"),
+        [&](void* b, size_t* n, auto* err) {
+          return t_->answer(transport_, request.data(), request.size(), b, n, err);
+        },
+        [&](size_t needed) {
+          throw Error(ErrorCode::kInternal, what("answer") + ": the plugin asked for " +
+                                                std::to_string(needed) + " bytes of answer");
+        });
   }
 
   FetchResult fetch(const FetchRequest& request) override {
