@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include <cstddef>
 #include <cstring>
 #include "test_util.h"
+#include "transfer_many.h"
 #include "tutti/transfer_agent.h"
 
 extern char** environ;
@@ -319,6 +321,80 @@ TEST_F(OwnerThere, TheOwnersDeathFailsWaitingAndLaterGetsFastAndBorrowsStayReada
     }
   }
   b.release();
+}
+
+// An object of many small tensors from another process (ref.many, tests/transfer_many.h):
+// ordinary memory read across processes, in slices the copy's threads share, and views of the
+// owner's arena mapped, one overlapping another. Every tensor arrives whole and apart (a value
+// written to each stays), with own buffers, copy-on-write, the caller's targets and a borrow.
+TEST_F(OwnerThere, AnObjectOfManyTensorsArrivesWholeAndApart) {
+  using namespace many;
+  const TensorRef many = ref("many");
+  ASSERT_EQ(many.tensors().size(), size_t{kManyHeap + kManyViews});
+  // Each tensor's bytes as the owner wrote them, computed here.
+  std::vector<std::vector<uint8_t>> expected;
+  for (int i = 0; i < kManyHeap; ++i) {
+    expected.emplace_back(many_heap_size(i));
+    for (size_t k = 0; k < expected.back().size(); ++k) expected.back()[k] = many_byte(i, k);
+  }
+  for (int j = 0; j < kManyViews; ++j) {
+    std::vector<float> v(kManyView);
+    for (int64_t m = 0; m < kManyView; ++m)
+      v[m] = static_cast<float>(many_view_first(j) + m) * 0.5f;
+    const auto* bytes = reinterpret_cast<const uint8_t*>(v.data());
+    expected.emplace_back(bytes, bytes + v.size() * sizeof(float));
+  }
+  // The first byte of `got` unlike `want`, or -1.
+  auto first_unlike = [](const TensorView& got, const std::vector<uint8_t>& want) -> int64_t {
+    const auto* p = static_cast<const uint8_t*>(got.data());
+    if (want.empty() || std::memcmp(p, want.data(), want.size()) == 0) return -1;
+    return std::mismatch(want.begin(), want.end(), p).first - want.begin();
+  };
+  auto check = [&](const std::vector<TensorView>& got, const char* how, bool apart) {
+    ASSERT_EQ(got.size(), expected.size()) << how;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].nbytes(), expected[i].size()) << how << ", tensor " << i;
+      ASSERT_EQ(first_unlike(got[i], expected[i]), -1) << how << ", tensor " << i;
+    }
+    if (!apart) return;
+    // Apart: each tensor filled with a value of its own keeps it after all the others were.
+    auto mark = [](size_t i) { return static_cast<uint8_t>(i * 37 + 1); };
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i].nbytes() > 0) std::memset(got[i].data(), mark(i), got[i].nbytes());
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(first_unlike(got[i], std::vector<uint8_t>(got[i].nbytes(), mark(i))), -1)
+          << how << ", tensor " << i;
+    }
+  };
+  {
+    const Received r = agent->get(many);
+    check(r.tensors(), "own buffers", true);
+  }
+  {
+    GetOptions cow;
+    cow.copy_on_write = true;
+    const Received r = agent->get(many, cow);
+    check(r.tensors(), "copy-on-write", true);
+  }
+  {
+    std::vector<std::vector<uint8_t>> into;
+    GetOptions g;
+    for (const TensorMeta& m : many.tensors()) {
+      into.emplace_back(m.nbytes(), 0);
+      g.targets.emplace_back(into.back().data(), m.dtype, m.shape, Device::cpu());
+    }
+    const Received r = agent->get(many, g);
+    check(r.tensors(), "targets", true);
+  }
+  {
+    // A borrow's views of the arena are the owner's memory, read-only: checked, not written.
+    const Borrowed b = agent->borrow(many);
+    check(b.tensors(), "borrow", false);
+  }
+  // The owner's memory is as it was.
+  const Received again = agent->get(many);
+  check(again.tensors(), "again", false);
 }
 
 // An owner whose listening socket's backlog is full (it is stopped, and raw connections fill

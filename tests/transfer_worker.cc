@@ -3,6 +3,7 @@
 // loop, or fetches from another "host". Refs travel as text files in a shared directory.
 //
 //   transfer_worker owner <dir> [tcp-host]   publish, write <dir>/ref.*, wait for <dir>/done
+//                                            (ref.many: the object transfer_many.h describes)
 //   transfer_worker borrow <dir>             borrow ref.arena, write <dir>/borrowed, sleep
 //   transfer_worker getloop <dir>            get ref.heap forever, write <dir>/getting
 //   transfer_worker gloo-getloop <dir>       rank 1 of a gloo group (store <dir>/store): get
@@ -37,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "transfer_many.h"
 #include "tutti/tensor_transport.h"
 #include "tutti/transfer_agent.h"
 
@@ -44,6 +46,8 @@ using namespace tutti;
 using namespace std::chrono_literals;
 
 namespace {
+
+using namespace tutti::many;
 
 constexpr int64_t kArena = 1 << 20;      // floats: value i * 0.5
 constexpr int64_t kHeap = 1 << 16;       // int32: value 3 * i
@@ -139,6 +143,17 @@ int owner(const std::string& dir, const std::string& tcp) {
   ObjectHandle h_tiny = a->put({TensorView(tiny)}, socket);
   ObjectHandle h_big = a->put({TensorView(big_socket)}, socket);
   ObjectHandle h_reserved = a->reserve({{DType::kFloat32, {4}, Device::cpu()}});
+  // ref.many: kManyHeap ordinary tensors (many_byte; every 7th empty) and kManyViews views of the
+  // arena, the last overlapping the one before it (many_view_first).
+  std::vector<std::vector<uint8_t>> many_heap;
+  std::vector<TensorView> many;
+  for (int i = 0; i < kManyHeap; ++i) {
+    many_heap.emplace_back(many_heap_size(i));
+    for (size_t k = 0; k < many_heap.back().size(); ++k) many_heap.back()[k] = many_byte(i, k);
+    many.emplace_back(many_heap.back());
+  }
+  for (int j = 0; j < kManyViews; ++j) many.push_back(arena.slice(many_view_first(j), kManyView));
+  ObjectHandle h_many = a->put(many);
   ObjectHandle h_gloo;
   if (group_store != nullptr) {
     PutOptions gloo;
@@ -166,6 +181,7 @@ int owner(const std::string& dir, const std::string& tcp) {
   write_file(dir + "/ref.tiny", h_tiny.ref().to_text());
   write_file(dir + "/ref.big", h_big.ref().to_text());
   write_file(dir + "/ref.reserved", h_reserved.ref().to_text());
+  write_file(dir + "/ref.many", h_many.ref().to_text());
   write_file(dir + "/ready", std::to_string(::getpid()));
   return wait_file(dir + "/done", 120s) ? 0 : 2;
 }
