@@ -122,7 +122,8 @@ TEST(Plugin, TheExampleTransportCarriesObjects) {
 
 // A plugin's ref larger than the agent's first offer (plugin.h, TUTTI_BLOB_FIRST): offered 64 KiB,
 // then what it asked for, its bytes carried whole to the consumer's fetch; past the 1 MiB a ref
-// holds, the put is refused naming both sizes, and the agent unpublishes what the plugin kept.
+// holds, the put is refused naming both sizes, and there or where the second call fails the
+// agent unpublishes what the plugin kept.
 TEST(Plugin, ARefLargerThanTheFirstOfferIsAskedForAndCarried) {
   load_plugin(TUTTI_PLUGIN_BIG_BLOB);
   void* lib = dlopen(TUTTI_PLUGIN_BIG_BLOB, RTLD_NOW | RTLD_NOLOAD);
@@ -169,6 +170,12 @@ TEST(Plugin, ARefLargerThanTheFirstOfferIsAskedForAndCarried) {
                      "1101000", "1048576");
   s = stats();
   EXPECT_EQ(s.calls, 3u);
+  EXPECT_EQ(s.kept, 0);
+  // 2000 tensors: the plugin fails the second call; what it kept of the first goes too.
+  EXPECT_TUTTI_ERROR(owner->put(std::vector<TensorView>(many.begin(), many.begin() + 2000), put),
+                     ErrorCode::kIoError, "bigblob", "not a second time");
+  s = stats();
+  EXPECT_EQ(s.calls, 5u);
   EXPECT_EQ(s.kept, 0);
   dlclose(lib);
 }

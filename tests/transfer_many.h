@@ -17,7 +17,9 @@ constexpr int64_t kManyView = 1000;  // floats per view
 inline size_t many_heap_size(int i) {
   return i % 7 == 3 ? 0 : 14000 + static_cast<size_t>(i) * 331 % 24000 + i % 5;
 }
-inline uint8_t many_byte(int i, size_t k) { return static_cast<uint8_t>(i * 31 + k * 7); }
+inline uint8_t many_byte(int i, size_t k) {
+  return static_cast<uint8_t>(i * 31 + k * 7);
+}
 // The first float of view j: 3000 apart, the last view half over the one before it.
 inline int64_t many_view_first(int j) {
   return j == kManyViews - 1 ? (j - 1) * 3000 + kManyView / 2 : j * 3000;

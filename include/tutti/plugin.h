@@ -198,10 +198,12 @@ typedef struct {
 
 /* A reference carries up to TUTTI_BLOB_MAX bytes of its transport's (the ones publish writes).
  * publish is offered TUTTI_BLOB_FIRST bytes first; a transport that needs more returns
- * TUTTI_ERR_INVALID_ARGUMENT with *blob_size set to the size it needs. It may keep what that call
- * made: the agent then calls publish for the same object once more, with that capacity, or (a
- * size above TUTTI_BLOB_MAX, which fails the put naming both) unpublish. A plugin built when
- * TUTTI_BLOB_MAX was TUTTI_BLOB_FIRST never asks for more. */
+ * TUTTI_ERR_INVALID_ARGUMENT with *blob_size set to the size it needs (any other failure leaves
+ * *blob_size at most the capacity). It may keep what that call made: the agent then calls
+ * publish for the same object once more, with that capacity, unless the size is above
+ * TUTTI_BLOB_MAX (the put fails, naming both). Whenever a put fails after publish was called,
+ * the agent calls unpublish for the object, which a transport ignores for an object it does not
+ * hold. (An agent older than TUTTI_BLOB_FIRST offered 65536 bytes and took no more.) */
 #define TUTTI_BLOB_FIRST 65536
 #define TUTTI_BLOB_MAX 1048576
 
@@ -216,8 +218,8 @@ typedef struct {
   void (*destroy)(void* transport);
   /* Owner, at put: makes the tensors reachable; writes the reference's bytes into `blob`
    * (capacity *blob_size; *blob_size becomes what it wrote, or, where that was too small, what
-   * it needs: see TUTTI_BLOB_FIRST). The agent
-   * keeps the object (its tensors unchanged) until unpublish, and no consumer reads it after. */
+   * it needs: see TUTTI_BLOB_FIRST). The agent keeps the object (its tensors unchanged) until
+   * unpublish, and no consumer reads it after. */
   tuttiResult_t (*publish)(void* transport, uint64_t object, const tuttiTensor_v1_t* tensors,
                            size_t count, void* blob, size_t* blob_size, tuttiError_v1_t* err);
   void (*unpublish)(void* transport, uint64_t object);

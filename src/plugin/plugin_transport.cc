@@ -8,14 +8,14 @@ namespace {
 
 // Calls f(buffer, &size, err) with a buffer of `first` bytes, and once more with the size the
 // plugin asks for when that was too small (at most `limit`: more calls too_large(size), which
-// throws). The answer, as a string.
+// throws). The buffers are zeroed: a plugin that reports more than it wrote ships zeros, never
+// this process's old heap. The answer, as a string.
 template <typename F, typename TooLarge>
 std::string sized_call(size_t first, size_t limit, const std::string& what, F&& f,
                        TooLarge&& too_large) {
   size_t capacity = first;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    // Not zero-filled: the plugin writes what it reports, and only that is read.
-    std::unique_ptr<char[]> buffer(new char[capacity]);
+  for (int attempt = 0;; ++attempt) {
+    std::unique_ptr<char[]> buffer(new char[capacity]());
     size_t size = capacity;
     tuttiError_v1_t err{};
     const tuttiResult_t rc = f(buffer.get(), &size, &err);
@@ -26,14 +26,18 @@ std::string sized_call(size_t first, size_t limit, const std::string& what, F&& 
       }
       return std::string(buffer.get(), size);
     }
-    if (rc == TUTTI_ERR_INVALID_ARGUMENT && size > capacity && attempt == 0) {
+    if (rc == TUTTI_ERR_INVALID_ARGUMENT && size > capacity) {
+      if (attempt > 0) {
+        throw Error(ErrorCode::kInternal, what + ": the plugin asked for a larger buffer twice (" +
+                                              std::to_string(size) + " bytes after " +
+                                              std::to_string(capacity) + ")");
+      }
       if (size > limit) too_large(size);
       capacity = size;
       continue;
     }
     check_plugin(rc, err, what);
   }
-  throw Error(ErrorCode::kInternal, what + ": the plugin asked for a larger buffer twice");
 }
 
 tuttiAgent_v1_t c_agent(const AgentIdentity& id) {
@@ -70,20 +74,26 @@ class PluginTransport final : public TensorTransport {
     const auto tensors = to_c(request.tensors);
     Publication pub;
     static_assert(TUTTI_BLOB_MAX == TensorRef::kMaxBlob, "a ref carries what a plugin may write");
-    pub.blob = sized_call(
-        TUTTI_BLOB_FIRST, TUTTI_BLOB_MAX, what("publish"),
-        [&](void* b, size_t* n, auto* err) {
-          return t_->publish(transport_, request.object.id, tensors.data(), tensors.size(), b, n,
-                             err);
-        },
-        [&](size_t needed) {
-          if (t_->unpublish != nullptr) t_->unpublish(transport_, request.object.id);
-          throw Error(ErrorCode::kInvalidArgument,
-                      what("publish") + ": describing these " + std::to_string(tensors.size()) +
-                          " tensors takes " + std::to_string(needed) +
-                          " bytes, a ref holds at most " + std::to_string(TUTTI_BLOB_MAX) +
-                          " (put fewer tensors per object)");
-        });
+    try {
+      pub.blob = sized_call(
+          TUTTI_BLOB_FIRST, TUTTI_BLOB_MAX, what("publish"),
+          [&](void* b, size_t* n, auto* err) {
+            return t_->publish(transport_, request.object.id, tensors.data(), tensors.size(), b, n,
+                               err);
+          },
+          [&](size_t needed) {
+            throw Error(ErrorCode::kInvalidArgument,
+                        what("publish") + ": describing these " + std::to_string(tensors.size()) +
+                            " tensors takes " + std::to_string(needed) +
+                            " bytes, a ref holds at most " + std::to_string(TUTTI_BLOB_MAX) +
+                            " (put fewer tensors per object)");
+          });
+    } catch (...) {
+      // Whatever the plugin kept of the object (a first call's work it asked more room for, or a
+      // publication whose answer was refused) goes; for one it does not hold, a no-op (plugin.h).
+      if (t_->unpublish != nullptr) t_->unpublish(transport_, request.object.id);
+      throw;
+    }
     return pub;
   }
 

@@ -1,8 +1,9 @@
 /* A transport ("bigblob") whose refs need more bytes than the agent offers first (plugin.h,
  * TUTTI_BLOB_FIRST): 100 bytes a tensor and 1000 more. Asked with too little room, it keeps its
- * publication for the agent's next call; it counts what it was offered and what it keeps, for
- * plugin_test (bigblob_stats, found with dlsym). Its fetch checks every byte of the blob and
- * fills each target with 0x5a: the consumer sees the blob arrived whole. */
+ * publication for the agent's next call (which fails for 2000 tensors); it counts what it was
+ * offered and what it keeps, for plugin_test (bigblob_stats, found with dlsym). Its fetch checks
+ * every byte of the blob and fills each target with 0x5a: the consumer sees the blob arrived
+ * whole. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,6 +80,7 @@ static tuttiResult_t publish(void* transport, uint64_t object, const tuttiTensor
     *blob_size = n;
     return fail(err, TUTTI_ERR_INVALID_ARGUMENT, "bigblob: more room, please");
   }
+  if (count == 2000) return fail(err, TUTTI_ERR_IO, "bigblob: not a second time");
   for (size_t i = 0; i < n; ++i) ((uint8_t*)blob)[i] = byte_at(i);
   *blob_size = n;
   return TUTTI_OK;
