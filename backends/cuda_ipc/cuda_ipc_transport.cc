@@ -167,50 +167,24 @@ class CudaIpcTransport final : public TensorTransport {
   // ---- consumer ----
 
   FetchResult fetch(const FetchRequest& request) override {
-    const TensorRef& ref = request.ref;
-    const auto& metas = ref.tensors();
-    WireReader r(ref.blob(), "cuda_ipc transport: the ref's bytes");
-    std::array<uint8_t, 16> uuid{};
-    r.bytes(uuid.data(), uuid.size(), "the GPU's UUID");
-    cudaIpcEventHandle_t event_handle{};
-    r.bytes(&event_handle, sizeof(event_handle), "the event's handle");
-    struct Place {
-      cudaIpcMemHandle_t handle{};
-      uint64_t offset = 0, size = 0, buffer_id = 0, base = 0;
-    };
-    std::vector<Place> places(metas.size());
-    bool any = false;
-    for (size_t i = 0; i < metas.size(); ++i) {
-      r.bytes(&places[i].handle, kHandle, "a memory handle");
-      places[i].offset = r.u64("an offset");
-      places[i].size = r.u64("an allocation size");
-      places[i].buffer_id = r.u64("a buffer id");
-      places[i].base = r.u64("an owner's address");
-      if (metas[i].nbytes() > 0) {
-        any = true;
-        if (metas[i].nbytes() > places[i].size ||
-            places[i].offset > places[i].size - metas[i].nbytes()) {  // no 64-bit wrap
-          throw Error(ErrorCode::kInvalidArgument, "cuda_ipc transport: tensor " +
-                                                       std::to_string(i) +
-                                                       " lies past its allocation's end");
-        }
-      }
-    }
+    const auto& metas = request.ref.tensors();
+    const Places p = read_places(request.ref);
+    const std::vector<Place>& places = p.places;
     FetchResult out;
-    if (!any) {
+    if (!p.any) {
       for (const TensorMeta& m : metas) out.views.emplace_back(nullptr, m.dtype, m.shape, m.device);
       return out;
     }
-    const int device = local_device(uuid);
+    const int device = local_device(p.uuid);
     DeviceScope scope(device);
     const std::string owner = hex(request.owner.owner().uuid.data(), 16);
     cudaEvent_t ready = nullptr;
     if (request.owner.owner().pid == static_cast<uint32_t>(::getpid())) {
       std::lock_guard<std::mutex> lock(local_events_mutex());
-      auto it = local_events().find(handle_key(event_handle));
+      auto it = local_events().find(handle_key(p.event));
       if (it != local_events().end()) ready = it->second;
     } else {
-      ready = handles_.event(owner, event_handle);
+      ready = handles_.event(owner, p.event);
     }
     cudaStream_t stream = static_cast<cudaStream_t>(request.stream);
     const bool own_stream = stream == nullptr;
@@ -244,6 +218,55 @@ class CudaIpcTransport final : public TensorTransport {
       out.keep = std::make_shared<decltype(keep)>(std::move(keep));
       return out;
     }
+    copy_out(request, sources, stream, own_stream);
+    return out;
+  }
+
+ private:
+  // Where each tensor of a ref lies at the owner, read with bounds checks (the bytes come from
+  // another process).
+  struct Place {
+    cudaIpcMemHandle_t handle{};
+    uint64_t offset = 0, size = 0, buffer_id = 0, base = 0;
+  };
+  struct Places {
+    std::array<uint8_t, 16> uuid{};  // the owner's GPU
+    cudaIpcEventHandle_t event{};    // recorded after the producer's writes
+    std::vector<Place> places;       // one per tensor
+    bool any = false;                // a tensor with bytes
+  };
+  static Places read_places(const TensorRef& ref) {
+    const auto& metas = ref.tensors();
+    WireReader r(ref.blob(), "cuda_ipc transport: the ref's bytes");
+    Places p;
+    r.bytes(p.uuid.data(), p.uuid.size(), "the GPU's UUID");
+    r.bytes(&p.event, sizeof(p.event), "the event's handle");
+    p.places.resize(metas.size());
+    for (size_t i = 0; i < metas.size(); ++i) {
+      Place& place = p.places[i];
+      r.bytes(&place.handle, kHandle, "a memory handle");
+      place.offset = r.u64("an offset");
+      place.size = r.u64("an allocation size");
+      place.buffer_id = r.u64("a buffer id");
+      place.base = r.u64("an owner's address");
+      if (metas[i].nbytes() > 0) {
+        p.any = true;
+        if (metas[i].nbytes() > place.size ||
+            place.offset > place.size - metas[i].nbytes()) {  // no 64-bit wrap
+          throw Error(ErrorCode::kInvalidArgument, "cuda_ipc transport: tensor " +
+                                                       std::to_string(i) +
+                                                       " lies past its allocation's end");
+        }
+      }
+    }
+    return p;
+  }
+
+  // Copies each tensor from `sources` into the request's targets on `stream` and waits until
+  // the read is done (before the lease ends: the owner may then reuse the memory).
+  static void copy_out(const FetchRequest& request, const std::vector<const char*>& sources,
+                       cudaStream_t stream, bool own_stream) {
+    const auto& metas = request.ref.tensors();
     cudaEvent_t done = nullptr;
     check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "creating a read-done event");
     if (own_stream) {
@@ -263,15 +286,12 @@ class CudaIpcTransport final : public TensorTransport {
       if (copied != cudaSuccess) cudaEventDestroy(done);
       check(copied, "copying tensor " + std::to_string(i));
     }
-    // The read is done before the lease ends (the owner may then reuse the memory).
     cudaError_t e = cudaEventRecord(done, stream);
     if (e == cudaSuccess) e = cudaEventSynchronize(done);
     cudaEventDestroy(done);
     check(e, "waiting for the copy");
-    return out;
   }
 
- private:
   void load_driver() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (get_range_ != nullptr) return;

@@ -229,40 +229,7 @@ class Ucx {
 
   void fetch(const void* blob, size_t size, const tuttiTensor_v1_t* targets, size_t count,
              const tuttiPeer_v1_t* owner, Clock::time_point deadline) {
-    Reader r{static_cast<const char*>(blob), size};
-    const std::string address = r.bytes("the owner's address");
-    const uint32_t nregions = r.get<uint32_t>("the region count");
-    if (nregions > 1u << 16)
-      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "too many regions in a blob");
-    std::vector<std::string> rkeys;
-    for (uint32_t i = 0; i < nregions; ++i) rkeys.push_back(r.bytes("a remote key"));
-    const uint32_t n = r.get<uint32_t>("the tensor count");
-    if (n != count) {
-      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "the blob describes " + std::to_string(n) +
-                                                    " tensors, " + std::to_string(count) +
-                                                    " targets");
-    }
-    struct Piece {
-      uint32_t region;
-      uint64_t address, bytes;
-    };
-    std::vector<Piece> pieces(n);
-    for (auto& p : pieces) {
-      p.region = r.get<uint32_t>("a region index");
-      p.address = r.get<uint64_t>("a tensor's address");
-      p.bytes = r.get<uint64_t>("a tensor's size");
-    }
-    for (uint32_t i = 0; i < n; ++i) {
-      if (pieces[i].bytes != targets[i].nbytes) {
-        throw Failure(TUTTI_ERR_INVALID_ARGUMENT,
-                      "tensor " + std::to_string(i) + " has " + std::to_string(pieces[i].bytes) +
-                          " bytes, its target " + std::to_string(targets[i].nbytes));
-      }
-      if (pieces[i].bytes > 0 && pieces[i].region >= nregions) {
-        throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "tensor " + std::to_string(i) + " names region " +
-                                                      std::to_string(pieces[i].region));
-      }
-    }
+    const Described d = describe(blob, size, targets, count);
     std::unique_lock<std::mutex> lock(mutex_);
     // While it runs, this fetch progresses the worker and waits on its events itself; the serving
     // thread leaves them to it (it would take the events this thread sleeps on).
@@ -274,88 +241,28 @@ class Ucx {
       }
     } fetching(*this);
     // Kept by this fetch: another one may drop the endpoint from eps_ while this one sleeps.
-    const std::shared_ptr<Endpoint> held = endpoint(address);
-    Endpoint& ep = *held;
-    std::vector<ucp_rkey_h> keys(nregions, nullptr);
-    std::vector<void*> requests;
-    // Ends the get's operations: those still running are cancelled, and on a failed endpoint
-    // (an error, or the deadline) the endpoint is closed at once (force), which ends them
-    // whatever the peer does; a closed link would otherwise keep them until TCP gives up. No
-    // operation touches the targets after this returns.
-    auto cleanup = [&](bool failed) {
-      for (void* q : requests) {
-        if (UCS_PTR_IS_PTR(q) && ucp_request_check_status(q) == UCS_INPROGRESS) {
-          ucp_request_cancel(worker_, q);
-        }
-      }
-      if (failed) drop(address, held.get());
-      const auto until = Clock::now() + std::chrono::milliseconds(500);
-      for (void* q : requests) {
-        if (!UCS_PTR_IS_PTR(q)) continue;
-        while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < until) {
-          ucp_worker_progress(worker_);
-        }
-        ucp_request_free(q);
-      }
-      requests.clear();
-      for (ucp_rkey_h k : keys) {
-        if (k != nullptr) ucp_rkey_destroy(k);
-      }
-    };
+    const std::shared_ptr<Endpoint> held = endpoint(d.address);
+    Gets gets;
     try {
-      for (uint32_t i = 0; i < nregions; ++i) {
-        check(ucp_ep_rkey_unpack(ep.ep, rkeys[i].data(), &keys[i]), "unpacking a remote key");
+      for (const std::string& rkey : d.rkeys) {
+        gets.keys.push_back(nullptr);
+        check(ucp_ep_rkey_unpack(held->ep, rkey.data(), &gets.keys.back()),
+              "unpacking a remote key");
       }
-      for (uint32_t i = 0; i < n; ++i) {
-        if (pieces[i].bytes == 0) continue;
+      for (size_t i = 0; i < d.pieces.size(); ++i) {
+        const Piece& piece = d.pieces[i];
+        if (piece.bytes == 0) continue;
         ucp_request_param_t param{};
-        void* q = ucp_get_nbx(ep.ep, targets[i].data, pieces[i].bytes, pieces[i].address,
-                              keys[pieces[i].region], &param);
+        void* q = ucp_get_nbx(held->ep, targets[i].data, piece.bytes, piece.address,
+                              gets.keys[piece.region], &param);
         if (UCS_PTR_IS_ERR(q))
           check(UCS_PTR_STATUS(q), "ucp_get_nbx of tensor " + std::to_string(i));
-        requests.push_back(q);
+        gets.requests.push_back(q);
       }
-      // Until every get is done, failed, cancelled or late.
-      const auto spin_until = Clock::now() + std::chrono::microseconds(50);
-      while (true) {
-        ucp_worker_progress(worker_);
-        bool done = true;
-        for (void* q : requests) {
-          if (!UCS_PTR_IS_PTR(q)) continue;
-          const ucs_status_t st = ucp_request_check_status(q);
-          if (st == UCS_INPROGRESS) {
-            done = false;
-          } else if (st != UCS_OK) {
-            ep.failed = true;
-            check(st, "a get from " + std::string(owner->owner->name));
-          }
-        }
-        if (ep.failed) {
-          throw Failure(TUTTI_ERR_IO, "the endpoint to " + std::string(owner->owner->name) +
-                                          " failed: " + ep.why);
-        }
-        if (done) break;
-        if (owner->cancelled(owner->handle)) throw Failure(TUTTI_ERR_ABORTED, "cancelled");
-        const auto now = Clock::now();
-        if (now >= deadline) {
-          ep.failed = true;  // its pending operations are abandoned: a fresh endpoint next time
-          throw Failure(TUTTI_ERR_TIMEOUT, "the gets from " + std::string(owner->owner->name) +
-                                               " ran past the deadline");
-        }
-        // A small get is done within tens of microseconds: progress until then; after it, sleep
-        // until the worker has an event (armed first, or its event fd stays quiet), looking at
-        // the cancel flag and the deadline every 10 ms. (It polled an unarmed fd with a 1 ms
-        // timeout, which the serving thread could also drain: 8 B gets took 0.07-4 ms.)
-        if (now < spin_until) continue;
-        if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
-        lock.unlock();
-        pollfd p{efd_, POLLIN, 0};
-        ::poll(&p, 1, 10);
-        lock.lock();
-      }
-      cleanup(false);
+      wait_gets(lock, gets, *held, owner, deadline);
+      end_gets(gets, d.address, held.get(), false);
     } catch (...) {
-      cleanup(ep.failed);
+      end_gets(gets, d.address, held.get(), held->failed);
       throw;
     }
   }
@@ -366,6 +273,128 @@ class Ucx {
     bool failed = false;
     std::string why;
   };
+
+  // One tensor of a blob: its region, address and size at the owner.
+  struct Piece {
+    uint32_t region;
+    uint64_t address, bytes;
+  };
+  // What a blob describes, read with bounds checks (the bytes come from another process) and
+  // checked against the targets.
+  struct Described {
+    std::string address;             // the owner's worker
+    std::vector<std::string> rkeys;  // packed, one per region
+    std::vector<Piece> pieces;       // one per tensor
+  };
+  static Described describe(const void* blob, size_t size, const tuttiTensor_v1_t* targets,
+                            size_t count) {
+    Reader r{static_cast<const char*>(blob), size};
+    Described d;
+    d.address = r.bytes("the owner's address");
+    const uint32_t nregions = r.get<uint32_t>("the region count");
+    if (nregions > 1u << 16)
+      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "too many regions in a blob");
+    for (uint32_t i = 0; i < nregions; ++i) d.rkeys.push_back(r.bytes("a remote key"));
+    const uint32_t n = r.get<uint32_t>("the tensor count");
+    if (n != count) {
+      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "the blob describes " + std::to_string(n) +
+                                                    " tensors, " + std::to_string(count) +
+                                                    " targets");
+    }
+    d.pieces.resize(n);
+    for (auto& p : d.pieces) {
+      p.region = r.get<uint32_t>("a region index");
+      p.address = r.get<uint64_t>("a tensor's address");
+      p.bytes = r.get<uint64_t>("a tensor's size");
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+      if (d.pieces[i].bytes != targets[i].nbytes) {
+        throw Failure(TUTTI_ERR_INVALID_ARGUMENT,
+                      "tensor " + std::to_string(i) + " has " + std::to_string(d.pieces[i].bytes) +
+                          " bytes, its target " + std::to_string(targets[i].nbytes));
+      }
+      if (d.pieces[i].bytes > 0 && d.pieces[i].region >= nregions) {
+        throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "tensor " + std::to_string(i) + " names region " +
+                                                      std::to_string(d.pieces[i].region));
+      }
+    }
+    return d;
+  }
+
+  // A fetch's remote keys and operations.
+  struct Gets {
+    std::vector<ucp_rkey_h> keys;
+    std::vector<void*> requests;
+  };
+
+  // Until every get is done (returns), failed, cancelled or late (throws). With mutex_ held
+  // through `lock`, which it gives up while it sleeps.
+  void wait_gets(std::unique_lock<std::mutex>& lock, const Gets& gets, Endpoint& ep,
+                 const tuttiPeer_v1_t* owner, Clock::time_point deadline) {
+    const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+    while (true) {
+      ucp_worker_progress(worker_);
+      bool done = true;
+      for (void* q : gets.requests) {
+        if (!UCS_PTR_IS_PTR(q)) continue;
+        const ucs_status_t st = ucp_request_check_status(q);
+        if (st == UCS_INPROGRESS) {
+          done = false;
+        } else if (st != UCS_OK) {
+          ep.failed = true;
+          check(st, "a get from " + std::string(owner->owner->name));
+        }
+      }
+      if (ep.failed) {
+        throw Failure(TUTTI_ERR_IO,
+                      "the endpoint to " + std::string(owner->owner->name) + " failed: " + ep.why);
+      }
+      if (done) return;
+      if (owner->cancelled(owner->handle)) throw Failure(TUTTI_ERR_ABORTED, "cancelled");
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        ep.failed = true;  // its pending operations are abandoned: a fresh endpoint next time
+        throw Failure(TUTTI_ERR_TIMEOUT, "the gets from " + std::string(owner->owner->name) +
+                                             " ran past the deadline");
+      }
+      // A small get is done within tens of microseconds: progress until then; after it, sleep
+      // until the worker has an event (armed first, or its event fd stays quiet), looking at the
+      // cancel flag and the deadline every 10 ms. (It polled an unarmed fd with a 1 ms timeout,
+      // which the serving thread could also drain: 8 B gets took 0.07-4 ms.)
+      if (now < spin_until) continue;
+      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      lock.unlock();
+      pollfd p{efd_, POLLIN, 0};
+      ::poll(&p, 1, 10);
+      lock.lock();
+    }
+  }
+
+  // Ends a fetch's operations: those still running are cancelled, and on a failed endpoint (an
+  // error, or the deadline) the endpoint is closed at once (force), which ends them whatever the
+  // peer does; a closed link would otherwise keep them until TCP gives up. No operation touches
+  // the targets after this returns. With mutex_ held.
+  void end_gets(Gets& gets, const std::string& address, const Endpoint* ep, bool failed) {
+    for (void* q : gets.requests) {
+      if (UCS_PTR_IS_PTR(q) && ucp_request_check_status(q) == UCS_INPROGRESS) {
+        ucp_request_cancel(worker_, q);
+      }
+    }
+    if (failed) drop(address, ep);
+    const auto until = Clock::now() + std::chrono::milliseconds(500);
+    for (void* q : gets.requests) {
+      if (!UCS_PTR_IS_PTR(q)) continue;
+      while (ucp_request_check_status(q) == UCS_INPROGRESS && Clock::now() < until) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(q);
+    }
+    gets.requests.clear();
+    for (ucp_rkey_h k : gets.keys) {
+      if (k != nullptr) ucp_rkey_destroy(k);
+    }
+    gets.keys.clear();
+  }
 
   static void on_error(void* arg, ucp_ep_h, ucs_status_t status) {
     auto* e = static_cast<Endpoint*>(arg);
