@@ -270,11 +270,8 @@ nb::object meta_of(const TensorMeta& m) {
   return nb::make_tuple(std::string(to_string(m.dtype)), nb::tuple(shape), m.device.str());
 }
 
-}  // namespace
-
-void bind_transfer(nb::module_& parent) {
-  nb::module_ m = parent.def_submodule("transfer", "tutti's direct tensor transport");
-
+// TensorRef.
+void bind_ref(nb::module_& m) {
   nb::class_<TensorRef>(m, "TensorRef",
                         "A reference to published tensors: hand its bytes (to_bytes) or text "
                         "(to_text) to any process; its agent resolves it with get or borrow. "
@@ -314,7 +311,10 @@ void bind_transfer(nb::module_& parent) {
            })
       .def("__repr__",
            [](const TensorRef& r) { return "<tutti.transfer.TensorRef " + r.describe() + ">"; });
+}
 
+// ObjectHandle, Borrowed and Fetch: what a put, a borrow and a get_async hand back.
+void bind_results(nb::module_& m) {
   nb::class_<PyHandle>(m, "ObjectHandle",
                        "The owner's handle on a published object: the object may be freed once "
                        "every handle is released (release() or garbage collection).")
@@ -373,43 +373,20 @@ void bind_transfer(nb::module_& parent) {
           "exception", [](PyFetch& f) { return to_python_exception(f.fetch.exception()); },
           "The get's error (a tutti.Error), or None while it runs or after it succeeded.")
       .def("cancel", [](PyFetch& f) { f.fetch.cancel(); });
+}
 
-  nb::class_<AgentBox>(m, "TransferAgent",
-                       "A direct-transport agent (tutti::TransferAgent). put() publishes tensors "
-                       "in place and returns an ObjectHandle whose .ref any process resolves with "
-                       "its own agent's get() (a copy) or borrow() (zero-copy, read-only).")
-      .def(
-          "__init__",
-          [](AgentBox* self, const std::string& name, nb::handle fetch_timeout, bool listen_tcp,
-             const std::string& tcp_host, nb::handle secret) {
-            TransferAgentOptions o;
-            o.name = name;
-            if (!fetch_timeout.is_none()) {
-              o.fetch_timeout = positive_timeout(fetch_timeout, "TransferAgent", "fetch_timeout");
-            }
-            o.listen_tcp = listen_tcp;
-            o.tcp_host = tcp_host;
-            if (!secret.is_none()) o.secret = nb::cast<std::string>(secret);
-            std::shared_ptr<TransferAgent> a;
-            {
-              nb::gil_scoped_release release;
-              a = TransferAgent::create(o);
-            }
-            new (self) AgentBox{std::make_shared<PyAgent>(std::move(a))};
-          },
-          "name"_a = "", nb::kw_only(), "fetch_timeout"_a = nb::none(), "listen_tcp"_a = false,
-          "tcp_host"_a = "", "secret"_a = nb::none())
-      .def_prop_ro("name", [](AgentBox& box) { return box.p->agent().identity().name; })
-      .def(
-          "put",
-          [](AgentBox& box, nb::handle tensors, const std::string& transport, bool snapshot,
-             uint32_t expected_gets, nb::handle keep_for) {
-            return do_put(box.p, tensors, transport, snapshot, expected_gets, keep_for);
-          },
-          "tensors"_a, nb::kw_only(), "transport"_a = "auto", "snapshot"_a = false,
-          "expected_gets"_a = 0, "keep_for"_a = nb::none(), nb::rv_policy::take_ownership,
-          "Publishes a tensor or a list of tensors in place (snapshot=True: a copy now). They "
-          "must stay unchanged until the object is freed (wait_tensor_freed).")
+// TransferAgent: put, reserve, fulfil, fail.
+void bind_agent_objects(nb::class_<AgentBox>& c) {
+  c.def(
+       "put",
+       [](AgentBox& box, nb::handle tensors, const std::string& transport, bool snapshot,
+          uint32_t expected_gets, nb::handle keep_for) {
+         return do_put(box.p, tensors, transport, snapshot, expected_gets, keep_for);
+       },
+       "tensors"_a, nb::kw_only(), "transport"_a = "auto", "snapshot"_a = false,
+       "expected_gets"_a = 0, "keep_for"_a = nb::none(), nb::rv_policy::take_ownership,
+       "Publishes a tensor or a list of tensors in place (snapshot=True: a copy now). They "
+       "must stay unchanged until the object is freed (wait_tensor_freed).")
       .def(
           "reserve",
           [](AgentBox& box, nb::handle metas, const std::string& transport) {
@@ -460,31 +437,35 @@ void bind_transfer(nb::module_& parent) {
             nb::gil_scoped_release release;
             box.p->agent().fail(h.handle, message);
           },
-          "handle"_a, "message"_a)
-      .def(
-          "get",
-          [](AgentBox& box, nb::handle ref, nb::handle targets, nb::handle timeout,
-             bool allow_fallback, nb::handle framework, bool copy_on_write) {
-            const TensorRef r = to_ref(ref, "get");
-            GetOptions o = get_options(timeout, allow_fallback, "get", copy_on_write);
-            Keep keep;
-            o.targets = target_views(targets, keep, "get");
-            const Framework fw = parse_framework(framework, "get");
-            Received received;
-            {
-              nb::gil_scoped_release release;
-              received = box.p->agent().get(r, o);
-            }
-            return result_of(*box.p, r, std::move(received), targets, fw);
-          },
-          "ref"_a, nb::kw_only(), "targets"_a = nb::none(), "timeout"_a = nb::none(),
-          "allow_fallback"_a = false, "framework"_a = nb::none(), "copy_on_write"_a = false,
-          "The tensors of a ref (TensorRef, bytes or text): copies into `targets` (writable, "
-          "contiguous, same dtypes and sizes) or into new arrays of `framework` ('numpy' or "
-          "'torch'). The agent that put the ref gets the very objects it put. copy_on_write="
-          "True (no targets): tensors in shareable memory (allocate(), share_memory_() tensors "
-          "the owner registered) come as private copy-on-write mappings of the owner's pages, "
-          "no copy; the arrays hold the object at the owner until they go.")
+          "handle"_a, "message"_a);
+}
+
+// TransferAgent: get, get_async, borrow, wait_tensor_freed.
+void bind_agent_gets(nb::class_<AgentBox>& c) {
+  c.def(
+       "get",
+       [](AgentBox& box, nb::handle ref, nb::handle targets, nb::handle timeout,
+          bool allow_fallback, nb::handle framework, bool copy_on_write) {
+         const TensorRef r = to_ref(ref, "get");
+         GetOptions o = get_options(timeout, allow_fallback, "get", copy_on_write);
+         Keep keep;
+         o.targets = target_views(targets, keep, "get");
+         const Framework fw = parse_framework(framework, "get");
+         Received received;
+         {
+           nb::gil_scoped_release release;
+           received = box.p->agent().get(r, o);
+         }
+         return result_of(*box.p, r, std::move(received), targets, fw);
+       },
+       "ref"_a, nb::kw_only(), "targets"_a = nb::none(), "timeout"_a = nb::none(),
+       "allow_fallback"_a = false, "framework"_a = nb::none(), "copy_on_write"_a = false,
+       "The tensors of a ref (TensorRef, bytes or text): copies into `targets` (writable, "
+       "contiguous, same dtypes and sizes) or into new arrays of `framework` ('numpy' or "
+       "'torch'). The agent that put the ref gets the very objects it put. copy_on_write="
+       "True (no targets): tensors in shareable memory (allocate(), share_memory_() tensors "
+       "the owner registered) come as private copy-on-write mappings of the owner's pages, "
+       "no copy; the arrays hold the object at the owner until they go.")
       .def(
           "get_async",
           [](AgentBox& box, nb::handle ref, nb::handle targets, nb::handle timeout,
@@ -541,30 +522,34 @@ void bind_transfer(nb::module_& parent) {
           },
           "tensor"_a, "timeout"_a = nb::none(),
           "Waits until no published object overlaps the tensor's bytes (timeout in seconds; "
-          "None: no limit); raises tutti.TimeoutError listing what still holds it.")
-      .def(
-          "allocate",
-          [](AgentBox& box, size_t nbytes, const std::string& dtype, nb::handle framework) {
-            const DType d = parse_dtype(dtype);
-            const Framework fw = parse_framework(framework, "allocate");
-            TensorView v;
-            {
-              nb::gil_scoped_release release;
-              v = box.p->agent().allocate(nbytes, d);
-            }
-            // Given back when the array (and every view of it) goes.
-            auto agent = box.p->shared();
-            std::shared_ptr<void> memory(v.data(), [agent, v](void*) {
-              try {
-                agent->deallocate(v);
-              } catch (...) {
-              }
-            });
-            return from_view(v, owner_of(std::move(memory)), fw, false);
-          },
-          "nbytes"_a, "dtype"_a = "uint8", "framework"_a = nb::none(),
-          "A 1-D array in memory the transports share without copying (shm: zero-copy gets and "
-          "borrows); given back when the array goes.")
+          "None: no limit); raises tutti.TimeoutError listing what still holds it.");
+}
+
+// TransferAgent: allocate, register_memory, unregister_memory.
+void bind_agent_memory(nb::class_<AgentBox>& c) {
+  c.def(
+       "allocate",
+       [](AgentBox& box, size_t nbytes, const std::string& dtype, nb::handle framework) {
+         const DType d = parse_dtype(dtype);
+         const Framework fw = parse_framework(framework, "allocate");
+         TensorView v;
+         {
+           nb::gil_scoped_release release;
+           v = box.p->agent().allocate(nbytes, d);
+         }
+         // Given back when the array (and every view of it) goes.
+         auto agent = box.p->shared();
+         std::shared_ptr<void> memory(v.data(), [agent, v](void*) {
+           try {
+             agent->deallocate(v);
+           } catch (...) {
+           }
+         });
+         return from_view(v, owner_of(std::move(memory)), fw, false);
+       },
+       "nbytes"_a, "dtype"_a = "uint8", "framework"_a = nb::none(),
+       "A 1-D array in memory the transports share without copying (shm: zero-copy gets and "
+       "borrows); given back when the array goes.")
       .def(
           "register_memory",
           [](AgentBox& box, nb::handle region, int fd, uint64_t offset) {
@@ -590,21 +575,24 @@ void bind_transfer(nb::module_& parent) {
           },
           "region"_a,
           "Undoes register_memory; raises tutti.InvalidUsageError while an object in it is "
-          "still published.")
-      .def(
-          "join_group",
-          [](AgentBox& box, const std::string& transport, int world_size, int rank,
-             nb::handle store, nb::handle timeout, const std::string& job_id,
-             const std::string& set) {
-            GroupOptions o = group_options(store, timeout, job_id, "TransferAgent.join_group");
-            nb::gil_scoped_release release;
-            box.p->agent().join_group(transport, world_size, rank, o, set);
-          },
-          "transport"_a, "world_size"_a, "rank"_a, nb::kw_only(), "store"_a = nb::none(),
-          "timeout"_a = nb::none(), "job_id"_a = "", "set"_a = "rdt",
-          "Joins the group a two-sided transport ('gloo', 'nccl') sends over: collective, every "
-          "member calls it with its rank and a store they share (a URL, or one tutti.HashStore "
-          "for agents that are threads).")
+          "still published.");
+}
+
+// TransferAgent: the two-sided transports' groups, abort, collect.
+void bind_agent_groups(nb::class_<AgentBox>& c) {
+  c.def(
+       "join_group",
+       [](AgentBox& box, const std::string& transport, int world_size, int rank, nb::handle store,
+          nb::handle timeout, const std::string& job_id, const std::string& set) {
+         GroupOptions o = group_options(store, timeout, job_id, "TransferAgent.join_group");
+         nb::gil_scoped_release release;
+         box.p->agent().join_group(transport, world_size, rank, o, set);
+       },
+       "transport"_a, "world_size"_a, "rank"_a, nb::kw_only(), "store"_a = nb::none(),
+       "timeout"_a = nb::none(), "job_id"_a = "", "set"_a = "rdt",
+       "Joins the group a two-sided transport ('gloo', 'nccl') sends over: collective, every "
+       "member calls it with its rank and a store they share (a URL, or one tutti.HashStore "
+       "for agents that are threads).")
       .def(
           "attach_group",
           [](AgentBox& box, const std::string& transport, std::shared_ptr<CollectiveGroup> group) {
@@ -639,7 +627,45 @@ void bind_transfer(nb::module_& parent) {
             return box.p->pinned_count();
           },
           "Lets go of freed objects' tensors now; returns how many objects it still holds.");
+}
 
+}  // namespace
+
+void bind_transfer(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule("transfer", "tutti's direct tensor transport");
+  bind_ref(m);
+  bind_results(m);
+  nb::class_<AgentBox> c(
+      m, "TransferAgent",
+      "A direct-transport agent (tutti::TransferAgent). put() publishes tensors "
+      "in place and returns an ObjectHandle whose .ref any process resolves with "
+      "its own agent's get() (a copy) or borrow() (zero-copy, read-only).");
+  c.def(
+       "__init__",
+       [](AgentBox* self, const std::string& name, nb::handle fetch_timeout, bool listen_tcp,
+          const std::string& tcp_host, nb::handle secret) {
+         TransferAgentOptions o;
+         o.name = name;
+         if (!fetch_timeout.is_none()) {
+           o.fetch_timeout = positive_timeout(fetch_timeout, "TransferAgent", "fetch_timeout");
+         }
+         o.listen_tcp = listen_tcp;
+         o.tcp_host = tcp_host;
+         if (!secret.is_none()) o.secret = nb::cast<std::string>(secret);
+         std::shared_ptr<TransferAgent> a;
+         {
+           nb::gil_scoped_release release;
+           a = TransferAgent::create(o);
+         }
+         new (self) AgentBox{std::make_shared<PyAgent>(std::move(a))};
+       },
+       "name"_a = "", nb::kw_only(), "fetch_timeout"_a = nb::none(), "listen_tcp"_a = false,
+       "tcp_host"_a = "", "secret"_a = nb::none())
+      .def_prop_ro("name", [](AgentBox& box) { return box.p->agent().identity().name; });
+  bind_agent_objects(c);
+  bind_agent_gets(c);
+  bind_agent_memory(c);
+  bind_agent_groups(c);
   m.def("default_agent", &default_py_agent, "The process-wide agent (made on first use).");
   m.def("default_agent_made", &default_agent_made,
         "Whether the process-wide agent exists yet (its options, from the environment, are then "
