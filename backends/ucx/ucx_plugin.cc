@@ -39,15 +39,12 @@
 
 #include <tutti/plugin.h>
 
+#include "ucx_blob.h"
+
 namespace {
 
+using namespace tutti_ucx;
 using Clock = std::chrono::steady_clock;
-
-// A failure carrying the plugin's result code.
-struct Failure : std::runtime_error {
-  Failure(tuttiResult_t code, const std::string& what) : std::runtime_error(what), code(code) {}
-  tuttiResult_t code;
-};
 
 tuttiResult_t report(const Failure& f, tuttiError_v1_t* err) {
   std::snprintf(err->message, sizeof(err->message), "ucx: %s", f.what());
@@ -57,41 +54,6 @@ tuttiResult_t report(const Failure& f, tuttiError_v1_t* err) {
 void check(ucs_status_t st, const std::string& what, tuttiResult_t code = TUTTI_ERR_IO) {
   if (st != UCS_OK) throw Failure(code, what + ": " + ucs_status_string(st));
 }
-
-// The blob's little-endian fields, read with bounds checks (the bytes come from another process).
-struct Writer {
-  std::string out;
-  void u32(uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
-  void u64(uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
-  void bytes(const void* p, size_t n) {
-    u32(static_cast<uint32_t>(n));
-    out.append(static_cast<const char*>(p), n);
-  }
-};
-
-struct Reader {
-  const char* p;
-  size_t left;
-  template <typename T>
-  T get(const char* what) {
-    if (left < sizeof(T))
-      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, std::string("a blob truncated at ") + what);
-    T v;
-    std::memcpy(&v, p, sizeof(T));
-    p += sizeof(T);
-    left -= sizeof(T);
-    return v;
-  }
-  std::string bytes(const char* what) {
-    const uint32_t n = get<uint32_t>(what);
-    if (n > left)
-      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, std::string("a blob truncated in ") + what);
-    std::string s(p, n);
-    p += n;
-    left -= n;
-    return s;
-  }
-};
 
 using RegionKey = std::pair<uintptr_t, uintptr_t>;  // [base, end)
 
@@ -192,23 +154,20 @@ class Ucx {
       throw;
     }
     objects_[object] = used;
-    Writer w;
-    w.bytes(address_.data(), address_.size());
-    w.u32(static_cast<uint32_t>(region_list.size()));
-    for (const RegionKey& base : region_list)
-      w.bytes(regions_.at(base).rkey.data(), regions_.at(base).rkey.size());
-    w.u32(static_cast<uint32_t>(count));
+    std::vector<const std::string*> rkeys;
+    for (const RegionKey& base : region_list) rkeys.push_back(&regions_.at(base).rkey);
+    std::vector<Piece> pieces(count);
     for (size_t i = 0; i < count; ++i) {
-      w.u32(tensors[i].nbytes == 0 ? UINT32_MAX : index_of[i]);
-      w.u64(reinterpret_cast<uintptr_t>(tensors[i].data));
-      w.u64(tensors[i].nbytes);
+      pieces[i] = Piece{tensors[i].nbytes == 0 ? UINT32_MAX : index_of[i],
+                        reinterpret_cast<uintptr_t>(tensors[i].data), tensors[i].nbytes};
     }
-    if (w.out.size() > capacity) {
-      *needed = w.out.size();
-      too_large_[object] = std::move(w.out);
+    std::string blob = encode(address_, rkeys, pieces);
+    if (blob.size() > capacity) {
+      *needed = blob.size();
+      too_large_[object] = std::move(blob);
       return {};
     }
-    return std::move(w.out);
+    return blob;
   }
 
   void unpublish(uint64_t object) {
@@ -273,53 +232,6 @@ class Ucx {
     bool failed = false;
     std::string why;
   };
-
-  // One tensor of a blob: its region, address and size at the owner.
-  struct Piece {
-    uint32_t region;
-    uint64_t address, bytes;
-  };
-  // What a blob describes, read with bounds checks (the bytes come from another process) and
-  // checked against the targets.
-  struct Described {
-    std::string address;             // the owner's worker
-    std::vector<std::string> rkeys;  // packed, one per region
-    std::vector<Piece> pieces;       // one per tensor
-  };
-  static Described describe(const void* blob, size_t size, const tuttiTensor_v1_t* targets,
-                            size_t count) {
-    Reader r{static_cast<const char*>(blob), size};
-    Described d;
-    d.address = r.bytes("the owner's address");
-    const uint32_t nregions = r.get<uint32_t>("the region count");
-    if (nregions > 1u << 16)
-      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "too many regions in a blob");
-    for (uint32_t i = 0; i < nregions; ++i) d.rkeys.push_back(r.bytes("a remote key"));
-    const uint32_t n = r.get<uint32_t>("the tensor count");
-    if (n != count) {
-      throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "the blob describes " + std::to_string(n) +
-                                                    " tensors, " + std::to_string(count) +
-                                                    " targets");
-    }
-    d.pieces.resize(n);
-    for (auto& p : d.pieces) {
-      p.region = r.get<uint32_t>("a region index");
-      p.address = r.get<uint64_t>("a tensor's address");
-      p.bytes = r.get<uint64_t>("a tensor's size");
-    }
-    for (uint32_t i = 0; i < n; ++i) {
-      if (d.pieces[i].bytes != targets[i].nbytes) {
-        throw Failure(TUTTI_ERR_INVALID_ARGUMENT,
-                      "tensor " + std::to_string(i) + " has " + std::to_string(d.pieces[i].bytes) +
-                          " bytes, its target " + std::to_string(targets[i].nbytes));
-      }
-      if (d.pieces[i].bytes > 0 && d.pieces[i].region >= nregions) {
-        throw Failure(TUTTI_ERR_INVALID_ARGUMENT, "tensor " + std::to_string(i) + " names region " +
-                                                      std::to_string(d.pieces[i].region));
-      }
-    }
-    return d;
-  }
 
   // A fetch's remote keys and operations.
   struct Gets {
