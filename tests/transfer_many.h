@@ -17,8 +17,11 @@ constexpr int64_t kManyView = 1000;  // floats per view
 inline size_t many_heap_size(int i) {
   return i % 7 == 3 ? 0 : 14000 + static_cast<size_t>(i) * 331 % 24000 + i % 5;
 }
+// Not periodic within a tensor (a piece copied to another place in its tensor shows), and unlike
+// from tensor to tensor.
 inline uint8_t many_byte(int i, size_t k) {
-  return static_cast<uint8_t>(i * 31 + k * 7);
+  return static_cast<uint8_t>(
+      (static_cast<uint32_t>(k) * 0x9E3779B1u + static_cast<uint32_t>(i) * 0x85EBCA77u) >> 24);
 }
 // The first float of view j: 3000 apart, the last view half over the one before it.
 inline int64_t many_view_first(int j) {

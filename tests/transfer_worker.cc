@@ -128,6 +128,7 @@ int owner(const std::string& dir, const std::string& tcp) {
   std::vector<float> tiny = {1.5f, 2.5f};  // 8 bytes: the answer's payload is one small write
   std::vector<float> big_socket(kBigSocket, 2.5f);
   std::vector<float> big;
+  std::vector<std::vector<uint8_t>> many_heap;  // ref.many's ordinary tensors
   auto a = agent("owner-proc", tcp);
   const char* group_store = std::getenv("TUTTI_RDT_GROUP_STORE");
   if (group_store != nullptr) a->join_group("gloo", 2, 0, group_options(group_store));
@@ -145,7 +146,6 @@ int owner(const std::string& dir, const std::string& tcp) {
   ObjectHandle h_reserved = a->reserve({{DType::kFloat32, {4}, Device::cpu()}});
   // ref.many: kManyHeap ordinary tensors (many_byte; every 7th empty) and kManyViews views of the
   // arena, the last overlapping the one before it (many_view_first).
-  std::vector<std::vector<uint8_t>> many_heap;
   std::vector<TensorView> many;
   for (int i = 0; i < kManyHeap; ++i) {
     many_heap.emplace_back(many_heap_size(i));

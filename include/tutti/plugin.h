@@ -201,9 +201,10 @@ typedef struct {
  * TUTTI_ERR_INVALID_ARGUMENT with *blob_size set to the size it needs (any other failure leaves
  * *blob_size at most the capacity). It may keep what that call made: the agent then calls
  * publish for the same object once more, with that capacity, unless the size is above
- * TUTTI_BLOB_MAX (the put fails, naming both). Whenever a put fails after publish was called,
- * the agent calls unpublish for the object, which a transport ignores for an object it does not
- * hold. (An agent older than TUTTI_BLOB_FIRST offered 65536 bytes and took no more.) */
+ * TUTTI_BLOB_MAX (the put fails, naming both). Whenever publish fails (for a put, a fulfil or a
+ * consumer on another host), the agent calls unpublish for the object, which a transport ignores
+ * for an object it does not hold. (An agent older than TUTTI_BLOB_FIRST offered 65536 bytes and
+ * took no more.) */
 #define TUTTI_BLOB_FIRST 65536
 #define TUTTI_BLOB_MAX 1048576
 

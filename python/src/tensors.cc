@@ -492,10 +492,15 @@ struct TorchExport {
   PyObject* owner;
 };
 
+// False once the interpreter is gone (Py_AtExit): a tensor deleted then leaves its owner be. Not
+// Py_IsInitialized, which turns false before the last collections of the finalisation, whose
+// tensors must still let their owners go.
+std::atomic<bool> python_alive{true};
+
 void torch_export_delete(DLManagedTensor* managed) {
   auto* e = static_cast<TorchExport*>(managed->manager_ctx);
   // Torch may drop its last reference on a thread of its own, without the GIL.
-  if (e->owner != nullptr && Py_IsInitialized()) {
+  if (e->owner != nullptr && python_alive.load()) {
     const PyGILState_STATE gil = PyGILState_Ensure();
     Py_DECREF(e->owner);
     PyGILState_Release(gil);
@@ -525,10 +530,18 @@ PyObject* torch_from_dlpack() {
     }
     Py_DECREF(torch);
   }
-  if (found == nullptr) PyErr_Clear();
+  if (found == nullptr) {
+    // Not there (nanobind's export then, for good); anything else (an interrupt) is raised.
+    if (!PyErr_ExceptionMatches(PyExc_ImportError) &&
+        !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+      throw nb::python_error();
+    }
+    PyErr_Clear();
+  }
   if (!looked) {  // another thread may have looked meanwhile (the import gives up the GIL)
     fn = found;   // kept for the process's life
     looked = true;
+    Py_AtExit([] { python_alive = false; });
   } else {
     Py_XDECREF(found);
   }

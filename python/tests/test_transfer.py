@@ -49,24 +49,34 @@ def test_put_get_round_trips_every_form(agents):
 
 def test_torch_gets_keep_every_dtype_and_shape(agents):
     """framework='torch' tensors (made through torch's C DLPack entry): each dtype as torch names
-    it (bool stays bool), 0-d and empty shapes, the bytes as put; a tensor outlives the list."""
+    it (bool stays bool), 0-d and empty shapes, the bytes as put; copied, and mapped copy-on-write
+    from the owner's memory; the last tensor alive holds what it came in (the owner's lease) and
+    lets it go when deleted."""
     owner, consumer = agents
     put = [torch.tensor([True, False, True]), torch.tensor(7.5, dtype=torch.float16),
            torch.zeros((0, 3), dtype=torch.int32), torch.arange(6, dtype=torch.uint8).reshape(2, 3),
            torch.tensor([2 ** 40, -3], dtype=torch.int64),
-           torch.tensor([1.0, -0.5], dtype=torch.bfloat16),
-           torch.arange(12, dtype=torch.float64).reshape(2, 1, 6)]
-    with owner.put(put) as h:
-        for cow in (False, True):
-            got = consumer.get(h.ref, framework="torch", copy_on_write=cow)
-            assert [t.dtype for t in got] == [t.dtype for t in put]
-            assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in put]
-            for g, t in zip(got, put):
-                assert torch.equal(g, t), (g, t)
-            last = got[-1]
-            del got
-            gc.collect()
-            assert last.sum().item() == 66.0
+           torch.tensor([1.0, -0.5], dtype=torch.bfloat16)]
+    block = transfer.empty((2, 1, 6), torch.float64, agent=owner)
+    block.copy_(torch.arange(12, dtype=torch.float64).reshape(2, 1, 6))
+    put.append(block)
+    h = owner.put(put)
+    for cow in (False, True):
+        got = consumer.get(h.ref, framework="torch", copy_on_write=cow)
+        assert [t.dtype for t in got] == [t.dtype for t in put]
+        assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in put]
+        assert all(torch.equal(g, t) for g, t in zip(got, put))
+        assert ("memfd:tutti-rdt" in mapped_from(got[-1])) == cow
+        last = got[-1]
+        del got
+        gc.collect()
+        assert last.sum().item() == 66.0
+        if cow:
+            h.release()
+            with pytest.raises(tutti.TimeoutError, match="leased by agent 'consumer'"):
+                owner.wait_tensor_freed(block, timeout=0.2)
+        del last
+    owner.wait_tensor_freed(block, timeout=10)
 
 
 def test_get_into_targets_is_checked_before_any_io(agents):
