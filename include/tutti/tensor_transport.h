@@ -62,7 +62,7 @@ struct PublishRequest {
 };
 
 struct Publication {
-  std::string blob;  // the transport's bytes in the reference (at most 64 KiB)
+  std::string blob;  // the transport's bytes in the reference (at most TensorRef::kMaxBlob)
   // Where each tensor lies: (region, byte offset), as the transport numbers them; may be empty.
   std::vector<std::pair<uint16_t, uint64_t>> places;
 };
