@@ -22,6 +22,12 @@ using std::chrono::milliseconds;
 // loads once): set before any case loads it, so that the cases pass in one process, in any order.
 const bool kPrioritySet = ::setenv("STORELOOP_PRIORITY", "100", 1) == 0;
 
+std::shared_ptr<TransferAgent> agent_named(const std::string& name) {
+  TransferAgentOptions o;
+  o.name = name;
+  return TransferAgent::create(o);
+}
+
 LoadedPlugin load_example() {
   const LoadedPlugin p = load_plugin(TUTTI_PLUGIN_STORELOOP);
   EXPECT_EQ(p.name, "storeloop");
@@ -97,11 +103,8 @@ TEST(Plugin, AutoTakesAPluginBackendByItsPriority) {
 
 TEST(Plugin, TheExampleTransportCarriesObjects) {
   load_example();
-  TransferAgentOptions o;
-  o.name = "owner";
-  auto owner = TransferAgent::create(o);
-  o.name = "consumer";
-  auto consumer = TransferAgent::create(o);
+  auto owner = agent_named("owner");
+  auto consumer = agent_named("consumer");
   std::vector<float> a(1000);
   std::iota(a.begin(), a.end(), 0.0f);
   std::vector<int64_t> b(3, 7);
@@ -135,11 +138,8 @@ TEST(Plugin, ARefLargerThanTheFirstOfferIsAskedForAndCarried) {
   };
   auto stats = reinterpret_cast<Stats (*)()>(dlsym(lib, "bigblob_stats"));
   ASSERT_NE(stats, nullptr);
-  TransferAgentOptions o;
-  o.name = "blob-owner";
-  auto owner = TransferAgent::create(o);
-  o.name = "blob-consumer";
-  auto consumer = TransferAgent::create(o);
+  auto owner = agent_named("blob-owner");
+  auto consumer = agent_named("blob-consumer");
   PutOptions put;
   put.transport = "bigblob";
   // 1000 tensors: the plugin needs 1000 + 100 x 1000 bytes.
@@ -187,11 +187,8 @@ TEST(Plugin, ARefLargerThanTheFirstOfferIsAskedForAndCarried) {
 TEST(PluginUcx, CarriesTensorsAndViewsAndRefusesAFreedObject) {
   const LoadedPlugin p = load_plugin(TUTTI_UCX_PLUGIN_FILE);
   EXPECT_EQ(p.transports, std::vector<std::string>{"ucx"});
-  TransferAgentOptions o;
-  o.name = "ucx-owner";
-  auto owner = TransferAgent::create(o);
-  o.name = "ucx-consumer";
-  auto consumer = TransferAgent::create(o);
+  auto owner = agent_named("ucx-owner");
+  auto consumer = agent_named("ucx-consumer");
   std::vector<float> buffer(1000 * 250);
   std::iota(buffer.begin(), buffer.end(), 0.0f);
   std::vector<TensorView> views;
@@ -247,11 +244,8 @@ TEST(PluginUcx, CarriesTensorsAndViewsAndRefusesAFreedObject) {
 // goes on.
 TEST(PluginUcx, AnObjectWhoseRefNeedsMoreThanTheFirstOfferIsCarried) {
   const LoadedPlugin p = load_plugin(TUTTI_UCX_PLUGIN_FILE);
-  TransferAgentOptions o;
-  o.name = "ucx-owner-big";
-  auto owner = TransferAgent::create(o);
-  o.name = "ucx-consumer-big";
-  auto consumer = TransferAgent::create(o);
+  auto owner = agent_named("ucx-owner-big");
+  auto consumer = agent_named("ucx-consumer-big");
   PutOptions ucx;
   ucx.transport = "ucx";
   // 5000 views of one buffer (one region) and 40 buffers of their own (a region each).
