@@ -12,6 +12,7 @@
 #include "test_util.h"
 #include "tutti/plugin_loader.h"
 #include "tutti/transfer_agent.h"
+#include "ucx_blob.h"
 
 namespace tutti::testing {
 namespace {
@@ -178,6 +179,43 @@ TEST(Plugin, ARefLargerThanTheFirstOfferIsAskedForAndCarried) {
   EXPECT_EQ(s.calls, 5u);
   EXPECT_EQ(s.kept, 0);
   dlclose(lib);
+}
+
+// The ucx plugin's bytes in a ref (backends/ucx/ucx_blob.h; it needs no UCX, so this runs
+// everywhere): what encode writes, describe reads back, checked against the consumer's targets;
+// anything else is refused by name (fuzz_ucx_blob tries the rest).
+TEST(UcxBlob, DescribeReadsWhatEncodeWroteAndRefusesTheRest) {
+  using namespace tutti_ucx;
+  const std::string address = "worker-address", k0 = "key0", k1 = "key-1";
+  const std::vector<Piece> pieces = {{1, 0x1000, 40}, {UINT32_MAX, 0, 0}, {0, 0x2000, 8}};
+  const std::string blob = encode(address, {&k0, &k1}, pieces);
+  std::vector<tuttiTensor_v1_t> targets(3);
+  targets[0].nbytes = 40;
+  targets[2].nbytes = 8;
+  const Described d = describe(blob.data(), blob.size(), targets.data(), targets.size());
+  EXPECT_EQ(d.address, address);
+  EXPECT_EQ(d.rkeys, (std::vector<std::string>{k0, k1}));
+  ASSERT_EQ(d.pieces.size(), 3u);
+  EXPECT_EQ(d.pieces[0].region, 1u);
+  EXPECT_EQ(d.pieces[0].address, 0x1000u);
+  EXPECT_EQ(d.pieces[2].bytes, 8u);
+  auto refused = [&](const std::string& bytes, const std::vector<tuttiTensor_v1_t>& t,
+                     const std::string& words) {
+    try {
+      describe(bytes.data(), bytes.size(), t.data(), t.size());
+      ADD_FAILURE() << "accepted; expected: " << words;
+    } catch (const Failure& f) {
+      EXPECT_EQ(f.code, TUTTI_ERR_INVALID_ARGUMENT);
+      EXPECT_NE(std::string(f.what()).find(words), std::string::npos) << f.what();
+    }
+  };
+  refused(blob + "x", targets, "1 bytes past its tensors");
+  refused(blob.substr(0, blob.size() - 1), targets, "truncated at a tensor's size");
+  refused(blob, {targets[0], targets[1]}, "describes 3 tensors, 2 targets");
+  std::vector<tuttiTensor_v1_t> other = targets;
+  other[2].nbytes = 16;
+  refused(blob, other, "tensor 2 has 8 bytes, its target 16");
+  refused(encode(address, {&k0}, pieces), targets, "tensor 0 names region 1");
 }
 
 #ifdef TUTTI_UCX_PLUGIN_FILE
