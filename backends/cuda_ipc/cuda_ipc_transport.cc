@@ -178,8 +178,10 @@ class CudaIpcTransport final : public TensorTransport {
     const int device = local_device(p.uuid);
     DeviceScope scope(device);
     const std::string owner = hex(request.owner.owner().uuid.data(), 16);
+    // Another agent of this process: the owner's addresses and events are valid here as they are.
+    const bool same_process = request.owner.owner().pid == static_cast<uint32_t>(::getpid());
     cudaEvent_t ready = nullptr;
-    if (request.owner.owner().pid == static_cast<uint32_t>(::getpid())) {
+    if (same_process) {
       std::lock_guard<std::mutex> lock(local_events_mutex());
       auto it = local_events().find(handle_key(p.event));
       if (it != local_events().end()) ready = it->second;
@@ -194,8 +196,6 @@ class CudaIpcTransport final : public TensorTransport {
     }
     std::vector<std::shared_ptr<Opened>> keep;
     std::vector<const char*> sources(metas.size(), nullptr);
-    // Another agent of this process: the owner's addresses are valid here as they are.
-    const bool same_process = request.owner.owner().pid == static_cast<uint32_t>(::getpid());
     for (size_t i = 0; i < metas.size(); ++i) {
       if (metas[i].nbytes() == 0) continue;
       if (same_process) {

@@ -585,13 +585,16 @@ nb::object torch_tensor(const TensorView& view, nb::handle owner, PyObject* from
 
 nb::object from_view(const TensorView& view, nb::handle owner, Framework framework,
                      bool read_only) {
+  // First: torch's own entry builds what it needs from the view (a get of thousands of tensors
+  // comes here once for each).
+  PyObject* from_dlpack = framework == Framework::kTorch ? torch_from_dlpack() : nullptr;
+  if (from_dlpack != nullptr) return torch_tensor(view, owner, from_dlpack);
   std::vector<size_t> shape(view.shape().begin(), view.shape().end());
   const nb::dlpack::dtype dtype = to_nb_dtype(view.dtype());
   const int device_type =
       view.device().is_cuda() ? nb::device::cuda::value : nb::device::cpu::value;
   const int device_id = view.device().is_cuda() ? view.device().index : 0;
   if (framework == Framework::kTorch) {
-    if (PyObject* from_dlpack = torch_from_dlpack()) return torch_tensor(view, owner, from_dlpack);
     nb::ndarray<nb::pytorch> a(view.data(), shape.size(), shape.data(), owner, nullptr, dtype,
                                device_type, device_id);
     return nb::cast(a, nb::rv_policy::reference);
