@@ -216,6 +216,21 @@ TEST(CudaIpc, AcrossProcessesHandlesAreOpenedOnceAndCached) {
     expect_b(to_host(b.tensors()[2]));
   }
   if (before >= 0) EXPECT_EQ(ipc_opens(), after_first);
+  {
+    // A ref that puts tensor 2 past the end of its allocation as this process opened it, within
+    // the (larger) size the ref claims: refused by the size the driver gives, before any copy.
+    std::string blob = ref.blob();
+    const size_t at = 16 + 64 + 2 * 96 + 64;  // tensor 2's offset, then its allocation's size
+    ASSERT_EQ(blob.size(), 16 + 64 + 3 * 96u);
+    for (int i = 0; i < 8; ++i) {
+      blob[at + i] = static_cast<char>((uint64_t{1} << 30) >> (8 * i));
+      blob[at + 8 + i] = static_cast<char>((uint64_t{1} << 31) >> (8 * i));
+    }
+    const TensorRef past(ref.owner(), ref.object(), ref.transport(), ref.tensors(), ref.places(),
+                         blob, ref.is_two_sided());
+    EXPECT_TUTTI_ERROR(consumer->get(past, g), ErrorCode::kInvalidArgument, "tensor 2",
+                       "past the end of the owner's allocation as opened here");
+  }
   std::ofstream(dir.path() + "/done") << "1";
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);

@@ -23,6 +23,8 @@
 #include <set>
 #include <thread>
 
+#include "../backends/cuda_ipc/cuda_ipc_places.h"
+#include "../backends/shm/shm_messages.h"
 #include "sanitizers.h"
 #include "test_util.h"
 #include "tutti/tensor_ref.h"
@@ -195,6 +197,21 @@ TEST(TensorRefFormat, RandomBytesNeverCrashTheParser) {
   expect_error([] { TensorRef::from_text("nonsense"); }, ErrorCode::kInvalidArgument);
 }
 
+// A zero dimension makes a tensor empty whatever its other dimensions, as for a TensorView,
+// though their product does not fit an int64 (fuzz_ref_places found numel() overflowing on it).
+TEST(TensorRefFormat, AZeroDimensionMakesAnEmptyTensorWhateverTheOthers) {
+  const std::vector<int64_t> shape = {int64_t{1} << 56, 255, 0};
+  const TensorRef made(AgentIdentity{}, ObjectId{1, 1, 0}, "shm",
+                       {{DType::kInt8, shape, Device::cpu()}}, {{2, 0}}, std::string(16, '\0'),
+                       false);
+  const TensorRef ref = TensorRef::parse(made.serialize());
+  EXPECT_EQ(ref.tensors()[0].numel(), 0);
+  EXPECT_EQ(ref.tensors()[0].nbytes(), 0u);
+  EXPECT_EQ(TensorView(nullptr, DType::kInt8, shape).numel(), 0);
+  const TensorMeta big{DType::kInt8, {int64_t{1} << 31, int64_t{1} << 31}, Device::cpu()};
+  EXPECT_EQ(big.numel(), int64_t{1} << 62);
+}
+
 TEST(TensorRefFormat, SignaturesNeedTheKey) {
   TensorRef r = sample_ref();
   EXPECT_FALSE(r.verify("k1"));
@@ -203,6 +220,101 @@ TEST(TensorRefFormat, SignaturesNeedTheKey) {
   EXPECT_TRUE(back.is_signed());
   EXPECT_TRUE(back.verify("k1"));
   EXPECT_FALSE(back.verify("k2"));
+}
+
+// ---- the transports' bytes in a ref (fuzzed: tests/fuzz/fuzz_ref_places.cc) ----
+
+TensorRef with_parts(const TensorRef& ref, std::vector<std::pair<uint16_t, uint64_t>> places,
+                     std::string blob) {
+  return TensorRef(ref.owner(), ref.object(), ref.transport(), ref.tensors(), std::move(places),
+                   std::move(blob), ref.is_two_sided());
+}
+
+TEST_F(Transfer, ShmRefPlacesReadWhatThePutWroteAndRefuseTheRest) {
+  using namespace shm_backend;
+  std::vector<float> heap = iota_floats(10, 0.0f);
+  TensorView shared = owner->allocate(4096, DType::kFloat32);
+  TensorView part(static_cast<float*>(shared.data()) + 256, DType::kFloat32, {512}, Device::cpu());
+  ObjectHandle h = owner->put({TensorView(heap), part});
+  const TensorRef ref = TensorRef::from_text(h.ref().to_text());
+  const std::vector<RefPlace> places = read_ref_places(ref);
+  ASSERT_EQ(places.size(), 2u);
+  EXPECT_FALSE(places[0].in_block);
+  EXPECT_EQ(places[0].at, reinterpret_cast<uint64_t>(heap.data()));
+  EXPECT_EQ(places[0].bytes, 40u);
+  EXPECT_TRUE(places[1].in_block);
+  EXPECT_EQ(places[1].at, 1024u);
+  EXPECT_EQ(places[1].bytes, 2048u);
+  check_in_block(1, places[1], 3072);  // ends at the block's end
+  EXPECT_TUTTI_ERROR(check_in_block(1, places[1], 3071), ErrorCode::kInvalidArgument, "tensor 1",
+                     "2048 bytes at offset 1024", "3071 bytes");
+
+  const std::string blob = ref.blob();
+  ASSERT_EQ(blob.size(), 32u);
+  const auto kept = ref.places();
+  EXPECT_TUTTI_ERROR(read_ref_places(with_parts(ref, kept, blob + "x")),
+                     ErrorCode::kInvalidArgument, "1 bytes left over");
+  EXPECT_TUTTI_ERROR(read_ref_places(with_parts(ref, kept, blob.substr(0, 31))),
+                     ErrorCode::kInvalidArgument, "truncated");
+  EXPECT_TUTTI_ERROR(read_ref_places(with_parts(ref, {kept[0], {3, 1024}}, blob)),
+                     ErrorCode::kInvalidArgument, "tensor 1 has an unknown place 3");
+  EXPECT_TUTTI_ERROR(
+      read_ref_places(with_parts(ref, {{kInProcess, UINT64_MAX - 39}, kept[1]}, blob)),
+      ErrorCode::kInvalidArgument, "tensor 0", "wraps the address space");
+  read_ref_places(with_parts(ref, {{kInProcess, UINT64_MAX - 40}, kept[1]}, blob));
+
+  // A consumer's get maps the block, then refuses a tensor the ref puts past its end (wrapping,
+  // so whatever the block's real size).
+  EXPECT_TUTTI_ERROR(consumer->get(with_parts(ref, {kept[0], {kInBlock, UINT64_MAX - 1000}}, blob)),
+                     ErrorCode::kInvalidArgument, "tensor 1", "lies past the end of block");
+  Received got = consumer->get(ref);
+  EXPECT_EQ(as_floats(got.tensors()[0]), iota_floats(10, 0.0f));
+  h.release();
+  owner->wait_tensor_freed(shared, 5s);
+  owner->deallocate(shared);
+}
+
+TEST(RefPlaces, CudaIpcReadsEachTensorsPlaceAndRefusesOnePastItsAllocation) {
+  using namespace cuda_ipc;
+  auto u64 = [](uint64_t v) {
+    std::string s(8, '\0');
+    for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(v >> (8 * i));
+    return s;
+  };
+  auto blob_with = [&](uint64_t offset, uint64_t size) {
+    std::string b(16, '\x07');     // the GPU's UUID
+    b += std::string(64, '\x01');  // the event
+    b += std::string(64, '\x02') + u64(offset) + u64(size) + u64(9) + u64(0x10000);
+    b += std::string(64, '\0') + u64(0) + u64(0) + u64(0) + u64(0);  // the empty tensor
+    return b;
+  };
+  std::vector<TensorMeta> metas = {{DType::kFloat32, {16}, Device::cuda(0)},
+                                   {DType::kFloat32, {0}, Device::cuda(0)}};
+  auto ref_with = [&](std::string blob) {
+    return TensorRef::parse(TensorRef(AgentIdentity{}, ObjectId{1, 1, 0}, "cuda_ipc", metas,
+                                      {{0, 0}, {0, 0}}, std::move(blob), false)
+                                .serialize());
+  };
+  const Places p = read_places(ref_with(blob_with(4096 - 64, 4096)));  // ends at the end
+  EXPECT_TRUE(p.any);
+  EXPECT_EQ(p.uuid[15], 7);
+  EXPECT_EQ(p.event[63], 1);
+  ASSERT_EQ(p.places.size(), 2u);
+  EXPECT_EQ(p.places[0].handle[0], 2);
+  EXPECT_EQ(p.places[0].offset, 4096u - 64);
+  EXPECT_EQ(p.places[0].size, 4096u);
+  EXPECT_EQ(p.places[0].buffer_id, 9u);
+  EXPECT_EQ(p.places[0].base, 0x10000u);
+  EXPECT_TUTTI_ERROR(read_places(ref_with(blob_with(4096 - 63, 4096))), ErrorCode::kInvalidArgument,
+                     "tensor 0 (64 bytes at offset 4033)",
+                     "past its allocation's end (4096 bytes)");
+  EXPECT_TUTTI_ERROR(read_places(ref_with(blob_with(UINT64_MAX - 10, 4096))),
+                     ErrorCode::kInvalidArgument, "tensor 0");
+  EXPECT_TUTTI_ERROR(read_places(ref_with(blob_with(0, 4096) + "x")), ErrorCode::kInvalidArgument,
+                     "1 bytes left over");
+  const std::string whole = blob_with(0, 4096);
+  EXPECT_TUTTI_ERROR(read_places(ref_with(whole.substr(0, whole.size() - 1))),
+                     ErrorCode::kInvalidArgument, "truncated at an owner's address");
 }
 
 // ---- put and get ----

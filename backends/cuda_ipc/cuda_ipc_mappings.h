@@ -18,6 +18,8 @@
 namespace tutti::cuda_ipc {
 
 constexpr size_t kHandle = CUDA_IPC_HANDLE_SIZE;
+// The driver's cuMemGetAddressRange (CUresult, CUdeviceptr*, size_t*, CUdeviceptr).
+using GetAddressRange = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
 
 [[noreturn]] void cuda_fail(ErrorCode code, const std::string& what, cudaError_t e);
 void check(cudaError_t e, const std::string& what);
@@ -38,6 +40,7 @@ class DeviceScope {
 // A consumer's mapping of an owner's allocation; closed when nothing uses it.
 struct Opened {
   void* base = nullptr;
+  uint64_t size = 0;  // of the allocation as mapped here, where the driver says (0: unknown)
   int device = 0;
   Opened() = default;
   Opened(const Opened&) = delete;
@@ -53,9 +56,10 @@ class OpenedHandles {
   OpenedHandles(const OpenedHandles&) = delete;
   OpenedHandles& operator=(const OpenedHandles&) = delete;
 
-  // The owner's allocation, mapped on `device` (kIoError when it cannot be: the owner gone).
+  // The owner's allocation, mapped on `device` (kIoError when it cannot be: the owner gone);
+  // its size from `range` where that knows the mapping.
   std::shared_ptr<Opened> memory(const std::string& owner, const cudaIpcMemHandle_t& handle,
-                                 uint64_t buffer_id, int device);
+                                 uint64_t buffer_id, int device, GetAddressRange range);
   // The owner's interprocess event (kept until this transport goes).
   cudaEvent_t event(const std::string& owner, const cudaIpcEventHandle_t& handle);
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cuda_ipc_mappings.h"
+#include "cuda_ipc_places.h"
 #include "tutti/error.h"
 #include "tutti/tensor_transport.h"
 #include "tutti/transport_codec.h"
@@ -36,7 +37,6 @@ namespace tutti::cuda_ipc {
 namespace {
 
 // Driver entry points, found through the runtime (no link against libcuda).
-using GetAddressRange = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
 using PointerGetAttribute = int (*)(void* data, int attribute, unsigned long long ptr);
 constexpr int kBufferIdAttribute = 7;  // CU_POINTER_ATTRIBUTE_BUFFER_ID
 
@@ -54,6 +54,25 @@ std::map<std::string, cudaEvent_t>& local_events() {
 }
 std::string handle_key(const cudaIpcEventHandle_t& h) {
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+std::string as_string(const IpcHandleBytes& h) {
+  return std::string(reinterpret_cast<const char*>(h.data()), h.size());
+}
+static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes && kHandle == kIpcHandleBytes &&
+                  sizeof(cudaIpcEventHandle_t) == kIpcHandleBytes,
+              "the ref's handles are CUDA's IPC handles");
+
+// A tensor must lie within the owner's allocation as this process mapped it, whatever size the
+// ref gave it.
+void check_opened(size_t index, uint64_t bytes, uint64_t offset, const Opened& o) {
+  if (o.size == 0) return;  // the driver did not say
+  if (bytes > o.size || offset > o.size - bytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "cuda_ipc transport: tensor " + std::to_string(index) + " (" +
+                    std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+                    ") lies past the end of the owner's allocation as opened here (" +
+                    std::to_string(o.size) + " bytes)");
+  }
 }
 
 struct Exported {
@@ -183,10 +202,13 @@ class CudaIpcTransport final : public TensorTransport {
     cudaEvent_t ready = nullptr;
     if (same_process) {
       std::lock_guard<std::mutex> lock(local_events_mutex());
-      auto it = local_events().find(handle_key(p.event));
+      auto it = local_events().find(as_string(p.event));
       if (it != local_events().end()) ready = it->second;
     } else {
-      ready = handles_.event(owner, p.event);
+      cudaIpcEventHandle_t event;
+      std::memcpy(&event, p.event.data(), sizeof(event));
+      load_driver();  // for the size of each allocation it opens
+      ready = handles_.event(owner, event);
     }
     cudaStream_t stream = static_cast<cudaStream_t>(request.stream);
     const bool own_stream = stream == nullptr;
@@ -202,7 +224,10 @@ class CudaIpcTransport final : public TensorTransport {
         sources[i] = reinterpret_cast<const char*>(places[i].base) + places[i].offset;
         continue;
       }
-      auto o = handles_.memory(owner, places[i].handle, places[i].buffer_id, device);
+      cudaIpcMemHandle_t handle;
+      std::memcpy(&handle, places[i].handle.data(), sizeof(handle));
+      auto o = handles_.memory(owner, handle, places[i].buffer_id, device, get_range_);
+      check_opened(i, metas[i].nbytes(), places[i].offset, *o);
       sources[i] = static_cast<const char*>(o->base) + places[i].offset;
       keep.push_back(std::move(o));
     }
@@ -223,45 +248,6 @@ class CudaIpcTransport final : public TensorTransport {
   }
 
  private:
-  // Where each tensor of a ref lies at the owner, read with bounds checks (the bytes come from
-  // another process).
-  struct Place {
-    cudaIpcMemHandle_t handle{};
-    uint64_t offset = 0, size = 0, buffer_id = 0, base = 0;
-  };
-  struct Places {
-    std::array<uint8_t, 16> uuid{};  // the owner's GPU
-    cudaIpcEventHandle_t event{};    // recorded after the producer's writes
-    std::vector<Place> places;       // one per tensor
-    bool any = false;                // a tensor with bytes
-  };
-  static Places read_places(const TensorRef& ref) {
-    const auto& metas = ref.tensors();
-    WireReader r(ref.blob(), "cuda_ipc transport: the ref's bytes");
-    Places p;
-    r.bytes(p.uuid.data(), p.uuid.size(), "the GPU's UUID");
-    r.bytes(&p.event, sizeof(p.event), "the event's handle");
-    p.places.resize(metas.size());
-    for (size_t i = 0; i < metas.size(); ++i) {
-      Place& place = p.places[i];
-      r.bytes(&place.handle, kHandle, "a memory handle");
-      place.offset = r.u64("an offset");
-      place.size = r.u64("an allocation size");
-      place.buffer_id = r.u64("a buffer id");
-      place.base = r.u64("an owner's address");
-      if (metas[i].nbytes() > 0) {
-        p.any = true;
-        if (metas[i].nbytes() > place.size ||
-            place.offset > place.size - metas[i].nbytes()) {  // no 64-bit wrap
-          throw Error(ErrorCode::kInvalidArgument, "cuda_ipc transport: tensor " +
-                                                       std::to_string(i) +
-                                                       " lies past its allocation's end");
-        }
-      }
-    }
-    return p;
-  }
-
   // Copies each tensor from `sources` into the request's targets on `stream` and waits until
   // the read is done (before the lease ends: the owner may then reuse the memory).
   static void copy_out(const FetchRequest& request, const std::vector<const char*>& sources,

@@ -25,10 +25,6 @@ namespace tutti::shm_backend {
 constexpr size_t kTableEntries = 1u << 16;
 constexpr size_t kTableBytes = kTableEntries * sizeof(uint64_t);
 
-// Where a published tensor lies (its place in the ref: kind, then an offset or an address).
-constexpr uint16_t kInBlock = 1;    // (kInBlock, offset in the block); the blob names the block
-constexpr uint16_t kInProcess = 2;  // (kInProcess, virtual address in the owner)
-
 class OwnerBlocks {
  public:
   OwnerBlocks() = default;

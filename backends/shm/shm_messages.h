@@ -5,6 +5,9 @@
 //   owner -> consumer: the block's offset in its file u64, its bytes u64 (> 0), its slot in the
 //                      table of live blocks i64 (0: not listed); with the file's descriptor (and
 //                      the table's) attached
+// And the transport's part of a ref (read by every consumer; tests/fuzz/fuzz_ref_places.cc):
+//   each tensor's place: (kInBlock, offset in the block) or (kInProcess, the owner's address)
+//   the blob: for each tensor, its block's id u64 and size u64 (0 and 0 for kInProcess)
 // And the shm backend's symmetric memory (shm_symmetric.h): each rank's descriptor, which the
 // group's allgather hands to every other rank:
 //   bytes u64 (> 0), name str8 ("/tutti-sym-..." without another '/')
@@ -13,7 +16,9 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "tutti/tensor_ref.h"
 #include "tutti/transport_codec.h"
 
 namespace tutti::shm_backend {
@@ -56,6 +61,61 @@ inline BlockReply parse_block_reply(std::string_view bytes) {
   r.finish();
   if (reply.bytes == 0) r.fail("a block of 0 bytes");
   return reply;
+}
+
+// Where a published tensor lies (its place in the ref: kind, then an offset or an address).
+constexpr uint16_t kInBlock = 1;    // (kInBlock, offset in the block); the blob names the block
+constexpr uint16_t kInProcess = 2;  // (kInProcess, virtual address in the owner)
+
+// One tensor of a ref, as the consumer reads it.
+struct RefPlace {
+  bool in_block = false;  // else in the owner's process memory (a cross-memory read)
+  uint64_t block = 0;     // the owner's id of the block (in_block)
+  uint64_t at = 0;        // the offset in the block, or the owner's address
+  uint64_t bytes = 0;
+};
+
+// The places of a ref's tensors, read with bounds checks: an unknown place kind, a blob of
+// another length than 16 bytes a tensor, or an address range past the end of the address space
+// is Error(kInvalidArgument) naming the tensor. Whether a tensor lies within its block is
+// known only once the block is mapped: check_in_block.
+inline std::vector<RefPlace> read_ref_places(const TensorRef& ref) {
+  const auto& metas = ref.tensors();
+  const auto& places = ref.places();
+  WireReader r(ref.blob(), "shm transport: the ref's transport bytes");
+  if (places.size() != metas.size()) {
+    r.fail(std::to_string(places.size()) + " places for " + std::to_string(metas.size()) +
+           " tensors");
+  }
+  std::vector<RefPlace> out(metas.size());
+  for (size_t i = 0; i < metas.size(); ++i) {
+    RefPlace& p = out[i];
+    p.block = r.u64("block");
+    r.u64("block size");  // the block's real size is its mapping's
+    p.at = places[i].second;
+    p.bytes = metas[i].nbytes();
+    if (places[i].first == kInBlock) {
+      p.in_block = true;
+    } else if (places[i].first != kInProcess) {
+      r.fail("tensor " + std::to_string(i) + " has an unknown place " +
+             std::to_string(places[i].first));
+    } else if (p.bytes > UINT64_MAX - p.at) {
+      r.fail("tensor " + std::to_string(i) + " (" + std::to_string(p.bytes) + " bytes at address " +
+             std::to_string(p.at) + ") wraps the address space");
+    }
+  }
+  r.finish();
+  return out;
+}
+
+// Throws Error(kInvalidArgument) unless tensor `index` lies within its block of `size` bytes.
+inline void check_in_block(size_t index, const RefPlace& p, uint64_t size) {
+  if (p.bytes > size || p.at > size - p.bytes) {  // no 64-bit wrap
+    throw Error(ErrorCode::kInvalidArgument,
+                "shm transport: tensor " + std::to_string(index) + " (" + std::to_string(p.bytes) +
+                    " bytes at offset " + std::to_string(p.at) + ") lies past the end of block " +
+                    std::to_string(p.block) + " (" + std::to_string(size) + " bytes)");
+  }
 }
 
 struct SymmetricDescriptor {

@@ -218,51 +218,36 @@ class ShmTransport final : public TensorTransport {
   // bytes, as no two copies do.
   std::vector<const char*> map_blocks(const FetchRequest& request, bool private_copy,
                                       std::vector<std::shared_ptr<Mapping>>& keep) {
-    const auto& metas = request.ref.tensors();
-    const auto& places = request.ref.places();
-    WireReader blob(request.ref.blob(), "shm transport: the ref's transport bytes");
-    std::vector<const char*> sources(metas.size(), nullptr);
+    const std::vector<RefPlace> places = read_ref_places(request.ref);
+    std::vector<const char*> sources(places.size(), nullptr);
     struct Private {
       std::shared_ptr<Mapping> mapping;
       std::map<uint64_t, uint64_t> taken;  // [offset, end) of the tensors it holds
     };
     std::map<uint64_t, Private> privates;  // by block
-    for (size_t i = 0; i < metas.size(); ++i) {
-      const uint64_t block = blob.u64("block");
-      blob.u64("block size");  // the block's real size is the mapping's
-      if (places[i].first == kInProcess) continue;
-      if (places[i].first != kInBlock) {
-        throw Error(ErrorCode::kInvalidArgument, "shm transport: tensor " + std::to_string(i) +
-                                                     " has an unknown place " +
-                                                     std::to_string(places[i].first));
-      }
-      const uint64_t bytes = metas[i].nbytes();
+    for (size_t i = 0; i < places.size(); ++i) {
+      const RefPlace& place = places[i];
+      if (!place.in_block) continue;
       std::shared_ptr<Mapping> m;
       if (private_copy) {
-        Private& p = privates[block];
-        const uint64_t begin = places[i].second;
-        const uint64_t end = begin + bytes;     // (past the block, or wrapped: refused below)
-        auto after = p.taken.lower_bound(end);  // the first that begins at or past our end
+        Private& p = privates[place.block];
+        const uint64_t begin = place.at;
+        const uint64_t end = begin + place.bytes;  // (past the block, or wrapped: refused below)
+        auto after = p.taken.lower_bound(end);     // the first that begins at or past our end
         const bool overlaps =
             end > begin && after != p.taken.begin() && std::prev(after)->second > begin;
         if (p.mapping && !overlaps) {
           m = p.mapping;
         } else {
-          m = mappings_.map(request, block, true);
+          m = mappings_.map(request, place.block, true);
           if (!p.mapping) p.mapping = m;
         }
         if (m == p.mapping && end > begin) p.taken.emplace(begin, end);
       } else {
-        m = mappings_.map(request, block, false);
+        m = mappings_.map(request, place.block, false);
       }
-      if (bytes > m->size() || places[i].second > m->size() - bytes) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "shm transport: tensor " + std::to_string(i) + " (" + std::to_string(bytes) +
-                        " bytes at offset " + std::to_string(places[i].second) +
-                        ") lies past the end of block " + std::to_string(block) + " (" +
-                        std::to_string(m->size()) + " bytes)");
-      }
-      sources[i] = m->data() + places[i].second;
+      check_in_block(i, place, m->size());
+      sources[i] = m->data() + place.at;
       keep.push_back(std::move(m));
     }
     return sources;

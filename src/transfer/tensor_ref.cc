@@ -39,9 +39,17 @@ uint64_t checked_nbytes(const TensorMeta& m, const std::string& what) {
 }  // namespace
 
 int64_t TensorMeta::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  // A zero dimension anywhere makes the tensor empty, whatever the others are, as for a
+  // TensorView: [2^56, 255, 0] holds nothing, though its first two dimensions' product (which
+  // parse does not bound, the tensor holding no bytes) does not fit an int64 (found by fuzzing).
+  // Others are bounded where they come in (parse, reserve), so the product is taken unsigned:
+  // never undefined.
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d == 0) return 0;
+    n *= static_cast<uint64_t>(d);
+  }
+  return static_cast<int64_t>(n);
 }
 
 uint64_t TensorMeta::nbytes() const {
