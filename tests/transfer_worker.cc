@@ -67,9 +67,18 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+// The test that started this worker; once it is gone (it crashed or was killed, and this
+// process was handed to another parent) nobody will write the files the worker waits for.
+const pid_t test_process = ::getppid();
+
+bool test_alive() {
+  return ::getppid() == test_process && test_process != 1;  // (1: gone before this began)
+}
+
+// False at the limit, or at once when the test is gone.
 bool wait_file(const std::string& path, std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
+  while (std::chrono::steady_clock::now() < deadline && test_alive()) {
     if (::access(path.c_str(), F_OK) == 0) return true;
     std::this_thread::sleep_for(5ms);
   }
@@ -199,7 +208,7 @@ int borrow(const std::string& dir) {
   Borrowed b = a->borrow(ref_from(dir, "arena"));
   if (!arena_ok(b.tensors()[0])) return 3;
   write_file(dir + "/borrowed", "1");
-  std::this_thread::sleep_for(120s);  // until killed
+  wait_file(dir + "/never", 120s);  // until killed, or the test is gone
   return 0;
 }
 
