@@ -65,6 +65,20 @@ struct DeviceBuffer {
   size_t bytes;
 };
 
+// `ref` with tensor `index`'s offset and allocation size in its cuda_ipc bytes replaced
+// (cuda_ipc_places.h: a 16-byte UUID and a 64-byte event, then 96 bytes a tensor: a 64-byte
+// handle, offset, size, buffer id, base).
+TensorRef with_place(const TensorRef& ref, size_t index, uint64_t offset, uint64_t size) {
+  std::string blob = ref.blob();
+  const size_t at = 16 + 64 + index * 96 + 64;
+  for (int i = 0; i < 8; ++i) {
+    blob.at(at + i) = static_cast<char>(offset >> (8 * i));
+    blob.at(at + 8 + i) = static_cast<char>(size >> (8 * i));
+  }
+  return TensorRef(ref.owner(), ref.object(), ref.transport(), ref.tensors(), ref.places(), blob,
+                   ref.is_two_sided());
+}
+
 TEST(CudaIpc, WrongDevicesAreRefusedBeforeAnyIo) {
   REQUIRE_GPU();
   auto owner = make_agent("owner");
@@ -119,6 +133,11 @@ TEST(CudaIpc, InProcessCopyAndBorrow) {
   Error e = expect_error([&] { consumer->get(h.ref(), bad); }, ErrorCode::kInvalidArgument);
   EXPECT_NE(std::string(e.what()).find("receives into CUDA memory"), std::string::npos) << e.what();
   expect_error([&] { consumer->get(h.ref()); }, ErrorCode::kInvalidArgument);
+  // A ref that puts tensor 1 past the end of the 1 MiB allocation, within the larger size it
+  // claims: refused by the allocation's size as the driver gives it, before any copy.
+  EXPECT_TUTTI_ERROR(consumer->get(with_place(h.ref(), 1, uint64_t{1} << 30, uint64_t{1} << 31), g),
+                     ErrorCode::kInvalidArgument, "tensor 1",
+                     "past the end of the owner's allocation as this process sees it");
   {
     Borrowed b = consumer->borrow(h.ref());
     ASSERT_EQ(b.tensors().size(), 2u);
@@ -219,17 +238,11 @@ TEST(CudaIpc, AcrossProcessesHandlesAreOpenedOnceAndCached) {
   {
     // A ref that puts tensor 2 past the end of its allocation as this process opened it, within
     // the (larger) size the ref claims: refused by the size the driver gives, before any copy.
-    std::string blob = ref.blob();
-    const size_t at = 16 + 64 + 2 * 96 + 64;  // tensor 2's offset, then its allocation's size
-    ASSERT_EQ(blob.size(), 16 + 64 + 3 * 96u);
-    for (int i = 0; i < 8; ++i) {
-      blob[at + i] = static_cast<char>((uint64_t{1} << 30) >> (8 * i));
-      blob[at + 8 + i] = static_cast<char>((uint64_t{1} << 31) >> (8 * i));
-    }
-    const TensorRef past(ref.owner(), ref.object(), ref.transport(), ref.tensors(), ref.places(),
-                         blob, ref.is_two_sided());
+    // (Where a driver gave no size for an opened handle the copy would read past the mapping:
+    // a failure here, with the device's illegal-address error, says so.)
+    const TensorRef past = with_place(ref, 2, uint64_t{1} << 30, uint64_t{1} << 31);
     EXPECT_TUTTI_ERROR(consumer->get(past, g), ErrorCode::kInvalidArgument, "tensor 2",
-                       "past the end of the owner's allocation as opened here");
+                       "past the end of the owner's allocation as this process sees it");
   }
   std::ofstream(dir.path() + "/done") << "1";
   int status = 0;

@@ -67,12 +67,14 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-// The test that started this worker; once it is gone (it crashed or was killed, and this
-// process was handed to another parent) nobody will write the files the worker waits for.
+// The test that started this worker (posix_spawn, or `ip netns exec` and `env`, which exec):
+// once it is gone (it crashed or was killed, and this process was handed to another parent)
+// nobody will write the files the worker waits for. A worker orphaned before it read its parent
+// is taken as gone where orphans go to pid 1; under a subreaper it waits out its limits.
 const pid_t test_process = ::getppid();
 
 bool test_alive() {
-  return ::getppid() == test_process && test_process != 1;  // (1: gone before this began)
+  return ::getppid() == test_process && test_process != 1;
 }
 
 // False at the limit, or at once when the test is gone.

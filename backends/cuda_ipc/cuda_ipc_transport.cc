@@ -62,16 +62,16 @@ static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes && kHandle == kIpcHa
                   sizeof(cudaIpcEventHandle_t) == kIpcHandleBytes,
               "the ref's handles are CUDA's IPC handles");
 
-// A tensor must lie within the owner's allocation as this process mapped it, whatever size the
-// ref gave it.
-void check_opened(size_t index, uint64_t bytes, uint64_t offset, const Opened& o) {
-  if (o.size == 0) return;  // the driver did not say
-  if (bytes > o.size || offset > o.size - bytes) {
+// A tensor must lie within the owner's allocation as this process sees it (`size`, from the
+// driver; 0: it did not say), whatever size the ref gave it.
+void check_within(size_t index, uint64_t bytes, uint64_t offset, uint64_t size) {
+  if (size == 0) return;
+  if (bytes > size || offset > size - bytes) {
     throw Error(ErrorCode::kInvalidArgument,
                 "cuda_ipc transport: tensor " + std::to_string(index) + " (" +
                     std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
-                    ") lies past the end of the owner's allocation as opened here (" +
-                    std::to_string(o.size) + " bytes)");
+                    ") lies past the end of the owner's allocation as this process sees it (" +
+                    std::to_string(size) + " bytes)");
   }
 }
 
@@ -207,9 +207,9 @@ class CudaIpcTransport final : public TensorTransport {
     } else {
       cudaIpcEventHandle_t event;
       std::memcpy(&event, p.event.data(), sizeof(event));
-      load_driver();  // for the size of each allocation it opens
       ready = handles_.event(owner, event);
     }
+    const GetAddressRange range = driver_range();
     cudaStream_t stream = static_cast<cudaStream_t>(request.stream);
     const bool own_stream = stream == nullptr;
     if (own_stream) stream = internal_stream(device);
@@ -221,13 +221,20 @@ class CudaIpcTransport final : public TensorTransport {
     for (size_t i = 0; i < metas.size(); ++i) {
       if (metas[i].nbytes() == 0) continue;
       if (same_process) {
+        unsigned long long base = 0;
+        size_t size = 0;
+        if (range == nullptr || range(&base, &size, places[i].base) != 0 ||
+            base != places[i].base) {
+          size = 0;
+        }
+        check_within(i, metas[i].nbytes(), places[i].offset, size);
         sources[i] = reinterpret_cast<const char*>(places[i].base) + places[i].offset;
         continue;
       }
       cudaIpcMemHandle_t handle;
       std::memcpy(&handle, places[i].handle.data(), sizeof(handle));
-      auto o = handles_.memory(owner, handle, places[i].buffer_id, device, get_range_);
-      check_opened(i, metas[i].nbytes(), places[i].offset, *o);
+      auto o = handles_.memory(owner, handle, places[i].buffer_id, device, range);
+      check_within(i, metas[i].nbytes(), places[i].offset, o->size);
       sources[i] = static_cast<const char*>(o->base) + places[i].offset;
       keep.push_back(std::move(o));
     }
@@ -276,6 +283,18 @@ class CudaIpcTransport final : public TensorTransport {
     if (e == cudaSuccess) e = cudaEventSynchronize(done);
     cudaEventDestroy(done);
     check(e, "waiting for the copy");
+  }
+
+  // The driver's cuMemGetAddressRange for a consumer's checks of the ref against the memory;
+  // null where the runtime cannot give it (before CUDA 12.5: cudaGetDriverEntryPointByVersion),
+  // which leaves the checks against the ref's own sizes.
+  GetAddressRange driver_range() {
+    try {
+      load_driver();
+    } catch (const Error&) {
+      return nullptr;
+    }
+    return get_range_;
   }
 
   void load_driver() {

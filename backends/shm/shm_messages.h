@@ -83,7 +83,7 @@ inline std::vector<RefPlace> read_ref_places(const TensorRef& ref) {
   const auto& metas = ref.tensors();
   const auto& places = ref.places();
   WireReader r(ref.blob(), "shm transport: the ref's transport bytes");
-  if (places.size() != metas.size()) {
+  if (places.size() != metas.size()) {  // (a parsed ref has one each; kept for refs made here)
     r.fail(std::to_string(places.size()) + " places for " + std::to_string(metas.size()) +
            " tensors");
   }

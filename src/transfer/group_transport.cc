@@ -177,6 +177,7 @@ GroupPlace GroupTransport::parse_place(const TensorRef& ref) {
   p.set = r.str8("group set");
   p.world = static_cast<int>(r.u32("world size"));
   p.owner_rank = static_cast<int>(r.u32("owner rank"));
+  r.finish();
   if (p.world <= 1 || p.owner_rank < 0 || p.owner_rank >= p.world) {
     r.fail("owner rank " + std::to_string(p.owner_rank) + " of world " + std::to_string(p.world));
   }

@@ -10,7 +10,8 @@
 // (u8), dimension count (u8, at most 4), dimensions (u32 each), place kind (u16) and place (u64);
 // then a block size (u64, for shm's check_in_block); the rest is the transport's bytes.
 //
-// Properties: each decoder ends in its value or Error(kInvalidArgument). What shm reads matches
+// Properties: each decoder ends in its value or Error(kInvalidArgument), and reads a blob only of
+// the length its owner writes (nothing left over). What shm reads matches
 // the ref (one place a tensor, the place's offset, the tensor's bytes), and a tensor
 // check_in_block accepts lies within the block; cuda_ipc's tensors lie within the allocation
 // size the ref gives; a two-sided place names an owner rank within a world of two or more.
@@ -55,7 +56,10 @@ bool within(uint64_t at, uint64_t bytes, uint64_t size) {
 void shm(const tutti::TensorRef& ref, uint64_t block_size) {
   using namespace tutti::shm_backend;
   const std::vector<RefPlace> places = read_ref_places(ref);
-  if (places.size() != ref.tensors().size()) std::abort();
+  // What the owner writes, and nothing else: 16 bytes a tensor.
+  if (places.size() != ref.tensors().size() || ref.blob().size() != 16 * places.size()) {
+    std::abort();
+  }
   for (size_t i = 0; i < places.size(); ++i) {
     const RefPlace& p = places[i];
     const auto& place = ref.places()[i];
@@ -81,11 +85,15 @@ void shm(const tutti::TensorRef& ref, uint64_t block_size) {
 void two_sided(const tutti::TensorRef& ref) {
   const tutti::detail::GroupPlace p = tutti::detail::GroupTransport::parse_place(ref);
   if (p.world < 2 || p.owner_rank < 0 || p.owner_rank >= p.world) std::abort();
+  if (ref.blob().size() != 1 + p.set.size() + 8) std::abort();  // str8, world, owner rank
 }
 
 void cuda_ipc(const tutti::TensorRef& ref) {
   const tutti::cuda_ipc::Places p = tutti::cuda_ipc::read_places(ref);
-  if (p.places.size() != ref.tensors().size()) std::abort();
+  // What the owner writes, and nothing else: 80 bytes, then 96 a tensor.
+  if (p.places.size() != ref.tensors().size() || ref.blob().size() != 80 + 96 * p.places.size()) {
+    std::abort();
+  }
   bool any = false;
   for (size_t i = 0; i < p.places.size(); ++i) {
     const uint64_t bytes = ref.tensors()[i].nbytes();
