@@ -13,28 +13,6 @@
 namespace tutti::detail {
 namespace {
 
-// Registers a get's cancel flag for abort() while it runs.
-class ActiveGet {
- public:
-  ActiveGet(AgentCore& core, std::atomic<bool>* flag) : core_(core), flag_(flag) {
-    std::lock_guard<std::mutex> lock(core_.active_mutex);
-    core_.active.push_back(flag_);
-  }
-  ~ActiveGet() {
-    std::lock_guard<std::mutex> lock(core_.active_mutex);
-    auto& a = core_.active;
-    auto it = std::find(a.begin(), a.end(), flag_);
-    if (it != a.end()) {
-      *it = a.back();
-      a.pop_back();
-    }
-  }
-
- private:
-  AgentCore& core_;
-  std::atomic<bool>* flag_;
-};
-
 void check_targets(const AgentCore& core, const char* op, const TensorRef& ref,
                    const std::vector<TensorView>& targets, bool cuda = false) {
   auto context = [&] { return core.context(op, ref); };
@@ -422,35 +400,6 @@ std::pair<Received, std::unique_ptr<HeldLease>> AgentCore::get_own(
     return {std::move(out), nullptr};
   }
   return {std::move(out), std::move(lease)};
-}
-
-Fetch AgentCore::get_async(const TensorRef& ref, const GetOptions& opts) {
-  Fetch f;
-  f.state_ = std::make_shared<FetchState>();
-  f.state_->what = context("get", ref);
-  // In progress from here, queued or not: abort() ends it (the get registers the flag again).
-  auto queued = std::make_shared<ActiveGet>(*this, &f.state_->cancelled);
-  run_async([self = shared_from_this(), state = f.state_, ref, opts,
-             queued = std::move(queued)]() mutable -> std::function<void()> {
-    auto finish = [state](Received result, std::exception_ptr error) {
-      std::lock_guard<std::mutex> lock(state->mutex);
-      state->result = std::move(result);
-      state->error = error;
-      state->finished = true;
-      state->cv.notify_all();
-    };
-    try {
-      auto result = std::make_shared<Received>(self->get(ref, opts, &state->cancelled));
-      queued.reset();
-      return [finish, result] { finish(std::move(*result), nullptr); };
-    } catch (...) {
-      queued.reset();  // before the error is out: the Fetch may go with it
-      // The error at once: making the publishing closure could fail too (no memory).
-      finish(Received(), std::current_exception());
-      return nullptr;
-    }
-  });
-  return f;
 }
 
 }  // namespace tutti::detail

@@ -1,8 +1,12 @@
 // What a consumer's get and borrow share (internal to the direct transport): the resolution of
-// a ref, and the lease a get holds while it copies (consumer.cc, consumer_lease.cc).
+// a ref, the lease a get holds while it copies and the registration of its cancel flag
+// (consumer.cc, consumer_lease.cc, workers.cc).
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "transfer/peers.h"
@@ -42,6 +46,28 @@ class LeaseGuard {
   const AgentCore::Resolved& r_;
   AgentCore::Lease lease_;
   bool held_ = true;
+};
+
+// Registers a get's cancel flag for abort() while it runs.
+class ActiveGet {
+ public:
+  ActiveGet(AgentCore& core, std::atomic<bool>* flag) : core_(core), flag_(flag) {
+    std::lock_guard<std::mutex> lock(core_.active_mutex);
+    core_.active.push_back(flag_);
+  }
+  ~ActiveGet() {
+    std::lock_guard<std::mutex> lock(core_.active_mutex);
+    auto& a = core_.active;
+    auto it = std::find(a.begin(), a.end(), flag_);
+    if (it != a.end()) {
+      *it = a.back();
+      a.pop_back();
+    }
+  }
+
+ private:
+  AgentCore& core_;
+  std::atomic<bool>* flag_;
 };
 
 }  // namespace tutti::detail

@@ -1,8 +1,10 @@
-// get_async's workers: threads reused from get to get instead of one new thread per call (until
-// 2026-12-02), as many as gets run at once; an idle one leaves after a while (agent_core.h).
+// get_async, and its workers: threads reused from get to get instead of one new thread per call
+// (until 2026-12-02), as many as gets run at once; an idle one leaves after a while
+// (agent_core.h).
 #include <algorithm>
 
 #include "transfer/agent_core.h"
+#include "transfer/consumer.h"
 #include "util/logging.h"
 
 namespace tutti::detail {
@@ -103,6 +105,35 @@ void AgentCore::stop_workers(std::chrono::milliseconds grace) {
   ended.swap(ended_workers);
   lock.unlock();
   join_ended(ended);
+}
+
+Fetch AgentCore::get_async(const TensorRef& ref, const GetOptions& opts) {
+  Fetch f;
+  f.state_ = std::make_shared<FetchState>();
+  f.state_->what = context("get", ref);
+  // In progress from here, queued or not: abort() ends it (the get registers the flag again).
+  auto queued = std::make_shared<ActiveGet>(*this, &f.state_->cancelled);
+  run_async([self = shared_from_this(), state = f.state_, ref, opts,
+             queued = std::move(queued)]() mutable -> std::function<void()> {
+    auto finish = [state](Received result, std::exception_ptr error) {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->result = std::move(result);
+      state->error = error;
+      state->finished = true;
+      state->cv.notify_all();
+    };
+    try {
+      auto result = std::make_shared<Received>(self->get(ref, opts, &state->cancelled));
+      queued.reset();
+      return [finish, result] { finish(std::move(*result), nullptr); };
+    } catch (...) {
+      queued.reset();  // before the error is out: the Fetch may go with it
+      // The error at once: making the publishing closure could fail too (no memory).
+      finish(Received(), std::current_exception());
+      return nullptr;
+    }
+  });
+  return f;
 }
 
 }  // namespace tutti::detail
