@@ -46,7 +46,7 @@ foreach(b shm gloo nccl cuda_ipc)
   endif()
 endforeach()
 nanobind_add_module(_tutti NB_STATIC ${S}/module.cc ${S}/errors.cc ${S}/tensors.cc ${S}/groups.cc
-                    ${S}/stores.cc ${S}/transfer.cc)
+                    ${S}/stores.cc ${S}/transfer.cc ${S}/transfer_agent.cc)
 target_compile_features(_tutti PRIVATE cxx_std_17)
 target_include_directories(_tutti PRIVATE ${S} ${TUTTI_ROOT}/include ${TUTTI_BUNDLE_INCLUDE})
 # Linking a backend registers it: kept although the module names none of its symbols.
