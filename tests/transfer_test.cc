@@ -276,17 +276,13 @@ TEST_F(Transfer, ShmRefPlacesReadWhatThePutWroteAndRefuseTheRest) {
 
 TEST(RefPlaces, CudaIpcReadsEachTensorsPlaceAndRefusesOnePastItsAllocation) {
   using namespace cuda_ipc;
-  auto u64 = [](uint64_t v) {
-    std::string s(8, '\0');
-    for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(v >> (8 * i));
-    return s;
-  };
-  auto blob_with = [&](uint64_t offset, uint64_t size) {
-    std::string b(16, '\x07');     // the GPU's UUID
-    b += std::string(64, '\x01');  // the event
-    b += std::string(64, '\x02') + u64(offset) + u64(size) + u64(9) + u64(0x10000);
-    b += std::string(64, '\0') + u64(0) + u64(0) + u64(0) + u64(0);  // the empty tensor
-    return b;
+  auto blob_with = [](uint64_t offset, uint64_t size) {
+    const std::string uuid(16, '\x07'), event(64, '\x01'), handle(64, '\x02'), none(64, '\0');
+    WireWriter w;
+    w.bytes(uuid.data(), uuid.size()).bytes(event.data(), event.size());
+    w.bytes(handle.data(), handle.size()).u64(offset).u64(size).u64(9).u64(0x10000);
+    w.bytes(none.data(), none.size()).u64(0).u64(0).u64(0).u64(0);  // the empty tensor
+    return std::move(w.out());
   };
   std::vector<TensorMeta> metas = {{DType::kFloat32, {16}, Device::cuda(0)},
                                    {DType::kFloat32, {0}, Device::cuda(0)}};

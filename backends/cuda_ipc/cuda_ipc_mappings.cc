@@ -71,10 +71,7 @@ std::shared_ptr<Opened> OpenedHandles::memory(const std::string& owner,
     o->base = nullptr;
     cuda_fail(ErrorCode::kIoError, "opening the owner's memory (is the owner alive?)", rc);
   }
-  unsigned long long base = 0;
-  size_t size = 0;
-  const auto at = reinterpret_cast<unsigned long long>(o->base);
-  if (range != nullptr && range(&base, &size, at) == 0 && base == at) o->size = size;
+  o->size = allocation_size(range, reinterpret_cast<unsigned long long>(o->base));
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = memory_.find(key);
   if (it != memory_.end()) return it->second.first;  // opened meanwhile by another get

@@ -21,6 +21,15 @@ constexpr size_t kHandle = CUDA_IPC_HANDLE_SIZE;
 // The driver's cuMemGetAddressRange (CUresult, CUdeviceptr*, size_t*, CUdeviceptr).
 using GetAddressRange = int (*)(unsigned long long* base, size_t* size, unsigned long long ptr);
 
+// The size of the allocation that begins at `base`, as `range` gives it; 0 where it is not known
+// (no range, a failed call, or `base` not the start of an allocation).
+inline uint64_t allocation_size(GetAddressRange range, unsigned long long base) {
+  unsigned long long start = 0;
+  size_t size = 0;
+  if (range == nullptr || range(&start, &size, base) != 0 || start != base) return 0;
+  return size;
+}
+
 [[noreturn]] void cuda_fail(ErrorCode code, const std::string& what, cudaError_t e);
 void check(cudaError_t e, const std::string& what);
 std::string hex(const uint8_t* p, size_t n);

@@ -221,13 +221,8 @@ class CudaIpcTransport final : public TensorTransport {
     for (size_t i = 0; i < metas.size(); ++i) {
       if (metas[i].nbytes() == 0) continue;
       if (same_process) {
-        unsigned long long base = 0;
-        size_t size = 0;
-        if (range == nullptr || range(&base, &size, places[i].base) != 0 ||
-            base != places[i].base) {
-          size = 0;
-        }
-        check_within(i, metas[i].nbytes(), places[i].offset, size);
+        check_within(i, metas[i].nbytes(), places[i].offset,
+                     allocation_size(range, places[i].base));
         sources[i] = reinterpret_cast<const char*>(places[i].base) + places[i].offset;
         continue;
       }
@@ -288,18 +283,12 @@ class CudaIpcTransport final : public TensorTransport {
   // The driver's cuMemGetAddressRange for a consumer's checks of the ref against the memory;
   // null where the runtime cannot give it (before CUDA 12.5: cudaGetDriverEntryPointByVersion),
   // which leaves the checks against the ref's own sizes.
-  GetAddressRange driver_range() {
-    try {
-      load_driver();
-    } catch (const Error&) {
-      return nullptr;
-    }
-    return get_range_;
-  }
+  GetAddressRange driver_range() { return find_driver() ? get_range_ : nullptr; }
 
-  void load_driver() {
+  // The driver's entry points, looked up until found; false where the runtime cannot give them.
+  bool find_driver() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (get_range_ != nullptr) return;
+    if (get_range_ != nullptr) return true;
     void* range = nullptr;
     void* attribute = nullptr;
     cudaDriverEntryPointQueryResult q1{}, q2{};
@@ -308,12 +297,20 @@ class CudaIpcTransport final : public TensorTransport {
         cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &attribute, 12000,
                                          cudaEnableDefault, &q2) != cudaSuccess ||
         range == nullptr || attribute == nullptr) {
+      return false;
+    }
+    get_range_ = reinterpret_cast<GetAddressRange>(range);
+    get_attribute_ = reinterpret_cast<PointerGetAttribute>(attribute);
+    return true;
+  }
+
+  // The owner's side needs them (an allocation's range and buffer id to export it).
+  void load_driver() {
+    if (!find_driver()) {
       throw Error(ErrorCode::kUnavailable,
                   "cuda_ipc transport: the CUDA driver's cuMemGetAddressRange / "
                   "cuPointerGetAttribute are not available");
     }
-    get_range_ = reinterpret_cast<GetAddressRange>(range);
-    get_attribute_ = reinterpret_cast<PointerGetAttribute>(attribute);
   }
 
   cudaIpcMemHandle_t export_allocation(unsigned long long base, size_t size, uint64_t buffer_id,
