@@ -194,10 +194,11 @@ def test_monitored_barrier_after_a_re_init_still_names_the_missing_rank(tmp_path
 
 
 def train(tmp_path, nproc, wrap):
-    """Trains with tutti, then with gloo, in one torchrun (the same processes, one after the
-    other); returns each one's parameters and tutti's overlap counts."""
+    """Trains with gloo, then with tutti, in one torchrun (the same processes, one after the
+    other); returns each one's parameters and tutti's overlap counts. gloo goes first: torch's
+    gloo can abort the process at exit when it runs last (torch_train.py's docstring)."""
     params, overlap = tmp_path / f"{wrap}-{nproc}.pt", tmp_path / f"{wrap}-{nproc}.overlap"
-    torchrun(nproc, "torch_train.py", "--backend", "tutti,gloo", "--wrap", wrap, "--out",
+    torchrun(nproc, "torch_train.py", "--backend", "gloo,tutti", "--wrap", wrap, "--out",
              str(params), "--overlap-out", str(overlap), "--lag")
     ours = torch.load(tmp_path / f"tutti-{params.name}")
     theirs = torch.load(tmp_path / f"gloo-{params.name}")
