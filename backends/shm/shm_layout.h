@@ -182,6 +182,8 @@ struct alignas(64) SmallSlot {
 };
 constexpr size_t kInlineBytes = sizeof(SmallSlot::inline_payload);
 constexpr size_t kSmallSlotBytes = sizeof(SmallSlot) + kSmallBytes;
+// A reader polls the lines of a payload up to this size together with the number (exchange()).
+constexpr size_t kTouchBytes = 256;
 
 // What the sender says of the message a mailbox slot carries a chunk of.
 struct SlotMeta {
