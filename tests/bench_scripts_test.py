@@ -31,10 +31,13 @@ def write_run(path, times, backend="shm", tool="tutti-bench", world=2, symmetric
                               "symmetric": symmetric}, "rows": rows}, f)
 
 
-def write_state(path, others=0.0, steal=0.0):
+def write_state(path, others=0.0, steal=0.0, exchange=None):
+    state = {"wall_s": 1.0, "cpus": 2, "self_cpu_s": 2.0, "others": others, "steal": steal,
+             "load1_before": 0.1}
+    if exchange is not None:
+        state["exchange_ns"] = exchange
     with open(path, "w") as f:
-        json.dump({"wall_s": 1.0, "cpus": 2, "self_cpu_s": 2.0, "others": others,
-                   "steal": steal, "load1_before": 0.1}, f)
+        json.dump(state, f)
 
 
 class AbTable(unittest.TestCase):
@@ -79,6 +82,41 @@ class AbTable(unittest.TestCase):
                       "at none", out)
         self.assertIn("ab: quiet pairs only: B/A over 2 pairs: median ratio 1.200; slower in every "
                       "pair (by > 3%) at 8 B (1.20x)", out)
+
+
+    def test_pairs_are_judged_again_by_the_cache_line_state_both_runs_saw(self):
+        # Probes (ns, before and after each run): pairs 1-2 near (70-80), 3-4 far (260-300),
+        # pair 5 mixed (A far, B near): left out of both. 8 B: B 0.5x in the far pairs, 1.1x in
+        # the near ones (so "even" over all five pairs, whose ratios disagree).
+        d = tempfile.mkdtemp()
+        probes = {1: ([70, 75], [72, 80]), 2: ([71, 74], [76, 73]), 3: ([280, 290], [260, 300]),
+                  4: ([270, 265], [290, 285]), 5: ([280, 281], [75, 74])}
+        a_times = {1: 0.25, 2: 0.25, 3: 0.5, 4: 0.5, 5: 0.5}
+        b_times = {1: 0.275, 2: 0.275, 3: 0.25, 4: 0.25, 5: 0.275}
+        for rep in probes:
+            write_run(os.path.join(d, f"a.r{rep}.json"), {8: a_times[rep]})
+            write_run(os.path.join(d, f"b.r{rep}.json"), {8: b_times[rep]})
+            write_state(os.path.join(d, f"a.r{rep}.state.json"), exchange=probes[rep][0])
+            write_state(os.path.join(d, f"b.r{rep}.state.json"), exchange=probes[rep][1])
+        out = subprocess.run([sys.executable, os.path.join(BENCH, "compare", "ab_table.py"), d],
+                             capture_output=True, text=True, check=True).stdout
+        self.assertIn("ab: B/A over 5 pairs: median ratio 0.550; slower in every pair (by > 3%) "
+                      "at none; faster in every pair at none", out)
+        self.assertIn("ab: pairs with both runs near: B/A over 2 pairs: median ratio 1.100; "
+                      "slower in every pair (by > 3%) at 8 B (1.10x)", out)
+        self.assertIn("ab: pairs with both runs far: B/A over 2 pairs: median ratio 0.500; "
+                      "slower in every pair (by > 3%) at none; faster in every pair at 8 B "
+                      "(0.50x)", out)
+
+    def test_no_state_verdict_where_no_run_was_far(self):
+        d = tempfile.mkdtemp()
+        for rep in (1, 2):
+            for side, t in (("a", 1.0), ("b", 1.2)):
+                write_run(os.path.join(d, f"{side}.r{rep}.json"), {8: t})
+                write_state(os.path.join(d, f"{side}.r{rep}.state.json"), exchange=[70, 140])
+        out = subprocess.run([sys.executable, os.path.join(BENCH, "compare", "ab_table.py"), d],
+                             capture_output=True, text=True, check=True).stdout
+        self.assertNotIn("both runs", out)
 
 
 class Machine(unittest.TestCase):

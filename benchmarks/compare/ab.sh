@@ -15,7 +15,11 @@
 # iterations, 5 pairs, checks off. Builds go to build/ab/<commit>/ (kept: a second run against the
 # same revision builds nothing); the working tree builds in build/ as scripts/build.sh does.
 # Results: results/ab/<A>-vs-<B>/{a,b}.r<rep>.json and table.md. Exit status 0; the verdict line
-# names the sizes where B is slower in every pair (by more than NOISE, default 3%).
+# names the sizes where B is slower in every pair (by more than NOISE, default 3%). Where some runs
+# found a cache line between the CPUs more than twice as slow as the fastest probe ("far": on
+# the 2-vCPU VMs the host moves the vCPUs about, minute to minute), the verdict is given again for
+# the pairs that ran near and for those that ran far: for the small sizes, many short pairs
+# catch both (REPS=20 ... -b 8 -e 1K -f 2 -w 1000 -n 20000).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ $# -lt 1 ] || [[ "$1" == -* ]]; then

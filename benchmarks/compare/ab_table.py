@@ -4,6 +4,11 @@ median time, and the ratio B/A of each pair (B's run against the A run beside it
 and its range over the pairs. A size counts as slower (or faster) only when every pair says so by
 more than the noise margin; anything else is "even" (within noise, or the pairs disagree).
 
+Where the runs' cache-line probes (machine.py, "exchange_ns") fall in two states, some runs with a
+line between the CPUs more than twice as slow as the sitting's fastest ("far") and some not
+("near"), the verdict is given again for the pairs whose two runs were both near and for those
+both far: the small sizes' times follow that state more than either revision (docs/PERFORMANCE.md).
+
     python3 benchmarks/compare/ab_table.py results/ab/X-vs-Y [--a NAME] [--b NAME] [--noise 0.03]
 """
 import argparse
@@ -83,6 +88,30 @@ def table(a, b, noise, name_a, name_b, reps=None):
     return lines, verdict
 
 
+def exchange_states(states_a, states_b):
+    """{pair: "near" | "far"} for the pairs whose two runs saw the same state, or {} when no run
+    was far. A run is far when every probe of it took more than twice the sitting's fastest."""
+    probes = {}
+    for side, states in (("a", states_a), ("b", states_b)):
+        for rep, state in states.items():
+            xs = [x for x in state.get("exchange_ns", []) if x]
+            if xs:
+                probes[(side, rep)] = xs
+    if not probes:
+        return {}
+    fastest = min(min(xs) for xs in probes.values())
+    kind = {k: "far" if min(xs) > 2 * fastest else "near" if max(xs) <= 2 * fastest else None
+            for k, xs in probes.items()}
+    if "far" not in kind.values():
+        return {}
+    out = {}
+    for rep in set(states_a) & set(states_b):
+        ka, kb = kind.get(("a", rep)), kind.get(("b", rep))
+        if ka is not None and ka == kb:
+            out[rep] = ka
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("directory")
@@ -106,6 +135,12 @@ def main():
             print("ab: quiet pairs only: " + table(a, b, args.noise, args.a, args.b, quiet)[1])
         else:
             print("ab: no pair ran on a quiet machine")
+    by_state = exchange_states(states_a, states_b)
+    for kind in ("near", "far"):
+        reps = {p for p, k in by_state.items() if k == kind}
+        if reps:
+            print(f"ab: pairs with both runs {kind}: " + table(a, b, args.noise, args.a, args.b,
+                                                                reps)[1])
 
 
 if __name__ == "__main__":
