@@ -83,7 +83,6 @@ class AbTable(unittest.TestCase):
         self.assertIn("ab: quiet pairs only: B/A over 2 pairs: median ratio 1.200; slower in every "
                       "pair (by > 3%) at 8 B (1.20x)", out)
 
-
     def test_pairs_are_judged_again_by_the_cache_line_state_both_runs_saw(self):
         # Probes (ns, before and after each run): pairs 1-2 near (70-80), 3-4 far (260-300),
         # pair 5 mixed (A far, B near): left out of both. 8 B: B 0.5x in the far pairs, 1.1x in
