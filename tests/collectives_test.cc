@@ -17,8 +17,10 @@ const DType kAllDTypes[] = {DType::kBool,     DType::kInt8,    DType::kUInt8,  D
                             DType::kBFloat16, DType::kFloat32, DType::kFloat64};
 const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
                             ReduceOp::kAvg};
-// Small sizes run for every dtype and reduce op; the large odd size runs once per dtype.
-const int64_t kSmallSizes[] = {0, 1, 7, 1000};
+// Small sizes run for every dtype and reduce op; the large odd size runs once per dtype. 25
+// elements: past the shm slot's 48-byte line for dtypes of 2 bytes and more, in 1-4 more lines
+// (the payload that shm's exchange polls with its number, up to 256 B).
+const int64_t kSmallSizes[] = {0, 1, 7, 25, 1000};
 constexpr int64_t kLargeSize = (1 << 20) + 3;
 // The ops that move a block per pair of ranks (alltoall and its kin) take a smaller large case:
 // world^2 blocks of it cross the staging areas.

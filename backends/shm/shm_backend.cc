@@ -559,7 +559,7 @@ inline void prefetch_for_write(const void* p) {
 // Publishes this rank's payload (up to kSmallBytes) for the op, then waits until every rank has
 // published its own; checks that they all called the same op. Two slots alternate, and a rank
 // reaches op k + 2 only after every rank published op k + 1, that is, finished reading op k.
-void ShmBackend::exchange(Op& op, const void* payload, size_t bytes) {
+void ShmBackend::exchange(Op& op, const void* payload, size_t bytes, size_t reads, int from) {
   SmallSlot& mine = small_slot(rank_, op.parity);
   if (bytes > 0) std::memcpy(small_payload(rank_, op.parity, bytes), payload, bytes);
   mine.tag = op.ctx.tag;
@@ -569,15 +569,17 @@ void ShmBackend::exchange(Op& op, const void* payload, size_t bytes) {
   for (int q = 0; q < world_size_; ++q) {
     if (q == rank_) continue;
     SmallSlot& theirs = small_slot(q, op.parity);
-    // A payload past the slot's line: its lines are read while polling, with the number. Read
-    // only once the number is seen, each one's transfer from the writer's cache came after the
-    // number's; polled together, they overlap (2 ranks, the far state: 64-256 B 0.73-0.76 ->
-    // 0.54-0.64 us). Up to kTouchBytes: past it, the larger reads slowed 1 KiB near by ~6%.
-    const char* lines =
-        bytes > kInlineBytes && bytes <= kTouchBytes ? small_payload(q, op.parity, bytes) : nullptr;
+    // A payload past the slot's line that this rank reads next: its lines are read while
+    // polling, with the number. Read only once the number is seen, each one's transfer from the
+    // writer's cache came after the number's; polled together, they overlap (2 ranks, the far
+    // state: 64-256 B 0.73-0.76 -> 0.59-0.63 us). Up to kTouchBytes: past it, the larger reads
+    // slowed 1 KiB near by ~6%.
+    const char* lines = reads > kInlineBytes && reads <= kTouchBytes && (from < 0 || from == q)
+                            ? small_payload(q, op.parity, reads)
+                            : nullptr;
     auto ready = [&] {
       if (lines != nullptr) {
-        for (size_t at = 0; at < bytes; at += 64) {
+        for (size_t at = 0; at < reads; at += 64) {
           (void)*reinterpret_cast<const volatile char*>(lines + at);
         }
       }
@@ -595,13 +597,14 @@ void ShmBackend::exchange(Op& op, const void* payload, size_t bytes) {
     if (theirs.tag != op.ctx.tag) mismatch(op, q, theirs.tag);
   }
   op.checked = true;
-  // Every peer has published this op, so none reads this rank's other slot (the last op's) any
-  // more: take its line for writing now, while the caller computes, where the next op's publish
-  // would wait for it (the peers that polled it hold copies). In the "far" state of this VM (a
-  // line between the CPUs in 250-300 ns, docs/PERFORMANCE.md) that wait was half an 8-byte
-  // allreduce: 2 ranks, 0.51 -> 0.27 us; near (70-80 ns) it costs ~6 ns. Only after a message
-  // that fits the line (a loop's next op is likely the same size): after larger ones it bought
-  // nothing, and cost 512 B-1 KiB 5-10%.
+  // Every peer has published this op, so none still reads what this rank published in its
+  // other slot (the last op's; peers that finished this op may already poll that slot's line for
+  // the next). Take the line for writing now, while the caller computes, where the next publish
+  // would wait for the peers' copies to go. In one sitting's "far" state (a line between the
+  // CPUs in 250-300 ns, docs/PERFORMANCE.md) that halved an 8-byte allreduce at 2 ranks (0.51
+  // -> 0.27 us; a later far sitting did not show it); near (70-80 ns) it costs ~6 ns. Only after
+  // a publish that fit the line (a loop's next op is likely the same): after larger ones it
+  // bought nothing, and cost 512 B-1 KiB 5-10%.
   if (bytes <= kInlineBytes) prefetch_for_write(&small_slot(rank_, op.parity ^ 1));
 }
 

@@ -92,7 +92,9 @@ class ShmBackend : public Backend {
   Op begin_op(const OpContext& ctx);
   void end_op(const Op& op);
   void sync(Op& op);
-  void exchange(Op& op, const void* payload, size_t bytes);
+  // Publishes `bytes` of payload and waits for every peer's publication; `reads`: how many bytes
+  // of a peer's payload this rank reads once it returns (of rank `from`'s only; -1: every peer's).
+  void exchange(Op& op, const void* payload, size_t bytes, size_t reads, int from = -1);
   [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
   void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
   // A staged op's copies into the staging areas, by the way publish_ picked for it

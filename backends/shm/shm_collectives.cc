@@ -21,7 +21,7 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 Backend::WorkPtr ShmBackend::barrier(const BarrierOptions&, const OpContext& ctx) {
   if (world_size_ == 1) return nullptr;
   Op op = begin_op(ctx);
-  exchange(op, nullptr, 0);
+  exchange(op, nullptr, 0, 0);
   end_op(op);
   return nullptr;
 }
@@ -35,7 +35,7 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
   const size_t total = t.nbytes();
   if (total <= kSmallBytes) {
     const bool root = rank_ == opts.root_rank;
-    exchange(op, root ? data : nullptr, root ? total : 0);
+    exchange(op, root ? data : nullptr, root ? total : 0, root ? 0 : total, opts.root_rank);
     if (!root) std::memcpy(data, small_payload(opts.root_rank, op.parity, total), total);
   } else if (rank_ == opts.root_rank && announce_symmetric(op, data, total)) {
     // The root's tensor is in symmetric memory: the others copy it from there (between these
@@ -100,7 +100,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   if (t.nbytes() <= kSmallBytes) {
     // One step: everyone publishes, then each receiver folds the whole message from the
     // published copies in rank order (so every rank computes the same bits).
-    exchange(op, data, t.nbytes());
+    exchange(op, data, t.nbytes(), to_me ? t.nbytes() : 0);
     if (!to_me) return;
     for (int q = 0; q < world_size_; ++q) inputs[q] = small_payload(q, op.parity, t.nbytes());
     // Our own values from our tensor (in place, still our input), not from our published copy:
@@ -212,7 +212,7 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
   }
   Op op = begin_op(ctx);
   if (total <= kSmallBytes) {
-    exchange(op, src, total);
+    exchange(op, src, total, total);
     for (int q = 0; q < world_size_; ++q) {
       char* dst = static_cast<char*>(out[q].data());
       const char* from = q == rank_ ? src : small_payload(q, op.parity, total);
