@@ -579,7 +579,7 @@ void ShmBackend::exchange(Op& op, const void* payload, size_t bytes, size_t read
                             : nullptr;
     auto ready = [&] {
       if (lines != nullptr) {
-        for (size_t at = 0; at < reads; at += 64) {
+        for (size_t at = 0; at < reads; at += sizeof(Line)) {
           (void)*reinterpret_cast<const volatile char*>(lines + at);
         }
       }
