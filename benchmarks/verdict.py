@@ -69,8 +69,24 @@ def runs_of(directory, stem):
     return runs, states
 
 
-def compare(mine, theirs, reps):
-    """mine, theirs: {rep: {size: us}}. The verdict text for the runs in reps, or None."""
+def paired(mine, theirs, reps):
+    """mine, theirs: {pair: {size: us}}, a pair's two runs made one beside the other. {size:
+    (the median over the pairs in reps of mine / theirs, in how many mine was lower, of how
+    many)}."""
+    out = {}
+    reps = [r for r in reps if r in mine and r in theirs]
+    for s in sorted(set().union(*(set(mine[r]) & set(theirs[r]) for r in reps))):
+        ratios = [mine[r][s] / theirs[r][s] for r in reps
+                  if s in mine[r] and s in theirs[r] and theirs[r][s] > 0]
+        if ratios:
+            out[s] = (statistics.median(ratios), sum(1 for x in ratios if x < 1), len(ratios))
+    return out
+
+
+def compare(mine, theirs, reps, pairs=None):
+    """mine, theirs: {rep: {size: us}}. The verdict text for the runs in reps, or None. pairs
+    (from paired()): the sizes it holds are judged by its ratios instead of the ratio of the
+    runs' medians."""
     reps = [r for r in reps if r in mine and r in theirs]
     if not reps:
         return None
@@ -80,7 +96,7 @@ def compare(mine, theirs, reps):
         return None
     med_m = {s: statistics.median(mine[r][s] for r in reps) for s in sizes}
     med_t = {s: statistics.median(theirs[r][s] for r in reps) for s in sizes}
-    ratios = {s: med_m[s] / med_t[s] for s in sizes}
+    ratios = {s: (pairs[s][0] if pairs and s in pairs else med_m[s] / med_t[s]) for s in sizes}
     ahead = [s for s in sizes if ratios[s] < 1]
     behind = sorted((s for s in sizes if ratios[s] >= 1), key=lambda s: -ratios[s])
     per_run = [sum(1 for s in sizes if mine[r][s] < theirs[r][s]) for r in reps]
@@ -99,6 +115,21 @@ def compare(mine, theirs, reps):
                  if min(per_run) != max(per_run) else
                  f"; run by run: ahead at {per_run[0]} of {len(sizes)} in every run")
     return text, med_m
+
+
+def pairs_line(pairs, n, name, plain):
+    """What the rapid pairs (paired()'s, n of them) said, and what the sweeps alone would have
+    (plain: compare()'s text without them)."""
+    sizes = sorted(pairs)
+    wins = [pairs[s][1] for s in sizes]
+    counts = {pairs[s][2] for s in sizes}
+    of = f"{max(counts)}" if len(counts) == 1 else f"{min(counts)}-{max(counts)}"
+    won = f"{min(wins)}-{max(wins)}" if min(wins) != max(wins) else f"{wins[0]}"
+    span = size_text(sizes[0]) + (f"-{size_text(sizes[-1])}" if len(sizes) > 1 else "")
+    return (f"{span} judged by {n} rapid pairs (at each "
+            f"size the median of tutti's time over {name}'s in the run beside it; tutti lower in "
+            f"{won} of {of} pairs per size); by the sweeps' medians alone: "
+            + plain.split("; run by run")[0])
 
 
 def column(runs, key):
@@ -152,45 +183,80 @@ def report(directory, stem, base, base_states, membw):
     world = config.get("world_size", 2)
     mine = column(tutti, "time_us")
     mine_mean = column(tutti, "mean_us")
+    # The small sizes' rapid pairs (bench.sh's second part), where they ran.
+    small, small_states = runs_of(directory, stem + "-small")
+    base_small, base_small_states = runs_of(directory, "base-small")
     baselines = []
+    # Per baseline: its name, its times per run, their states, its mean times per run, and the
+    # pairs (tutti's and its small-size runs with their states), or None.
     if base:
         name = base[min(base)][1]
-        baselines.append((name, column(base, "time_us"), base_states, column(base, "mean_us")))
+        pair = None
+        if small and base_small:
+            pair = (column(small, "time_us"), small_states, column(small, "mean_us"),
+                    column(base_small, "time_us"), base_small_states,
+                    column(base_small, "mean_us"))
+        baselines.append((name, column(base, "time_us"), base_states, column(base, "mean_us"),
+                          pair))
     if first[2] and "baseline_time_us" in first[2][0]:
         raw = column(tutti, "baseline_time_us")
-        baselines.append((str(config.get("baseline") or "raw"), raw, {}, None))
+        pair = None
+        if small and all(rows and "baseline_time_us" in rows[0] for _, _, rows in small.values()):
+            pair = (column(small, "time_us"), small_states, None,
+                    column(small, "baseline_time_us"), {}, None)
+        baselines.append((str(config.get("baseline") or "raw"), raw, {}, None, pair))
     reps = sorted(tutti)
-    head = f"verdict: {label} ({world} ranks, {len(reps)} interleaved run{'s' * (len(reps) > 1)})"
+    head = f"verdict: {label} ({world} ranks, {len(reps)} interleaved run{'s' * (len(reps) > 1)}"
+    head += f", {len(small)} rapid pairs)" if small else ")"
     sizes = sorted(set.union(*(set(m) for m in mine.values())))
     med_tutti = {s: statistics.median(mine[r][s] for r in reps if s in mine[r]) for s in sizes}
     if not baselines:
         print(head + ": no baseline ran beside it")
-    for name, theirs, states, theirs_mean in baselines:
-        result = compare(mine, theirs, reps)
+    for name, theirs, states, theirs_mean, pair in baselines:
+        pairs, pair_reps, pairs_mean = None, [], None
+        if pair:
+            p_mine, p_mine_states, p_mine_mean, p_theirs, p_states, p_theirs_mean = pair
+            pair_reps = sorted(r for r in p_mine if r in p_theirs)
+            pairs = paired(p_mine, p_theirs, pair_reps) or None
+            if p_mine_mean and p_theirs_mean:
+                pairs_mean = paired(p_mine_mean, p_theirs_mean, pair_reps) or None
+        result = compare(mine, theirs, reps, pairs)
         if result is None:
             print(f"{head} vs {name}: no common sizes")
             continue
         text, _ = result
         print(f"{head} vs {name}: {text}")
+        if pairs:
+            print("  " + pairs_line(pairs, len(pair_reps), name, compare(mine, theirs, reps)[0]))
         all_states = [tutti_states[r] for r in reps if r in tutti_states] + \
                      [states[r] for r in reps if r in states]
+        if pairs:
+            all_states += [p_mine_states[r] for r in pair_reps if r in p_mine_states] + \
+                          [p_states[r] for r in pair_reps if r in p_states]
         if not all_states:
             continue
         print("  " + machine.describe(all_states))
         quiet = [r for r in reps
                  if not machine.is_busy(tutti_states.get(r, {}))
                  and not machine.is_busy(states.get(r, {}))]
-        if len(quiet) < len(reps):
+        quiet_pairs = [r for r in pair_reps
+                       if not machine.is_busy(p_mine_states.get(r, {}))
+                       and not machine.is_busy(p_states.get(r, {}))] if pairs else []
+        if len(quiet) < len(reps) or len(quiet_pairs) < len(pair_reps):
             if quiet:
-                q = compare(mine, theirs, quiet)
+                q_pairs = paired(p_mine, p_theirs, quiet_pairs) if quiet_pairs else None
+                q = compare(mine, theirs, quiet, q_pairs)
                 if q:
-                    print(f"  on the {len(quiet)} quiet run{'s' * (len(quiet) > 1)} alone: {q[0]}")
+                    also = (f" (and the {len(quiet_pairs)} quiet pair"
+                            f"{'s' * (len(quiet_pairs) > 1)})" if quiet_pairs else "")
+                    print(f"  on the {len(quiet)} quiet run{'s' * (len(quiet) > 1)}{also} alone: "
+                          f"{q[0]}")
             else:
                 print("  no run was quiet: run it again on a quiet machine for a verdict that holds")
             # Busy, a median can hide ops that stalled for a scheduler's slice: the mean time
             # per op over every run counts them, as a job's throughput does.
             if mine_mean and theirs_mean:
-                m = compare(mine_mean, theirs_mean, reps)
+                m = compare(mine_mean, theirs_mean, reps, pairs_mean)
                 if m:
                     print(f"  by the mean time per op, every run (stalls included): {m[0]}")
     if membw and med_tutti and os.path.exists(membw):

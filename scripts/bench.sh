@@ -10,7 +10,8 @@
 # spread), results/membw.json and the plot results/allreduce.png, and ends with the verdicts, one
 # per tutti sweep: at how many sizes tutti is ahead, by how much, how that varied from run to
 # run, whether the machine was quiet (and if not, the verdict of the quiet runs alone), and
-# tutti's time at 16 and 64 MiB against the memory's floor. About two minutes on a 2-core
+# tutti's time at 16 and 64 MiB against the memory's floor. The sizes up to 64 KiB run again in
+# PAIRS rapid rounds (default 15), which judge them (see below). About two minutes on a 2-core
 # machine, plus a few minutes for the first build.
 #
 #   scripts/bench.sh                     # 2 ranks
@@ -79,33 +80,52 @@ run_tutti() {  # run_tutti STEM REP [tutti-bench options...]
     exit 1
   }
 }
-run_symmetric() {  # run_symmetric REP [tutti-bench options...]
+run_symmetric() {  # run_symmetric STEM REP [tutti-bench options...]
   [ "$symmetric" = 1 ] || return 0
-  local rep=$1
-  shift
-  run_tutti sym "$rep" --symmetric "$@"
+  local stem=$1 rep=$2
+  shift 2
+  run_tutti "$stem" "$rep" --symmetric "$@"
 }
-run_mpi() {
+run_mpi() {  # run_mpi STEM REP
   [ $have_mpi = 1 ] || return 0
-  "$py" benchmarks/machine.py run --state "$out/base.r$1.state.json" "${exchange[@]}" -- \
+  local run="$out/$1.r$2"
+  "$py" benchmarks/machine.py run --state "$run.state.json" "${exchange[@]}" -- \
     mpirun "${as_root[@]}" --oversubscribe --mca btl "$btl" -np "$ranks" build/mpi_allreduce \
-    "${sweep[@]}" --label "$label" --json "$out/base.r$1.json" >"$out/base.r$1.log" 2>&1 || {
-    cat "$out/base.r$1.log" >&2
-    echo "bench: Open MPI's run $1 failed; it is left out" >&2
-    rm -f "$out/base.r$1.json"
+    "${sweep[@]}" --label "$label" --json "$run.json" >"$run.log" 2>&1 || {
+    cat "$run.log" >&2
+    echo "bench: Open MPI's run $2 ($1) failed; it is left out" >&2
+    rm -f "$run.json"
   }
+}
+# One round: tutti, Open MPI, tutti on symmetric memory; every other round the other way round.
+round() {  # round SUFFIX REP [tutti-bench options...]
+  local suffix=$1 rep=$2
+  shift 2
+  if ((rep % 2 == 1)); then
+    run_tutti "tutti$suffix" "$rep" "$@"
+    run_mpi "base$suffix" "$rep"
+    run_symmetric "sym$suffix" "$rep" "$@"
+  else
+    run_symmetric "sym$suffix" "$rep" "$@"
+    run_mpi "base$suffix" "$rep"
+    run_tutti "tutti$suffix" "$rep" "$@"
+  fi
 }
 for ((rep = 1; rep <= reps; rep++)); do
   echo "== run $rep of $reps: tutti and $label" >&2
-  if ((rep % 2 == 1)); then
-    run_tutti tutti "$rep" "$@"
-    run_mpi "$rep"
-    run_symmetric "$rep" "$@"
-  else
-    run_symmetric "$rep" "$@"
-    run_mpi "$rep"
-    run_tutti tutti "$rep" "$@"
-  fi
+  round "" "$rep" "$@"
+done
+# The small sizes again, in rapid pairs. A sweep spends microseconds at each of them, and these
+# VMs' state (a cache line between the CPUs in ~75 or ~300 ns) can change within seconds: the
+# sweeps' runs of a small size are each a draw of that state, and five of tutti's against five
+# of Open MPI's often drew differently. A pair's runs here are half a second apart, and the
+# verdict judges these sizes by the pairs' ratios (benchmarks/verdict.py). PAIRS=0 leaves it out.
+pairs=${PAIRS:-15}
+sweep=(-b 8 -e 64K -f 2 -w 100 -n 2000)
+[ "$backend" = gloo ] && sweep=(-b 8 -e 64K -f 2 -w 20 -n 200)
+((pairs > 0)) && echo "== $pairs rapid pairs of 8 B-64 KiB: tutti and $label" >&2
+for ((rep = 1; rep <= pairs; rep++)); do
+  round -small "$rep" "$@"
 done
 membw after || echo "bench: the memory probe after the sweeps failed; the one before stands" >&2
 # The last tutti run's table, for the eye; the verdict below is over every run.
@@ -135,7 +155,9 @@ with open("results/membw.json", "w") as f:
                "rows": [best[k] for k in sorted(best)]}, f)
 for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/openmpi.json"),
                      ("sym", "results/allreduce-symmetric.json")):
-    paths = sorted(glob.glob(os.path.join(out, stem + ".r*.json")))
+    # The sweeps' runs and the small sizes' pairs: a small size's median is over both.
+    paths = sorted(glob.glob(os.path.join(out, stem + ".r*.json")) +
+                   glob.glob(os.path.join(out, stem + "-small.r*.json")))
     paths = [p for p in paths if not p.endswith(".state.json")]
     if paths:
         config, _, rows = merge_runs(paths)
@@ -147,5 +169,6 @@ plots=(results/allreduce.json)
 [ -f results/allreduce-symmetric.json ] && plots+=(results/allreduce-symmetric.json)
 [ -f results/openmpi.json ] && plots+=(results/openmpi.json)
 "$py" benchmarks/plot.py "${plots[@]}" -o results/allreduce.png \
-  --title "allreduce, $ranks ranks, float32 sum, median of $reps interleaved runs" >&2
+  --title "allreduce, $ranks ranks, float32 sum, median of $reps interleaved runs$(
+    ((pairs > 0)) && echo " (to 64 KiB, and $pairs pairs)")" >&2
 "$py" benchmarks/verdict.py "$out" --membw results/membw.json

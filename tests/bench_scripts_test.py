@@ -268,6 +268,37 @@ class Verdict(unittest.TestCase):
         self.assertIn("vs openmpi sm: ahead at 2 of 2 sizes, 2.07x faster at the median size; "
                       "closest at 8 B (1.25x faster), 1 MiB (6.00x faster)", sym[0])
 
+    def test_small_sizes_are_judged_by_the_rapid_pairs(self):
+        d = tempfile.mkdtemp()
+        # The sweeps: 8 B drew differently (tutti 0.5 "far" in 2 of 3 runs, the baseline 0.3
+        # "near" in all): by the medians, 0.5 / 0.3, 1.67x slower. 1 MiB: 100 vs 200.
+        for rep, t8 in ((1, 0.5), (2, 0.25), (3, 0.5)):
+            write_run(os.path.join(d, f"tutti.r{rep}.json"), {8: t8, 1 << 20: 100.0})
+            write_run(os.path.join(d, f"base.r{rep}.json"), {8: 0.3, 1 << 20: 200.0},
+                      backend="openmpi sm", tool="mpi_allreduce")
+        # Four pairs of 8 B, each pair's two runs in one state: ratios 0.9, 0.8, 1.1, 0.5;
+        # median 0.85 (1.18x faster), tutti lower in 3 of 4. 8 B alone: no 1 MiB here.
+        for rep, (t8, b8) in enumerate(((0.27, 0.3), (0.4, 0.5), (0.33, 0.3), (0.25, 0.5)), 1):
+            write_run(os.path.join(d, f"tutti-small.r{rep}.json"), {8: t8})
+            write_run(os.path.join(d, f"base-small.r{rep}.json"), {8: b8},
+                      backend="openmpi sm", tool="mpi_allreduce")
+        out = self.run_verdict(d)
+        # 8 B by the pairs (0.85), 1 MiB by the sweeps (0.5): median ratio 0.675, 1.48x faster.
+        self.assertIn("verdict: tutti shm (2 ranks, 3 interleaved runs, 4 rapid pairs) vs "
+                      "openmpi sm: ahead at 2 of 2 sizes, 1.48x faster at the median size; "
+                      "closest at 8 B (1.18x faster), 1 MiB (2.00x faster)", out)
+        self.assertIn("8 B judged by 4 rapid pairs (at each size the median of tutti's time "
+                      "over openmpi sm's in the run beside it; tutti lower in 3 of 4 pairs per "
+                      "size); by the sweeps' medians alone: ahead at 1 of 2 sizes, 1.08x slower "
+                      "at the median size; behind at 8 B (1.67x slower)", out)
+        # A busy pair is left out of the quiet verdict: without pair 4, ratios 0.9, 0.8, 1.1:
+        # 8 B's median 0.9 (1.11x faster); with 1 MiB's 0.5, the median ratio 0.7 (1.43x).
+        write_state(os.path.join(d, "base-small.r4.state.json"), others=0.5)
+        out = self.run_verdict(d)
+        self.assertIn("machine BUSY in 1 of 1 runs", out)
+        self.assertIn("on the 3 quiet runs (and the 3 quiet pairs) alone: ahead at 2 of 2 sizes, "
+                      "1.43x faster at the median size; closest at 8 B (1.11x faster)", out)
+
     def test_the_memory_floor(self):
         d = tempfile.mkdtemp()
         write_run(os.path.join(d, "tutti.r1.json"), {16 << 20: 2000.0, 64 << 20: 10000.0})
