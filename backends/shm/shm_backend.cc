@@ -386,7 +386,9 @@ ShmBackend::Op ShmBackend::begin_op(const OpContext& ctx) {
   pack_signature(ctx.signature, sig);
   slots_[rank_].signature[op.parity][0].store(sig[0], std::memory_order_relaxed);
   slots_[rank_].signature[op.parity][1].store(sig[1], std::memory_order_relaxed);
-  slots_[rank_].tag[op.parity].store(ctx.tag);
+  // Plain stores (no locked instruction): peers read the tag only after `begun` (acquire), or
+  // after a barrier.
+  slots_[rank_].tag[op.parity].store(ctx.tag, std::memory_order_relaxed);
   slots_[rank_].begun.store(seq, std::memory_order_release);
   return op;
 }

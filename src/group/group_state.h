@@ -96,6 +96,9 @@ struct CollectiveGroup::State {
 
   // Issuing: seq numbers, inline ops, pushes to the queue.
   std::mutex op_mutex;
+  // The last signature hashed for a tag and its hash (a loop repeats one op): under op_mutex.
+  OpSignature hashed_signature;
+  uint64_t signature_hash = OpSignature{}.hash();
   uint64_t collective_seq = 0;
   uint64_t batch_seq = 0;
   uint64_t split_count = 0;
