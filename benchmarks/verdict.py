@@ -206,8 +206,7 @@ def report(directory, stem, base, base_states, membw):
                     column(small, "baseline_time_us"), {}, None)
         baselines.append((str(config.get("baseline") or "raw"), raw, {}, None, pair))
     reps = sorted(tutti)
-    head = f"verdict: {label} ({world} ranks, {len(reps)} interleaved run{'s' * (len(reps) > 1)}"
-    head += f", {len(small)} rapid pairs)" if small else ")"
+    head = f"verdict: {label} ({world} ranks, {len(reps)} interleaved run{'s' * (len(reps) > 1)})"
     sizes = sorted(set.union(*(set(m) for m in mine.values())))
     med_tutti = {s: statistics.median(mine[r][s] for r in reps if s in mine[r]) for s in sizes}
     if not baselines:
@@ -218,7 +217,9 @@ def report(directory, stem, base, base_states, membw):
             p_mine, p_mine_states, p_mine_mean, p_theirs, p_states, p_theirs_mean = pair
             pair_reps = sorted(r for r in p_mine if r in p_theirs)
             pairs = paired(p_mine, p_theirs, pair_reps) or None
-            if p_mine_mean and p_theirs_mean:
+            if pairs is None:
+                pair_reps = []  # no size in common: as if none had run
+            elif p_mine_mean and p_theirs_mean:
                 pairs_mean = paired(p_mine_mean, p_theirs_mean, pair_reps) or None
         result = compare(mine, theirs, reps, pairs)
         if result is None:

@@ -121,6 +121,7 @@ done
 # of Open MPI's often drew differently. A pair's runs here are half a second apart, and the
 # verdict judges these sizes by the pairs' ratios (benchmarks/verdict.py). PAIRS=0 leaves it out.
 pairs=${PAIRS:-15}
+[ $have_mpi = 1 ] || [ "$backend" = gloo ] || pairs=0  # no baseline to pair with
 sweep=(-b 8 -e 64K -f 2 -w 100 -n 2000)
 [ "$backend" = gloo ] && sweep=(-b 8 -e 64K -f 2 -w 20 -n 200)
 ((pairs > 0)) && echo "== $pairs rapid pairs of 8 B-64 KiB: tutti and $label" >&2
@@ -156,8 +157,9 @@ with open("results/membw.json", "w") as f:
 for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/openmpi.json"),
                      ("sym", "results/allreduce-symmetric.json")):
     # The sweeps' runs and the small sizes' pairs: a small size's median is over both.
-    paths = sorted(glob.glob(os.path.join(out, stem + ".r*.json")) +
-                   glob.glob(os.path.join(out, stem + "-small.r*.json")))
+    # (The sweeps' first: the merged file's config, iterations included, is the first run's.)
+    paths = sorted(glob.glob(os.path.join(out, stem + ".r*.json"))) + \
+        sorted(glob.glob(os.path.join(out, stem + "-small.r*.json")))
     paths = [p for p in paths if not p.endswith(".state.json")]
     if paths:
         config, _, rows = merge_runs(paths)

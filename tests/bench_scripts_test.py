@@ -284,7 +284,7 @@ class Verdict(unittest.TestCase):
                       backend="openmpi sm", tool="mpi_allreduce")
         out = self.run_verdict(d)
         # 8 B by the pairs (0.85), 1 MiB by the sweeps (0.5): median ratio 0.675, 1.48x faster.
-        self.assertIn("verdict: tutti shm (2 ranks, 3 interleaved runs, 4 rapid pairs) vs "
+        self.assertIn("verdict: tutti shm (2 ranks, 3 interleaved runs) vs "
                       "openmpi sm: ahead at 2 of 2 sizes, 1.48x faster at the median size; "
                       "closest at 8 B (1.18x faster), 1 MiB (2.00x faster)", out)
         self.assertIn("8 B judged by 4 rapid pairs (at each size the median of tutti's time "
@@ -298,6 +298,13 @@ class Verdict(unittest.TestCase):
         self.assertIn("machine BUSY in 1 of 1 runs", out)
         self.assertIn("on the 3 quiet runs (and the 3 quiet pairs) alone: ahead at 2 of 2 sizes, "
                       "1.43x faster at the median size; closest at 8 B (1.11x faster)", out)
+        # A pair whose baseline run failed (its JSON removed) is no pair: 3 are left, as quiet.
+        os.remove(os.path.join(d, "base-small.r4.json"))
+        os.remove(os.path.join(d, "base-small.r4.state.json"))
+        out = self.run_verdict(d)
+        self.assertIn("8 B judged by 3 rapid pairs", out)
+        self.assertIn("tutti lower in 2 of 3 pairs per size", out)
+        self.assertNotIn("quiet", out.replace("machine quiet", ""))
 
     def test_the_memory_floor(self):
         d = tempfile.mkdtemp()

@@ -28,6 +28,9 @@ uint64_t pair_of(int a, int b) {
 
 using detail::signature_of;
 
+// Every field OpSignature::hash() reads (a field added there must be added here: the size
+// check is a reminder).
+static_assert(sizeof(OpSignature) == 40, "a field added to OpSignature: compare it here too");
 bool same_signature(const OpSignature& a, const OpSignature& b) {
   return a.op == b.op && a.dtype == b.dtype && a.count == b.count && a.root == b.root &&
          a.root_tensor == b.root_tensor && a.devices == b.devices && a.reduce_op == b.reduce_op &&
