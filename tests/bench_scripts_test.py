@@ -107,6 +107,26 @@ class AbTable(unittest.TestCase):
                       "slower in every pair (by > 3%) at none; faster in every pair at 8 B "
                       "(0.50x)", out)
 
+    def test_the_mean_time_per_op_gets_a_table_and_verdict_of_its_own(self):
+        # Medians equal (0.26 in every run: the steps they move in), means 0.270 -> 0.262 in each
+        # of 3 pairs: B/A by the mean 0.970, faster in every pair by more than the 1% margin.
+        d = tempfile.mkdtemp()
+        for rep in (1, 2, 3):
+            write_run(os.path.join(d, f"a.r{rep}.json"), {8: 0.26}, means={8: 0.270})
+            write_run(os.path.join(d, f"b.r{rep}.json"), {8: 0.26}, means={8: 0.2619})
+        out = subprocess.run([sys.executable, os.path.join(BENCH, "compare", "ab_table.py"), d,
+                              "--noise", "0.01"], capture_output=True, text=True,
+                             check=True).stdout
+        self.assertIn("ab: B/A over 3 pairs: median ratio 1.000; slower in every pair (by > 1%) "
+                      "at none; faster in every pair at none", out)
+        self.assertIn("ab: by the mean time per op: B/A over 3 pairs: median ratio 0.970; slower "
+                      "in every pair (by > 1%) at none; faster in every pair at 8 B (0.97x)", out)
+        # Without means on one side (an older tutti-bench), no such lines.
+        write_run(os.path.join(d, "a.r1.json"), {8: 0.26})
+        out = subprocess.run([sys.executable, os.path.join(BENCH, "compare", "ab_table.py"), d],
+                             capture_output=True, text=True, check=True).stdout
+        self.assertNotIn("by the mean", out)
+
     def test_no_state_verdict_where_no_run_was_far(self):
         d = tempfile.mkdtemp()
         for rep in (1, 2):
