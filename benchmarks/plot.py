@@ -7,6 +7,10 @@ the others at each size.
     python3 benchmarks/plot.py results/allreduce.json results/openmpi.json -o results/allreduce.png
 
 With --baseline rows (raw Gloo beside tutti's gloo backend), raw Gloo is a line of its own.
+With --pairs DIR STEM... (the main job's run directory and each file's stem there, e.g.
+results/bench tutti sym base), the times-faster panel takes the sizes the rapid pairs ran from
+the pairs, as the verdict does (benchmarks/verdict.py): the median over the pairs of the first
+file's time over the other's in the run beside it.
 Needs matplotlib (Debian: python3-matplotlib, which scripts/setup-debian.sh installs).
 """
 import argparse
@@ -36,6 +40,22 @@ def series(path):
     return config.get("op", "?"), out
 
 
+def pair_ratios(directory, stems):
+    """{i: {size: ratio}} for stems[1:]: the median over the rapid pairs (STEM-small runs in
+    directory) of stems[0]'s time over stems[i]'s in the run beside it (verdict.paired's)."""
+    import verdict
+    out = {}
+    if not stems:
+        return out
+    first = verdict.column(verdict.runs_of(directory, stems[0] + "-small")[0], "time_us")
+    for i, stem in enumerate(stems[1:], 1):
+        other = verdict.column(verdict.runs_of(directory, stem + "-small")[0], "time_us")
+        if first and other:
+            reps = sorted(r for r in first if r in other)
+            out[i] = {s: v[0] for s, v in verdict.paired(first, other, reps).items()}
+    return out
+
+
 def size_label(b):
     for unit, name in ((1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")):
         if b >= unit:
@@ -48,7 +68,10 @@ def main():
     p.add_argument("json", nargs="+")
     p.add_argument("-o", "--output", default="bench.png")
     p.add_argument("--title")
+    p.add_argument("--pairs", nargs="+", metavar="DIR STEM")
     args = p.parse_args()
+    paired_ratio = pair_ratios(args.pairs[0], args.pairs[1:len(args.json) + 1]) \
+        if args.pairs else {}
     ops, lines = set(), []
     for path in args.json:
         op, more = series(path)
@@ -67,9 +90,13 @@ def main():
             lat.fill_between(sizes, lows, highs, color=line.get_color(), alpha=0.2)
         bw.plot(sizes, busbw, marker="o", markersize=3, label=name)
     mine = lines[0]
-    for name, sizes, times, _, _, _ in lines[1:]:
+    # Which file each line came from (a file with --baseline rows gives two lines).
+    owners = [i for i, path in enumerate(args.json) for _ in series(path)[1]]
+    for (name, sizes, times, _, _, _), owner in zip(lines[1:], owners[1:]):
         theirs = dict(zip(sizes, times))
-        common = [(s, theirs[s] / t) for s, t in zip(mine[1], mine[2]) if s in theirs and t > 0]
+        pairs = paired_ratio.get(owner, {}) if owner != 0 else {}
+        common = [(s, 1 / pairs[s] if s in pairs and pairs[s] > 0 else theirs[s] / t)
+                  for s, t in zip(mine[1], mine[2]) if s in theirs and t > 0]
         if common:
             up.plot([s for s, _ in common], [x for _, x in common], marker="o", markersize=3,
                     label=f"vs {name}")
@@ -84,7 +111,8 @@ def main():
     lat.set_ylabel("time, median over runs, band: their spread (us)")
     lat.set_yscale("log")
     bw.set_ylabel("bus bandwidth (GB/s)")
-    up.set_ylabel(f"{mine[0]}: times faster (above 1) or slower")
+    up.set_ylabel(f"{mine[0]}: times faster (above 1) or slower" +
+                  ("\n(the small sizes by the rapid pairs)" if paired_ratio else ""))
     up.set_ylim(bottom=0)
     fig.suptitle(title)
     fig.tight_layout()

@@ -170,7 +170,11 @@ EOF
 plots=(results/allreduce.json)
 [ -f results/allreduce-symmetric.json ] && plots+=(results/allreduce-symmetric.json)
 [ -f results/openmpi.json ] && plots+=(results/openmpi.json)
-"$py" benchmarks/plot.py "${plots[@]}" -o results/allreduce.png \
+# The times-faster panel takes the small sizes from the pairs, as the verdict does.
+stems=(tutti)
+[ -f results/allreduce-symmetric.json ] && stems+=(sym)
+[ -f results/openmpi.json ] && stems+=(base)
+"$py" benchmarks/plot.py "${plots[@]}" -o results/allreduce.png --pairs "$out" "${stems[@]}" \
   --title "allreduce, $ranks ranks, float32 sum, median of $reps interleaved runs$(
     ((pairs > 0)) && echo " (to 64 KiB, and $pairs pairs)")" >&2
 "$py" benchmarks/verdict.py "$out" --membw results/membw.json

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(BENCH, "compare"))
 
 import ab_table  # noqa: E402
 import machine  # noqa: E402
+import plot  # noqa: E402
 import verdict  # noqa: E402
 
 
@@ -325,6 +326,18 @@ class Verdict(unittest.TestCase):
         self.assertIn("8 B judged by 3 rapid pairs", out)
         self.assertIn("tutti lower in 2 of 3 pairs per size", out)
         self.assertNotIn("quiet", out.replace("machine quiet", ""))
+
+    def test_the_plot_takes_the_small_sizes_ratios_from_the_pairs(self):
+        d = tempfile.mkdtemp()
+        # tutti over base per pair at 8 B: 0.9, 1.2, 1.1 (median 1.1); at 16 B 0.5 in each.
+        for rep, (t8, b8) in enumerate(((0.9, 1.0), (1.2, 1.0), (1.1, 1.0)), 1):
+            write_run(os.path.join(d, f"tutti-small.r{rep}.json"), {8: t8, 16: 1.0})
+            write_run(os.path.join(d, f"base-small.r{rep}.json"), {8: b8, 16: 2.0})
+        ratios = plot.pair_ratios(d, ["tutti", "sym", "base"])
+        self.assertNotIn(1, ratios)  # no sym-small runs
+        self.assertAlmostEqual(ratios[2][8], 1.1)
+        self.assertAlmostEqual(ratios[2][16], 0.5)
+        self.assertEqual(plot.pair_ratios(d, []), {})
 
     def test_the_memory_floor(self):
         d = tempfile.mkdtemp()
