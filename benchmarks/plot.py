@@ -72,11 +72,12 @@ def main():
     args = p.parse_args()
     paired_ratio = pair_ratios(args.pairs[0], args.pairs[1:len(args.json) + 1]) \
         if args.pairs else {}
-    ops, lines = set(), []
-    for path in args.json:
+    ops, lines, owners = set(), [], []  # owners: the file each line came from
+    for i, path in enumerate(args.json):
         op, more = series(path)
         ops.add(op)
         lines += more
+        owners += [i] * len(more)  # (a file with --baseline rows gives two lines)
     title = args.title or f"{', '.join(sorted(ops))}: time, busbw and speed-up by message size"
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     import matplotlib
@@ -90,8 +91,6 @@ def main():
             lat.fill_between(sizes, lows, highs, color=line.get_color(), alpha=0.2)
         bw.plot(sizes, busbw, marker="o", markersize=3, label=name)
     mine = lines[0]
-    # Which file each line came from (a file with --baseline rows gives two lines).
-    owners = [i for i, path in enumerate(args.json) for _ in series(path)[1]]
     for (name, sizes, times, _, _, _), owner in zip(lines[1:], owners[1:]):
         theirs = dict(zip(sizes, times))
         pairs = paired_ratio.get(owner, {}) if owner != 0 else {}

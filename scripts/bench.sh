@@ -167,13 +167,12 @@ for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/open
     elif os.path.exists(target):
         os.remove(target)
 EOF
+# Each file plotted, and its stem in $out (the times-faster panel takes the small sizes from the
+# pairs, as the verdict does).
 plots=(results/allreduce.json)
-[ -f results/allreduce-symmetric.json ] && plots+=(results/allreduce-symmetric.json)
-[ -f results/openmpi.json ] && plots+=(results/openmpi.json)
-# The times-faster panel takes the small sizes from the pairs, as the verdict does.
 stems=(tutti)
-[ -f results/allreduce-symmetric.json ] && stems+=(sym)
-[ -f results/openmpi.json ] && stems+=(base)
+[ -f results/allreduce-symmetric.json ] && plots+=(results/allreduce-symmetric.json) stems+=(sym)
+[ -f results/openmpi.json ] && plots+=(results/openmpi.json) stems+=(base)
 "$py" benchmarks/plot.py "${plots[@]}" -o results/allreduce.png --pairs "$out" "${stems[@]}" \
   --title "allreduce, $ranks ranks, float32 sum, median of $reps interleaved runs$(
     ((pairs > 0)) && echo " (to 64 KiB, and $pairs pairs)")" >&2

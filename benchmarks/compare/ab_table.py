@@ -32,14 +32,18 @@ def size_text(b):
     return f"{b} B"
 
 
+def run_files(directory, side):
+    """(rep, path) of one side's runs (not their .state.json)."""
+    for path in glob.glob(os.path.join(directory, f"{side}.r*.json")):
+        m = re.search(rf"{side}\.r(\d+)\.json$", path)
+        if m:
+            yield int(m.group(1)), path
+
+
 def runs(directory, side):
     """{rep: {size: median us}} and {rep: state} for one side."""
     times, states = {}, {}
-    for path in glob.glob(os.path.join(directory, f"{side}.r*.json")):
-        m = re.search(rf"{side}\.r(\d+)\.json$", path)
-        if not m:
-            continue
-        rep = int(m.group(1))
+    for rep, path in run_files(directory, side):
         _, _, rows = load_run(path)
         times[rep] = {r.get("size_bytes", r.get("bytes")): r["time_us"] for r in rows}
         state_path = os.path.join(directory, f"{side}.r{rep}.state.json")
@@ -53,14 +57,11 @@ def means(directory, side):
     """{rep: {size: mean us per op}} for one side, or None where a run has no mean_us (an older
     tutti-bench)."""
     out = {}
-    for path in glob.glob(os.path.join(directory, f"{side}.r*.json")):
-        m = re.search(rf"{side}\.r(\d+)\.json$", path)
-        if not m:
-            continue
+    for rep, path in run_files(directory, side):
         _, _, rows = load_run(path)
         if any("mean_us" not in r for r in rows):
             return None
-        out[int(m.group(1))] = {r.get("size_bytes", r.get("bytes")): r["mean_us"] for r in rows}
+        out[rep] = {r.get("size_bytes", r.get("bytes")): r["mean_us"] for r in rows}
     return out or None
 
 
