@@ -51,6 +51,18 @@ TEST(AdaptiveSpin, LongSleepsHalveItAndSpunWaitsDecayItToTheBase) {
   EXPECT_EQ(a.policy().yields, 50);
 }
 
+TEST(AdaptiveSpin, TheScaledPolicyKeepsEveryOtherFieldOfTheBase) {
+  SpinPolicy base{2000, 50, microseconds(300), std::chrono::milliseconds(7), microseconds(90), 5};
+  AdaptiveSpin a(base, 16);
+  a.record(slept(microseconds(70)));
+  const SpinPolicy p = a.policy();
+  EXPECT_EQ(p.spins, 4000);
+  EXPECT_EQ(p.spin_for, microseconds(600));
+  EXPECT_EQ(p.contended_for, std::chrono::milliseconds(7));
+  EXPECT_EQ(p.off_cpu_gap, microseconds(90));
+  EXPECT_EQ(p.paced, 5);  // the paced polls are not scaled
+}
+
 TEST(AdaptiveSpin, AScaleOfOneKeepsItFixed) {
   AdaptiveSpin a(SpinPolicy{2000, 50}, 1);
   a.record(slept(microseconds(70)));

@@ -162,8 +162,10 @@ void ShmBackend::wait_until(Ready ready, std::atomic<uint32_t>& word,
     return true;
   };
   WaitOutcome outcome;
+  SpinPolicy policy = spin_.policy();
+  if (op != nullptr) policy.paced = kPacedPolls;  // a collective's wait (SpinPolicy::paced)
   const bool done = await([&] { return ready() || stopped(op_seq); }, word, sleepers, deadline,
-                          spin_.policy(), keep_spinning, check_peers, &outcome, poll_on);
+                          policy, keep_spinning, check_peers, &outcome, poll_on);
   // A sleep for ranks that sat still says nothing of the polling budget (AdaptiveSpin).
   if (!slept_for_still) spin_.record(outcome);
   note_cpu();  // where this rank runs until its next wait (a wake-up may have moved it)
