@@ -41,15 +41,16 @@ def series(path):
 
 
 def pair_ratios(directory, stems):
-    """{i: {size: ratio}} for stems[1:]: the median over the rapid pairs (STEM-small runs in
-    directory) of stems[0]'s time over stems[i]'s in the run beside it (verdict.paired's)."""
+    """{i: {size: ratio}} for stems[1:]: the median over the rapid pairs (STEM-small and
+    STEM-mid runs in directory) of stems[0]'s time over stems[i]'s in the run beside it
+    (verdict.paired's)."""
     import verdict
     out = {}
     if not stems:
         return out
-    first = verdict.column(verdict.runs_of(directory, stems[0] + "-small")[0], "time_us")
+    first = verdict.column(verdict.pair_runs(directory, stems[0])[0], "time_us")
     for i, stem in enumerate(stems[1:], 1):
-        other = verdict.column(verdict.runs_of(directory, stem + "-small")[0], "time_us")
+        other = verdict.column(verdict.pair_runs(directory, stem)[0], "time_us")
         if first and other:
             reps = sorted(r for r in first if r in other)
             out[i] = {s: v[0] for s, v in verdict.paired(first, other, reps).items()}
@@ -111,7 +112,8 @@ def main():
     lat.set_yscale("log")
     bw.set_ylabel("bus bandwidth (GB/s)")
     up.set_ylabel(f"{mine[0]}: times faster (above 1) or slower" +
-                  ("\n(the small sizes by the rapid pairs)" if paired_ratio else ""))
+                  (f"\n(to {size_label(max(s for d in paired_ratio.values() for s in d))}"
+                   " by the rapid pairs)" if any(paired_ratio.values()) else ""))
     up.set_ylim(bottom=0)
     fig.suptitle(title)
     fig.tight_layout()

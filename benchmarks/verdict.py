@@ -69,6 +69,27 @@ def runs_of(directory, stem):
     return runs, states
 
 
+# bench.sh's rapid pairs: the small sizes (8 B-64 KiB), then the middle ones (128 KiB-8 MiB).
+PAIR_SETS = ("-small", "-mid")
+
+
+def pair_runs(directory, stem):
+    """The rapid pairs' runs of stem (STEM-small and STEM-mid), as runs_of() gives them, keyed
+    (set, pair): a size is in one set's runs only, so paired() pairs each size within its set."""
+    runs, states = {}, {}
+    for suffix in PAIR_SETS:
+        r, st = runs_of(directory, stem + suffix)
+        runs.update({(suffix, k): v for k, v in r.items()})
+        states.update({(suffix, k): v for k, v in st.items()})
+    return runs, states
+
+
+def per_size(pairs):
+    """How many pairs each size of paired()'s result had: "15", or "14-15"."""
+    counts = sorted({v[2] for v in pairs.values()})
+    return f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
 def paired(mine, theirs, reps):
     """mine, theirs: {pair: {size: us}}, a pair's two runs made one beside the other. {size:
     (the median over the pairs in reps of mine / theirs, in how many mine was lower, of how
@@ -117,19 +138,23 @@ def compare(mine, theirs, reps, pairs=None):
     return text, med_m
 
 
-def pairs_line(pairs, n, name, plain):
-    """What the rapid pairs (paired()'s, n of them) said, and what the sweeps alone would have
-    (plain: compare()'s text without them)."""
+def pairs_line(pairs, name, plain):
+    """What the rapid pairs (paired()'s) said, and what the sweeps alone would have (plain:
+    compare()'s text without them)."""
     sizes = sorted(pairs)
-    wins = [pairs[s][1] for s in sizes]
     counts = {pairs[s][2] for s in sizes}
-    of = f"{max(counts)}" if len(counts) == 1 else f"{min(counts)}-{max(counts)}"
-    won = f"{min(wins)}-{max(wins)}" if min(wins) != max(wins) else f"{wins[0]}"
+    if len(counts) == 1:
+        wins = [pairs[s][1] for s in sizes]
+        won = (f"{min(wins)}-{max(wins)}" if min(wins) != max(wins) else f"{wins[0]}") + \
+            f" of the {counts.pop()}"
+    else:  # a failed run left some sizes fewer pairs: shares
+        shares = [pairs[s][1] / pairs[s][2] for s in sizes]
+        low, high = round(100 * min(shares)), round(100 * max(shares))
+        won = (f"{low}-{high}%" if low != high else f"{low}%") + " of them"
     span = size_text(sizes[0]) + (f"-{size_text(sizes[-1])}" if len(sizes) > 1 else "")
-    return (f"{span} judged by {n} rapid pairs (at each "
+    return (f"{span} judged by {per_size(pairs)} rapid pairs per size (at each "
             f"size the median of tutti's time over {name}'s in the run beside it; tutti lower in "
-            f"{won} of {of} pairs per size); by the sweeps' medians alone: "
-            + plain.split("; run by run")[0])
+            f"{won}); by the sweeps' medians alone: " + plain.split("; run by run")[0])
 
 
 def column(runs, key):
@@ -183,27 +208,28 @@ def report(directory, stem, base, base_states, membw):
     world = config.get("world_size", 2)
     mine = column(tutti, "time_us")
     mine_mean = column(tutti, "mean_us")
-    # The small sizes' rapid pairs (bench.sh's second part), where they ran.
-    small, small_states = runs_of(directory, stem + "-small")
-    base_small, base_small_states = runs_of(directory, "base-small")
+    # The small and middle sizes' rapid pairs (bench.sh's second part), where they ran.
+    paired_runs, pair_states = pair_runs(directory, stem)
+    base_pairs, base_pair_states = pair_runs(directory, "base")
     baselines = []
     # Per baseline: its name, its times per run, their states, its mean times per run, and the
-    # pairs (tutti's and its small-size runs with their states), or None.
+    # pairs (tutti's and its pairs' runs with their states), or None.
     if base:
         name = base[min(base)][1]
         pair = None
-        if small and base_small:
-            pair = (column(small, "time_us"), small_states, column(small, "mean_us"),
-                    column(base_small, "time_us"), base_small_states,
-                    column(base_small, "mean_us"))
+        if paired_runs and base_pairs:
+            pair = (column(paired_runs, "time_us"), pair_states, column(paired_runs, "mean_us"),
+                    column(base_pairs, "time_us"), base_pair_states,
+                    column(base_pairs, "mean_us"))
         baselines.append((name, column(base, "time_us"), base_states, column(base, "mean_us"),
                           pair))
     if first[2] and "baseline_time_us" in first[2][0]:
         raw = column(tutti, "baseline_time_us")
         pair = None
-        if small and all(rows and "baseline_time_us" in rows[0] for _, _, rows in small.values()):
-            pair = (column(small, "time_us"), small_states, None,
-                    column(small, "baseline_time_us"), {}, None)
+        if paired_runs and all(rows and "baseline_time_us" in rows[0]
+                               for _, _, rows in paired_runs.values()):
+            pair = (column(paired_runs, "time_us"), pair_states, None,
+                    column(paired_runs, "baseline_time_us"), {}, None)
         baselines.append((str(config.get("baseline") or "raw"), raw, {}, None, pair))
     reps = sorted(tutti)
     head = f"verdict: {label} ({world} ranks, {len(reps)} interleaved run{'s' * (len(reps) > 1)})"
@@ -228,7 +254,7 @@ def report(directory, stem, base, base_states, membw):
         text, _ = result
         print(f"{head} vs {name}: {text}")
         if pairs:
-            print("  " + pairs_line(pairs, len(pair_reps), name, compare(mine, theirs, reps)[0]))
+            print("  " + pairs_line(pairs, name, compare(mine, theirs, reps)[0]))
         all_states = [tutti_states[r] for r in reps if r in tutti_states] + \
                      [states[r] for r in reps if r in states]
         if pairs:
@@ -245,11 +271,11 @@ def report(directory, stem, base, base_states, membw):
                        and not machine.is_busy(p_states.get(r, {}))] if pairs else []
         if len(quiet) < len(reps) or len(quiet_pairs) < len(pair_reps):
             if quiet:
-                q_pairs = paired(p_mine, p_theirs, quiet_pairs) if quiet_pairs else None
+                q_pairs = (paired(p_mine, p_theirs, quiet_pairs) or None) if quiet_pairs else None
                 q = compare(mine, theirs, quiet, q_pairs)
                 if q:
-                    also = (f" (and the {len(quiet_pairs)} quiet pair"
-                            f"{'s' * (len(quiet_pairs) > 1)})" if quiet_pairs else "")
+                    also = (f" (and the quiet pairs, {per_size(q_pairs)} per size)"
+                            if q_pairs else "")
                     print(f"  on the {len(quiet)} quiet run{'s' * (len(quiet) > 1)}{also} alone: "
                           f"{q[0]}")
             else:

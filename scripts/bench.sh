@@ -10,9 +10,9 @@
 # spread), results/membw.json and the plot results/allreduce.png, and ends with the verdicts, one
 # per tutti sweep: at how many sizes tutti is ahead, by how much, how that varied from run to
 # run, whether the machine was quiet (and if not, the verdict of the quiet runs alone), and
-# tutti's time at 16 and 64 MiB against the memory's floor. The sizes up to 64 KiB run again in
-# PAIRS rapid rounds (default 15), which judge them (see below). About two minutes on a 2-core
-# machine, plus a few minutes for the first build.
+# tutti's time at 16 and 64 MiB against the memory's floor. The sizes up to 8 MiB run again in
+# PAIRS rapid rounds (default 15; 8 B-64 KiB, then 128 KiB-8 MiB), which judge them (see below).
+# About two and a half minutes on a 2-core machine, plus a few minutes for the first build.
 #
 #   scripts/bench.sh                     # 2 ranks
 #   RANKS=4 REPS=7 scripts/bench.sh      # more ranks, more rounds
@@ -115,11 +115,15 @@ for ((rep = 1; rep <= reps; rep++)); do
   echo "== run $rep of $reps: tutti and $label" >&2
   round "" "$rep" "$@"
 done
-# The small sizes again, in rapid pairs. A sweep spends microseconds at each of them, and these
-# VMs' state (a cache line between the CPUs in ~75 or ~300 ns) can change within seconds: the
-# sweeps' runs of a small size are each a draw of that state, and five of tutti's against five
-# of Open MPI's often drew differently. A pair's runs here are half a second apart, and the
-# verdict judges these sizes by the pairs' ratios (benchmarks/verdict.py). PAIRS=0 leaves it out.
+# The small and middle sizes again, in rapid pairs. A sweep spends microseconds at a small size,
+# and these VMs' state (a cache line between the CPUs in ~75 or ~300 ns) can change within
+# seconds: the sweeps' runs of a small size are each a draw of that state, and five of tutti's
+# against five of Open MPI's often drew differently. The middle sizes too: 128 KiB-8 MiB of
+# both libraries run 2-4x slower in the ~300 ns state, and one sitting's sweeps put tutti behind
+# at 1-4 MiB by 1.2-1.4x with tutti's runs in that state three times and Open MPI's once, where
+# 105 pairs of short runs had tutti ahead in 100-105 at each size, in either state. A pair's runs
+# here are under a second apart, and the verdict judges these sizes by the pairs' ratios
+# (benchmarks/verdict.py). PAIRS=0 leaves them out.
 pairs=${PAIRS:-15}
 [ $have_mpi = 1 ] || [ "$backend" = gloo ] || pairs=0  # no baseline to pair with
 sweep=(-b 8 -e 64K -f 2 -w 100 -n 2000)
@@ -127,6 +131,11 @@ sweep=(-b 8 -e 64K -f 2 -w 100 -n 2000)
 ((pairs > 0)) && echo "== $pairs rapid pairs of 8 B-64 KiB: tutti and $label" >&2
 for ((rep = 1; rep <= pairs; rep++)); do
   round -small "$rep" "$@"
+done
+sweep=(-b 128K -e 8M -f 2 -w 3 -n 20)
+((pairs > 0)) && echo "== $pairs rapid pairs of 128 KiB-8 MiB: tutti and $label" >&2
+for ((rep = 1; rep <= pairs; rep++)); do
+  round -mid "$rep" "$@"
 done
 membw after || echo "bench: the memory probe after the sweeps failed; the one before stands" >&2
 # The last tutti run's table, for the eye; the verdict below is over every run.
@@ -156,10 +165,11 @@ with open("results/membw.json", "w") as f:
                "rows": [best[k] for k in sorted(best)]}, f)
 for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/openmpi.json"),
                      ("sym", "results/allreduce-symmetric.json")):
-    # The sweeps' runs and the small sizes' pairs: a small size's median is over both.
+    # The sweeps' runs and the pairs': a size up to 8 MiB has its median over both.
     # (The sweeps' first: the merged file's config, iterations included, is the first run's.)
     paths = sorted(glob.glob(os.path.join(out, stem + ".r*.json"))) + \
-        sorted(glob.glob(os.path.join(out, stem + "-small.r*.json")))
+        sorted(glob.glob(os.path.join(out, stem + "-small.r*.json"))) + \
+        sorted(glob.glob(os.path.join(out, stem + "-mid.r*.json")))
     paths = [p for p in paths if not p.endswith(".state.json")]
     if paths:
         config, _, rows = merge_runs(paths)
@@ -167,13 +177,13 @@ for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/open
     elif os.path.exists(target):
         os.remove(target)
 EOF
-# Each file plotted, and its stem in $out (the times-faster panel takes the small sizes from the
-# pairs, as the verdict does).
+# Each file plotted, and its stem in $out (the times-faster panel takes the sizes up to 8 MiB
+# from the pairs, as the verdict does).
 plots=(results/allreduce.json)
 stems=(tutti)
 [ -f results/allreduce-symmetric.json ] && plots+=(results/allreduce-symmetric.json) stems+=(sym)
 [ -f results/openmpi.json ] && plots+=(results/openmpi.json) stems+=(base)
 "$py" benchmarks/plot.py "${plots[@]}" -o results/allreduce.png --pairs "$out" "${stems[@]}" \
   --title "allreduce, $ranks ranks, float32 sum, median of $reps interleaved runs$(
-    ((pairs > 0)) && echo " (to 64 KiB, and $pairs pairs)")" >&2
+    ((pairs > 0)) && echo " (to 8 MiB, and $pairs pairs)")" >&2
 "$py" benchmarks/verdict.py "$out" --membw results/membw.json

@@ -289,54 +289,71 @@ class Verdict(unittest.TestCase):
         self.assertIn("vs openmpi sm: ahead at 2 of 2 sizes, 2.07x faster at the median size; "
                       "closest at 8 B (1.25x faster), 1 MiB (6.00x faster)", sym[0])
 
-    def test_small_sizes_are_judged_by_the_rapid_pairs(self):
+    def test_small_and_middle_sizes_are_judged_by_the_rapid_pairs(self):
         d = tempfile.mkdtemp()
         # The sweeps: 8 B drew differently (tutti 0.5 "far" in 2 of 3 runs, the baseline 0.3
-        # "near" in all): by the medians, 0.5 / 0.3, 1.67x slower. 1 MiB: 100 vs 200.
-        for rep, t8 in ((1, 0.5), (2, 0.25), (3, 0.5)):
-            write_run(os.path.join(d, f"tutti.r{rep}.json"), {8: t8, 1 << 20: 100.0})
-            write_run(os.path.join(d, f"base.r{rep}.json"), {8: 0.3, 1 << 20: 200.0},
+        # "near" in all): by the medians, 0.5 / 0.3, 1.67x slower. 1 MiB the same way: tutti
+        # 150 far in 2 of 3, the baseline 100 near in all: 1.50x slower.
+        for rep, (t8, t1m) in enumerate(((0.5, 150.0), (0.25, 60.0), (0.5, 150.0)), 1):
+            write_run(os.path.join(d, f"tutti.r{rep}.json"), {8: t8, 1 << 20: t1m})
+            write_run(os.path.join(d, f"base.r{rep}.json"), {8: 0.3, 1 << 20: 100.0},
                       backend="openmpi sm", tool="mpi_allreduce")
-        # Four pairs of 8 B, each pair's two runs in one state: ratios 0.9, 0.8, 1.1, 0.5;
-        # median 0.85 (1.18x faster), tutti lower in 3 of 4. 8 B alone: no 1 MiB here.
+        # Four pairs of 8 B (the small set), each pair's two runs in one state: ratios 0.9, 0.8,
+        # 1.1, 0.5; median 0.85 (1.18x faster), tutti lower in 3 of 4.
         for rep, (t8, b8) in enumerate(((0.27, 0.3), (0.4, 0.5), (0.33, 0.3), (0.25, 0.5)), 1):
             write_run(os.path.join(d, f"tutti-small.r{rep}.json"), {8: t8})
             write_run(os.path.join(d, f"base-small.r{rep}.json"), {8: b8},
                       backend="openmpi sm", tool="mpi_allreduce")
+        # Four pairs of 1 MiB (the middle set; the first far for both): ratios 0.3, 0.6, 0.55,
+        # 0.5; median 0.525 (1.90x faster), tutti lower in 4 of 4.
+        for rep, (t, b) in enumerate(((150.0, 500.0), (60.0, 100.0), (55.0, 100.0),
+                                      (50.0, 100.0)), 1):
+            write_run(os.path.join(d, f"tutti-mid.r{rep}.json"), {1 << 20: t})
+            write_run(os.path.join(d, f"base-mid.r{rep}.json"), {1 << 20: b},
+                      backend="openmpi sm", tool="mpi_allreduce")
         out = self.run_verdict(d)
-        # 8 B by the pairs (0.85), 1 MiB by the sweeps (0.5): median ratio 0.675, 1.48x faster.
+        # 8 B by the pairs (0.85), 1 MiB by the pairs (0.525): median ratio 0.6875, 1.45x faster.
         self.assertIn("verdict: tutti shm (2 ranks, 3 interleaved runs) vs "
-                      "openmpi sm: ahead at 2 of 2 sizes, 1.48x faster at the median size; "
-                      "closest at 8 B (1.18x faster), 1 MiB (2.00x faster)", out)
-        self.assertIn("8 B judged by 4 rapid pairs (at each size the median of tutti's time "
-                      "over openmpi sm's in the run beside it; tutti lower in 3 of 4 pairs per "
-                      "size); by the sweeps' medians alone: ahead at 1 of 2 sizes, 1.08x slower "
-                      "at the median size; behind at 8 B (1.67x slower)", out)
-        # A busy pair is left out of the quiet verdict: without pair 4, ratios 0.9, 0.8, 1.1:
-        # 8 B's median 0.9 (1.11x faster); with 1 MiB's 0.5, the median ratio 0.7 (1.43x).
+                      "openmpi sm: ahead at 2 of 2 sizes, 1.45x faster at the median size; "
+                      "closest at 8 B (1.18x faster), 1 MiB (1.90x faster)", out)
+        self.assertIn("8 B-1 MiB judged by 4 rapid pairs per size (at each size the median of "
+                      "tutti's time over openmpi sm's in the run beside it; tutti lower in 3-4 of "
+                      "the 4); by the sweeps' medians alone: ahead at 0 of 2 sizes, 1.58x slower "
+                      "at the median size; behind at 8 B (1.67x slower), 1 MiB (1.50x slower)",
+                      out)
+        # A busy pair is left out of the quiet verdict: without small pair 4, 8 B's ratios 0.9,
+        # 0.8, 1.1: median 0.9 (1.11x faster); 1 MiB's four stay (0.525): median ratio 0.7125,
+        # 1.40x faster.
         write_state(os.path.join(d, "base-small.r4.state.json"), others=0.5)
         out = self.run_verdict(d)
         self.assertIn("machine BUSY in 1 of 1 runs", out)
-        self.assertIn("on the 3 quiet runs (and the 3 quiet pairs) alone: ahead at 2 of 2 sizes, "
-                      "1.43x faster at the median size; closest at 8 B (1.11x faster)", out)
-        # A pair whose baseline run failed (its JSON removed) is no pair: 3 are left, as quiet.
+        self.assertIn("on the 3 quiet runs (and the quiet pairs, 3-4 per size) alone: ahead at 2 "
+                      "of 2 sizes, 1.40x faster at the median size; closest at 8 B (1.11x "
+                      "faster), 1 MiB (1.90x faster)", out)
+        # A pair whose baseline run failed (its JSON removed) is no pair: 8 B has 3 left, as
+        # quiet, tutti lower in 2 of them (67%); 1 MiB 4 of 4 (100%).
         os.remove(os.path.join(d, "base-small.r4.json"))
         os.remove(os.path.join(d, "base-small.r4.state.json"))
         out = self.run_verdict(d)
-        self.assertIn("8 B judged by 3 rapid pairs", out)
-        self.assertIn("tutti lower in 2 of 3 pairs per size", out)
+        self.assertIn("8 B-1 MiB judged by 3-4 rapid pairs per size", out)
+        self.assertIn("tutti lower in 67-100% of them", out)
         self.assertNotIn("quiet", out.replace("machine quiet", ""))
 
-    def test_the_plot_takes_the_small_sizes_ratios_from_the_pairs(self):
+    def test_the_plot_takes_the_paired_sizes_ratios_from_the_pairs(self):
         d = tempfile.mkdtemp()
-        # tutti over base per pair at 8 B: 0.9, 1.2, 1.1 (median 1.1); at 16 B 0.5 in each.
+        # tutti over base per pair at 8 B: 0.9, 1.2, 1.1 (median 1.1); at 16 B 0.5 in each; at
+        # 1 MiB (the middle set, two pairs) 0.25 and 0.75: median 0.5.
         for rep, (t8, b8) in enumerate(((0.9, 1.0), (1.2, 1.0), (1.1, 1.0)), 1):
             write_run(os.path.join(d, f"tutti-small.r{rep}.json"), {8: t8, 16: 1.0})
             write_run(os.path.join(d, f"base-small.r{rep}.json"), {8: b8, 16: 2.0})
+        for rep, t in enumerate((25.0, 75.0), 1):
+            write_run(os.path.join(d, f"tutti-mid.r{rep}.json"), {1 << 20: t})
+            write_run(os.path.join(d, f"base-mid.r{rep}.json"), {1 << 20: 100.0})
         ratios = plot.pair_ratios(d, ["tutti", "sym", "base"])
         self.assertNotIn(1, ratios)  # no sym-small runs
         self.assertAlmostEqual(ratios[2][8], 1.1)
         self.assertAlmostEqual(ratios[2][16], 0.5)
+        self.assertAlmostEqual(ratios[2][1 << 20], 0.5)
         self.assertEqual(plot.pair_ratios(d, []), {})
 
     def test_the_memory_floor(self):
