@@ -6,8 +6,10 @@ several interleaved runs, in words a person can read.
 
 The directory holds tutti.r<N>.json (tutti-bench runs), optionally sym.r<N>.json (the same sweep
 with --symmetric, given a verdict of its own), base.r<N>.json (the baseline tool's runs
-of the same sweep, e.g. Open MPI's; optional) and <name>.r<N>.state.json (benchmarks/machine.py:
-how busy the machine was during each run). A tutti run with a --baseline column (raw Gloo beside
+of the same sweep, e.g. Open MPI's; optional), the rapid pairs' runs <name>-small.r<N>.json
+(8 B-64 KiB) and <name>-mid.r<N>.json (128 KiB-8 MiB), which judge the sizes they ran (at each,
+the median over the pairs of tutti's time over the baseline's in the run beside it), and
+<name>.r<N>.state.json (benchmarks/machine.py: how busy the machine was during each run). A tutti run with a --baseline column (raw Gloo beside
 tutti's gloo backend) counts as a baseline of its own.
 
 Per baseline, over the sizes both measured: the median over runs of each one's time per size,
@@ -84,6 +86,12 @@ def pair_runs(directory, stem):
     return runs, states
 
 
+def span_text(sizes):
+    """"8 B-8 MiB": the smallest and the largest of sizes."""
+    sizes = sorted(sizes)
+    return size_text(sizes[0]) + (f"-{size_text(sizes[-1])}" if len(sizes) > 1 else "")
+
+
 def per_size(pairs):
     """How many pairs each size of paired()'s result had: "15", or "14-15"."""
     counts = sorted({v[2] for v in pairs.values()})
@@ -151,8 +159,7 @@ def pairs_line(pairs, name, plain):
         shares = [pairs[s][1] / pairs[s][2] for s in sizes]
         low, high = round(100 * min(shares)), round(100 * max(shares))
         won = (f"{low}-{high}%" if low != high else f"{low}%") + " of them"
-    span = size_text(sizes[0]) + (f"-{size_text(sizes[-1])}" if len(sizes) > 1 else "")
-    return (f"{span} judged by {per_size(pairs)} rapid pairs per size (at each "
+    return (f"{span_text(sizes)} judged by {per_size(pairs)} rapid pairs per size (at each "
             f"size the median of tutti's time over {name}'s in the run beside it; tutti lower in "
             f"{won}); by the sweeps' medians alone: " + plain.split("; run by run")[0])
 
@@ -274,8 +281,8 @@ def report(directory, stem, base, base_states, membw):
                 q_pairs = (paired(p_mine, p_theirs, quiet_pairs) or None) if quiet_pairs else None
                 q = compare(mine, theirs, quiet, q_pairs)
                 if q:
-                    also = (f" (and the quiet pairs, {per_size(q_pairs)} per size)"
-                            if q_pairs else "")
+                    also = (f" (and the quiet pairs of {span_text(q_pairs)}, "
+                            f"{per_size(q_pairs)} per size)" if q_pairs else "")
                     print(f"  on the {len(quiet)} quiet run{'s' * (len(quiet) > 1)}{also} alone: "
                           f"{q[0]}")
             else:

@@ -327,9 +327,19 @@ class Verdict(unittest.TestCase):
         write_state(os.path.join(d, "base-small.r4.state.json"), others=0.5)
         out = self.run_verdict(d)
         self.assertIn("machine BUSY in 1 of 1 runs", out)
-        self.assertIn("on the 3 quiet runs (and the quiet pairs, 3-4 per size) alone: ahead at 2 "
-                      "of 2 sizes, 1.40x faster at the median size; closest at 8 B (1.11x "
-                      "faster), 1 MiB (1.90x faster)", out)
+        self.assertIn("on the 3 quiet runs (and the quiet pairs of 8 B-1 MiB, 3-4 per size) "
+                      "alone: ahead at 2 of 2 sizes, 1.40x faster at the median size; closest at "
+                      "8 B (1.11x faster), 1 MiB (1.90x faster)", out)
+        # Every middle pair busy too: the quiet verdict takes 1 MiB from the quiet sweeps (150
+        # over 100, 1.50x slower) and says which sizes its pairs covered.
+        for rep in range(1, 5):
+            write_state(os.path.join(d, f"base-mid.r{rep}.state.json"), others=0.5)
+        out = self.run_verdict(d)
+        self.assertIn("on the 3 quiet runs (and the quiet pairs of 8 B, 3 per size) alone: ahead "
+                      "at 1 of 2 sizes", out)
+        self.assertIn("behind at 1 MiB (1.50x slower)", out)
+        for rep in range(1, 5):
+            os.remove(os.path.join(d, f"base-mid.r{rep}.state.json"))
         # A pair whose baseline run failed (its JSON removed) is no pair: 8 B has 3 left, as
         # quiet, tutti lower in 2 of them (67%); 1 MiB 4 of 4 (100%).
         os.remove(os.path.join(d, "base-small.r4.json"))

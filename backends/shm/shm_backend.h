@@ -134,7 +134,7 @@ class ShmBackend : public Backend {
   // every peer's that began the same collective (check_agreement). Defined in shm_internal.h.
   // `still_of`, where given, narrows the ranks whose stillness lets the wait sleep (a barrier
   // watches every peer for its death but waits only for those not yet arrived); waiting_on's
-  // otherwise.
+  // otherwise. A collective's wait (`op` given) also paces its first polls (SpinPolicy::paced).
   template <typename Ready, typename WaitingOn, typename OnTimeout,
             typename StillOf = bool (*)(int)>
   void wait_until(Ready ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,

@@ -80,10 +80,10 @@ inline void wake_all(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleeper
 // How long to busy-wait before sleeping.
 struct SpinPolicy {
   // Polls of the condition, worth it while every rank has a core. No pause instruction between
-  // them past the first kPacedPolls: with a CPU-bound process beside 2 ranks on 2 cores, an 8-byte
-  // allreduce took ~70 us with 2000 pauses (~50 us of spinning) and ~10 us with 2000 bare polls (~2
-  // us) before the yields: a rank that spins long holds up a peer queued on its core. (Spinning 50
-  // us by the clock without pauses was as bad: ~105 us.)
+  // them (past a collective's first `paced`): with a CPU-bound process beside 2 ranks on 2 cores,
+  // an 8-byte allreduce took ~70 us with 2000 pauses (~50 us of spinning) and ~10 us with 2000 bare
+  // polls (~2 us) before the yields: a rank that spins long holds up a peer queued on its core.
+  // (Spinning 50 us by the clock without pauses was as bad: ~105 us.)
   int spins = 0;
   int yields = 0;  // then iterations that give the core to any other runnable thread
   // Polls go on past `spins` until this long has passed since the first (0: `spins` only). The
@@ -94,9 +94,10 @@ struct SpinPolicy {
   // since the first clock read (0: never; kContendedSpin says why).
   Clock::duration contended_for{};
   Clock::duration off_cpu_gap = kOffCpuGap;
-  // The first this many polls are paced by a spin-wait hint each: a collective's, whose peers
-  // publish at about the same moment as the waiter (not a point-to-point wait, where a receiver
-  // polls for data already on its way: pacing slowed an 8 B-1 KiB ping-pong ~3%).
+  // The first this many polls are paced by a spin-wait hint each: a collective's (its small
+  // exchange and its barriers), whose peers publish at about the same moment as the waiter; not a
+  // point-to-point wait, where a receiver polls for data already on its way (pacing slowed an
+  // 8 B-1 KiB ping-pong ~3%). The barriers of the larger sizes were even with it (8 KiB-2 MiB).
   int paced = 0;
 };
 
