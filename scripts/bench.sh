@@ -121,7 +121,7 @@ done
 # against five of Open MPI's often drew differently. The middle sizes too: 128 KiB-8 MiB of
 # both libraries run 2-4x slower in the ~300 ns state, and one sitting's sweeps put tutti behind
 # at 1-4 MiB by 1.2-1.4x with tutti's runs in that state three times and Open MPI's once, where
-# 105 pairs of short runs had tutti ahead in 100-105 at each size, in either state. A pair's runs
+# 105 pairs of short runs had tutti ahead in 96-105 at each size, in either state. A pair's runs
 # here are under a second apart, and the verdict judges these sizes by the pairs' ratios
 # (benchmarks/verdict.py). PAIRS=0 leaves them out.
 pairs=${PAIRS:-15}
