@@ -63,6 +63,28 @@ TEST(AdaptiveSpin, TheScaledPolicyKeepsEveryOtherFieldOfTheBase) {
   EXPECT_EQ(p.paced, 5);  // the paced polls are not scaled
 }
 
+TEST(OffCpu, ASwitchCountsOnlyWhereTheThreadWasOffItsCpuForMoreThanAtwentieth) {
+  // A 36 ms op, switched out once for 50 us (a kernel thread): its time stands.
+  EXPECT_FALSE(off_cpu_counts(36000000, 35950000, 1));
+  // Switched out for 4 ms of it (another process's slice): left out.
+  EXPECT_TRUE(off_cpu_counts(36000000, 32000000, 1));
+  // Exactly 5% off: stands; just over: left out.
+  EXPECT_FALSE(off_cpu_counts(1000000, 950000, 2));
+  EXPECT_TRUE(off_cpu_counts(1000000, 949000, 2));
+  // No involuntary switch: whatever the CPU time says (asleep in a wait is no preemption).
+  EXPECT_FALSE(off_cpu_counts(36000000, 1000000, 0));
+  // No CPU time to compare: every switch counts, as before.
+  EXPECT_TRUE(off_cpu_counts(36000000, 0, 1));
+}
+
+TEST(OffCpu, ThisThreadsCpuTimeAdvancesWhileItComputes) {
+  const int64_t before = thread_cpu_ns();
+  ASSERT_GT(before, 0);
+  volatile uint64_t x = 0;
+  for (int i = 0; i < 5000000; ++i) x = x + static_cast<uint64_t>(i);
+  EXPECT_GT(thread_cpu_ns(), before);
+}
+
 TEST(AdaptiveSpin, AScaleOfOneKeepsItFixed) {
   AdaptiveSpin a(SpinPolicy{2000, 50}, 1);
   a.record(slept(microseconds(70)));

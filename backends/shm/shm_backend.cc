@@ -430,6 +430,13 @@ void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const Publis
                            Clock::duration took, bool disturbed) {
   // With more ranks than cores the ranks hand their CPUs to each other at every wait (yields
   // count as involuntary switches): that is how every op runs there, so it voids no time.
+  if (how.timed && disturbed && !oversubscribed_) {
+    TUTTI_LOG_DEBUG(
+        "shm: rank {} leaves out a timed op of {} B with {} stores ({:.1f} us): it "
+        "was off its CPU for more than 5% of it",
+        rank_, bytes, how.stream ? "streaming" : "ordinary",
+        std::chrono::duration<double, std::micro>(took).count());
+  }
   if (publish_.record(how, took, disturbed && !oversubscribed_)) {
     const PublishChooser::Seen seen = publish_.seen(kind, bytes);
     TUTTI_LOG_DEBUG(
