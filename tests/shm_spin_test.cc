@@ -63,14 +63,16 @@ TEST(AdaptiveSpin, TheScaledPolicyKeepsEveryOtherFieldOfTheBase) {
   EXPECT_EQ(p.paced, 5);  // the paced polls are not scaled
 }
 
-TEST(OffCpu, ASwitchCountsOnlyWhereTheThreadWasOffItsCpuForMoreThanAtwentieth) {
+TEST(OffCpu, ASwitchCountsOnlyWhereTheThreadWasOffItsCpuForMoreThanAHundredthOr200Us) {
   // A 36 ms op, switched out once for 50 us (a kernel thread): its time stands.
   EXPECT_FALSE(off_cpu_counts(36000000, 35950000, 1));
   // Switched out for 4 ms of it (another process's slice): left out.
   EXPECT_TRUE(off_cpu_counts(36000000, 32000000, 1));
-  // Exactly 5% off: stands; just over: left out.
-  EXPECT_FALSE(off_cpu_counts(1000000, 950000, 2));
-  EXPECT_TRUE(off_cpu_counts(1000000, 949000, 2));
+  // 300 us in a 36 ms op (under 1%, over 200 us: a short slice): left out.
+  EXPECT_TRUE(off_cpu_counts(36000000, 35700000, 1));
+  // Exactly 1% off (and under 200 us): stands; just over: left out.
+  EXPECT_FALSE(off_cpu_counts(1000000, 990000, 2));
+  EXPECT_TRUE(off_cpu_counts(1000000, 989000, 2));
   // No involuntary switch: whatever the CPU time says (asleep in a wait is no preemption).
   EXPECT_FALSE(off_cpu_counts(36000000, 1000000, 0));
   // No CPU time to compare: every switch counts, as before.

@@ -433,7 +433,7 @@ void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const Publis
   if (how.timed && disturbed && !oversubscribed_) {
     TUTTI_LOG_DEBUG(
         "shm: rank {} leaves out a timed op of {} B with {} stores ({:.1f} us): it "
-        "was off its CPU for more than 5% of it",
+        "was off its CPU for more than 1% of it or 200 us",
         rank_, bytes, how.stream ? "streaming" : "ordinary",
         std::chrono::duration<double, std::micro>(took).count());
   }

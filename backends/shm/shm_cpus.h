@@ -131,16 +131,19 @@ inline int64_t thread_cpu_ns() {
 }
 
 // Whether a timed stretch of `wall_ns` during which the thread ran `cpu_ns` on its CPU and was
-// switched out `switches` times (involuntarily) measures something else than its own work: only
-// where it was off its CPU for more than 5% of it. A kernel thread's few microseconds in a 36 ms
-// op is no reason to leave the op out, and at 64 MiB, with the CPUs far apart, nearly every timed
-// op saw one (2026-12-07: both ways' times left out, op after op, kept the staged allreduce on
-// ordinary stores at 36 ms per op where streaming ones took 11). A CPU time that could not be
-// read (0) counts every switch.
+// switched out `switches` times (involuntarily) measures something else than its own work: where
+// it was off its CPU for more than 1% of it or more than 200 us. A kernel thread's few
+// microseconds in a 36 ms op is no reason to leave the op out, and at 64 MiB, with the CPUs far
+// apart, nearly every timed op saw one (2026-12-07: both ways' times left out, op after op, kept
+// the staged allreduce on ordinary stores at 36 ms per op where streaming ones took 11). Another
+// process's slice (a build beside: a millisecond and more) still counts: with 5% and no cap,
+// slices under a millisecond in 8-20 ms ops passed, and the main job beside a build lost 8-16 MiB
+// (1.2-1.4x) twice. A CPU time that could not be read (0) counts every switch.
 inline bool off_cpu_counts(int64_t wall_ns, int64_t cpu_ns, long switches) {
   if (switches == 0) return false;
   if (cpu_ns <= 0 || wall_ns <= 0) return true;
-  return static_cast<double>(wall_ns - cpu_ns) > 0.05 * static_cast<double>(wall_ns);
+  const int64_t off = wall_ns - cpu_ns;
+  return off > 200000 || static_cast<double>(off) > 0.01 * static_cast<double>(wall_ns);
 }
 
 // Whether the calling thread lost its CPU to another thread lately (an involuntary context

@@ -58,8 +58,8 @@ class PublishTimer {
   Clock::duration took() const {
     return on_ ? (published_ - start_) + (detail::op_now() - since_) : Clock::duration{};
   }
-  // This rank lost its CPU to another thread, for more than 5% of it, within the time took()
-  // counts (not in the first barrier's wait, which it leaves out): off_cpu_counts.
+  // This rank lost its CPU to another thread, for more than 1% of it or 200 us, within the time
+  // took() counts (not in the first barrier's wait, which it leaves out): off_cpu_counts.
   bool disturbed() const {
     if (!on_) return false;
     const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(took()).count();

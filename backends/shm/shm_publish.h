@@ -42,11 +42,11 @@
 // that, but could not tell when the CPUs came near again: the class stayed on streaming stores).
 // Beside other busy processes (a build), an op during which a rank is preempted takes a slice
 // longer whatever its way: such a rank leaves its time out (where it was switched out
-// involuntarily within the timed part and off its CPU for more than 5% of it, by the thread's CPU
-// time: shm_cpus.h's off_cpu_counts; not with more ranks than cores, where the ranks hand each
-// other their CPUs at every wait), and the peers, whose times grew by the wait for it, need a
-// second probe to agree. With one probe deciding, beside a 2-job build on 2 vCPUs, probes whose
-// op on one way took 9-77 ms against 0.4-2 ms on the other switched 2-8 MiB allreduces to
+// involuntarily within the timed part and off its CPU for more than 1% of it or 200 us, by the
+// thread's CPU time: shm_cpus.h's off_cpu_counts; not with more ranks than cores, where the ranks
+// hand each other their CPUs at every wait), and the peers, whose times grew by the wait for it,
+// need a second probe to agree. With one probe deciding, beside a 2-job build on 2 vCPUs, probes
+// whose op on one way took 9-77 ms against 0.4-2 ms on the other switched 2-8 MiB allreduces to
 // streaming stores, which ran 1.1-3.7x slower there than ordinary ones (2026-12-06).
 // TUTTI_SHM_PUBLISH=cached or streamed fixes the way (for measurements). Smaller messages use
 // ordinary stores: where they differ, in either placement, neither way is ahead.
