@@ -136,9 +136,10 @@ inline int64_t thread_cpu_ns() {
 // microseconds in a 36 ms op is no reason to leave the op out, and at 64 MiB, with the CPUs far
 // apart, nearly every timed op saw one (2026-12-07: both ways' times left out, op after op, kept
 // the staged allreduce on ordinary stores at 36 ms per op where streaming ones took 11). Another
-// process's slice (a build beside: a millisecond and more) still counts: with 5% and no cap,
-// slices under a millisecond in 8-20 ms ops passed, and the main job beside a build lost 8-16 MiB
-// (1.2-1.4x) twice. A CPU time that could not be read (0) counts every switch.
+// process's slice (a build beside: a millisecond and more) still counts, even in a long op (a
+// first rule, 5% with no cap, let slices under a millisecond in 8-20 ms ops pass; the main job
+// beside a build lost 8-16 MiB with it, but also once more with this one: not settled). A CPU
+// time that could not be read (0) counts every switch.
 inline bool off_cpu_counts(int64_t wall_ns, int64_t cpu_ns, long switches) {
   if (switches == 0) return false;
   if (cpu_ns <= 0 || wall_ns <= 0) return true;
