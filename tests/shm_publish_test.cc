@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "../backends/shm/shm_publish.h"
@@ -342,6 +343,57 @@ TEST(PublishChooser, AClockThatStepsBackCountsAsANanosecond) {
 // A rank other than 0 compares rank 0's layout, published beside the segment's name, with its
 // own before it opens anything (the segments named here do not exist): a different one, or none
 // (a build from before the check), fails by name.
+// Runs on this thread's CPU until its CPU time has grown by `ms` milliseconds.
+void burn_cpu(int64_t ms) {
+  const int64_t until = thread_cpu_ns() + ms * 1000000;
+  volatile uint64_t x = 0;
+  while (thread_cpu_ns() < until) {
+    for (int i = 0; i < 1000; ++i) x = x + 1;
+  }
+}
+
+TEST(PublishTimer, CountsTheRanksCpuTimeOutsideItsWaitsAndOutsideTheFirstBarrier) {
+  const Chooser::Pick how{0, false, true, 2, Chooser::kWarmupRound};  // a timed op
+  PublishTimer* slot = nullptr;
+  std::chrono::nanoseconds work{};
+  {
+    PublishTimer timer(how, slot);
+    EXPECT_EQ(slot, &timer);  // the op's barriers report to it
+    burn_cpu(2);              // the first publish: counted
+    timer.published();
+    // The first barrier: its wait (spun or asleep) is not the op's cost.
+    timer.wait_begins();
+    burn_cpu(3);
+    timer.wait_ends();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    timer.met();
+    burn_cpu(2);  // reducing and copying: counted
+    timer.wait_begins();
+    burn_cpu(5);  // a later barrier, spun while a peer was late: not counted
+    timer.wait_ends();
+    // Off its CPU (as if another process had it): wall time, no CPU time.
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    burn_cpu(1);  // the last copies: counted
+    EXPECT_TRUE(timer.complete());
+    work = std::chrono::duration_cast<std::chrono::nanoseconds>(timer.work());
+  }
+  EXPECT_EQ(slot, nullptr);  // gone with the timer
+  // 2 + 2 + 1 ms, and the few microseconds of the calls between the burns (a wall clock would
+  // read 45 ms, CPU time with the waits 13).
+  EXPECT_GE(work, std::chrono::milliseconds(5));
+  EXPECT_LT(work, std::chrono::milliseconds(6));
+}
+
+TEST(PublishTimer, AnUntimedOpReadsNoClockAndTakesNoSlot) {
+  PublishTimer* slot = nullptr;
+  PublishTimer timer(Chooser::Pick{}, slot);
+  EXPECT_EQ(slot, nullptr);
+  timer.published();
+  timer.met();
+  EXPECT_TRUE(timer.complete());
+  EXPECT_EQ(timer.work(), PublishTimer::Clock::duration{});
+}
+
 TEST(ShmSegmentLayout, ARankComparesRankZerosLayoutBeforeItOpensTheSegment) {
   auto message = [](const std::string& published) {
     HashStore store;

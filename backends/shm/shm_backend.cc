@@ -423,21 +423,22 @@ void ShmBackend::publish(const PublishChooser::Pick& how, void* dst, const void*
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                            const PublishTimer& timer) {
   if (!how.timed || !timer.complete()) return;  // not timed, or not staged after all
-  published(kind, bytes, how, timer.took(), timer.disturbed());
+  published(kind, bytes, how, timer.work(), false);
 }
 
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                            Clock::duration took, bool disturbed) {
   // With more ranks than cores the ranks hand their CPUs to each other at every wait (yields
   // count as involuntary switches): that is how every op runs there, so it voids no time.
-  if (how.timed && disturbed && !oversubscribed_) {
+  disturbed = disturbed && !oversubscribed_;
+  if (how.timed && disturbed) {
     TUTTI_LOG_DEBUG(
-        "shm: rank {} leaves out a timed op of {} B with {} stores ({:.1f} us): it "
-        "was off its CPU for more than 1% of it or 200 us",
-        rank_, bytes, how.stream ? "streaming" : "ordinary",
+        "shm: rank {} leaves out a timed {} of {} B with {} stores ({:.1f} us): it was off its "
+        "CPU for more than 1% of it or 200 us",
+        rank_, PublishChooser::name(kind), bytes, how.stream ? "streaming" : "ordinary",
         std::chrono::duration<double, std::micro>(took).count());
   }
-  if (publish_.record(how, took, disturbed && !oversubscribed_)) {
+  if (publish_.record(how, took, disturbed)) {
     const PublishChooser::Seen seen = publish_.seen(kind, bytes);
     TUTTI_LOG_DEBUG(
         "shm: rank {} publishes {} of {} B and up (to twice that) with {} stores from now on "
@@ -516,6 +517,7 @@ void ShmBackend::sync(Op& op) {
     // the others, and a rank that arrived last and died before it did would leave them waiting
     // for their timeout (seen by tutti-fault-bench: 2 SIGKILLs in 60 took the 10 s timeout).
     auto any_peer = [](int) { return true; };
+    if (op.timer != nullptr) op.timer->wait_begins();
     wait_until([&] { return header_->generation.value.load() != generation; },
                header_->generation.value, header_->sleepers.value, op.ctx, op.seq, op.deadline,
                any_peer,
@@ -526,6 +528,7 @@ void ShmBackend::sync(Op& op) {
                                                       ranks_where(missing) + " (shm barrier)");
                },
                &op, missing);
+    if (op.timer != nullptr) op.timer->wait_ends();
   }
   if (!op.checked) {
     op.checked = true;

@@ -54,7 +54,6 @@ struct Bell;
 struct Channel;
 struct SmallSlot;
 struct SymSlot;
-class PublishTimer;
 
 class ShmBackend : public Backend {
  public:
@@ -98,7 +97,7 @@ class ShmBackend : public Backend {
   [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
   void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
   // A staged op's copies into the staging areas, by the way publish_ picked for it
-  // (shm_publish.h); and, once a timed one is done, its time (shm_internal.h's PublishTimer).
+  // (shm_publish.h); and, once a timed one is done, its cost (shm_publish.h's PublishTimer).
   void publish(const PublishChooser::Pick& how, void* dst, const void* src, size_t n) const;
   void published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                  const PublishTimer& timer);

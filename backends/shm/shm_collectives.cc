@@ -47,7 +47,7 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
     // The root's way alone: only the root publishes (and picks, on the staged path only).
     const PublishChooser::Pick how =
         rank_ == root ? publish_.pick(PublishChooser::kBroadcast, total) : PublishChooser::Pick{};
-    PublishTimer timer(how);
+    PublishTimer timer(how, op.timer);
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
       const int half = static_cast<int>(flips_ & 1);
@@ -142,7 +142,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   // A reduce's non-root reduces its slice into the staging area; streamed, through a block of
   // its own first.
   if (!to_me && how.stream && block_out_.size() < block * es) block_out_.resize(block * es);
-  PublishTimer timer(how);
+  PublishTimer timer(how, op.timer);
   size_t first = 0;
   size_t len = std::min(per_chunk, n);
   int half = static_cast<int>(flips_++ & 1);
@@ -232,7 +232,7 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
       return nullptr;
     }
     const PublishChooser::Pick how = publish_.pick(PublishChooser::kAllgather, total);
-    PublishTimer timer(how);
+    PublishTimer timer(how, op.timer);
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
       const int half = static_cast<int>(flips_++ & 1);
@@ -287,7 +287,7 @@ Backend::WorkPtr ShmBackend::reduce_scatter(const std::vector<TensorView>& outpu
   // Each chunk holds `len` elements of every block, so W x len must fit a staging half.
   const size_t per_chunk = reduce_stride(es);
   const PublishChooser::Pick how = publish_.pick(PublishChooser::kReduceScatter, out.nbytes());
-  PublishTimer timer(how);
+  PublishTimer timer(how, op.timer);
   for (size_t first = 0; first < n; first += per_chunk) {
     const size_t len = std::min(per_chunk, n - first);
     const int half = static_cast<int>(flips_++ & 1);

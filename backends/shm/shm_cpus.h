@@ -115,7 +115,7 @@ inline int usable_cpus(int in_union, double limit, int fallback) {
 }
 
 // This thread's involuntary context switches so far: where they went up, the thread lost its
-// CPU to another (a timed op's time then measures that thread's slice, shm_internal.h; a wait
+// CPU to another (a timed send's time then measures that thread's slice, shm_p2p.cc; a wait
 // asks thread_lost_cpu_lately below).
 inline long involuntary_switches() {
   struct rusage u;
@@ -123,7 +123,7 @@ inline long involuntary_switches() {
 }
 
 // This thread's CPU time so far, in ns (0 where it cannot be read: then every switch counts,
-// off_cpu_counts below).
+// off_cpu_counts below, and every timed collective costs the same, PublishTimer).
 inline int64_t thread_cpu_ns() {
   timespec ts;
   if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
@@ -132,14 +132,11 @@ inline int64_t thread_cpu_ns() {
 
 // Whether a timed stretch of `wall_ns` during which the thread ran `cpu_ns` on its CPU and was
 // switched out `switches` times (involuntarily) measures something else than its own work: where
-// it was off its CPU for more than 1% of it or more than 200 us. A kernel thread's few
-// microseconds in a 36 ms op is no reason to leave the op out, and at 64 MiB, with the CPUs far
-// apart, nearly every timed op saw one (2026-12-07: both ways' times left out, op after op, kept
-// the staged allreduce on ordinary stores at 36 ms per op where streaming ones took 11). Another
-// process's slice (a build beside: a millisecond and more) still counts, even in a long op (a
-// first rule, 5% with no cap, let slices under a millisecond in 8-20 ms ops pass; the main job
-// beside a build lost 8-16 MiB with it, but also once more with this one: not settled). A CPU
-// time that could not be read (0) counts every switch.
+// it was off its CPU for more than 1% of it or more than 200 us (a timed send's: shm_p2p.cc; a
+// collective's cost is its CPU time, shm_publish.h's PublishTimer). A kernel thread's few
+// microseconds in a 36 ms op is no reason to leave the op out (at 64 MiB, with the CPUs far
+// apart, nearly every timed op saw one, 2026-12-07); another process's slice (a build beside: a
+// millisecond and more) is. A CPU time that could not be read (0) counts every switch.
 inline bool off_cpu_counts(int64_t wall_ns, int64_t cpu_ns, long switches) {
   if (switches == 0) return false;
   if (cpu_ns <= 0 || wall_ns <= 0) return true;

@@ -23,57 +23,7 @@ struct ShmBackend::Op {
   bool checked = false;    // the tags have been compared
   int symmetric = 0;       // ranks whose tag carried kSymmetricTag, counted by the tag check
   bool announced = false;  // this rank's tag carried it (announce_symmetric)
-};
-
-// A timed staged op's time (shm_publish.h): its first chunk's publish, then from its first
-// barrier to its end, leaving out the wait at that barrier for ranks that came late. Untimed
-// ops read no clock.
-class PublishTimer {
- public:
-  // (The CPU time and the switches are read outside the clock's reads: not in the time.)
-  explicit PublishTimer(const PublishChooser::Pick& how) : on_(how.timed) {
-    if (on_) {
-      switches_ = involuntary_switches();
-      cpu_ns_ = -thread_cpu_ns();
-      start_ = detail::op_now();
-    }
-  }
-  void published() {  // this rank's first publish is done
-    if (on_ && published_ == Clock::time_point{}) {
-      published_ = detail::op_now();
-      cpu_ns_ += thread_cpu_ns();
-      lost_ = involuntary_switches() - switches_;
-    }
-  }
-  void met() {  // the first barrier is passed, on the staged path
-    staged_ = true;
-    if (on_ && since_ == Clock::time_point{}) {
-      switches_ = involuntary_switches();
-      cpu_ns_ -= thread_cpu_ns();
-      since_ = detail::op_now();
-    }
-  }
-  // Whether the op ran staged past its first barrier (a timed one's time is then took()).
-  bool complete() const { return staged_; }
-  Clock::duration took() const {
-    return on_ ? (published_ - start_) + (detail::op_now() - since_) : Clock::duration{};
-  }
-  // This rank lost its CPU to another thread, for more than 1% of it or 200 us, within the time
-  // took() counts (not in the first barrier's wait, which it leaves out): off_cpu_counts.
-  bool disturbed() const {
-    if (!on_) return false;
-    const int64_t wall = std::chrono::duration_cast<std::chrono::nanoseconds>(took()).count();
-    const long switches = lost_ + (involuntary_switches() - switches_);
-    return off_cpu_counts(wall, cpu_ns_ + thread_cpu_ns(), switches);
-  }
-
- private:
-  bool on_;
-  bool staged_ = false;
-  long switches_ = 0;   // involuntary switches at the start, then at the first barrier's end
-  long lost_ = 0;       // those up to the first publish
-  int64_t cpu_ns_ = 0;  // this thread's CPU time within the timed parts (negative while open)
-  Clock::time_point start_{}, published_{}, since_{};
+  PublishTimer* timer = nullptr;  // a timed staged op's (its barriers' waits are not its cost)
 };
 
 // One message of a batch in flight.
@@ -84,6 +34,7 @@ struct ShmBackend::Transfer {
   PublishChooser::Pick how{};   // a send's way into the mailbox (picked at its first chunk)
   Clock::time_point started{};  // a timed send's third chunk (after the receiver's first ack)
   long switches = 0;            // this thread's involuntary context switches then
+  int64_t cpu_ns = 0;           // and its CPU time
   bool finished() const { return done == bytes; }
 };
 

@@ -86,13 +86,19 @@ bool ShmBackend::advance(Transfer& t, const OpContext& ctx) {
       // Timed from the third chunk: the first two go before the receiver has to be there.
       if (t.how.timed && t.done == 2 * mail_) {
         t.switches = involuntary_switches();
+        t.cpu_ns = thread_cpu_ns();
         t.started = detail::op_now();
       }
       publish(t.how, mailbox(rank_, r.peer, slot),
               static_cast<const char*>(r.tensor.data()) + t.done, len);
       if (t.how.timed && t.done + len == t.bytes) {
-        published(PublishChooser::kSend, t.bytes, t.how, detail::op_now() - t.started,
-                  involuntary_switches() != t.switches);
+        // A send's time is its wall clock's (it waits for the receiver's acks, and the
+        // receiver's reads are part of the way's cost), left out where this rank was off its
+        // CPU for more of it than shm_cpus.h's off_cpu_counts lets pass.
+        const Clock::duration took = detail::op_now() - t.started;
+        published(PublishChooser::kSend, t.bytes, t.how, took,
+                  off_cpu_counts(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count(),
+                                 thread_cpu_ns() - t.cpu_ns, involuntary_switches() - t.switches));
       }
       ch.meta[slot] = SlotMeta{r.tag, static_cast<uint32_t>(r.tensor.dtype()), t.bytes, r.seq};
       ch.sent.store(sent + 1);

@@ -16,8 +16,9 @@
 // default; shm_p2p.cc says why): smaller ones stay with ordinary stores, and slow where the CPUs
 // are far apart (64 KiB 35 us against 10). A broadcast's way is likewise the root's alone.
 //
-// An op's time is that of every rank's stores together (a rank waits for the others' at the
-// barriers), so every rank times the same way on the same op: which ops are timed, and their
+// A rank's cost for an op is its own stores and its reads of what the peers stored (which cost
+// more where a peer's were ordinary ones, its lines then in that peer's cache), so every rank
+// times the same way on the same op: which ops are timed, and their
 // way, go by the class's op count alone, the same on every rank whatever each has chosen (ranks
 // that chose differently, after a time one of them left out, meet again at the next probes).
 // Ordinary stores run warm from the third in a row: the first after streaming ones (or a first
@@ -40,22 +41,29 @@
 // 128 on streaming ones costs ~1% where they are 2.3x slower; with streaming ones chosen, 3 in
 // 128 on ordinary ones 7-21% where those are 4-10x slower (one op timed cold would cost a third of
 // that, but could not tell when the CPUs came near again: the class stayed on streaming stores).
-// Beside other busy processes (a build), an op during which a rank is preempted takes a slice
-// longer whatever its way: such a rank leaves its time out (where it was switched out
-// involuntarily within the timed part and off its CPU for more than 1% of it or 200 us, by the
-// thread's CPU time: shm_cpus.h's off_cpu_counts; not with more ranks than cores, where the ranks
-// hand each other their CPUs at every wait), and the peers, whose times grew by the wait for it,
-// need a second probe to agree. With one probe deciding, beside a 2-job build on 2 vCPUs, probes
-// whose op on one way took 9-77 ms against 0.4-2 ms on the other switched 2-8 MiB allreduces to
-// streaming stores, which ran 1.1-3.7x slower there than ordinary ones (2026-12-06).
+// A collective's cost to a rank is its thread's CPU time in the op, less its waits at the
+// barriers (PublishTimer below): neither a late peer nor another process that took the rank's
+// CPU adds to it. Beside other busy processes (a build) nearly every op of a few milliseconds
+// has one or the other, whatever its way: the wall clock's times (before 2026-12-07) varied
+// 0.1-13x between the ways from op to op there, were left out wherever the rank had been
+// preempted (20-22 of 22 timed ops at 32-64 MiB), and the classes stayed on ordinary stores with
+// the CPUs far apart, 3-4x slower than streaming ones (16 MiB 20-22 ms, Open MPI 16, streaming
+// 6.5). The CPU times put streaming at 0.31-0.42 of ordinary there and ordinary at 0.6-0.8 of
+// streaming with the CPUs near, as quiet. A send's cost is its wall time from its third chunk
+// (it waits for the receiver's acks, and the receiver's reads are part of it), left out where
+// the sender was off its CPU for more than 1% of it or 200 us (shm_cpus.h's off_cpu_counts; not
+// with more ranks than cores, where the ranks hand each other their CPUs at every wait).
 // TUTTI_SHM_PUBLISH=cached or streamed fixes the way (for measurements). Smaller messages use
 // ordinary stores: where they differ, in either placement, neither way is ahead.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+
+#include "shm_cpus.h"
 
 namespace tutti::shm_backend {
 
@@ -119,6 +127,70 @@ class PublishChooser {
 
   Mode mode_;
   std::array<Cell, kKinds * kClasses> cells_{};
+};
+
+// A timed staged op's cost to this rank: its thread's CPU time from the start
+// to its first publish and from its first barrier to its end, less that of its waits at the
+// barriers after the first. Neither a peer that came late (this rank waits) nor another process
+// that took this rank's CPU meanwhile (it was not on its CPU) adds to it: beside a build, nearly
+// every op of 16 MiB and up had one or the other, and a wall-clock time had to be left out
+// (2026-12-07). What the way costs, this rank's stores and its reads of what the peers stored,
+// is all in it. Untimed ops read no clock.
+class PublishTimer {
+ public:
+  using Clock = PublishChooser::Clock;
+
+  // `slot` is the op's Op::timer: its barriers report their waits to this timer while it lives.
+  PublishTimer(const PublishChooser::Pick& how, PublishTimer*& slot) : on_(how.timed), slot_(slot) {
+    if (on_) {
+      slot_ = this;
+      cpu_ns_ = -thread_cpu_ns();
+    }
+  }
+  ~PublishTimer() {
+    if (on_) slot_ = nullptr;
+  }
+  PublishTimer(const PublishTimer&) = delete;
+  PublishTimer& operator=(const PublishTimer&) = delete;
+
+  void published() {  // this rank's first publish is done
+    if (on_ && !published_) {
+      published_ = true;
+      cpu_ns_ += thread_cpu_ns();
+    }
+  }
+  void met() {  // the first barrier is passed, on the staged path
+    staged_ = true;
+    if (on_ && !met_) {
+      met_ = true;
+      cpu_ns_ -= thread_cpu_ns();
+    }
+  }
+  // A barrier's wait after the first begins / ends (ShmBackend::sync).
+  void wait_begins() {
+    if (met_) cpu_ns_ += thread_cpu_ns();
+  }
+  void wait_ends() {
+    if (met_) cpu_ns_ -= thread_cpu_ns();
+  }
+  // Whether the op ran staged past its first barrier (a timed one's cost is then work()).
+  bool complete() const { return staged_; }
+  // The cost so far (at least a nanosecond; where the thread's CPU time cannot be read, every
+  // op costs that, and the ways tie: ordinary stores stay).
+  Clock::duration work() const {
+    if (!on_) return Clock::duration{};
+    const int64_t ns = met_ ? cpu_ns_ + thread_cpu_ns() : cpu_ns_;
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::nanoseconds(std::max<int64_t>(1, ns)));
+  }
+
+ private:
+  bool on_;
+  PublishTimer*& slot_;
+  bool staged_ = false;
+  bool published_ = false;
+  bool met_ = false;
+  int64_t cpu_ns_ = 0;  // the CPU time counted so far (less the open span's start while one is)
 };
 
 }  // namespace tutti::shm_backend
