@@ -126,19 +126,22 @@ done
 # (benchmarks/verdict.py). PAIRS=0 leaves them out.
 pairs=${PAIRS:-15}
 [ $have_mpi = 1 ] || [ "$backend" = gloo ] || pairs=0  # no baseline to pair with
+pair_rounds() {  # pair_rounds SUFFIX SIZES [tutti-bench options...]: PAIRS rounds of $sweep
+  local suffix=$1 sizes=$2
+  shift 2
+  ((pairs > 0)) && echo "== $pairs rapid pairs of $sizes: tutti and $label" >&2
+  for ((rep = 1; rep <= pairs; rep++)); do
+    round "$suffix" "$rep" "$@"
+  done
+}
+# (The suffixes are benchmarks/verdict.py's PAIR_SETS.)
 sweep=(-b 8 -e 64K -f 2 -w 100 -n 2000)
 [ "$backend" = gloo ] && sweep=(-b 8 -e 64K -f 2 -w 20 -n 200)
-((pairs > 0)) && echo "== $pairs rapid pairs of 8 B-64 KiB: tutti and $label" >&2
-for ((rep = 1; rep <= pairs; rep++)); do
-  round -small "$rep" "$@"
-done
+pair_rounds -small "8 B-64 KiB" "$@"
 # 20 warm-up ops: shm times its two ways of staging (ordinary and streaming stores) in a size's
 # first 16 ops (backends/shm/shm_publish.h), which a short run would otherwise count.
 sweep=(-b 128K -e 8M -f 2 -w 20 -n 20)
-((pairs > 0)) && echo "== $pairs rapid pairs of 128 KiB-8 MiB: tutti and $label" >&2
-for ((rep = 1; rep <= pairs; rep++)); do
-  round -mid "$rep" "$@"
-done
+pair_rounds -mid "128 KiB-8 MiB" "$@"
 membw after || echo "bench: the memory probe after the sweeps failed; the one before stands" >&2
 # The last tutti run's table, for the eye; the verdict below is over every run.
 grep -v '^tutti-run' "$out/tutti.r$reps.log" >&2 || true
@@ -147,6 +150,7 @@ grep -v '^tutti-run' "$out/tutti.r$reps.log" >&2 || true
 import glob, json, os, sys
 sys.path.insert(0, "benchmarks")
 from bench_json import merge_runs, write_run
+from verdict import PAIR_SETS
 out = sys.argv[1]
 best, probes, config = {}, sorted(glob.glob(os.path.join(out, "membw.*.json"))), {}
 if not probes:
@@ -169,9 +173,9 @@ for stem, target in (("tutti", "results/allreduce.json"), ("base", "results/open
                      ("sym", "results/allreduce-symmetric.json")):
     # The sweeps' runs and the pairs': a size up to 8 MiB has its median over both.
     # (The sweeps' first: the merged file's config, iterations included, is the first run's.)
-    paths = sorted(glob.glob(os.path.join(out, stem + ".r*.json"))) + \
-        sorted(glob.glob(os.path.join(out, stem + "-small.r*.json"))) + \
-        sorted(glob.glob(os.path.join(out, stem + "-mid.r*.json")))
+    paths = sorted(glob.glob(os.path.join(out, stem + ".r*.json")))
+    for suffix in PAIR_SETS:
+        paths += sorted(glob.glob(os.path.join(out, stem + suffix + ".r*.json")))
     paths = [p for p in paths if not p.endswith(".state.json")]
     if paths:
         config, _, rows = merge_runs(paths)
