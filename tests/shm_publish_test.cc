@@ -340,9 +340,6 @@ TEST(PublishChooser, AClockThatStepsBackCountsAsANanosecond) {
   EXPECT_TRUE(c.seen(Chooser::kReduce, kMiB).stream);  // the probes' times replace it
 }
 
-// A rank other than 0 compares rank 0's layout, published beside the segment's name, with its
-// own before it opens anything (the segments named here do not exist): a different one, or none
-// (a build from before the check), fails by name.
 // Runs on this thread's CPU until its CPU time has grown by `ms` milliseconds.
 void burn_cpu(int64_t ms) {
   const int64_t until = thread_cpu_ns() + ms * 1000000;
@@ -352,6 +349,8 @@ void burn_cpu(int64_t ms) {
   }
 }
 
+// A timed op's cost: the rank's CPU time up to its first publish and after its first barrier,
+// less its waits at the later barriers (ShmBackend::sync reports them through the slot).
 TEST(PublishTimer, CountsTheRanksCpuTimeOutsideItsWaitsAndOutsideTheFirstBarrier) {
   const Chooser::Pick how{0, false, true, 2, Chooser::kWarmupRound};  // a timed op
   PublishTimer* slot = nullptr;
@@ -367,10 +366,12 @@ TEST(PublishTimer, CountsTheRanksCpuTimeOutsideItsWaitsAndOutsideTheFirstBarrier
     timer.wait_ends();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     timer.met();
-    burn_cpu(2);  // reducing and copying: counted
+    burn_cpu(2);        // reducing and copying: counted
+    timer.published();  // the next chunks' publishes and barriers change no start
     timer.wait_begins();
     burn_cpu(5);  // a later barrier, spun while a peer was late: not counted
     timer.wait_ends();
+    timer.met();
     // Off its CPU (as if another process had it): wall time, no CPU time.
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     burn_cpu(1);  // the last copies: counted
@@ -384,6 +385,20 @@ TEST(PublishTimer, CountsTheRanksCpuTimeOutsideItsWaitsAndOutsideTheFirstBarrier
   EXPECT_LT(work, std::chrono::milliseconds(6));
 }
 
+// A broadcast's root times its op with no slot: its later waits (its readers' copies) count.
+TEST(PublishTimer, WithoutASlotTheWaitsAfterTheFirstBarrierCount) {
+  const Chooser::Pick how{0, false, true, 2, Chooser::kWarmupRound};
+  PublishTimer timer(how);
+  burn_cpu(1);
+  timer.published();
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the first barrier: not counted
+  timer.met();
+  burn_cpu(3);  // spun at a later barrier while the readers copied: counted
+  const auto work = std::chrono::duration_cast<std::chrono::nanoseconds>(timer.work());
+  EXPECT_GE(work, std::chrono::milliseconds(4));
+  EXPECT_LT(work, std::chrono::milliseconds(5));
+}
+
 TEST(PublishTimer, AnUntimedOpReadsNoClockAndTakesNoSlot) {
   PublishTimer* slot = nullptr;
   PublishTimer timer(Chooser::Pick{}, slot);
@@ -394,6 +409,9 @@ TEST(PublishTimer, AnUntimedOpReadsNoClockAndTakesNoSlot) {
   EXPECT_EQ(timer.work(), PublishTimer::Clock::duration{});
 }
 
+// A rank other than 0 compares rank 0's layout, published beside the segment's name, with its
+// own before it opens anything (the segments named here do not exist): a different one, or none
+// (a build from before the check), fails by name.
 TEST(ShmSegmentLayout, ARankComparesRankZerosLayoutBeforeItOpensTheSegment) {
   auto message = [](const std::string& published) {
     HashStore store;

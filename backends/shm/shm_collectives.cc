@@ -47,7 +47,8 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
     // The root's way alone: only the root publishes (and picks, on the staged path only).
     const PublishChooser::Pick how =
         rank_ == root ? publish_.pick(PublishChooser::kBroadcast, total) : PublishChooser::Pick{};
-    PublishTimer timer(how, op.timer);
+    // Its waits count: they are the others' copies of what it stored (shm_publish.h).
+    PublishTimer timer(how);
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
       const int half = static_cast<int>(flips_ & 1);

@@ -92,10 +92,10 @@ bool PublishChooser::record(const Pick& pick, Clock::duration took, bool disturb
     c.probe_start = pick.round;
     r = Round{};
   }
-  // A time during which this rank lost its CPU to another thread measures the other thread's
+  // A send's time during which this rank was off its CPU (another thread's slice) measures that
   // slice, not the way: it is left out (a probe short of one of its times decides nothing; the
   // warm-up decides from each way's undisturbed best, and keeps the ordinary stores where a way
-  // has none).
+  // has none). A collective's cost is its CPU time (PublishTimer): never left out.
   if (!disturbed) {
     const uint8_t way = pick.stream ? 2 : 1;
     double& mine = r.ns[pick.stream];
@@ -115,8 +115,10 @@ bool PublishChooser::record(const Pick& pick, Clock::duration took, bool disturb
   }
   if (r.seen != 3) return false;
   // The other way takes over once it has been 10% faster in two probes in a row: one probe
-  // whose op on the chosen way lost time to a peer's preemption (a time this rank cannot tell
-  // from the way's own) no longer switches a class for the 128 ops up to the next probe. A probe
+  // whose op on the chosen way lost time to something else (a send's wall time to the receiver's
+  // preemption, which this rank cannot tell from the way's own; a collective's CPU time to a
+  // cache another process emptied) no longer switches a class for the 128 ops up to the next
+  // probe. A probe
   // short of a time (left out, or an op that failed) neither counts toward the two nor breaks
   // them.
   if (!(r.ns[!c.stream] < kBetter * r.ns[c.stream])) {

@@ -18,9 +18,10 @@
 //
 // A rank's cost for an op is its own stores and its reads of what the peers stored (which cost
 // more where a peer's were ordinary ones, its lines then in that peer's cache), so every rank
-// times the same way on the same op: which ops are timed, and their
-// way, go by the class's op count alone, the same on every rank whatever each has chosen (ranks
-// that chose differently, after a time one of them left out, meet again at the next probes).
+// times the same way on the same op: which ops are timed, and their way, go by the class's op
+// count alone, the same on every rank whatever each has chosen (ranks that chose differently,
+// their costs a little apart, or a send's time left out on one of them, meet again at the next
+// probes).
 // Ordinary stores run warm from the third in a row: the first after streaming ones (or a first
 // touch) writes lines that sit in memory alone, whose ownership the core fetches from memory
 // before it writes, and the second, where an op fits one of the two staging halves that ops take
@@ -42,19 +43,20 @@
 // 128 on ordinary ones 7-21% where those are 4-10x slower (one op timed cold would cost a third of
 // that, but could not tell when the CPUs came near again: the class stayed on streaming stores).
 // A collective's cost to a rank is its thread's CPU time in the op, less its waits at the
-// barriers (PublishTimer below): neither a late peer nor another process that took the rank's
-// CPU adds to it. Beside other busy processes (a build) nearly every op of a few milliseconds
-// has one or the other, whatever its way: the wall clock's times (before 2026-12-07) varied
-// 0.1-13x between the ways from op to op there, were left out wherever the rank had been
-// preempted (20-22 of 22 timed ops at 32-64 MiB), and the classes stayed on ordinary stores with
-// the CPUs far apart, 3-4x slower than streaming ones (16 MiB 20-22 ms, Open MPI 16, streaming
-// 6.5). The CPU times put streaming at 0.31-0.42 of ordinary there and ordinary at 0.6-0.8 of
-// streaming with the CPUs near, as quiet. A send's cost is its wall time from its third chunk
-// (it waits for the receiver's acks, and the receiver's reads are part of it), left out where
-// the sender was off its CPU for more than 1% of it or 200 us (shm_cpus.h's off_cpu_counts; not
-// with more ranks than cores, where the ranks hand each other their CPUs at every wait).
-// TUTTI_SHM_PUBLISH=cached or streamed fixes the way (for measurements). Smaller messages use
-// ordinary stores: where they differ, in either placement, neither way is ahead.
+// barriers (PublishTimer below; a broadcast's root counts its waits, its readers' copies):
+// neither a late peer nor another process that took the rank's CPU adds to it. Beside other busy
+// processes (a build) nearly every op of a few milliseconds has one or the other, whatever its way:
+// the wall clock's times (before 2026-12-07) varied 0.1-13x between the ways from op to op
+// there, were left out wherever the rank had been preempted (20-22 of 22 timed ops at 32-64 MiB),
+// and the classes stayed on ordinary stores with the CPUs far apart, 3-4x slower than streaming
+// ones (at 16 MiB 20-22 ms against 6.5; Open MPI 16). The CPU times put streaming at 0.26-0.42 of
+// ordinary there and at 1.06-2.9 of it with the CPUs near, as quiet. A send's cost is its
+// wall time from its third chunk (it waits for the receiver's acks, and the receiver's reads are
+// part of it), left out where the sender was off its CPU for more than 1% of it or 200 us
+// (shm_cpus.h's off_cpu_counts; not with more ranks than cores, where the ranks hand each other
+// their CPUs at every wait). TUTTI_SHM_PUBLISH=cached or streamed fixes the way (for measurements).
+// Smaller messages use ordinary stores: where they differ, in either placement, neither way is
+// ahead.
 #pragma once
 
 #include <algorithm>
@@ -129,26 +131,32 @@ class PublishChooser {
   std::array<Cell, kKinds * kClasses> cells_{};
 };
 
-// A timed staged op's cost to this rank: its thread's CPU time from the start
-// to its first publish and from its first barrier to its end, less that of its waits at the
-// barriers after the first. Neither a peer that came late (this rank waits) nor another process
-// that took this rank's CPU meanwhile (it was not on its CPU) adds to it: beside a build, nearly
-// every op of 16 MiB and up had one or the other, and a wall-clock time had to be left out
-// (2026-12-07). What the way costs, this rank's stores and its reads of what the peers stored,
-// is all in it. Untimed ops read no clock.
+// A timed staged op's cost to this rank: its thread's CPU time from the start to its first
+// publish and from its first barrier to its end, less that of its waits at the barriers after the
+// first. Neither a peer that came late (this rank waits) nor another process that took this
+// rank's CPU meanwhile (it was not on its CPU) adds to it: beside a build, nearly every op of
+// 16 MiB and up had one or the other, and a wall-clock time had to be left out (2026-12-07). What
+// the way costs, this rank's stores and its reads of what the peers stored, is all in it. A
+// broadcast's root, which alone times it, reads nothing: its waits are its readers' copies of
+// what it stored, so they count (the timer without a slot), as a send's wait for the receiver's
+// acks does. Untimed ops read no clock.
 class PublishTimer {
  public:
   using Clock = PublishChooser::Clock;
 
   // `slot` is the op's Op::timer: its barriers report their waits to this timer while it lives.
-  PublishTimer(const PublishChooser::Pick& how, PublishTimer*& slot) : on_(how.timed), slot_(slot) {
+  PublishTimer(const PublishChooser::Pick& how, PublishTimer*& slot) : PublishTimer(how) {
     if (on_) {
-      slot_ = this;
-      cpu_ns_ = -thread_cpu_ns();
+      slot_ = &slot;
+      slot = this;
     }
   }
+  // A timer whose waits count (a broadcast's root).
+  explicit PublishTimer(const PublishChooser::Pick& how) : on_(how.timed) {
+    if (on_) cpu_ns_ = -thread_cpu_ns();
+  }
   ~PublishTimer() {
-    if (on_) slot_ = nullptr;
+    if (slot_ != nullptr) *slot_ = nullptr;
   }
   PublishTimer(const PublishTimer&) = delete;
   PublishTimer& operator=(const PublishTimer&) = delete;
@@ -159,14 +167,14 @@ class PublishTimer {
       cpu_ns_ += thread_cpu_ns();
     }
   }
-  void met() {  // the first barrier is passed, on the staged path
+  void met() {  // the first barrier is passed, on the staged path (after published())
     staged_ = true;
     if (on_ && !met_) {
       met_ = true;
       cpu_ns_ -= thread_cpu_ns();
     }
   }
-  // A barrier's wait after the first begins / ends (ShmBackend::sync).
+  // A barrier's wait after the first begins / ends (ShmBackend::sync, through the slot).
   void wait_begins() {
     if (met_) cpu_ns_ += thread_cpu_ns();
   }
@@ -186,7 +194,7 @@ class PublishTimer {
 
  private:
   bool on_;
-  PublishTimer*& slot_;
+  PublishTimer** slot_ = nullptr;
   bool staged_ = false;
   bool published_ = false;
   bool met_ = false;
