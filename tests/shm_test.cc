@@ -370,6 +370,28 @@ TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {
   }
 }
 
+// A broadcast's way is its root's alone, timed on some ops of its size class (the first five,
+// then probes): a timed one ends with one more barrier, which the other ranks learn of from the
+// root. With the root going round, each rank's count of the class differs from the others', and
+// every broadcast still arrives whole (a rank that missed the barrier would leave the others
+// waiting for their timeout).
+TEST(ShmThreads, BroadcastsFromEveryRootInTurnOnTimedAndUntimedOps) {
+  constexpr int kWorld = 3;
+  auto groups = create_groups(kWorld, "shm", unique_name("shm-bcast-roots"));
+  run_ranks(kWorld, [&](int r) {
+    for (int i = 0; i < 40; ++i) {
+      const int root = i % kWorld;
+      const size_t n = (i % 2 == 0 ? 1 : 3) << 18;  // 1 MiB (one chunk) or 3 MiB
+      std::vector<int32_t> v(n, r == root ? 100 * i + root : -1);
+      BroadcastOptions opts;
+      opts.root_rank = root;
+      groups[r]->broadcast(v, opts);
+      ASSERT_EQ(v.front(), 100 * i + root) << "broadcast " << i << " on rank " << r;
+      ASSERT_EQ(v.back(), 100 * i + root) << "broadcast " << i << " on rank " << r;
+    }
+  });
+}
+
 // The first CPU of `all` alone.
 cpu_set_t first_cpu_of(const cpu_set_t& all) {
   cpu_set_t one;

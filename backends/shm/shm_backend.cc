@@ -99,7 +99,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
     // layout), the staging chunks and mailboxes (the environment), and the offsets they give.
     // "v1" goes up where a structure's words change meaning at the same size.
     const std::string layout =
-        "v1 header " + std::to_string(sizeof(Header)) + ", slot " +
+        "v2 header " + std::to_string(sizeof(Header)) + ", slot " +
         std::to_string(sizeof(RankSlot)) + ", bell " + std::to_string(sizeof(Bell)) + ", channel " +
         std::to_string(sizeof(Channel)) + ", symmetric " + std::to_string(sizeof(SymSlot)) +
         ", small " + std::to_string(kSmallSlotBytes) + ", chunk " + std::to_string(chunk_) +

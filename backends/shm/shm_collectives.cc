@@ -47,7 +47,15 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
     // The root's way alone: only the root publishes (and picks, on the staged path only).
     const PublishChooser::Pick how =
         rank_ == root ? publish_.pick(PublishChooser::kBroadcast, total) : PublishChooser::Pick{};
-    // Its waits count: they are the others' copies of what it stored (shm_publish.h).
+    // Its waits count: they are the others' copies of what it stored (shm_publish.h). A timed
+    // op ends with one more barrier, after the last chunk's copies (a one-chunk broadcast's
+    // readers copy after its last barrier otherwise, and no time held their reads): the root
+    // says beside its tag whether it times the op, and the others read it after the first.
+    if (rank_ == root) {
+      sym_[rank_].timed_broadcast[op.parity].store(how.timed ? op.seq : ~op.seq,
+                                                   std::memory_order_relaxed);
+    }
+    bool timed = how.timed;
     PublishTimer timer(how);
     for (size_t off = 0; off < total; off += chunk_) {
       const size_t len = std::min(chunk_, total - off);
@@ -60,10 +68,14 @@ Backend::WorkPtr ShmBackend::broadcast(const std::vector<TensorView>& tensors,
         sync(op);
         break;
       }
+      if (off == 0 && rank_ != root) {
+        timed = sym_[root].timed_broadcast[op.parity].load(std::memory_order_relaxed) == op.seq;
+      }
       timer.met();
       ++flips_;
       if (rank_ != root) std::memcpy(data + off, stage(root, half), len);
     }
+    if (timed && timer.complete()) sync(op);
     published(PublishChooser::kBroadcast, total, how, timer);
   }
   end_op(op);

@@ -78,9 +78,12 @@ inline OpSignature unpack_signature(const uint64_t in[2]) {
 // Where a rank's memory for its current large collective (by op parity) lies in symmetric
 // memory: a region (0: none) and the offset in it. Written before the op's first barrier, read
 // after it by the peers, when the rank's tag carries kSymmetricTag (shm_symmetric_ops.cc).
+// Beside them, as a staged broadcast's root, whether it times the op (the op's number if so, its
+// complement if not; read after the first barrier: such an op ends with one more, shm_publish.h).
 struct alignas(64) SymSlot {
   std::atomic<uint64_t> region[2];
   std::atomic<uint64_t> offset[2];
+  std::atomic<uint32_t> timed_broadcast[2];
 };
 
 // Folded into a rank's published tag for a large collective whose memory is in symmetric

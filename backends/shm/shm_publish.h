@@ -14,7 +14,9 @@
 // the sender's alone, timed from the third chunk's copy (the first two go before the receiver
 // need be there) to the last one's, and only for messages of 8 mailbox chunks and more (2 MiB by
 // default; shm_p2p.cc says why): smaller ones stay with ordinary stores, and slow where the CPUs
-// are far apart (64 KiB 35 us against 10). A broadcast's way is likewise the root's alone.
+// are far apart (64 KiB 35 us against 10). A broadcast's way is likewise the root's alone, and
+// a timed broadcast ends with one more barrier, after its readers' last copies, so that the
+// root's time holds their reads (shm_collectives.cc).
 //
 // A rank's cost for an op is its own stores and its reads of what the peers stored (which cost
 // more where a peer's were ordinary ones, its lines then in that peer's cache), so every rank
@@ -139,7 +141,8 @@ class PublishChooser {
 // the way costs, this rank's stores and its reads of what the peers stored, is all in it. A
 // broadcast's root, which alone times it, reads nothing: its waits are its readers' copies of
 // what it stored, so they count (the timer without a slot), as a send's wait for the receiver's
-// acks does. Untimed ops read no clock.
+// acks does (and a timed broadcast's last barrier follows its readers' last copies). Untimed
+// ops read no clock.
 class PublishTimer {
  public:
   using Clock = PublishChooser::Clock;
