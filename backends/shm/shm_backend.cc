@@ -97,7 +97,7 @@ ShmBackend::ShmBackend(const BackendContext& ctx)
   try {
     // What lies where, as every rank must agree: the structures' sizes (a build with another
     // layout), the staging chunks and mailboxes (the environment), and the offsets they give.
-    // "v1" goes up where a structure's words change meaning at the same size.
+    // The version goes up where a structure's words change meaning at the same size.
     const std::string layout =
         "v2 header " + std::to_string(sizeof(Header)) + ", slot " +
         std::to_string(sizeof(RankSlot)) + ", bell " + std::to_string(sizeof(Bell)) + ", channel " +

@@ -209,7 +209,8 @@ class ShmBackend : public Backend {
   RankSlot* slots_ = nullptr;
   Bell* bells_ = nullptr;
   Channel* channels_ = nullptr;
-  SymSlot* sym_ = nullptr;  // by rank: where its current collective's memory lies
+  SymSlot* sym_ = nullptr;  // by rank: where its current collective's memory lies (and whether
+                            // it times its broadcast as root)
   char* small_ = nullptr;
   char* staging_ = nullptr;
   char* mailboxes_ = nullptr;

@@ -79,7 +79,8 @@ inline OpSignature unpack_signature(const uint64_t in[2]) {
 // memory: a region (0: none) and the offset in it. Written before the op's first barrier, read
 // after it by the peers, when the rank's tag carries kSymmetricTag (shm_symmetric_ops.cc).
 // Beside them, as a staged broadcast's root, whether it times the op (the op's number if so, its
-// complement if not; read after the first barrier: such an op ends with one more, shm_publish.h).
+// complement if not; read after the first barrier: such an op ends with one more,
+// shm_collectives.cc).
 struct alignas(64) SymSlot {
   std::atomic<uint64_t> region[2];
   std::atomic<uint64_t> offset[2];
