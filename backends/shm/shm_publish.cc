@@ -118,9 +118,8 @@ bool PublishChooser::record(const Pick& pick, Clock::duration took, bool disturb
   // whose op on the chosen way lost time to something else (a send's wall time to the receiver's
   // preemption, which this rank cannot tell from the way's own; a collective's CPU time to a
   // cache another process emptied) no longer switches a class for the 128 ops up to the next
-  // probe. A probe
-  // short of a time (left out, or an op that failed) neither counts toward the two nor breaks
-  // them.
+  // probe. A probe short of a time (left out, or an op that failed) neither counts toward the two
+  // nor breaks them.
   if (!(r.ns[!c.stream] < kBetter * r.ns[c.stream])) {
     c.leaning = false;
     return false;
