@@ -399,6 +399,66 @@ TEST(PublishTimer, WithoutASlotTheWaitsAfterTheFirstBarrierCount) {
   EXPECT_LT(work, std::chrono::milliseconds(5));
 }
 
+// Ops under kCpuTimedBytes (a few microseconds: the small path's, from kMinBytes) are timed by
+// the wall clock, since a read of the thread's CPU time costs ~0.5 us on some VMs; larger ones
+// by their CPU time. Every kind has classes from kMinBytes, the small path's included.
+TEST(PublishChooser, OpsUnderKCpuTimedBytesAreTimedByTheWallClock) {
+  Chooser c;
+  for (Chooser::Kind kind : {Chooser::kSmallReduce, Chooser::kSmallAllgather, Chooser::kReduce}) {
+    const Chooser::Pick small = c.pick(kind, 8 << 10);
+    EXPECT_GE(small.cell, 0) << Chooser::name(kind);
+    EXPECT_TRUE(small.wall) << Chooser::name(kind);
+    EXPECT_FALSE(c.pick(kind, Chooser::kCpuTimedBytes).wall) << Chooser::name(kind);
+  }
+  EXPECT_TRUE(c.pick(Chooser::kReduce, Chooser::kCpuTimedBytes - 1).wall);
+  EXPECT_EQ(c.pick(Chooser::kSmallReduce, 4096).cell, -1);  // below kMinBytes: ordinary stores
+  EXPECT_STREQ(Chooser::name(Chooser::kSmallReduce), "small allreduces and reduces");
+  // The classes of the two paths are apart: the small path's 8 KiB ops left kReduce's alone.
+  EXPECT_EQ(c.pick(Chooser::kReduce, 8 << 10).op, 1u);
+  // With more ranks than cores, CPU time at every size.
+  c.allow_wall_clock(false);
+  EXPECT_FALSE(c.pick(Chooser::kSmallReduce, 8 << 10).wall);
+  EXPECT_GE(c.pick(Chooser::kSmallReduce, 8 << 10).cell, 0);
+}
+
+// A wall-clock timer counts the same stretches as the CPU-time one: time off the CPU before the
+// first publish counts, the first barrier's wait and the later waits do not.
+TEST(PublishTimer, AWallClockTimerCountsTheStretchesOutsideTheWaits) {
+  using std::chrono::milliseconds;
+  using Clock = PublishTimer::Clock;
+  Chooser::Pick how{0, false, true, 2, Chooser::kWarmupRound};
+  how.wall = true;
+  PublishTimer* slot = nullptr;
+  // Each call bracketed by clock reads: the counted stretches lie between the brackets' inner
+  // and outer ends, however long the sleeps overran.
+  const Clock::time_point a0 = Clock::now();
+  PublishTimer timer(how, slot);
+  const Clock::time_point a1 = Clock::now();
+  std::this_thread::sleep_for(milliseconds(3));  // before the first publish: counted
+  const Clock::time_point b0 = Clock::now();
+  timer.published();
+  const Clock::time_point b1 = Clock::now();
+  std::this_thread::sleep_for(milliseconds(20));  // the first barrier: not counted
+  const Clock::time_point c0 = Clock::now();
+  timer.met();
+  const Clock::time_point c1 = Clock::now();
+  std::this_thread::sleep_for(milliseconds(2));  // counted
+  const Clock::time_point d0 = Clock::now();
+  timer.wait_begins();
+  const Clock::time_point d1 = Clock::now();
+  std::this_thread::sleep_for(milliseconds(20));  // a later barrier's wait: not counted
+  const Clock::time_point e0 = Clock::now();
+  timer.wait_ends();
+  const Clock::time_point e1 = Clock::now();
+  std::this_thread::sleep_for(milliseconds(1));  // counted
+  const Clock::time_point f0 = Clock::now();
+  const Clock::duration work = timer.work();
+  const Clock::time_point f1 = Clock::now();
+  EXPECT_GE(work, (b0 - a1) + (d0 - c1) + (f0 - e1));
+  EXPECT_LE(work, (b1 - a0) + (d1 - c0) + (f1 - e0));
+  EXPECT_GE(work, milliseconds(6));
+}
+
 TEST(PublishTimer, AnUntimedOpReadsNoClockAndTakesNoSlot) {
   PublishTimer* slot = nullptr;
   PublishTimer timer(Chooser::Pick{}, slot);

@@ -395,6 +395,34 @@ TEST(ShmThreads, BroadcastsFromEveryRootInTurnOnTimedAndUntimedOps) {
   });
 }
 
+// The one-step path's allreduce and allgather from 8 KiB time ordinary against streaming stores
+// into the ranks' slots on some ops (the first five of a size class, then probes at 8, 16, 32,
+// 64 and every 128th): every op, timed or not, on either way, gives every rank the exact result.
+TEST(ShmThreads, SmallOpsGiveExactResultsAcrossTheChoosersTimedOps) {
+  constexpr int kWorld = 3;
+  ::unsetenv("TUTTI_SHM_PUBLISH");  // auto: a fixed way times nothing
+  auto groups = create_groups(kWorld, "shm", unique_name("shm-small-ways"));
+  run_ranks(kWorld, [&](int r) {
+    for (int i = 0; i < 300; ++i) {
+      const size_t n = i % 3 == 0 ? 4096 : 2048;  // 16 KiB or 8 KiB of int32
+      std::vector<int32_t> v(n);
+      for (size_t k = 0; k < n; ++k) v[k] = static_cast<int32_t>(1000 * r + i + k);
+      groups[r]->allreduce(v);
+      // sum over r of (1000 r + i + k) = 1000 (0 + 1 + 2) + 3 (i + k)
+      for (size_t k : {size_t{0}, n / 2 + 1, n - 1}) {
+        ASSERT_EQ(v[k], static_cast<int32_t>(3000 + 3 * (i + k))) << "op " << i << " rank " << r;
+      }
+      std::vector<int32_t> mine(2048, 10 * i + r);
+      std::vector<int32_t> all(2048 * kWorld, -1);
+      groups[r]->allgather(all, mine);
+      for (int q = 0; q < kWorld; ++q) {
+        ASSERT_EQ(all[2048 * q], 10 * i + q) << "op " << i << " rank " << r;
+        ASSERT_EQ(all[2048 * q + 2047], 10 * i + q) << "op " << i << " rank " << r;
+      }
+    }
+  });
+}
+
 // The first CPU of `all` alone.
 cpu_set_t first_cpu_of(const cpu_set_t& all) {
   cpu_set_t one;

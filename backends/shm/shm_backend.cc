@@ -229,6 +229,7 @@ void ShmBackend::set_spin_policy(int local) {
   const int cores = cores_;
   const bool oversubscribed = std::max(world_size_, local) > cores;
   oversubscribed_ = oversubscribed;
+  publish_.allow_wall_clock(!oversubscribed);
   // Spinning helps only while every rank has a core (then a peer is < 1 us away); with more
   // ranks than cores, a spinning rank would hold up the very rank it waits for, so it yields.
   // Otherwise a rank polls for kLongSpin (5 ms) before it yields or sleeps: a rank that gives its
@@ -571,11 +572,13 @@ inline void prefetch_for_write(const void* p) {
 // Publishes this rank's payload (up to kSmallBytes) for the op, then waits until every rank has
 // published its own; checks that they all called the same op. Two slots alternate, and a rank
 // reaches op k + 2 only after every rank published op k + 1, that is, finished reading op k.
-void ShmBackend::exchange(Op& op, const void* payload, size_t bytes, size_t reads, int from) {
+void ShmBackend::exchange(Op& op, const void* payload, size_t bytes, size_t reads, int from,
+                          const PublishChooser::Pick& how, PublishTimer* timer) {
   SmallSlot& mine = small_slot(rank_, op.parity);
-  if (bytes > 0) std::memcpy(small_payload(rank_, op.parity, bytes), payload, bytes);
+  if (bytes > 0) publish(how, small_payload(rank_, op.parity, bytes), payload, bytes);
   mine.tag = op.ctx.tag;
   mine.seq.store(op.seq);
+  if (timer != nullptr) timer->published();
   wake_all(mine.seq, mine.sleepers);
   // One spin-wait hint before the first look at the peers' slots, and one after each of the
   // wait's first polls (SpinPolicy::paced). The peers publish at about the same moment as this
@@ -621,6 +624,7 @@ void ShmBackend::exchange(Op& op, const void* payload, size_t bytes, size_t read
     if (theirs.tag != op.ctx.tag) mismatch(op, q, theirs.tag);
   }
   op.checked = true;
+  if (timer != nullptr) timer->met();
   // Every peer has published this op, so none still reads what this rank published in its
   // other slot (the last op's; peers that finished this op may already poll that slot's line for
   // the next). Take the line for writing now, while the caller computes, where the next publish

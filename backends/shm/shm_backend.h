@@ -93,7 +93,15 @@ class ShmBackend : public Backend {
   void sync(Op& op);
   // Publishes `bytes` of payload and waits for every peer's publication; `reads`: how many bytes
   // of a peer's payload this rank reads once it returns (of rank `from`'s only; -1: every peer's).
-  void exchange(Op& op, const void* payload, size_t bytes, size_t reads, int from = -1);
+  // The payload goes in the way `how` says; `timer` (if any) learns when it is published and when
+  // the waits are over.
+  void exchange(Op& op, const void* payload, size_t bytes, size_t reads, int from = -1,
+                const PublishChooser::Pick& how = PublishChooser::Pick{},
+                PublishTimer* timer = nullptr);
+  // The small path's way for a payload of `bytes` (shm_publish.h: timed from kMinBytes).
+  PublishChooser::Pick pick_small(PublishChooser::Kind kind, size_t bytes) {
+    return bytes < PublishChooser::kMinBytes ? PublishChooser::Pick{} : publish_.pick(kind, bytes);
+  }
   [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
   void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
   // A staged op's copies into the staging areas, by the way publish_ picked for it

@@ -113,8 +113,13 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   if (t.nbytes() <= kSmallBytes) {
     // One step: everyone publishes, then each receiver folds the whole message from the
     // published copies in rank order (so every rank computes the same bits).
-    exchange(op, data, t.nbytes(), to_me ? t.nbytes() : 0);
-    if (!to_me) return;
+    const PublishChooser::Pick how = pick_small(PublishChooser::kSmallReduce, t.nbytes());
+    PublishTimer timer(how);
+    exchange(op, data, t.nbytes(), to_me ? t.nbytes() : 0, -1, how, &timer);
+    if (!to_me) {
+      if (how.timed) published(PublishChooser::kSmallReduce, t.nbytes(), how, timer);
+      return;
+    }
     for (int q = 0; q < world_size_; ++q) inputs[q] = small_payload(q, op.parity, t.nbytes());
     // Our own values from our tensor (in place, still our input), not from our published copy:
     // the peers reading that line have just taken it from this core (reading it back cost ~65
@@ -123,6 +128,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
     if (rank_ <= 1) inputs[rank_] = data;
     detail::reduce_many(fn, data, inputs.data(), world_size_, n, es);
     if (avg) detail::scale_average(data, t.dtype(), n, world_size_);
+    if (how.timed) published(PublishChooser::kSmallReduce, t.nbytes(), how, timer);
     return;
   }
 
@@ -225,12 +231,15 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
   }
   Op op = begin_op(ctx);
   if (total <= kSmallBytes) {
-    exchange(op, src, total, total);
+    const PublishChooser::Pick how = pick_small(PublishChooser::kSmallAllgather, total);
+    PublishTimer timer(how);
+    exchange(op, src, total, total, -1, how, &timer);
     for (int q = 0; q < world_size_; ++q) {
       char* dst = static_cast<char*>(out[q].data());
       const char* from = q == rank_ ? src : small_payload(q, op.parity, total);
       if (dst != from) std::memcpy(dst, from, total);
     }
+    if (how.timed) published(PublishChooser::kSmallAllgather, total, how, timer);
   } else {
     // Inputs in symmetric memory on every rank: each copies the others' straight from theirs;
     // not where an output would overwrite the input while the others read it (the list form

@@ -27,6 +27,8 @@ const char* PublishChooser::name(Kind kind) {
     case kReduceScatter: return "reduce_scatters";
     case kBroadcast: return "broadcasts";
     case kSend: return "sends";
+    case kSmallReduce: return "small allreduces and reduces";
+    case kSmallAllgather: return "small allgathers";
     case kKinds: break;
   }
   return "ops";
@@ -59,6 +61,12 @@ bool PublishChooser::probe_starts(uint64_t op) {
 PublishChooser::Pick PublishChooser::pick(Kind kind, size_t bytes) {
   if (mode_ != Mode::kAuto) return Pick{-1, mode_ == Mode::kStreamed, false};
   if (bytes < kMinBytes) return Pick{};
+  Pick p = pick_in(kind, bytes);
+  p.wall = wall_ok_ && bytes < kCpuTimedBytes;
+  return p;
+}
+
+PublishChooser::Pick PublishChooser::pick_in(Kind kind, size_t bytes) {
   const int cell = static_cast<int>(kind) * kClasses + class_of(bytes);
   Cell& c = cells_[static_cast<size_t>(cell)];
   const uint64_t op = c.ops++;  // taken here: a batch's sends pick before any of them is done

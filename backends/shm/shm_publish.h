@@ -1,5 +1,5 @@
-// How the shm backend's staged collectives write into the staging areas, chosen by measuring
-// (internal; issue 20).
+// How the shm backend's staged collectives write into the staging areas, and its small path into
+// the ranks' slots, chosen by measuring (internal; issue 20).
 //
 // A staged collective copies into its staging area what a peer reads next. With ordinary stores
 // the peer takes the lines from this core's cache, the fastest way while the two cores share a
@@ -9,7 +9,7 @@
 // 64 KiB (16 MiB in 8.4 ms instead of 1.5). Streaming stores (util/stream_copy.h) do not wait
 // for the lines and ran at one speed in either placement, but send the bytes through memory:
 // 2.3x slower at 1 MiB where the cores are near. So the ranks time both, per kind of collective
-// and size class (powers of two from 64 KiB), and use the faster. Point-to-point sends too
+// and size class (powers of two from 8 KiB), and use the faster. Point-to-point sends too
 // (through the pair's mailbox; 3.5-6x slower with the CPUs far apart, from 64 KiB): their way is
 // the sender's alone, timed from the third chunk's copy (the first two go before the receiver
 // need be there) to the last one's, and only for messages of 8 mailbox chunks and more (2 MiB by
@@ -57,8 +57,17 @@
 // part of it), left out where the sender was off its CPU for more than 1% of it or 200 us
 // (shm_cpus.h's off_cpu_counts; not with more ranks than cores, where the ranks hand each other
 // their CPUs at every wait). TUTTI_SHM_PUBLISH=cached or streamed fixes the way (for measurements).
-// Smaller messages use ordinary stores: where they differ, in either placement, neither way is
-// ahead.
+// The small path (allreduce, reduce and allgather up to kSmallBytes: every rank copies its whole
+// tensor into its slot, the others read it from there) and the staged path's smallest sizes are
+// chosen the same way, from kMinBytes. On an AMD EPYC VM (2026-12-07, 2 ranks, 24 rounds with a
+// line between the CPUs in ~250 ns): 8 KiB 4.5 us with ordinary stores against 1.8 streaming,
+// 16 KiB 9.1 against 2.6, 32 KiB (staged) 18.3 against 4.7; with the CPUs near (148 rounds,
+// ~40 ns) 8 KiB 1.2 against 1.7, and 16-32 KiB within 10% of each other. Under 8 KiB ordinary
+// stores: at 4 KiB streaming ones gain little far (1.4 against 1.3 us) and lose much near (0.4
+// against 1.1), and the probes of a 4 KiB class cost 14% in the mean of a 60-op run there. Ops of a
+// few microseconds are timed by the wall clock (Pick::wall, under kCpuTimedBytes): a read of the
+// thread's CPU time took ~520 ns there, a wall clock's ~24, and a preemption inside so short an op
+// is rare (a probe needs two in a row).
 #pragma once
 
 #include <algorithm>
@@ -75,13 +84,31 @@ class PublishChooser {
  public:
   using Clock = std::chrono::steady_clock;
   enum class Mode : uint8_t { kAuto, kCached, kStreamed };
-  enum Kind : uint8_t { kReduce, kAllgather, kReduceScatter, kBroadcast, kSend, kKinds };
-  static constexpr size_t kMinBytes = size_t{64} << 10;
+  // kSmallReduce, kSmallAllgather: the one-step path of allreduce and reduce, and of
+  // allgather, up to kSmallBytes (every rank publishes its whole tensor in its slot).
+  enum Kind : uint8_t {
+    kReduce,
+    kAllgather,
+    kReduceScatter,
+    kBroadcast,
+    kSend,
+    kSmallReduce,
+    kSmallAllgather,
+    kKinds
+  };
+  // The smallest size timed (see above: under it ordinary stores).
+  static constexpr size_t kMinBytes = size_t{8} << 10;
+  // Ops under it are timed by the wall clock rather than the thread's CPU time (see
+  // PublishTimer).
+  static constexpr size_t kCpuTimedBytes = size_t{64} << 10;
   static constexpr uint64_t kProbeEvery = 128;  // ops of a class from one probe to the next
 
   explicit PublishChooser(Mode mode = Mode::kAuto) : mode_(mode) {}
   // TUTTI_SHM_PUBLISH: auto (unset), cached or streamed; another value warns and means auto.
   static Mode mode_from_env();
+  // Whether ops under kCpuTimedBytes may be timed by the wall clock (Pick::wall): not with more
+  // ranks than cores, where a rank's wall time holds the slices of the others it hands its CPU.
+  void allow_wall_clock(bool ok) { wall_ok_ = ok; }
   static const char* name(Kind kind);
 
   static constexpr uint64_t kWarmupRound = 0;
@@ -91,6 +118,7 @@ class PublishChooser {
     bool timed = false;   // the op is timed (a warm-up op or a probe's): record() its time
     uint64_t op = 0;      // its number in the class
     uint64_t round = kWarmupRound;  // the round it reports to: the warm-up, or a probe's start
+    bool wall = false;  // timed by the wall clock (under kCpuTimedBytes, allow_wall_clock)
   };
   // How the next op of `kind` moving `bytes` per rank publishes; counts it. Every rank picks
   // for the same ops of a collective (before anything that could end the op early).
@@ -110,7 +138,7 @@ class PublishChooser {
   static size_t class_floor(size_t bytes);
 
  private:
-  static constexpr int kClasses = 20;  // 64 KiB, 128 KiB, ..., 2^35 B and above
+  static constexpr int kClasses = 23;  // 8 KiB, 16 KiB, ..., 2^35 B and above
   // A round's times: [ordinary, streaming] (the warm-up's streaming one, the better of two).
   struct Round {
     std::array<double, 2> ns{};
@@ -127,9 +155,11 @@ class PublishChooser {
     bool leaning = false;  // the last complete probe found the other way 10% faster
   };
   static int class_of(size_t bytes);
+  Pick pick_in(Kind kind, size_t bytes);  // pick() for a timed size
   static bool probe_starts(uint64_t op);  // whether a class's op `op` begins a probe
 
   Mode mode_;
+  bool wall_ok_ = true;
   std::array<Cell, kKinds * kClasses> cells_{};
 };
 
@@ -141,8 +171,10 @@ class PublishChooser {
 // the way costs, this rank's stores and its reads of what the peers stored, is all in it. A
 // broadcast's root, which alone times it, reads nothing: its waits are its readers' copies of
 // what it stored, so they count (the timer without a slot), as a send's wait for the receiver's
-// acks does (and a timed broadcast's last barrier follows its readers' last copies). Untimed
-// ops read no clock.
+// acks does (and a timed broadcast's last barrier follows its readers' last copies). An op under
+// kCpuTimedBytes (Pick::wall) counts the wall clock's time over the same stretches (the small
+// path: its publish, and its reads once every peer's payload is there). Untimed ops read no
+// clock.
 class PublishTimer {
  public:
   using Clock = PublishChooser::Clock;
@@ -155,8 +187,8 @@ class PublishTimer {
     }
   }
   // A timer whose waits count (a broadcast's root).
-  explicit PublishTimer(const PublishChooser::Pick& how) : on_(how.timed) {
-    if (on_) cpu_ns_ = -thread_cpu_ns();
+  explicit PublishTimer(const PublishChooser::Pick& how) : on_(how.timed), wall_(how.wall) {
+    if (on_) counted_ns_ = -now_ns();
   }
   ~PublishTimer() {
     if (slot_ != nullptr) *slot_ = nullptr;
@@ -167,41 +199,52 @@ class PublishTimer {
   void published() {  // this rank's first publish is done
     if (on_ && !published_) {
       published_ = true;
-      cpu_ns_ += thread_cpu_ns();
+      counted_ns_ += now_ns();
     }
   }
-  void met() {  // the first barrier is passed, on the staged path (after published())
+  // The first barrier is passed on the staged path, or every peer's payload is there on the small
+  // one (after published()).
+  void met() {
     staged_ = true;
     if (on_ && !met_) {
       met_ = true;
-      cpu_ns_ -= thread_cpu_ns();
+      counted_ns_ -= now_ns();
     }
   }
   // A barrier's wait after the first begins / ends (ShmBackend::sync, through the slot).
   void wait_begins() {
-    if (met_) cpu_ns_ += thread_cpu_ns();
+    if (met_) counted_ns_ += now_ns();
   }
   void wait_ends() {
-    if (met_) cpu_ns_ -= thread_cpu_ns();
+    if (met_) counted_ns_ -= now_ns();
   }
-  // Whether the op ran staged past its first barrier (a timed one's cost is then work()).
+  // Whether the op got past its first barrier, or the small path's wait (a timed one's cost is
+  // then work()).
   bool complete() const { return staged_; }
   // The cost so far (at least a nanosecond; where the thread's CPU time cannot be read, every
   // op costs that, and the ways tie: ordinary stores stay).
   Clock::duration work() const {
     if (!on_) return Clock::duration{};
-    const int64_t ns = met_ ? cpu_ns_ + thread_cpu_ns() : cpu_ns_;
+    const int64_t ns = met_ ? counted_ns_ + now_ns() : counted_ns_;
     return std::chrono::duration_cast<Clock::duration>(
         std::chrono::nanoseconds(std::max<int64_t>(1, ns)));
   }
 
  private:
+  int64_t now_ns() const {
+    return wall_ ? std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       Clock::now().time_since_epoch())
+                       .count()
+                 : thread_cpu_ns();
+  }
+
   bool on_;
+  bool wall_ = false;
   PublishTimer** slot_ = nullptr;
   bool staged_ = false;
   bool published_ = false;
   bool met_ = false;
-  int64_t cpu_ns_ = 0;  // the CPU time counted so far (less the open span's start while one is)
+  int64_t counted_ns_ = 0;  // the time counted so far (less the open span's start while one is)
 };
 
 }  // namespace tutti::shm_backend
