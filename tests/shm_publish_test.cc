@@ -412,13 +412,45 @@ TEST(PublishChooser, OpsUnderKCpuTimedBytesAreTimedByTheWallClock) {
   }
   EXPECT_TRUE(c.pick(Chooser::kReduce, Chooser::kCpuTimedBytes - 1).wall);
   EXPECT_EQ(c.pick(Chooser::kSmallReduce, 4096).cell, -1);  // below kMinBytes: ordinary stores
-  EXPECT_STREQ(Chooser::name(Chooser::kSmallReduce), "small allreduces and reduces");
+  EXPECT_STREQ(Chooser::name(Chooser::kSmallReduce), "small allreduces");
   // The classes of the two paths are apart: the small path's 8 KiB ops left kReduce's alone.
   EXPECT_EQ(c.pick(Chooser::kReduce, 8 << 10).op, 1u);
   // With more ranks than cores, CPU time at every size.
   c.allow_wall_clock(false);
   EXPECT_FALSE(c.pick(Chooser::kSmallReduce, 8 << 10).wall);
   EXPECT_GE(c.pick(Chooser::kSmallReduce, 8 << 10).cell, 0);
+}
+
+// A wall-clock time over kWallLeftOut (a preemption inside an op of microseconds) is left out,
+// and a round whose ops came to be timed by another clock (the ranks came to outnumber the
+// cores) starts again: neither decides a warm-up that would otherwise take streaming stores.
+TEST(PublishChooser, APreemptedWallClockTimeAndAClockChangeDecideNothing) {
+  using std::chrono::microseconds;
+  constexpr size_t kSize = 16 << 10;
+  // The warm-up's ops 2, 3 and 4 (ordinary, streaming, streaming) with these times.
+  auto warm_up = [&](Chooser& c, microseconds ordinary, microseconds streaming, bool change) {
+    for (int i = 0; i < 2; ++i) c.pick(Chooser::kSmallReduce, kSize);
+    const Chooser::Pick p2 = c.pick(Chooser::kSmallReduce, kSize);
+    c.record(p2, ordinary);
+    if (change) c.allow_wall_clock(false);
+    for (int i = 3; i < 5; ++i) {
+      const Chooser::Pick p = c.pick(Chooser::kSmallReduce, kSize);
+      EXPECT_TRUE(p.timed && p.stream);
+      c.record(p, streaming);
+    }
+  };
+  Chooser plain;
+  warm_up(plain, microseconds(9), microseconds(3), false);
+  EXPECT_TRUE(plain.seen(Chooser::kSmallReduce, kSize).stream);  // the check itself can fail
+  Chooser preempted;
+  warm_up(preempted, microseconds(9), Chooser::kWallLeftOut + microseconds(1), false);
+  EXPECT_FALSE(preempted.seen(Chooser::kSmallReduce, kSize).stream);
+  Chooser slow_ordinary;  // an ordinary op preempted: left out, so no comparison
+  warm_up(slow_ordinary, Chooser::kWallLeftOut + microseconds(1), microseconds(3), false);
+  EXPECT_FALSE(slow_ordinary.seen(Chooser::kSmallReduce, kSize).stream);
+  Chooser changed;
+  warm_up(changed, microseconds(9), microseconds(3), true);
+  EXPECT_FALSE(changed.seen(Chooser::kSmallReduce, kSize).stream);
 }
 
 // A wall-clock timer counts the same stretches as the CPU-time one: time off the CPU before the

@@ -423,8 +423,9 @@ void ShmBackend::publish(const PublishChooser::Pick& how, void* dst, const void*
 
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                            const PublishTimer& timer) {
-  if (!how.timed || !timer.complete()) return;  // not timed, or not staged after all
-  published(kind, bytes, how, timer.work(), false);
+  // Not timed, or ended before its first barrier (the symmetric path) or the small path's wait.
+  if (!how.timed || !timer.complete()) return;
+  published(kind, bytes, how, timer.work(), false);  // a wall-clock one over kWallLeftOut: record()
 }
 
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
@@ -434,8 +435,8 @@ void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const Publis
   disturbed = disturbed && !oversubscribed_;
   if (how.timed && disturbed) {
     TUTTI_LOG_DEBUG(
-        "shm: rank {} leaves out a timed {} of {} B with {} stores ({:.1f} us): it was off its "
-        "CPU for more than 1% of it or 200 us",
+        "shm: rank {} leaves out a timed {} of {} B with {} stores ({:.1f} us): another "
+        "thread had its CPU meanwhile",
         rank_, PublishChooser::name(kind), bytes, how.stream ? "streaming" : "ordinary",
         std::chrono::duration<double, std::micro>(took).count());
   }

@@ -104,7 +104,7 @@ class ShmBackend : public Backend {
   }
   [[noreturn]] void mismatch(const Op& op, int rank, uint32_t theirs) const;
   void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
-  // A staged op's copies into the staging areas, by the way publish_ picked for it
+  // An op's copies into the staging areas or its small-message slot, by the way publish_ picked
   // (shm_publish.h); and, once a timed one is done, its cost (shm_publish.h's PublishTimer).
   void publish(const PublishChooser::Pick& how, void* dst, const void* src, size_t n) const;
   void published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
@@ -229,7 +229,7 @@ class ShmBackend : public Backend {
   std::vector<const void*> inputs_;            // one pointer per rank, for reductions (sized once)
   std::vector<const void*> block_inputs_;      // the same, advanced to one block of a slice
   std::vector<char> block_out_;                // a block of a reduce on its way to the root
-  PublishChooser publish_;                     // how staged ops write the staging areas
+  PublishChooser publish_;                     // how ops write the staging areas and slots
   std::vector<int> pidfds_;                    // by rank: a handle on each peer's process, or -1
   std::shared_ptr<SymmetricTable> symmetric_;  // regions of allocate_symmetric
 

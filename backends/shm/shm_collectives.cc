@@ -113,13 +113,13 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
   if (t.nbytes() <= kSmallBytes) {
     // One step: everyone publishes, then each receiver folds the whole message from the
     // published copies in rank order (so every rank computes the same bits).
-    const PublishChooser::Pick how = pick_small(PublishChooser::kSmallReduce, t.nbytes());
+    // An allreduce's way is chosen by timing it; a reduce's stays ordinary stores: what its
+    // non-roots' stores cost is the root's reads, which no non-root's time holds.
+    const PublishChooser::Pick how =
+        root < 0 ? pick_small(PublishChooser::kSmallReduce, t.nbytes()) : PublishChooser::Pick{};
     PublishTimer timer(how);
     exchange(op, data, t.nbytes(), to_me ? t.nbytes() : 0, -1, how, &timer);
-    if (!to_me) {
-      if (how.timed) published(PublishChooser::kSmallReduce, t.nbytes(), how, timer);
-      return;
-    }
+    if (!to_me) return;
     for (int q = 0; q < world_size_; ++q) inputs[q] = small_payload(q, op.parity, t.nbytes());
     // Our own values from our tensor (in place, still our input), not from our published copy:
     // the peers reading that line have just taken it from this core (reading it back cost ~65

@@ -27,7 +27,7 @@ const char* PublishChooser::name(Kind kind) {
     case kReduceScatter: return "reduce_scatters";
     case kBroadcast: return "broadcasts";
     case kSend: return "sends";
-    case kSmallReduce: return "small allreduces and reduces";
+    case kSmallReduce: return "small allreduces";
     case kSmallAllgather: return "small allgathers";
     case kKinds: break;
   }
@@ -100,10 +100,17 @@ bool PublishChooser::record(const Pick& pick, Clock::duration took, bool disturb
     c.probe_start = pick.round;
     r = Round{};
   }
-  // A send's time during which this rank was off its CPU (another thread's slice) measures that
-  // slice, not the way: it is left out (a probe short of one of its times decides nothing; the
-  // warm-up decides from each way's undisturbed best, and keeps the ordinary stores where a way
-  // has none). A collective's cost is its CPU time (PublishTimer): never left out.
+  // The times of a round are all of one clock: where the ranks came to outnumber the cores (or no
+  // longer do) between two of its ops, it starts again (a warm-up that does so decides nothing:
+  // ordinary stores until the probes).
+  if (r.reports > 0 && r.wall != pick.wall) r = Round{};
+  r.wall = pick.wall;
+  // A time during which this rank was off its CPU (another thread's slice) measures that slice,
+  // not the way: it is left out (a probe short of one of its times decides nothing; the warm-up
+  // decides from each way's undisturbed best, and keeps the ordinary stores where a way has
+  // none). So are a send's (ShmBackend::published) and a wall-clock time over kWallLeftOut; a
+  // collective's CPU time (PublishTimer) never is.
+  if (pick.wall && took > kWallLeftOut) disturbed = true;
   if (!disturbed) {
     const uint8_t way = pick.stream ? 2 : 1;
     double& mine = r.ns[pick.stream];

@@ -44,8 +44,9 @@
 // 128 on streaming ones costs ~1% where they are 2.3x slower; with streaming ones chosen, 3 in
 // 128 on ordinary ones 7-21% where those are 4-10x slower (one op timed cold would cost a third of
 // that, but could not tell when the CPUs came near again: the class stayed on streaming stores).
-// A collective's cost to a rank is its thread's CPU time in the op, less its waits at the
-// barriers (PublishTimer below; a broadcast's root counts its waits, its readers' copies):
+// A collective's cost to a rank is its thread's CPU time in the op (under 64 KiB, the wall
+// clock's time: see the small path below), less its waits at the barriers (PublishTimer below;
+// a broadcast's root counts its waits, its readers' copies):
 // neither a late peer nor another process that took the rank's CPU adds to it. Beside other busy
 // processes (a build) nearly every op of a few milliseconds has one or the other, whatever its way:
 // the wall clock's times (before 2026-12-07) varied 0.1-13x between the ways from op to op
@@ -57,17 +58,18 @@
 // part of it), left out where the sender was off its CPU for more than 1% of it or 200 us
 // (shm_cpus.h's off_cpu_counts; not with more ranks than cores, where the ranks hand each other
 // their CPUs at every wait). TUTTI_SHM_PUBLISH=cached or streamed fixes the way (for measurements).
-// The small path (allreduce, reduce and allgather up to kSmallBytes: every rank copies its whole
-// tensor into its slot, the others read it from there) and the staged path's smallest sizes are
-// chosen the same way, from kMinBytes. On an AMD EPYC VM (2026-12-07, 2 ranks, 24 rounds with a
-// line between the CPUs in ~250 ns): 8 KiB 4.5 us with ordinary stores against 1.8 streaming,
-// 16 KiB 9.1 against 2.6, 32 KiB (staged) 18.3 against 4.7; with the CPUs near (148 rounds,
-// ~40 ns) 8 KiB 1.2 against 1.7, and 16-32 KiB within 10% of each other. Under 8 KiB ordinary
-// stores: at 4 KiB streaming ones gain little far (1.4 against 1.3 us) and lose much near (0.4
-// against 1.1), and the probes of a 4 KiB class cost 14% in the mean of a 60-op run there. Ops of a
-// few microseconds are timed by the wall clock (Pick::wall, under kCpuTimedBytes): a read of the
-// thread's CPU time took ~520 ns there, a wall clock's ~24, and a preemption inside so short an op
-// is rare (a probe needs two in a row).
+// The small path (allreduce and allgather up to kSmallBytes: every rank copies its whole tensor
+// into its slot, the others read it from there; a reduce's stays ordinary, as its non-roots'
+// times do not hold the root's reads) and the staged path's smallest sizes are chosen the same
+// way, from kMinBytes. On an AMD EPYC VM (2026-12-07, 2 ranks; docs/PERFORMANCE.md), with a line
+// between the CPUs in ~250 ns: ordinary stores 8 KiB 4.5 us, 16 KiB 9.3, 32 KiB (staged) 18.4,
+// streaming ones 1.9, 2.7 and 4.8; with the CPUs near (~40 ns), 8 KiB 1.2 against 1.8, 16-32 KiB
+// within 10% of each other. Under 8 KiB ordinary stores: at 4 KiB streaming ones gain little far
+// (1.4 against 1.3 us) and lose much near (0.4 against 1.1), and the probes of a 4 KiB class cost
+// 14% in the mean of a 60-op run there. Ops of a few microseconds are timed by the wall clock
+// (Pick::wall, under kCpuTimedBytes): a read of the thread's CPU time took ~520 ns there, a wall
+// clock's ~24; a time over kWallLeftOut (a preemption's) is left out. Not with more ranks than
+// cores (allow_wall_clock), where a rank's wall time holds the others' slices: CPU time there.
 #pragma once
 
 #include <algorithm>
@@ -84,8 +86,8 @@ class PublishChooser {
  public:
   using Clock = std::chrono::steady_clock;
   enum class Mode : uint8_t { kAuto, kCached, kStreamed };
-  // kSmallReduce, kSmallAllgather: the one-step path of allreduce and reduce, and of
-  // allgather, up to kSmallBytes (every rank publishes its whole tensor in its slot).
+  // kSmallReduce, kSmallAllgather: the one-step path of allreduce and of allgather, up to
+  // kSmallBytes (every rank publishes its whole tensor in its slot).
   enum Kind : uint8_t {
     kReduce,
     kAllgather,
@@ -101,6 +103,9 @@ class PublishChooser {
   // Ops under it are timed by the wall clock rather than the thread's CPU time (see
   // PublishTimer).
   static constexpr size_t kCpuTimedBytes = size_t{64} << 10;
+  // A wall-clock time over this is left out: a few microseconds' op that took it lost its CPU to
+  // another process (a build beside the job) meanwhile.
+  static constexpr std::chrono::microseconds kWallLeftOut{200};
   static constexpr uint64_t kProbeEvery = 128;  // ops of a class from one probe to the next
 
   explicit PublishChooser(Mode mode = Mode::kAuto) : mode_(mode) {}
@@ -144,6 +149,7 @@ class PublishChooser {
     std::array<double, 2> ns{};
     uint8_t seen = 0;  // the ways it has times of (1 ordinary, 2 streaming)
     uint8_t reports = 0;
+    bool wall = false;  // its times are the wall clock's
   };
   struct Cell {
     std::array<double, 2> ns{};  // the latest complete round's
@@ -186,7 +192,8 @@ class PublishTimer {
       slot = this;
     }
   }
-  // A timer whose waits count (a broadcast's root).
+  // A timer whose waits count (a broadcast's root), or that has none to hear of (the small
+  // path).
   explicit PublishTimer(const PublishChooser::Pick& how) : on_(how.timed), wall_(how.wall) {
     if (on_) counted_ns_ = -now_ns();
   }
