@@ -576,7 +576,14 @@ inline void prefetch_for_write(const void* p) {
 void ShmBackend::exchange(Op& op, const void* payload, size_t bytes, size_t reads, int from,
                           const PublishChooser::Pick& how, PublishTimer* timer) {
   SmallSlot& mine = small_slot(rank_, op.parity);
-  if (bytes > 0) publish(how, small_payload(rank_, op.parity, bytes), payload, bytes);
+  if (bytes > 0) {  // publish()'s two ways, inline: most payloads here are a few bytes
+    char* mine_payload = small_payload(rank_, op.parity, bytes);
+    if (how.stream) {
+      detail::stream_copy(mine_payload, payload, bytes);
+    } else {
+      std::memcpy(mine_payload, payload, bytes);
+    }
+  }
   mine.tag = op.ctx.tag;
   mine.seq.store(op.seq);
   if (timer != nullptr) timer->published();

@@ -118,7 +118,7 @@ void ShmBackend::reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root
     const PublishChooser::Pick how =
         root < 0 ? pick_small(PublishChooser::kSmallReduce, t.nbytes()) : PublishChooser::Pick{};
     PublishTimer timer(how);
-    exchange(op, data, t.nbytes(), to_me ? t.nbytes() : 0, -1, how, &timer);
+    exchange(op, data, t.nbytes(), to_me ? t.nbytes() : 0, -1, how, how.timed ? &timer : nullptr);
     if (!to_me) return;
     for (int q = 0; q < world_size_; ++q) inputs[q] = small_payload(q, op.parity, t.nbytes());
     // Our own values from our tensor (in place, still our input), not from our published copy:
@@ -233,7 +233,7 @@ Backend::WorkPtr ShmBackend::allgather(const std::vector<std::vector<TensorView>
   if (total <= kSmallBytes) {
     const PublishChooser::Pick how = pick_small(PublishChooser::kSmallAllgather, total);
     PublishTimer timer(how);
-    exchange(op, src, total, total, -1, how, &timer);
+    exchange(op, src, total, total, -1, how, how.timed ? &timer : nullptr);
     for (int q = 0; q < world_size_; ++q) {
       char* dst = static_cast<char*>(out[q].data());
       const char* from = q == rank_ ? src : small_payload(q, op.parity, total);
