@@ -370,6 +370,12 @@ TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {
   }
 }
 
+// shm groups whose ways are chosen by timing (TUTTI_SHM_PUBLISH unset: a fixed way times nothing).
+std::vector<std::shared_ptr<CollectiveGroup>> choosing_groups(int world, const std::string& name) {
+  ::unsetenv("TUTTI_SHM_PUBLISH");
+  return create_groups(world, "shm", unique_name(name));
+}
+
 // A broadcast's way is its root's alone, timed on some ops of its size class (the first five,
 // then probes): a timed one ends with one more barrier, which the other ranks learn of from the
 // root. With the root going round, each rank's count of the class differs from the others', and
@@ -378,8 +384,7 @@ TEST(ShmThreads, AChunkSizeOutOfRangeFallsBackToTheDefault) {
 // classes, of which 2-4 are timed (shm_publish.cc's warm-up; both sizes are over kMinBytes).
 TEST(ShmThreads, BroadcastsFromEveryRootInTurnOnTimedAndUntimedOps) {
   constexpr int kWorld = 3;
-  ::unsetenv("TUTTI_SHM_PUBLISH");  // auto: a fixed way times nothing
-  auto groups = create_groups(kWorld, "shm", unique_name("shm-bcast-roots"));
+  auto groups = choosing_groups(kWorld, "shm-bcast-roots");
   run_ranks(kWorld, [&](int r) {
     for (int i = 0; i < 40; ++i) {
       const int root = i % kWorld;
@@ -400,8 +405,7 @@ TEST(ShmThreads, BroadcastsFromEveryRootInTurnOnTimedAndUntimedOps) {
 // 64 and every 128th): every op, timed or not, on either way, gives every rank the exact result.
 TEST(ShmThreads, SmallOpsGiveExactResultsAcrossTheChoosersTimedOps) {
   constexpr int kWorld = 3;
-  ::unsetenv("TUTTI_SHM_PUBLISH");  // auto: a fixed way times nothing
-  auto groups = create_groups(kWorld, "shm", unique_name("shm-small-ways"));
+  auto groups = choosing_groups(kWorld, "shm-small-ways");
   run_ranks(kWorld, [&](int r) {
     for (int i = 0; i < 300; ++i) {
       const size_t n = i % 3 == 0 ? 4096 : 2048;  // 16 KiB or 8 KiB of int32
