@@ -402,7 +402,8 @@ TEST(ShmThreads, BroadcastsFromEveryRootInTurnOnTimedAndUntimedOps) {
 
 // The one-step path's allreduce and allgather from 8 KiB time ordinary against streaming stores
 // into the ranks' slots on some ops (the first five of a size class, then probes at 8, 16, 32,
-// 64 and every 128th): every op, timed or not, on either way, gives every rank the exact result.
+// 64 and every 128th), as do broadcasts over 8 KiB (staged): every op, timed or not, on either
+// way, gives every rank the exact result.
 TEST(ShmThreads, SmallOpsGiveExactResultsAcrossTheChoosersTimedOps) {
   constexpr int kWorld = 3;
   auto groups = choosing_groups(kWorld, "shm-small-ways");
@@ -423,6 +424,15 @@ TEST(ShmThreads, SmallOpsGiveExactResultsAcrossTheChoosersTimedOps) {
         ASSERT_EQ(all[2048 * q], 10 * i + q) << "op " << i << " rank " << r;
         ASSERT_EQ(all[2048 * q + 2047], 10 * i + q) << "op " << i << " rank " << r;
       }
+      // Broadcasts over 8 KiB go staged, the root's way timed: 16 KiB and an odd 12 KiB + 4 B,
+      // from each root in turn.
+      const int root = i % kWorld;
+      std::vector<int32_t> b(i % 2 == 0 ? 4096 : 3073, r == root ? 7 * i + root : -1);
+      BroadcastOptions opts;
+      opts.root_rank = root;
+      groups[r]->broadcast(b, opts);
+      ASSERT_EQ(b.front(), 7 * i + root) << "broadcast " << i << " rank " << r;
+      ASSERT_EQ(b.back(), 7 * i + root) << "broadcast " << i << " rank " << r;
     }
   });
 }
