@@ -412,15 +412,6 @@ void ShmBackend::end_op(const Op& op) {
   completed_ops_.store(op.seq, std::memory_order_release);
 }
 
-void ShmBackend::publish(const PublishChooser::Pick& how, void* dst, const void* src,
-                         size_t n) const {
-  if (how.stream) {
-    detail::stream_copy(dst, src, n);
-  } else {
-    std::memcpy(dst, src, n);
-  }
-}
-
 void ShmBackend::published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                            const PublishTimer& timer) {
   // Not timed, or ended before its first barrier (the symmetric path) or the small path's wait.
@@ -576,14 +567,7 @@ inline void prefetch_for_write(const void* p) {
 void ShmBackend::exchange(Op& op, const void* payload, size_t bytes, size_t reads, int from,
                           const PublishChooser::Pick& how, PublishTimer* timer) {
   SmallSlot& mine = small_slot(rank_, op.parity);
-  if (bytes > 0) {  // publish()'s two ways, inline: most payloads here are a few bytes
-    char* mine_payload = small_payload(rank_, op.parity, bytes);
-    if (how.stream) {
-      detail::stream_copy(mine_payload, payload, bytes);
-    } else {
-      std::memcpy(mine_payload, payload, bytes);
-    }
-  }
+  if (bytes > 0) publish(how, small_payload(rank_, op.parity, bytes), payload, bytes);
   mine.tag = op.ctx.tag;
   mine.seq.store(op.seq);
   if (timer != nullptr) timer->published();

@@ -33,6 +33,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -45,6 +46,7 @@
 #include "shm_wait.h"
 #include "tutti/backend.h"
 #include "tutti/error.h"
+#include "util/stream_copy.h"
 
 namespace tutti::shm_backend {
 
@@ -106,7 +108,14 @@ class ShmBackend : public Backend {
   void reduce_chunks(const TensorView& t, ReduceOp reduce_op, int root, Op& op);
   // An op's copies into the staging areas or its small-message slot, by the way publish_ picked
   // (shm_publish.h); and, once a timed one is done, its cost (shm_publish.h's PublishTimer).
-  void publish(const PublishChooser::Pick& how, void* dst, const void* src, size_t n) const;
+  // Inline: the small path's payloads are mostly a few bytes.
+  void publish(const PublishChooser::Pick& how, void* dst, const void* src, size_t n) const {
+    if (how.stream) {
+      detail::stream_copy(dst, src, n);
+    } else {
+      std::memcpy(dst, src, n);
+    }
+  }
   void published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
                  const PublishTimer& timer);
   void published(PublishChooser::Kind kind, size_t bytes, const PublishChooser::Pick& how,
